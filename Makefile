@@ -1,0 +1,54 @@
+# One entry point for people who drive everything with make. `make demo` and `make test` each
+# work alone on a fresh clone: they install into .venv first.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(PY) -m pip
+ORCH    := $(VENV)/bin/orchestrate
+CONFIG  ?= examples/tiny-gpt2.yaml
+GPUS    ?= 2
+ARGS    ?=
+# The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
+CONSTRAINTS := -c constraints-ci.txt
+
+.PHONY: install test test-fast demo plan launch config lint bench clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml constraints-ci.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip wheel setuptools
+	$(PIP) install -q $(CONSTRAINTS) torch==2.13.0
+	$(PIP) install -q $(CONSTRAINTS) -e '.[dev,gpu]'
+	# DeepSpeed's setup.py imports torch: build it against the torch above, not a fresh CUDA one.
+	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation 'deepspeed>=0.15'
+	# JIT-compile DeepSpeed's CPU Adam once (about a minute on a fresh machine) instead of inside a test.
+	$(PY) -m orchestrate.backends.prebuild
+	touch $@
+
+test: install
+	$(PY) -m pytest -q tests
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow and not daemons" tests
+
+demo: install
+	$(ORCH) launch --gpus $(GPUS) $(CONFIG) $(ARGS)
+
+plan: install
+	$(ORCH) plan --gpus $(GPUS) $(CONFIG) $(ARGS)
+
+config: install
+	$(ORCH) config --gpus $(GPUS) $(CONFIG) --out $(or $(OUT),runs/config) $(ARGS)
+
+launch: install
+	$(ORCH) launch --gpus $(GPUS) $(CONFIG) $(ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check orchestrate tests bench
+
+bench: install
+	$(PY) bench/plan_speed.py
+	$(PY) bench/overhead.py
+
+clean:
+	rm -rf runs .pytest_cache

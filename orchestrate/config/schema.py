@@ -1,0 +1,193 @@
+"""The model.yaml schema: one pydantic model per section, a docstring per field, unknown keys rejected.
+
+A file with only `model:` and `train: {seq_len, global_batch_size}` is valid for planning; the
+`data` section is needed only to train. "auto" means "let the planner decide".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Auto = Literal["auto"]
+
+
+class _Section(BaseModel):
+    # Unknown keys are an error: a typo such as `seq_length` must not be silently ignored.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelSection(_Section):
+    name_or_path: str | None = None
+    """A local directory holding a transformers `config.json` (weights optional), or a Hub name
+    when the network is available. Exactly one of `name_or_path` and `architecture` is required."""
+
+    architecture: dict[str, Any] | None = None
+    """An inline transformers config, e.g. `{model_type: llama, hidden_size: 2048, ...}`; the model
+    is built from it with freshly initialised weights (pre-training)."""
+
+    trust_remote_code: bool = False
+    """Allow model code from the model directory to run. Off by default: it executes foreign code."""
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> ModelSection:
+        if (self.name_or_path is None) == (self.architecture is None):
+            raise ValueError("give exactly one of `name_or_path` or `architecture`")
+        if self.architecture is not None and "model_type" not in self.architecture:
+            raise ValueError("`architecture` needs a `model_type` key (gpt2, llama, mistral, qwen2, phi3, ...)")
+        return self
+
+
+class DataSection(_Section):
+    train_files: list[str] = Field(default_factory=list)
+    """Local text (.txt) or JSON-lines (.jsonl) files to train on; relative paths are resolved
+    against the directory of the YAML file."""
+
+    validation_files: list[str] = Field(default_factory=list)
+    """Files for the periodic evaluation loss; empty means hold out `validation_ratio` of the train blocks."""
+
+    validation_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Share of packed train blocks held out for evaluation when `validation_files` is empty."""
+
+    text_field: str = "text"
+    """The field holding the text in JSON-lines records."""
+
+    tokenizer: str | None = None
+    """A local Hugging Face tokenizer directory; null uses the built-in byte-level tokenizer
+    (256 byte ids plus an end-of-document id), enough for demos and tests."""
+
+    generate_demo_corpus: bool = False
+    """If true and `train_files` is empty, generate a small deterministic English-like corpus in
+    the run directory (used by the demo and tests: no downloads)."""
+
+
+class OptimizerSection(_Section):
+    name: Literal["adamw"] = "adamw"
+    """Only AdamW for now (DeepSpeed's CPU Adam is used automatically when the optimizer is offloaded)."""
+
+    lr: float = Field(default=3e-4, gt=0)
+    """Peak learning rate, reached at the end of warm-up."""
+
+    weight_decay: float = Field(default=0.1, ge=0)
+    """Decoupled weight decay (AdamW)."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam's (beta1, beta2)."""
+
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam's epsilon."""
+
+
+class ScheduleSection(_Section):
+    warmup_steps: int = Field(default=10, ge=0)
+    """Linear warm-up from 0 to `optimizer.lr` over this many optimizer steps."""
+
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Cosine decay ends at `lr * min_lr_ratio` on the last step."""
+
+
+class TrainSection(_Section):
+    seq_len: int = Field(gt=0)
+    """Tokens per sample (packed block length)."""
+
+    global_batch_size: int = Field(gt=0)
+    """Samples per optimizer step over all ranks: micro_batch_size x grad accumulation x world size."""
+
+    micro_batch_size: int | Auto = "auto"
+    """Samples per rank per forward pass; "auto" lets the planner pick the largest that fits and divides."""
+
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Training precision; "auto" is bf16 where the GPU supports it (Ampere and newer), fp16 with
+    dynamic loss scaling on Turing, fp32 on CPU-only machines."""
+
+    activation_checkpointing: bool | Auto = "auto"
+    """Recompute each block's activations in backward (costs about one extra forward pass)."""
+
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    """Optimizer settings."""
+
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    """Learning-rate schedule: linear warm-up then cosine decay."""
+
+    max_steps: int = Field(default=100, gt=0)
+    """Optimizer steps to train."""
+
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    seed: int = 0
+    """Seed for weights, data order and dropout; the same seed reproduces the same losses."""
+
+    output_dir: str = "runs"
+    """Where run directories are created (relative to the YAML file's directory)."""
+
+    eval_every: int = Field(default=0, ge=0)
+    """Evaluate every N steps (0: only at the end)."""
+
+    eval_batches: int = Field(default=4, gt=0)
+    """Micro-batches per evaluation."""
+
+    checkpoint_every: int = Field(default=0, ge=0)
+    """Write a resumable checkpoint every N steps (0: only at the end)."""
+
+    keep_checkpoints: int = Field(default=2, gt=0)
+    """How many of the latest checkpoints to keep."""
+
+
+class StrategySection(_Section):
+    backend: Literal["auto", "deepspeed", "fsdp", "ddp"] = "auto"
+    """Distributed backend; "auto" lets the planner choose."""
+
+    zero_stage: int | Auto = "auto"
+    """ZeRO stage 0-3 (for fsdp: 3 = full shard, 2 = shard grads and optimizer only)."""
+
+    offload: Literal["auto", "none", "cpu", "nvme"] = "auto"
+    """Where optimizer states live when not on the GPU."""
+
+    offload_params: bool | Auto = "auto"
+    """Also offload parameters (ZeRO-3 / FSDP full shard only) to the `offload` target."""
+
+    nvme_path: str | None = None
+    """Directory on a fast NVMe disk for NVMe offload (needed when offload is "nvme")."""
+
+    gpu_memory_headroom: float = Field(default=0.90, gt=0.1, le=1.0)
+    """Fraction of each GPU's memory the plan may use; the rest absorbs allocator fragmentation
+    and what the model cannot see."""
+
+    cpu_memory_headroom: float = Field(default=0.85, gt=0.1, le=1.0)
+    """Fraction of each node's CPU RAM the plan may use (the OS, page cache and data loaders need the rest)."""
+
+    @field_validator("zero_stage")
+    @classmethod
+    def _stage_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= 3:
+            raise ValueError("zero_stage must be 0, 1, 2, 3 or auto")
+        return v
+
+
+class RunConfig(_Section):
+    """The whole model.yaml."""
+
+    model: ModelSection
+    """What to train."""
+
+    train: TrainSection
+    """How to train it."""
+
+    data: DataSection = Field(default_factory=DataSection)
+    """What to train on (not needed for planning)."""
+
+    strategy: StrategySection = Field(default_factory=StrategySection)
+    """How to distribute it; every field may stay "auto"."""
+
+    source_dir: Path | None = Field(default=None, exclude=True)
+    """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""
+
+    def resolve_path(self, p: str) -> Path:
+        """Resolve a user path relative to the YAML file's directory."""
+        path = Path(p).expanduser()
+        if not path.is_absolute() and self.source_dir is not None:
+            path = self.source_dir / path
+        return path

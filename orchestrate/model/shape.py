@@ -1,0 +1,41 @@
+"""The shape of a model, everything the planner needs, measured without weights.
+
+Built by `orchestrate.model.meta.shape_from_config` on the meta device (no memory, no weights).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    model_type: str
+    """transformers `model_type` (gpt2, llama, mistral, qwen2, phi3, ...)."""
+    parameters: int
+    """Exact trainable parameter count, tied weights counted once."""
+    largest_layer_parameters: int
+    """Most parameters held directly by one module (DeepSpeed's `largest_layer_params`: usually
+    the embedding); ZeRO-3 gathers at least this much at once."""
+    embedding_parameters: int
+    """Input embedding (+ position embedding) parameters."""
+    lm_head_parameters: int
+    """Output projection parameters not shared with the input embedding (0 when tied)."""
+    block_parameters: int
+    """Parameters of one transformer block (all blocks are the same shape)."""
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    tied_embeddings: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ModelShape:
+        return cls(**data)

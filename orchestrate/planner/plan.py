@@ -1,0 +1,116 @@
+"""The plan: every candidate the planner weighed and the one it chose, serialisable to plan.json.
+
+plan.json is the only channel from the launcher to the workers: the worker rebuilds everything
+(config, hardware, model shape, strategy, batch arithmetic, file locations) from it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
+from orchestrate.planner.strategy import Strategy
+
+PLAN_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    strategy: Strategy
+    memory: MemoryEstimate
+    speed: SpeedEstimate
+    gradient_accumulation: int
+    fits: bool
+    reason: str = ""
+    """Why it was rejected ("" when it fits): which limit it overflows and by how much."""
+
+    @property
+    def name(self) -> str:
+        return self.strategy.name
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "fits": self.fits,
+            "gpu_bytes_per_rank": self.memory.gpu_total,
+            "cpu_bytes_per_node": self.memory.cpu_total,
+            "tokens_per_s": self.speed.tokens_per_s,
+            "reason": self.reason,
+            "gradient_accumulation": self.gradient_accumulation,
+            "strategy": self.strategy.to_dict(),
+            "memory": self.memory.to_dict(),
+            "speed": self.speed.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Candidate:
+        return cls(
+            strategy=Strategy.from_dict(data["strategy"]),
+            memory=MemoryEstimate.from_dict(data["memory"]),
+            speed=SpeedEstimate.from_dict(data["speed"]),
+            gradient_accumulation=int(data["gradient_accumulation"]),
+            fits=bool(data["fits"]),
+            reason=data.get("reason", ""),
+        )
+
+
+@dataclass
+class Plan:
+    config: RunConfig
+    hardware: HardwareProfile
+    shape: ModelShape
+    candidates: list[Candidate]
+    chosen: Candidate | None
+    files: dict[str, str] = field(default_factory=dict)
+    """Files the launcher wrote for this plan, by role ("backend_config", "model_dir", ...),
+    as paths relative to the plan file's directory."""
+
+    @property
+    def world_size(self) -> int:
+        return self.hardware.world_size
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema_version": PLAN_SCHEMA_VERSION,
+            "model": {"parameters": self.shape.parameters, "shape": self.shape.to_dict()},
+            "hardware": self.hardware.model_dump(mode="json"),
+            "config": self.config.model_dump(mode="json"),
+            "config_source_dir": str(self.config.source_dir) if self.config.source_dir else None,
+            "world_size": self.world_size,
+            "candidates": [c.to_dict() for c in self.candidates],
+            "chosen": self.chosen.name if self.chosen else None,
+            "chosen_candidate": self.chosen.to_dict() if self.chosen else None,
+            "files": dict(self.files),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Plan:
+        from orchestrate.config.load import config_from_dict
+
+        src = data.get("config_source_dir")
+        chosen = Candidate.from_dict(data["chosen_candidate"]) if data.get("chosen_candidate") else None
+        return cls(
+            config=config_from_dict(data["config"], Path(src) if src else None),
+            hardware=HardwareProfile.model_validate(data["hardware"]),
+            shape=ModelShape.from_dict(data["model"]["shape"]),
+            candidates=[Candidate.from_dict(c) for c in data["candidates"]],
+            chosen=chosen,
+            files=dict(data.get("files", {})),
+        )
+
+    def write(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.to_dict(), indent=2, sort_keys=False) + "\n")
+        tmp.replace(path)  # atomic: a reader never sees half a plan
+        return path
+
+    @classmethod
+    def read(cls, path: Path) -> Plan:
+        return cls.from_dict(json.loads(Path(path).read_text()))

@@ -1,0 +1,56 @@
+"""A candidate training strategy: one point of the planner's search space.
+
+Names are stable strings users see in tables and pass back as pins, e.g.
+`deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-mb2`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+Backend = Literal["ddp", "deepspeed", "fsdp"]
+Offload = Literal["none", "cpu", "nvme"]
+Precision = Literal["bf16", "fp16", "fp32"]
+
+
+@dataclass(frozen=True)
+class Strategy:
+    backend: Backend
+    """ddp = torch DistributedDataParallel; deepspeed = ZeRO engine; fsdp = FSDP2 `fully_shard`."""
+    zero_stage: int
+    """0 = replicate everything (DDP); 1 = shard optimizer states; 2 = + gradients; 3 = + parameters.
+    For fsdp: 3 = full shard (`reshard_after_forward=True`), 2 = shard-grad-op (`False`)."""
+    offload_optimizer: Offload
+    """Where optimizer states (and the fp32 master copy) live when not on the GPU."""
+    offload_params: Offload
+    """Where parameters live between uses (ZeRO-3 / FSDP full shard only)."""
+    precision: Precision
+    activation_checkpointing: bool
+    micro_batch_size: int
+    hybrid_shard: bool = False
+    """FSDP2 only: shard inside a node, replicate across nodes (2-D device mesh)."""
+
+    @property
+    def name(self) -> str:
+        parts = [self.backend]
+        if self.backend == "fsdp":
+            parts.append("hybrid" if self.hybrid_shard else ("full" if self.zero_stage == 3 else "grad_op"))
+        elif self.backend == "deepspeed":
+            parts.append(f"z{self.zero_stage}")
+        if self.offload_optimizer != "none":
+            parts.append(f"offload_opt_{self.offload_optimizer}")
+        if self.offload_params != "none":
+            parts.append(f"offload_param_{self.offload_params}")
+        parts.append(self.precision)
+        if self.activation_checkpointing:
+            parts.append("ac")
+        parts.append(f"mb{self.micro_batch_size}")
+        return "-".join(parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Strategy:
+        return cls(**data)

@@ -1,0 +1,127 @@
+"""The `orchestrate` command: parse flags, call `orchestrate.api` and friends, print. Nothing else.
+
+Every user-fixable problem surfaces as a `UserError`: printed as one message listing every
+problem, exit code 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+
+import click
+from rich.console import Console
+
+from orchestrate.api import HardwareFlags, plan_from_file
+from orchestrate.errors import EXIT_USER_ERROR, UserError
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _user_errors_exit_2(fn):
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except UserError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            sys.exit(EXIT_USER_ERROR)
+
+    return wrapper
+
+
+def hardware_options(fn):
+    """The hardware flags shared by plan, config, launch and profile."""
+    options = [
+        click.option("--profile", "profile", help="Hardware preset name (see `orchestrate profile --list`) or a profile YAML file."),
+        click.option("--gpus", type=int, help="GPUs per node (CPU-only machine: worker processes)."),
+        click.option("--gpu-mem", help="Memory per GPU, e.g. 8GiB (plans for a GPU you don't have here)."),
+        click.option("--cpu-mem", help="CPU RAM per node, e.g. 64GiB."),
+        click.option("--nodes", type=int, help="Number of machines."),
+        click.option("--nvme", help="Directory on an NVMe disk for offload."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _flags(kwargs) -> HardwareFlags:
+    return HardwareFlags(**{k: kwargs.pop(k) for k in ("profile", "gpus", "gpu_mem", "cpu_mem", "nodes", "nvme")})
+
+
+set_option = click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
+                          help="Override a config field, e.g. --set train.seq_len=512 (repeatable).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="orchestrate")
+def cli():
+    """Plan, configure and launch training of models that do not fit on your GPUs."""
+
+
+@cli.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@hardware_options
+@set_option
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object (docs/plan-json.md).")
+@click.option("--out", type=click.Path(file_okay=False), help="Also write DIR/plan.json.")
+@click.option("--simulate", is_flag=True, help="Verify the chosen plan by running the real model code on fake tensors.")
+@_user_errors_exit_2
+def plan(config, overrides, as_json, out, simulate, **kwargs):
+    """Predict memory and speed of every strategy and choose the fastest that fits."""
+    from orchestrate.planner.report import print_plan
+    from orchestrate.planner.search import require_feasible
+
+    the_plan = plan_from_file(config, overrides, _flags(kwargs))
+    if out:
+        the_plan.write(Path(out) / "plan.json")
+    if as_json:
+        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+    else:
+        print_plan(the_plan, console)
+    if simulate and the_plan.chosen is not None:
+        from orchestrate.simulate import verify_plan
+
+        console.print(verify_plan(the_plan))
+    require_feasible(the_plan)
+
+
+@cli.command()
+@hardware_options
+@click.option("--out", type=click.Path(dir_okay=False), help="Write the profile as YAML to this file.")
+@click.option("--list", "list_presets", is_flag=True, help="List the built-in presets.")
+@_user_errors_exit_2
+def profile(out, list_presets, **kwargs):
+    """Show the hardware profile orchestrate plans for (detected, preset or flags)."""
+    from orchestrate.hardware.presets import list_presets as presets
+    from orchestrate.hardware.resolve import profile_to_yaml
+
+    if list_presets:
+        for name in presets():
+            click.echo(name)
+        return
+    text = profile_to_yaml(_flags(kwargs).resolve())
+    if out:
+        Path(out).write_text(text)
+        console.print(f"wrote {out}")
+    else:
+        click.echo(text, nl=False)
+
+
+@cli.command()
+def schema():
+    """List every model.yaml key with its type, default and meaning."""
+    from orchestrate.config.describe import describe_schema
+
+    click.echo(describe_schema())
+
+
+def main() -> None:
+    cli(prog_name="orchestrate")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,7 +1,8 @@
 """The hardware a plan is made for: GPUs per node, nodes, memory, links, disks.
 
-Profiles come from detection (`detect.py`), presets in `launch_configs/profiles/` (`presets.py`) or
-CLI flags (`overrides.py`). Sizes are bytes, bandwidths bytes/s, so no unit is ever guessed.
+Profiles come from detection (`detect.py`) or presets and profile files in `launch_configs/profiles/`
+(`presets.py`), with CLI flags on top (`resolve.py`). Sizes are bytes, bandwidths bytes/s, so no unit is
+ever guessed.
 """
 
 from __future__ import annotations
@@ -51,7 +52,8 @@ class GPUSpec(_Spec):
 
 class HardwareProfile(_Spec):
     name: str = "custom"
-    """Where the profile came from: a preset name, "detected" or "custom"."""
+    """Where the profile came from: a preset name or profile file stem, "detected:<preset that gave the
+    throughputs>" or "custom", with "+flags" when CLI flags changed it."""
     nodes: int = Field(default=1, gt=0)
     """Machines in the job."""
     gpus_per_node: int = Field(default=0, ge=0)

@@ -1,0 +1,176 @@
+"""The DeepSpeed backend: ZeRO stages 0-3 with optional CPU/NVMe offload of optimizer and parameters.
+
+`render` (pure) lives in `deepspeed_render.py`; this file is the worker side: it builds the model,
+optimizer and schedule, wraps them with `deepspeed.initialize`, and adapts the DeepSpeed engine to
+orchestrate's `TrainEngine`. deepspeed itself is imported only inside `setup`, so registering the
+backend (and rendering) works where deepspeed is not installed.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.backends.base import StepResult, WorkerContext, register
+from orchestrate.backends.deepspeed_render import render, render_config
+from orchestrate.backends.schedule import make_scheduler
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.planner.plan import Plan
+
+_CKPT_TAG = "deepspeed"
+"""Sub-directory of a checkpoint directory that holds DeepSpeed's files (`save_checkpoint(tag=...)`)."""
+_CLIENT_KEY = "orchestrate"
+"""The caller's client_state is nested under this key so it cannot clash with DeepSpeed's own keys
+(global_steps, skipped_steps, ...) in the same checkpoint dict."""
+
+
+class DeepSpeedBackend:
+    name = "deepspeed"
+
+    def render(self, plan: Plan) -> dict[str, str]:
+        return render(plan)
+
+    def setup(self, plan: Plan, ctx: WorkerContext) -> DeepSpeedTrainEngine:
+        import deepspeed
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        strategy = plan.chosen.strategy
+        config = render_config(plan)
+        # gloo on CPU, nccl on GPU. If the worker already called init_process_group, DeepSpeed
+        # wraps that group instead of creating a second one.
+        deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
+
+        hf_ds_config = None
+        if strategy.zero_stage == 3:
+            from transformers.integrations import HfDeepSpeedConfig
+
+            # While this object lives, from_pretrained builds the model inside deepspeed.zero.Init
+            # (parameters partitioned as each module is created, onto offload_param's device) and
+            # loads the checkpoint shard by shard into the partitions: no rank ever holds the whole
+            # model. transformers keeps only a weakref, so the engine keeps it alive.
+            hf_ds_config = HfDeepSpeedConfig(config)
+        # Stages 0-2 replicate parameters, so each rank loads one full copy here: N copies in CPU RAM
+        # for a moment, each one fp32 model (DeepSpeed moves it to the GPU, or keeps it on CPU here).
+        # fp32 on purpose: DeepSpeed keeps the fp32 master and casts the module to bf16/fp16 itself.
+        model = AutoModelForCausalLM.from_pretrained(
+            ctx.model_dir, dtype=torch.float32, trust_remote_code=plan.config.model.trust_remote_code)
+        model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
+        if strategy.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+        opt = plan.config.train.optimizer
+        hyper = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
+        if strategy.offload_optimizer != "none":
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            # The optimizer step runs on the CPU next to the offloaded states (DeepSpeed requires its
+            # CPU Adam there: zero_force_ds_cpu_optimizer).
+            optimizer = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **hyper)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), **hyper)
+
+        train = plan.config.train
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=config, dist_init_required=False,
+            # A callable, so the schedule drives the optimizer DeepSpeed wraps (ZeRO replaces it).
+            lr_scheduler=lambda wrapped: make_scheduler(wrapped, train))
+        return DeepSpeedTrainEngine(engine, plan, ctx, hf_ds_config)
+
+
+class DeepSpeedTrainEngine:
+    """orchestrate's TrainEngine over a `deepspeed.DeepSpeedEngine`."""
+
+    def __init__(self, engine: Any, plan: Plan, ctx: WorkerContext, hf_ds_config: Any = None) -> None:
+        strategy = plan.chosen.strategy
+        self.engine = engine
+        self.model = engine  # an nn.Module: forward returns the HF output with .loss
+        self._ctx = ctx
+        self._zero3 = strategy.zero_stage == 3
+        self._accumulation = plan.chosen.gradient_accumulation
+        # Only ZeRO and the bf16/fp16 optimizers record the norm DeepSpeed computed for clipping
+        # (engine._take_model_step reads optimizer._global_grad_norm); plain fp32 without ZeRO does not.
+        self._own_grad_norm = strategy.zero_stage == 0 and strategy.precision == "fp32"
+        self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
+        import torch
+
+        # DeepSpeed counts micro steps itself and steps the optimizer on every accumulation-th one;
+        # a different count would silently shift that boundary into the next train_step.
+        if len(micro_batches) != self._accumulation:
+            raise ValueError(f"expected {self._accumulation} micro-batches per step, got {len(micro_batches)}")
+        engine = self.engine
+        lr = float(engine.get_lr()[0])  # what the scheduler set for this step
+        skipped_before = engine.skipped_steps
+        losses = []
+        grad_norm = math.nan
+        for i, batch in enumerate(micro_batches):
+            loss = engine(**{k: v.to(self._ctx.device) for k, v in batch.items()}).loss
+            losses.append(loss.detach())  # unscaled; engine.backward divides by the accumulation itself
+            engine.backward(loss)
+            if self._own_grad_norm and i == len(micro_batches) - 1:
+                # After the boundary backward the grads are all-reduced; step() would zero them.
+                grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
+                grad_norm = float(torch.nn.utils.get_total_norm(grads))
+            engine.step()
+        skipped = engine.skipped_steps != skipped_before
+        if skipped:
+            # DeepSpeed does not advance the schedule on an fp16 overflow; schedule.py counts
+            # attempted steps (as the other backends' GradScaler loops do), so advance it here.
+            engine.lr_scheduler.step()
+        norm = engine.get_global_grad_norm()
+        if norm is not None:
+            grad_norm = float(norm)
+        mean_loss = float(torch.stack(losses).float().mean())
+        return StepResult(loss=mean_loss, grad_norm=grad_norm, lr=lr, skipped=skipped)
+
+    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+        """Collective under ZeRO-3 (the forward gathers parameters): every rank must call it."""
+        import torch
+
+        was_training = self.engine.training
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                loss = self.engine(**{k: v.to(self._ctx.device) for k, v in batch.items()}).loss
+            return float(loss)
+        finally:
+            self.engine.train(was_training)
+
+    def save_hf_model(self, out_dir: Path) -> None:
+        """Consolidated safetensors + config.json on rank 0. The weights are the module's own: with
+        fp32 training they are the fp32 master weights exactly; with bf16/fp16 training they are the
+        16-bit copies the model trains with (what DeepSpeed's save_16bit_model and the HF Trainer
+        export too); the fp32 masters stay in the checkpoint (zero_to_fp32.py recovers them)."""
+        import deepspeed.comm as dist
+
+        if self._zero3:
+            # Gathers one module at a time onto rank 0 (None elsewhere), as Accelerate's
+            # get_state_dict does for ZeRO-3.
+            state = self.engine._zero3_consolidated_16bit_state_dict()
+        else:
+            state = self.engine.module.state_dict() if dist.get_rank() == 0 else None
+        if dist.get_rank() == 0:
+            self.engine.module.save_pretrained(Path(out_dir), state_dict=state)
+        dist.barrier()  # nobody reads the directory before it is complete
+
+    def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
+        # Every rank writes its own optimizer partition; rank 0 also writes module, scheduler,
+        # engine counters and zero_to_fp32.py.
+        self.engine.save_checkpoint(str(ckpt_dir), tag=_CKPT_TAG, client_state={_CLIENT_KEY: client_state},
+                                    save_latest=False)
+
+    def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
+        path, client = self.engine.load_checkpoint(str(ckpt_dir), tag=_CKPT_TAG, load_optimizer_states=True,
+                                                   load_lr_scheduler_states=True)
+        if path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {Path(ckpt_dir) / _CKPT_TAG}")
+        return client[_CLIENT_KEY]
+
+
+register(DeepSpeedBackend())

@@ -1,0 +1,150 @@
+"""Render a plan's chosen strategy as a complete DeepSpeed JSON: every value concrete, none "auto".
+
+Pure (no I/O, no devices, no deepspeed import) so the launcher can write it for the user to read,
+diff and reuse, and the worker passes the very same dict to `deepspeed.initialize`.
+
+Deliberately absent: the "optimizer" and "scheduler" sections. The worker hands DeepSpeed its own
+AdamW (DeepSpeedCPUAdam when offloaded) and the LambdaLR of `orchestrate/backends/schedule.py`, so
+DeepSpeed, FSDP2 and DDP runs follow the very same learning-rate curve; DeepSpeed's WarmupCosineLR
+has a different warm-up shape (log by default) and floor, and DeepSpeed refuses a config optimizer
+together with a client one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    from orchestrate.planner.plan import Plan
+
+CONFIG_FILE = "deepspeed.json"
+
+# DeepSpeed's own defaults, written out so the file shows everything that runs
+# (deepspeed/runtime/zero/config.py, offload_config.py, swap_tensor/constants.py).
+_SUB_GROUP_SIZE = 10**9
+_STAGE3_MAX_LIVE_PARAMETERS = 10**9
+_STAGE3_MAX_REUSE_DISTANCE = 10**9
+_OPTIMIZER_NVME_BUFFERS = 4  # Adam swaps 4 tensors per parameter: param, grad, exp_avg, exp_avg_sq
+_PARAM_NVME_BUFFERS = 5
+_PARAM_NVME_BUFFER_ELEMENTS = 10**8
+_PARAM_MAX_IN_CPU = 10**9
+_AIO = {
+    "block_size": 1048576,
+    "queue_depth": 8,
+    # Called "thread_count" before DeepSpeed 0.15; deepspeed/runtime/swap_tensor/constants.py.
+    "intra_op_parallelism": 1,
+    "single_submit": False,
+    "overlap_events": True,
+}
+_STEPS_PER_PRINT = 10**9  # the worker logs steps itself; DeepSpeed's own progress lines would duplicate them
+
+
+def render_config(plan: Plan) -> dict[str, Any]:
+    """The DeepSpeed config dict for `plan.chosen` (what `deepspeed.initialize(config=...)` receives)."""
+    if plan.chosen is None:
+        raise ValueError("the plan has no chosen strategy to render")
+    strategy = plan.chosen.strategy
+    if strategy.backend != "deepspeed":
+        raise ValueError(f"strategy {strategy.name} is not a deepspeed strategy")
+    if strategy.offload_params != "none" and strategy.zero_stage != 3:
+        raise ValueError(f"strategy {strategy.name}: parameter offload needs ZeRO stage 3")
+    if strategy.zero_stage == 0 and strategy.offload_optimizer != "none":
+        raise ValueError(f"strategy {strategy.name}: optimizer offload needs ZeRO stage 1-3")
+
+    micro = strategy.micro_batch_size
+    accumulation = plan.chosen.gradient_accumulation
+    cfg: dict[str, Any] = {
+        # DeepSpeed asserts train = micro x accumulation x world (runtime/config.py, _batch_assertion).
+        "train_batch_size": micro * accumulation * plan.world_size,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accumulation,
+        "gradient_clipping": plan.config.train.grad_clip,  # 0 disables clipping in DeepSpeed too
+        "bf16": {"enabled": strategy.precision == "bf16"},
+        "fp16": _fp16(strategy.precision == "fp16"),
+        "zero_optimization": _zero(plan),
+        "steps_per_print": _STEPS_PER_PRINT,
+        "wall_clock_breakdown": False,
+    }
+    if "nvme" in (strategy.offload_optimizer, strategy.offload_params):
+        cfg["aio"] = dict(_AIO)
+    return cfg
+
+
+def render(plan: Plan) -> dict[str, str]:
+    return {CONFIG_FILE: json.dumps(render_config(plan), indent=2) + "\n"}
+
+
+def _fp16(enabled: bool) -> dict[str, Any]:
+    if not enabled:
+        return {"enabled": False}
+    # Dynamic loss scaling from 2^16, halved on overflow after `hysteresis` overflows, doubled after
+    # 1000 clean steps: DeepSpeed's documented defaults (runtime/precision_config.py FP16_FORMAT).
+    return {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
+            "hysteresis": 2, "min_loss_scale": 1}
+
+
+def _zero(plan: Plan) -> dict[str, Any]:
+    strategy = plan.chosen.strategy
+    stage = strategy.zero_stage
+    if stage == 0:
+        return {"stage": 0}
+    hidden = plan.shape.hidden_size
+    pin = plan.hardware.has_gpu  # pinned host memory only speeds up GPU copies; on CPU it just locks RAM
+    zero: dict[str, Any] = {
+        "stage": stage,
+        # Overlap needs a separate communication stream; a CPU-only gloo run has none, and the
+        # overlap buffers would only cost memory.
+        "overlap_comm": plan.hardware.has_gpu,
+        "contiguous_gradients": True,
+        # hidden^2, 0.9 hidden^2 and 10 hidden are what Accelerate and transformers fill in for "auto"
+        # (accelerate/accelerator.py `_prepare_deepspeed`; transformers/integrations/deepspeed.py
+        # `trainer_config_finalize`): buckets about one layer's weight matrix big.
+        "reduce_bucket_size": hidden * hidden,
+        "allgather_bucket_size": hidden * hidden,
+        "sub_group_size": _SUB_GROUP_SIZE,
+    }
+    if strategy.offload_optimizer != "none":
+        zero["offload_optimizer"] = _offload_optimizer(plan, pin)
+    if stage == 3:
+        zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden * hidden)
+        zero["stage3_param_persistence_threshold"] = 10 * hidden
+        zero["stage3_max_live_parameters"] = _STAGE3_MAX_LIVE_PARAMETERS
+        zero["stage3_max_reuse_distance"] = _STAGE3_MAX_REUSE_DISTANCE
+        # save_hf_model consolidates the partitioned weights on rank 0.
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if strategy.offload_params != "none":
+            zero["offload_param"] = _offload_param(plan, pin)
+    return zero
+
+
+def _offload_optimizer(plan: Plan, pin: bool) -> dict[str, Any]:
+    device = plan.chosen.strategy.offload_optimizer
+    block: dict[str, Any] = {"device": device, "pin_memory": pin}
+    if device == "nvme":
+        block.update(nvme_path=_nvme_path(plan), buffer_count=_OPTIMIZER_NVME_BUFFERS, fast_init=False)
+    return block
+
+
+def _offload_param(plan: Plan, pin: bool) -> dict[str, Any]:
+    device = plan.chosen.strategy.offload_params
+    block: dict[str, Any] = {"device": device, "pin_memory": pin}
+    if device == "nvme":
+        # Each swap buffer must hold this rank's partition of the largest parameter
+        # (partitioned_param_swapper.py asserts numel <= buffer_size); the partition is 1/world of it.
+        largest_partition = -(-plan.shape.largest_layer_parameters // plan.world_size)
+        block.update(nvme_path=_nvme_path(plan), buffer_count=_PARAM_NVME_BUFFERS,
+                     buffer_size=max(_PARAM_NVME_BUFFER_ELEMENTS, largest_partition),
+                     max_in_cpu=_PARAM_MAX_IN_CPU)
+    return block
+
+
+def _nvme_path(plan: Plan) -> str:
+    path = plan.config.strategy.nvme_path or plan.hardware.nvme_path
+    if not path:
+        raise UserError("NVMe offload needs a directory", [Problem(
+            "strategy.nvme_path", "the chosen strategy offloads to NVMe but no NVMe directory is known",
+            "set strategy.nvme_path to a directory on a fast NVMe disk, or choose offload: cpu")])
+    return str(plan.config.resolve_path(path)) if plan.config.strategy.nvme_path else path

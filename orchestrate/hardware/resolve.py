@@ -1,0 +1,102 @@
+"""The hardware a plan is made for: a preset or profile file (`--profile`), else this machine,
+then the CLI's hardware flags on top. Every bad flag is reported at once, in one `UserError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import yaml
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.detect import detect_hardware, free_space
+from orchestrate.hardware.presets import load_preset, load_profile
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.units import format_bytes, parse_size
+
+# No GPU or host worth planning for has less; a smaller number is a size typed without its unit.
+_MIN_MEMORY = 2**30
+
+
+def resolve_hardware(
+    profile: str | None = None,
+    gpus: int | None = None,
+    gpu_mem: str | None = None,
+    cpu_mem: str | None = None,
+    nodes: int | None = None,
+    nvme: str | None = None,
+    gpus_per_node: int | None = None,
+    detect: Callable[[], HardwareProfile] = detect_hardware,
+) -> HardwareProfile:
+    """The profile to plan for.
+
+    `gpus` is ranks per node: GPUs on a GPU profile, gloo worker processes on a CPU-only one.
+    `gpus_per_node` always means GPUs: on a CPU-only profile it plans for a GPU machine you do not
+    have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
+    """
+    problems: list[Problem] = []
+    gpu_mem_bytes = _memory(gpu_mem, "--gpu-mem", problems)
+    cpu_mem_bytes = _memory(cpu_mem, "--cpu-mem", problems)
+    for value, flag in ((gpus, "--gpus"), (gpus_per_node, "--gpus-per-node"), (nodes, "--nodes")):
+        if value is not None and value < 1:
+            problems.append(Problem(flag, f"must be at least 1, got {value}"))
+    if gpus is not None and gpus_per_node is not None and gpus != gpus_per_node:
+        problems.append(Problem("--gpus-per-node", f"{gpus_per_node} contradicts --gpus {gpus}",
+                                "give only one of them"))
+    nvme_space = _collect(lambda: free_space(nvme, "--nvme"), problems) if nvme else None
+    base = _collect(lambda: load_profile(profile), problems) if profile else None
+    if problems:
+        raise UserError("invalid hardware options", problems)
+    if base is None:
+        base = detect()
+
+    update: dict = {}
+    gpu_count = gpus_per_node or gpus
+    if base.has_gpu:
+        if gpu_mem_bytes is not None:
+            update["gpu"] = base.gpu.model_dump() | {"memory_bytes": gpu_mem_bytes}
+        if gpu_count is not None:
+            update["gpus_per_node"] = gpu_count
+    elif gpu_mem_bytes is not None or gpus_per_node is not None:
+        # Planning for a GPU machine from one without: the profile's own GPU spec if a file gave one.
+        spec = base.gpu or load_preset("generic-8gb").gpu
+        update["gpu"] = spec.model_dump() | {"memory_bytes": gpu_mem_bytes or spec.memory_bytes}
+        update["gpus_per_node"] = gpu_count or 1
+    elif gpus is not None:
+        update["cpu_processes"] = gpus
+    if cpu_mem_bytes is not None:
+        update["cpu_memory_bytes"] = cpu_mem_bytes
+    if nodes is not None:
+        update["nodes"] = nodes
+    if nvme_space is not None:
+        update["nvme_path"], update["nvme_free_bytes"] = nvme_space
+    if not update:
+        return base
+    return HardwareProfile.model_validate(base.model_dump() | update | {"name": f"{base.name}+flags"})
+
+
+def profile_to_yaml(profile: HardwareProfile) -> str:
+    """A profile file `--profile path.yaml` reads back to an equal profile."""
+    header = "# orchestrate hardware profile: sizes in bytes, bandwidths in bytes/s, TFLOPS dense.\n"
+    return header + yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False)
+
+
+def _memory(text: str | None, flag: str, problems: list[Problem]) -> int | None:
+    if text is None:
+        return None
+    size = _collect(lambda: parse_size(text, flag), problems)
+    if size is not None and size < _MIN_MEMORY:
+        digits = str(text).strip()
+        fix = f"sizes without a unit are bytes: write {digits}GiB?" if digits.isdigit() else "give at least 1GiB"
+        problems.append(Problem(flag, f"{text!r} is only {format_bytes(size)}", fix))
+        return None
+    return size
+
+
+def _collect(read: Callable, problems: list[Problem]):
+    """`read()`, or None with its problems added to `problems` when it raises `UserError`."""
+    try:
+        return read()
+    except UserError as exc:
+        problems.extend(exc.problems)
+        return None

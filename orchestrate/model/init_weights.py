@@ -1,0 +1,91 @@
+"""The initial weights every backend starts from, as one Hugging Face model directory.
+
+A local `model.name_or_path` directory with weights is used as is. Otherwise local rank 0 of each
+node builds the model from its config with `torch.manual_seed(train.seed)` in fp32 and saves it to
+RUN_DIR/init_model; the other ranks wait at a barrier. The same seed gives bit-identical weights
+on every node, so DeepSpeed, FSDP2 and DDP runs of one config start from the same point.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import torch
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.planner.plan import Plan
+
+INIT_MODEL_DIR = "init_model"
+_WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
+
+
+def has_weights(directory: Path) -> bool:
+    return directory.is_dir() and any(any(directory.glob(p)) for p in _WEIGHT_PATTERNS)
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _hub_snapshot(name: str, download: bool) -> Path:
+    """A Hub model's files in the local cache (downloaded by one rank per node, read by the rest)."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=["*.json", "*.safetensors"],
+                                      local_files_only=not download))
+    except Exception as exc:  # offline, unknown repo, gated: all end the same way for the user
+        raise UserError(f"cannot fetch the weights of {name!r}", [Problem(
+            "model.name_or_path", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+            "download the model into a local directory and point model.name_or_path at it")]) from None
+
+
+def build_initial_model(plan: Plan, out_dir: Path) -> Path:
+    """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
+    from transformers import AutoModelForCausalLM
+
+    from orchestrate.model.meta import load_model_config
+
+    hf_config = load_model_config(plan.config)
+    torch.manual_seed(plan.config.train.seed)
+    model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=plan.config.model.trust_remote_code,
+                                             dtype=torch.float32)
+    # Unique temp name: on a shared file system several nodes may build at once; the first rename wins
+    # and the others (identical weights) are discarded.
+    tmp = out_dir.with_name(f".{out_dir.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    try:
+        tmp.rename(out_dir)
+    except OSError:
+        if not has_weights(out_dir):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int) -> Path:
+    """The model directory to load from; collective when a process group is initialised."""
+    name = plan.config.model.name_or_path
+    if name is not None:
+        path = plan.config.resolve_path(name)
+        if has_weights(path):
+            return path
+        if not path.exists():  # a Hub name (the config loader already rejected bad local paths)
+            if local_rank == 0:
+                _hub_snapshot(name, download=True)
+            _barrier()
+            snapshot = _hub_snapshot(name, download=False)
+            if has_weights(snapshot):
+                return snapshot
+    out_dir = run_dir / INIT_MODEL_DIR
+    if local_rank == 0 and not has_weights(out_dir):
+        build_initial_model(plan, out_dir)
+    _barrier()
+    return out_dir

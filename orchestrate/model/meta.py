@@ -1,0 +1,181 @@
+"""Measure a model's shape without weights: build it on the meta device and count.
+
+The meta device allocates no memory, so even a 70B model is built and counted in a fraction of a
+second; the counts are exact because they come from the real transformers modules, not a formula.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.model.shape import ModelShape
+
+try:  # transformers 5 validates config fields through huggingface_hub's strict dataclasses
+    from huggingface_hub.errors import StrictDataclassError
+except ImportError:  # huggingface_hub < 0.32 (transformers 4.x), which never raises it
+    StrictDataclassError = ValueError
+
+# A Hub repo id: "name" or "org/name" (huggingface_hub's validate_repo_id allows [\w.-]).
+_HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+_FAMILIES = "gpt2, llama, mistral, qwen2, phi3"
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _from_architecture(arch: dict) -> PretrainedConfig:
+    # Built-in model types only (checked below), so no remote code is involved here.
+    where = "model.architecture"
+    model_type = arch["model_type"]  # the schema guarantees the key
+    if model_type not in CONFIG_MAPPING:
+        raise UserError("unknown model architecture", [Problem(
+            f"{where}.model_type", f"transformers does not know model_type {model_type!r}",
+            f"use one it knows, e.g. {_FAMILIES}; or point model.name_or_path at a directory "
+            "whose config.json maps custom code (with trust_remote_code: true)")])
+    kwargs = {k: v for k, v in arch.items() if k != "model_type"}
+    try:
+        return AutoConfig.for_model(model_type, **kwargs)
+    except (ValueError, TypeError, StrictDataclassError) as exc:
+        raise UserError("invalid model architecture", [Problem(
+            where, " ".join(str(exc).split()), "fix the value named above")]) from None
+
+
+def _from_name_or_path(config: RunConfig) -> PretrainedConfig:
+    where = "model.name_or_path"
+    name = config.model.name_or_path
+    assert name is not None  # internal invariant: the schema requires name_or_path or architecture
+    path = config.resolve_path(name)
+    local = path.exists()
+    if local:
+        if not (path / "config.json").is_file():
+            raise UserError("model directory has no config.json", [Problem(
+                where, f"{path} is not a directory holding a transformers config.json",
+                "point it at a model directory (config.json is enough for planning; weights are "
+                "needed only to fine-tune), or use model.architecture for a model from scratch")])
+        source = str(path)
+    elif _HUB_NAME.match(name) and not Path(name).expanduser().is_absolute():
+        source = name
+    else:
+        raise UserError("model directory not found", [Problem(
+            where, f"{path} does not exist", "check the path (relative paths start at the YAML file's directory)")])
+    try:
+        return AutoConfig.from_pretrained(source, trust_remote_code=config.model.trust_remote_code)
+    except OSError as exc:
+        if not local:
+            message = (f"{name!r} is not a local directory ({path} does not exist) and could not be "
+                       f"fetched from the Hugging Face Hub: {_first_line(exc)}")
+            fix = "download the model (or just its config.json) into a local directory and point to it"
+        else:
+            message, fix = f"cannot read {path / 'config.json'}: {_first_line(exc)}", "repair or replace the file"
+        raise UserError("cannot load the model config", [Problem(where, message, fix)]) from None
+    except (ValueError, StrictDataclassError) as exc:
+        # Unknown model_type, custom code without trust_remote_code, or an invalid field value.
+        raise UserError("cannot load the model config", [Problem(
+            where, _first_line(exc),
+            f"use a model transformers knows ({_FAMILIES}, ...); set model.trust_remote_code: true only "
+            "if the directory's own code is trusted")]) from None
+
+
+def load_model_config(config: RunConfig) -> PretrainedConfig:
+    """The transformers config of `config.model`: inline `architecture`, a local directory, or a Hub name."""
+    if config.model.architecture is not None:
+        return _from_architecture(config.model.architecture)
+    return _from_name_or_path(config)
+
+
+def build_meta_model(hf_config: PretrainedConfig, *, trust_remote_code: bool = False) -> nn.Module:
+    """The causal LM of `hf_config` with every tensor on the meta device (no memory, no init)."""
+    # Not accelerate's `init_empty_weights`: under transformers 5 it breaks weight tying (GPT-2
+    # counts 163,037,184 parameters instead of 124,439,808, lm_head no longer *is* wte); the
+    # torch.device("meta") context keeps tied parameters one object.
+    try:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+    except (ValueError, StrictDataclassError) as exc:
+        # No causal-LM class for this model_type (e.g. t5), or the modules reject a dimension.
+        raise UserError("cannot build the model", [Problem(
+            "model", _first_line(exc), f"orchestrate trains decoder-only causal LMs ({_FAMILIES}, ...)")]) from None
+
+
+def _count(params: dict[int, nn.Parameter]) -> int:
+    return sum(p.numel() for p in params.values())
+
+
+def _params(module: nn.Module) -> dict[int, nn.Parameter]:
+    # Keyed by identity: tied weights are one Parameter object; data_ptr() is 0 for every meta tensor.
+    return {id(p): p for p in module.parameters()}
+
+
+def _blocks(model: nn.Module, num_layers: int, model_type: str) -> nn.ModuleList:
+    """The stack of transformer blocks (gpt2: transformer.h, llama/mistral/qwen2/phi3: model.layers)."""
+    stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
+    if not stacks:
+        raise UserError("unsupported model layout", [Problem(
+            "model", f"no list of {num_layers} transformer blocks found in the {model_type} model",
+            f"use a decoder-only model with a stack of blocks ({_FAMILIES}, ...)")])
+    return max(stacks, key=lambda s: _count(_params(s)))
+
+
+def _attr(cfg: PretrainedConfig, name: str) -> int:
+    """A dimension every supported family sets (under its own name via `attribute_map`, e.g. gpt2's n_embd)."""
+    value = getattr(cfg, name, None)
+    if value is None:
+        raise UserError("unsupported model config", [Problem(
+            "model", f"a {cfg.model_type} config has no {name}", f"use a supported family ({_FAMILIES}, ...)")])
+    return int(value)
+
+
+def shape_from_config(hf_config: PretrainedConfig, *, trust_remote_code: bool = False) -> ModelShape:
+    """Exact parameter counts and dimensions of the causal LM `hf_config` describes."""
+    model = build_meta_model(hf_config, trust_remote_code=trust_remote_code)
+    hidden = _attr(hf_config, "hidden_size")
+    heads = _attr(hf_config, "num_attention_heads")
+    num_layers = _attr(hf_config, "num_hidden_layers")
+    blocks = _blocks(model, num_layers, hf_config.model_type)
+
+    in_blocks = _params(blocks)
+    embedding: dict[int, nn.Parameter] = {}
+    for m in model.modules():  # token embedding plus learned positions (gpt2's wpe), outside the blocks
+        if isinstance(m, nn.Embedding):
+            embedding.update({k: p for k, p in _params(m).items() if k not in in_blocks})
+    output = model.get_output_embeddings()
+    lm_head = {k: p for k, p in _params(output).items() if k not in embedding}
+    # DeepSpeed's largest_layer_params: parameters held directly by one module
+    # (deepspeed/runtime/zero/stage3.py, model_to_params used by estimate_zero3_model_states_mem_needs_all_live).
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+
+    if hasattr(hf_config, "n_inner"):  # GPT-2 family: n_inner null means 4 * n_embd (GPT2Block in modeling_gpt2.py)
+        intermediate = hf_config.n_inner or 4 * hidden
+    else:
+        intermediate = _attr(hf_config, "intermediate_size")
+    return ModelShape(
+        model_type=hf_config.model_type,
+        parameters=_count(_params(model)),
+        largest_layer_parameters=largest,
+        embedding_parameters=_count(embedding),
+        lm_head_parameters=_count(lm_head),
+        block_parameters=max(_count(_params(b)) for b in blocks),  # the largest, should blocks differ
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,  # absent or null: plain MHA
+        head_dim=getattr(hf_config, "head_dim", None) or hidden // heads,
+        intermediate_size=intermediate,
+        vocab_size=_attr(hf_config, "vocab_size"),
+        max_position_embeddings=_attr(hf_config, "max_position_embeddings"),
+        tied_embeddings=output.weight is model.get_input_embeddings().weight,
+    )
+
+
+def shape_for(config: RunConfig) -> ModelShape:
+    """The shape of the model `config` describes (reads at most a config.json; never weights)."""
+    return shape_from_config(load_model_config(config), trust_remote_code=config.model.trust_remote_code)

@@ -1,0 +1,181 @@
+"""Every number the analytical memory and speed models use that is not a formula, with its source.
+
+Three kinds of constants live here:
+- measured: taken from a measurement on this project's machines (say which and how);
+- from code or docs: a default or a documented figure of DeepSpeed / torch / NCCL;
+- margins "to be calibrated": engineering guesses with a stated margin, to be replaced by numbers from
+  `orchestrate.simulate` (fake-tensor runs) or from a real 8 GB GPU.
+
+The backends render the knobs marked "rendering contract" into their configs, so that what runs is what
+was planned; change both together.
+"""
+
+from __future__ import annotations
+
+GiB = 2**30
+MiB = 2**20
+
+# --------------------------------------------------------------------------------------------------
+# Activations and logits (per rank, at the backward-start peak)
+# --------------------------------------------------------------------------------------------------
+
+ACT_BYTES_PER_TOKEN_HIDDEN_16BIT = 62
+"""Measured: bytes of saved activations per layer per (token x hidden) in bf16, no recomputation.
+HF GPT-2 blocks under FSDP2 on this machine's fake-tensor counter (CPU flash-style SDPA, so no s^2
+attention term). Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", eq. 2) give 34 + 5as/h for Megatron's fused blocks; HF eager blocks keep more temporaries.
+Applied to every architecture until the simulator calibrates per family (Llama's SwiGLU MLP lands
+within a few bytes of GPT-2's 4h GeLU MLP by the same count)."""
+
+AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT = 2
+"""Full activation checkpointing keeps only each block's input: 2*s*b*h bytes per layer in 16-bit
+(Korthikanti et al. 2022, section 4.1 "full activation recomputation")."""
+
+LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT = 12
+"""Measured on this machine (HF GPT-2, bf16): LM head output plus cross-entropy temporaries at the
+peak, about 12 bytes per (token x vocab) (bf16 logits, their fp32 up-cast, fp32 log-softmax, bf16
+gradient)."""
+
+LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 = 16
+"""fp32 training: the 16-bit copies of the measured 12 become 4-byte ones (extrapolated; to be
+calibrated)."""
+
+# --------------------------------------------------------------------------------------------------
+# What a simulation cannot see (GPU only): margins, to be calibrated on a real 8 GB GPU
+# --------------------------------------------------------------------------------------------------
+
+CUDA_CONTEXT_BYTES = 500 * MiB
+"""CUDA context + loaded kernels (torch, cuBLAS, NCCL modules): ~300-500 MB on recent drivers with lazy
+module loading; the upper end as a margin. To be calibrated."""
+
+CUBLAS_WORKSPACE_BYTES = 64 * MiB
+"""cuBLAS/cuBLASLt workspaces (torch sets 4 MiB x 8 per handle and stream on Ampere+, `:4096:8`) plus
+SDPA kernel scratch; rounded up. To be calibrated."""
+
+NCCL_BUFFER_BYTES_PER_COMMUNICATOR = 200 * MiB
+"""NCCL's own device buffers per communicator (NCCL_BUFFSIZE 4 MiB per channel and peer, x2 for
+send/recv, several channels, plus its work FIFOs); only when world size > 1. To be calibrated."""
+
+ALLOCATOR_FRAGMENTATION_FRACTION = 0.05
+"""Caching-allocator fragmentation, as a fraction of the device bytes the model itself accounts for
+(not the CUDA context). Small on purpose: `strategy.gpu_memory_headroom` (default 0.90) is the main
+margin for fragmentation. To be calibrated."""
+
+# --------------------------------------------------------------------------------------------------
+# Host memory per node
+# --------------------------------------------------------------------------------------------------
+
+PROCESS_RUNTIME_BYTES_GPU = 3 * GiB
+"""Resident host memory of one GPU rank besides what it offloads: Python, torch, transformers,
+DeepSpeed, the CUDA runtime's host-side allocations and loaded libraries, the data loader. Margin;
+to be calibrated."""
+
+PROCESS_RUNTIME_BYTES_CPU = 1 * GiB
+"""Same for a CPU-only (gloo) rank. Measured here: `import torch, transformers, deepspeed` peaks at
+0.32 GB RSS; the rest is margin for the data pipeline and autograd bookkeeping."""
+
+LOAD_BYTES_PER_PARAM = 4
+"""Host bytes per parameter while the weights are materialised before moving to the devices: fp32
+(a freshly initialised HF model is fp32; DeepSpeed#4352 measured processes x params x 4 B). The worker
+contract (orchestrate.backends.base: "without N full copies in CPU RAM") is one copy per node at a
+time, so the spike is 4 x P per node, not per rank."""
+
+# --------------------------------------------------------------------------------------------------
+# DeepSpeed knobs (rendering contract: the deepspeed backend renders exactly these)
+# --------------------------------------------------------------------------------------------------
+
+DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
+"""reduce_bucket_size = allgather_bucket_size = hidden^2 elements, as Accelerate fills DeepSpeed's
+"auto" (accelerate/utils/deepspeed.py). DeepSpeed's own default, 5e8 elements, would cost 2 GB of
+16-bit ipg buffers with overlap_comm on an 8 GB card."""
+
+DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED = 0.9
+"""stage3_prefetch_bucket_size = 0.9 * hidden^2 elements (Accelerate's "auto")."""
+
+DS_SUB_GROUP_SIZE = 100_000_000
+"""ZeRO-3 optimizer sub-group (elements). The NVMe optimizer swapper pins buffer_count buffers of the
+largest sub-group (deepspeed/runtime/zero/stage3.py `_configure_tensor_swapping`,
+swap_tensor/optimizer_utils.py); DeepSpeed's default 1e9 would pin 16 GB of fp32 buffers."""
+
+DS_OPTIMIZER_SWAP_BUFFER_COUNT = 4
+"""offload_optimizer.buffer_count default (deepspeed/runtime/zero/offload_config.py): param, grad,
+momentum, variance."""
+
+DS_PARAM_SWAP_BUFFER_COUNT = 5
+"""offload_param.buffer_count default (offload_config.py)."""
+
+DS_PARAM_SWAP_BUFFER_ELEMENTS = 100_000_000
+"""offload_param.buffer_size default, 1e8 elements (offload_config.py); raised to the largest layer
+when that is bigger, since every parameter must fit one buffer."""
+
+DS_PARAM_MAX_IN_CPU = 1_000_000_000
+"""offload_param.max_in_cpu default, 1e9 elements: NVMe-offloaded parameters kept in CPU RAM too."""
+
+# --------------------------------------------------------------------------------------------------
+# Speed: compute
+# --------------------------------------------------------------------------------------------------
+
+GPU_MFU = 0.40
+"""Model-FLOPs utilisation of HF models on consumer cards at large micro-batches (fraction of the
+dense tensor-core peak). Engineering estimate; to be calibrated."""
+
+GPU_HALF_EFFICIENCY_TOKENS = 256
+"""Tokens per micro-batch (b x s) at which kernels reach half of GPU_MFU: small micro-batches leave the
+tensor cores idle (launch overhead, narrow GEMMs). efficiency = MFU * t / (t + this). Heuristic."""
+
+CPU_ACHIEVED_FLOPS_PER_CORE = 15e9
+"""Achieved training FLOP/s per physical core on CPU-only profiles (AVX2/AVX-512 fp32 GEMMs in HF
+models, ~20-30 % of peak). To be calibrated with bench/."""
+
+# --------------------------------------------------------------------------------------------------
+# Speed: optimizer step
+# --------------------------------------------------------------------------------------------------
+
+ADAM_BYTES_PER_PARAM = 30
+"""Memory traffic of one fused Adam update per parameter: read fp32 master, grad, m, v (16 B), write
+master, m, v (12 B), write the 16-bit copy (2 B). Adam is memory-bound on GPU and CPU."""
+
+DS_CPU_ADAM_PARAMS_PER_S_PER_CORE = 2.0e8
+"""DeepSpeed CPU Adam (AVX-vectorised, deepspeed/ops/adam/cpu_adam.py) parameters per second per core
+before memory bandwidth binds. Estimate; to be calibrated."""
+
+TORCH_CPU_ADAM_SLOWDOWN = 6.0
+"""torch's CPU Adam (what FSDP2 CPU offload and CPU-only ranks step with) vs DeepSpeed's CPU Adam:
+"5x-7x faster" (DeepSpeed ZeRO-Offload tutorial, https://www.deepspeed.ai/tutorials/zero-offload/)."""
+
+CPU_MEMORY_BANDWIDTH = 40e9
+"""Host memory bandwidth per node, bytes/s (dual-channel DDR4-3200 is 51 GB/s theoretical); bounds the
+CPU optimizer. Consumer-desktop estimate; to be calibrated."""
+
+# --------------------------------------------------------------------------------------------------
+# Speed: communication and transfers
+# --------------------------------------------------------------------------------------------------
+
+NVLINK_BANDWIDTH = 25e9
+"""One NVLink bridge on consumer Turing cards (RTX 2080 / 2070 Super: one x8 NVLink 2.0 link, 25 GB/s
+per direction; NVIDIA Turing architecture whitepaper)."""
+
+P2P_DISABLED_FACTOR = 0.5
+"""Without GPU peer-to-peer, NCCL stages GPU-to-GPU traffic through host memory (SHM transport): each
+byte crosses PCIe twice, roughly halving the bandwidth."""
+
+GLOO_BANDWIDTH = 2e9
+"""gloo collectives between CPU processes of one node (TCP loopback / shared memory), bytes/s.
+To be calibrated."""
+
+COLLECTIVE_LATENCY_S = 50e-6
+"""Fixed cost of one NCCL collective (launch + ring latency on PCIe); matters for ZeRO-3/FSDP, which
+issue ~3 collectives per block per micro-batch."""
+
+COMM_OVERLAP_FRACTION = 0.7
+"""Share of compute time that communication can hide behind: DDP buckets, ZeRO overlap_comm and FSDP2
+prefetching overlap collectives with backward/forward compute, but the first all-gather and the last
+reduce-scatter of each pass are exposed. Overlap model: exposed = max(0, comm - fraction x compute)."""
+
+OFFLOAD_OVERLAP_FRACTION = 0.5
+"""Same for host<->device offload copies (DeepSpeed overlaps gradient D2H with backward and prefetches
+offloaded parameters; FSDP2 CPUOffloadPolicy copies on a side stream with pinned memory)."""
+
+NVME_OVERLAP_FRACTION = 0.0
+"""NVMe optimizer swapping overlaps with the CPU optimizer only with pipeline_read/pipeline_write,
+which DeepSpeed leaves off by default (offload_config.py); counted fully."""

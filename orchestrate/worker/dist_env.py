@@ -1,0 +1,62 @@
+"""Who am I: rank, local rank and world size from torchrun's variables (or SLURM's under `srun`),
+and the process group for this plan's hardware."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+
+
+def rank_info() -> RankInfo:
+    env = os.environ
+    if "RANK" not in env and "SLURM_PROCID" in env:
+        # srun starts one task per rank and sets only SLURM_*; torch's env:// init reads RANK etc.
+        env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
+        env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
+        env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])
+    if "RANK" not in env:  # a single process started by hand: a world of one
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+        env.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in env:
+            from orchestrate.launch.ports import free_port
+
+            env["MASTER_PORT"] = str(free_port())
+    return RankInfo(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]),
+                    int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
+
+
+def init_distributed(plan: Plan, info: RankInfo) -> torch.device:
+    """Initialise the default process group (nccl on GPUs, gloo on CPU); returns this rank's device."""
+    import torch.distributed as dist
+
+    if info.world_size != plan.world_size:
+        raise UserError("the worker count does not match the plan", [Problem(
+            "world size", f"{info.world_size} processes were started for a plan made for {plan.world_size}",
+            f"start {plan.world_size} processes ({plan.hardware.nodes} node(s) x "
+            f"{plan.hardware.ranks_per_node}), or re-plan for this many")])
+    if plan.hardware.has_gpu:
+        if not torch.cuda.is_available():
+            raise UserError("this plan needs GPUs but CUDA is not available here", [Problem(
+                "hardware", f"the plan is for {plan.hardware.gpus_per_node} x {plan.hardware.gpu.name}",
+                "run it on the machine it was planned for, or re-plan for CPU processes")])
+        torch.cuda.set_device(info.local_rank)
+        device = torch.device("cuda", info.local_rank)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if not dist.is_initialized():
+        dist.init_process_group(backend)
+    return device

@@ -1,0 +1,147 @@
+"""The worker's whole life: plan -> process group -> initial weights -> backend engine -> data ->
+`max_steps` optimizer steps with metrics and evaluation -> consolidated Hugging Face model.
+
+Everything comes from plan.json (the launcher's only channel); the environment supplies only
+torchrun's rank variables and the library settings recorded in the plan's run section (NCCL).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.planner.plan import Plan
+
+MODEL_OUT_DIR = "model"
+
+
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def train(plan_path: Path) -> Path:
+    """Run the plan on this rank; returns the run directory. Collective."""
+    import torch.distributed as dist
+
+    from orchestrate.backends.base import WorkerContext, get_backend
+    from orchestrate.data import build_data
+    from orchestrate.launch.rundir import read_run_info
+    from orchestrate.model.init_weights import ensure_initial_weights
+    from orchestrate.worker.dist_env import init_distributed, rank_info
+    from orchestrate.worker.metrics import METRICS_FILE, MetricsWriter, gather_step_stats, mean_over_ranks
+    from orchestrate.worker.progress import ProgressDisplay
+
+    plan_path = plan_path.resolve()
+    run_dir = plan_path.parent
+    plan = Plan.read(plan_path)
+    if plan.chosen is None:
+        raise UserError(f"{plan_path} has no feasible strategy to run; see `orchestrate plan`")
+    for key, value in read_run_info(plan_path).get("env", {}).items():
+        os.environ.setdefault(key, value)  # NCCL reads these at communicator creation, after this
+
+    info = rank_info()
+    device = init_distributed(plan, info)
+    is_main = info.rank == 0
+    train_cfg = plan.config.train
+    torch.manual_seed(train_cfg.seed)
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
+    model_dir = ensure_initial_weights(plan, run_dir, info.local_rank)
+    ctx = WorkerContext(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
+                        device=device, run_dir=run_dir, model_dir=model_dir)
+    engine = get_backend(plan.chosen.strategy.backend).setup(plan, ctx)
+    data = build_data(plan, run_dir, info.rank, info.world_size)
+    # Dropout differs per rank (different data), reproducibly.
+    torch.manual_seed(train_cfg.seed + info.rank)
+
+    micro, accumulation = plan.chosen.strategy.micro_batch_size, plan.chosen.gradient_accumulation
+    tokens_per_step = micro * accumulation * info.world_size * train_cfg.seq_len
+    node = info.rank // max(1, info.local_world_size)
+    predicted = {"predicted_gpu_bytes_per_rank": plan.chosen.memory.gpu_total,
+                 "predicted_cpu_bytes_per_node": plan.chosen.memory.cpu_total}
+    eval_batches = [_to_device(b, device) for b in
+                    data.eval_batches(micro, train_cfg.eval_batches, info.rank, info.world_size)]
+    writer = MetricsWriter(run_dir / METRICS_FILE) if is_main else None
+    progress = ProgressDisplay(train_cfg.max_steps, enabled=is_main)
+    if is_main:
+        progress.message(f"training {plan.chosen.name} on {info.world_size} rank(s): {train_cfg.max_steps} steps "
+                         f"of {tokens_per_step:,} tokens ({data.train.shape[0]} train / "
+                         f"{data.validation.shape[0]} validation blocks)")
+    try:
+        for step in range(1, train_cfg.max_steps + 1):
+            start = time.perf_counter()
+            batches = [_to_device(data.micro_batch(micro), device) for _ in range(accumulation)]
+            result = engine.train_step(batches)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            step_time = time.perf_counter() - start
+            stats = gather_step_stats(result.loss, node, device)
+            eval_loss = None
+            if eval_batches and ((train_cfg.eval_every and step % train_cfg.eval_every == 0)
+                                 or step == train_cfg.max_steps):
+                local = sum(engine.eval_loss(b) for b in eval_batches) / len(eval_batches)
+                eval_loss = mean_over_ranks(local, device)
+            if writer is not None:
+                record = {"step": step, "loss": stats["loss"], "lr": result.lr, "grad_norm": result.grad_norm,
+                          "skipped": result.skipped, "tokens": tokens_per_step,
+                          "tokens_per_s": tokens_per_step / step_time, "step_time_s": step_time,
+                          "time": time.time(), **{k: v for k, v in stats.items() if k != "loss"}, **predicted}
+                if eval_loss is not None:
+                    record["eval_loss"] = eval_loss
+                writer.write(record)
+            progress.update(step, stats["loss"], tokens_per_step / step_time, eval_loss)
+    finally:
+        progress.close()
+        if writer is not None:
+            writer.close()
+
+    engine.save_hf_model(run_dir / MODEL_OUT_DIR)
+    if is_main:
+        if data.tokenizer_dir is not None:
+            _copy_tokenizer(data.tokenizer_dir, run_dir / MODEL_OUT_DIR)
+        print(f"done. model:   {run_dir / MODEL_OUT_DIR}\n"
+              f"      metrics: {run_dir / METRICS_FILE}\n"
+              f"      configs: {run_dir} (plan.json, config.yaml{_rendered(plan)})\n"
+              f"      logs:    {run_dir / 'logs'}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return run_dir
+
+
+def _rendered(plan: Plan) -> str:
+    names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]
+    return "".join(f", {n}" for n in names)
+
+
+def _copy_tokenizer(src: Path, dst: Path) -> None:
+    """Keep a trained model usable as is: its tokenizer files go next to the weights."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dst))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    parser = argparse.ArgumentParser(prog="python -m orchestrate.worker",
+                                     description="Train one rank of an orchestrate plan.")
+    parser.add_argument("plan", type=Path, help="RUN_DIR/plan.json written by `orchestrate launch` or `config`")
+    args = parser.parse_args(argv)
+    if not args.plan.is_file():
+        print(f"error: plan file {args.plan} not found", file=sys.stderr)
+        return EXIT_USER_ERROR
+    try:
+        # @record writes the traceback of an unexpected error to torchrun's per-rank error file.
+        record(train)(args.plan)
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    return 0

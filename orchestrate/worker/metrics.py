@@ -1,0 +1,81 @@
+"""Per-step measurements, gathered over ranks, appended as one JSON object per line to metrics.jsonl.
+
+Memory is measured next to what the plan predicted, so every run checks the planner:
+- `gpu_max_allocated_bytes` / `gpu_max_reserved_bytes`: torch.cuda peaks, max over ranks (GPU only),
+  against `predicted_gpu_bytes_per_rank`;
+- `rss_peak_bytes_max_rank`: the largest process RSS peak of any rank (on CPU-only runs the plan's
+  "device" memory is the worker's own RAM, so this is the counterpart of the per-rank prediction);
+- `node_rss_peak_bytes`: the sum of the RSS peaks of node 0's ranks (an upper bound of the node's
+  peak: the processes need not peak together), against `predicted_cpu_bytes_per_node`.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+METRICS_FILE = "metrics.jsonl"
+_STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node")
+
+
+def rss_peak_bytes() -> int:
+    """This process's peak resident set size (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(peak if sys.platform == "darwin" else peak * 1024)
+
+
+def gather_step_stats(loss: float, node: int, device: torch.device) -> dict[str, float]:
+    """One all_gather per step of (loss, RSS peak, GPU peaks, node index) from every rank."""
+    cuda = device.type == "cuda"
+    local = torch.tensor([
+        loss, float(rss_peak_bytes()),
+        float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0,
+        float(torch.cuda.max_memory_reserved(device)) if cuda else 0.0,
+        float(node),
+    ], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+        dist.all_gather(rows, local)
+        table = torch.stack(rows).cpu()
+    else:
+        table = local.cpu().unsqueeze(0)
+    stats = dict(zip(_STAT_FIELDS, table.T, strict=True))
+    out = {
+        "loss": float(stats["loss"].mean()),
+        "rss_peak_bytes_max_rank": int(stats["rss"].max()),
+        "node_rss_peak_bytes": int(stats["rss"][stats["node"] == 0].sum()),
+    }
+    if cuda:
+        out["gpu_max_allocated_bytes"] = int(stats["gpu_alloc"].max())
+        out["gpu_max_reserved_bytes"] = int(stats["gpu_reserved"].max())
+    return out
+
+
+def mean_over_ranks(value: float, device: torch.device) -> float:
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+        t /= dist.get_world_size()
+    return float(t.item())
+
+
+class MetricsWriter:
+    """Appends records to RUN_DIR/metrics.jsonl, flushed per line so `tail -f` and the launcher see
+    each step as it happens."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._file = path.open("a", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()

@@ -199,7 +199,7 @@ def test_unknown_gpu_gets_generic_throughput_and_its_own_capability():
     assert profile.name == "detected:generic-8gb"
     assert profile.gpu.name == "NVIDIA GeForce RTX 2060 SUPER"
     assert profile.gpu.peak_tflops_fp16 == generic.peak_tflops_fp16
-    assert profile.gpu.compute_capability == (7, 5) and not profile.gpu.supports_bf16
+    assert profile.gpu.compute_capability == (7, 5) and profile.gpu.peak_tflops_bf16 == 0.0
 
 
 def test_mixed_gpus_plan_for_the_weakest():

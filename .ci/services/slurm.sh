@@ -22,6 +22,7 @@ NODE_PORTS=("${ORCH_SLURMD_PORT_N1:-16818}" "${ORCH_SLURMD_PORT_N2:-16819}")
 NODES=(n1 n2)
 PARTITION=ci
 GPUS_PER_NODE=4
+export SLURM_CONF="$DIR/slurm.conf"
 
 install() {
     apt_install_missing slurmctld slurmctld slurmd slurmd sbatch slurm-client munged munge
@@ -68,7 +69,7 @@ SlurmdParameters=config_overrides
 ReturnToService=2
 GresTypes=gpu
 # Short grace periods keep cancelled and signalled test jobs fast; finished jobs stay visible to
-# `scontrol show job` for MinJobAge seconds.
+# scontrol show job for MinJobAge seconds.
 KillWait=5
 MinJobAge=600
 SlurmdTimeout=300
@@ -87,7 +88,7 @@ start_munge() {
     # munged refuses key files and sockets in directories others can write to.
     mkdir -p "$MUNGE_DIR"
     chown munge:munge "$MUNGE_DIR"
-    chmod 700 "$MUNGE_DIR"
+    chmod 711 "$MUNGE_DIR"   # the socket needs execute permission for all
     if [ ! -s "$MUNGE_DIR/munge.key" ]; then
         dd if=/dev/urandom of="$MUNGE_DIR/munge.key" bs=1024 count=1 status=none
         chown munge:munge "$MUNGE_DIR/munge.key"
@@ -109,7 +110,6 @@ nodes_idle() {
 start() {
     install
     need_root
-    export SLURM_CONF="$DIR/slurm.conf"
     if pid_alive "$DIR/slurmctld.pid" slurmctld && pid_alive "$DIR/slurmd-n1.pid" slurmd \
         && pid_alive "$DIR/slurmd-n2.pid" slurmd && pid_alive "$MUNGE_DIR/munged.pid" munged; then
         log "already running"
@@ -136,8 +136,8 @@ start() {
 stop_daemons() {
     if pid_alive "$DIR/slurmctld.pid" slurmctld; then
         # Jobs first, so no slurmstepd outlives its slurmd.
-        SLURM_CONF="$DIR/slurm.conf" scancel --full --quiet --partition="$PARTITION" 2>/dev/null || true
-        SLURM_CONF="$DIR/slurm.conf" wait_for 10 sh -c '[ -z "$(squeue -h -t running,completing)" ]' || true
+        scancel --full --quiet --partition="$PARTITION" 2>/dev/null || true
+        wait_for 10 sh -c '[ -z "$(squeue -h -t running,completing)" ]' || true
     fi
     for node in "${NODES[@]}"; do stop_pid "$DIR/slurmd-$node.pid" slurmd; done
     stop_pid "$DIR/slurmctld.pid" slurmctld

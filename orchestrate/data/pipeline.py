@@ -30,6 +30,8 @@ class TrainData:
     validation: torch.Tensor
     """[num_blocks, seq_len] int64; may have zero rows (no evaluation)."""
     sampler: DistributedBlockSampler
+    tokenizer_dir: Path | None = None
+    """The Hugging Face tokenizer directory, None for the built-in byte tokenizer."""
 
     def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
         """This rank's next `size` blocks; labels = input_ids (the model shifts them)."""
@@ -97,7 +99,8 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int) -> TrainD
     gets a sampler over its share. `plan_dir` resolves `plan.files` paths."""
     config, vocab_size = plan.config, plan.shape.vocab_size
     data = config.data
-    tokenizer = load_tokenizer(config.resolve_path(data.tokenizer) if data.tokenizer else None)
+    tokenizer_dir = config.resolve_path(data.tokenizer) if data.tokenizer else None
+    tokenizer = load_tokenizer(tokenizer_dir)
     if tokenizer.vocab_size > vocab_size:
         raise UserError("the tokenizer does not fit the model", [Problem(
             "data.tokenizer", f"tokenizer has {tokenizer.vocab_size} ids, the model's vocab_size is {vocab_size}",
@@ -122,4 +125,4 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int) -> TrainD
             train_sources[0][1], f"{names} give {train.shape[0]} block(s) of {seq_len} tokens, "
             f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
     sampler = DistributedBlockSampler(train.shape[0], rank, world_size, config.train.seed)
-    return TrainData(tokenizer, train, validation, sampler)
+    return TrainData(tokenizer, train, validation, sampler, tokenizer_dir)

@@ -1,0 +1,215 @@
+"""Hugging Face model helpers shared by the torch backends: read an HF model directory into a full
+state dict (rank 0 only, the one full copy), restore what the meta device cannot hold, write a
+consolidated HF directory, and find / checkpoint the transformer blocks.
+
+Everything keys off the *unwrapped* model built on the meta device
+(`orchestrate.model.meta.build_meta_model`), so no weight is materialised before it is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from orchestrate.errors import Problem, UserError
+
+SAFETENSORS_FILE = "model.safetensors"
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def block_class_names(model_type: str) -> list[str] | None:
+    """The transformer-block classes of a built-in causal LM (its `_no_split_modules`, the list
+    accelerate and HF's device_map use for the same purpose), without building it: pure, for render().
+    None for model types transformers does not ship (custom code): ask the built model instead."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, class_name, None) if class_name else None
+    names = getattr(cls, "_no_split_modules", None)
+    return sorted(names) if names else None
+
+
+def model_block_class_names(model: nn.Module, model_type: str) -> list[str]:
+    """`block_class_names`, falling back to the built model's own `_no_split_modules`."""
+    names = block_class_names(model_type) or sorted(getattr(model, "_no_split_modules", None) or [])
+    if not names:
+        raise UserError("unsupported model layout", [Problem(
+            "model", f"the {type(model).__name__} model names no transformer-block class (_no_split_modules)",
+            "use a decoder-only family transformers ships (gpt2, llama, mistral, qwen2, phi3, ...)")])
+    return names
+
+
+def find_blocks(model: nn.Module, class_names: list[str]) -> list[tuple[str, nn.Module]]:
+    """(qualified name, module) of every transformer block, in forward order."""
+    wanted = set(class_names)
+    blocks = [(n, m) for n, m in model.named_modules() if type(m).__name__ in wanted]
+    if not blocks:
+        raise UserError("unsupported model layout", [Problem(
+            "model", f"no module of class {', '.join(class_names)} in {type(model).__name__}",
+            "use a decoder-only family transformers ships (gpt2, llama, mistral, qwen2, phi3, ...)")])
+    return blocks
+
+
+def checkpoint_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Module]:
+    """Wrap each block in torch's non-reentrant `checkpoint_wrapper`, in place; returns the wrappers.
+
+    Why this and not HF's `gradient_checkpointing_enable`: the wrapper becomes the module that
+    FSDP2's `fully_shard` (and DDP's hooks) see, so the all-gather hooks sit *outside* the
+    recomputed region and the recompute runs after FSDP's pre-backward unshard (torchtitan's and
+    accelerate's FSDP2 composition). HF's version checkpoints `nn.Module.__call__`, hooks included,
+    and its mechanics changed across transformers releases. DCP's state-dict helpers and the
+    wrapper's own state-dict hooks strip the `_checkpoint_wrapped_module.` prefix, so keys stay HF's.
+    """
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    wrappers = []
+    for name, block in find_blocks(model, class_names):
+        parent_name, _, child = name.rpartition(".")
+        wrapper = checkpoint_wrapper(block, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        setattr(model.get_submodule(parent_name), child, wrapper)
+        wrappers.append(wrapper)
+    return wrappers
+
+
+def restore_non_persistent_buffers(model: nn.Module, device: torch.device) -> None:
+    """Recompute buffers that are in no checkpoint (rotary `inv_freq`, ...) after `to_empty`.
+
+    A model built on the meta device has them on meta, and `to_empty` leaves garbage; HF's
+    `post_init` does not recompute them. Each owning module is rebuilt from its `config` on
+    `device` (a few KB: only the rotary module, not the model) and its buffers copied over, so
+    every rope variant transformers implements is computed by transformers' own code."""
+    for module in model.modules():
+        names = getattr(module, "_non_persistent_buffers_set", set())
+        if not names:
+            continue
+        config = getattr(module, "config", None)
+        if config is None:
+            raise UserError("unsupported model", [Problem(
+                "model", f"{type(module).__name__} holds non-checkpointed buffers ({', '.join(sorted(names))}) "
+                         "that orchestrate cannot recompute after meta-device initialisation",
+                "use a family transformers ships (gpt2, llama, mistral, qwen2, phi3, ...)")])
+        with torch.device(device):
+            fresh = type(module)(config=config)
+        for name in names:
+            module._buffers[name] = fresh._buffers[name].to(device)
+        # transformers 4.x keeps `original_inv_freq` as a plain attribute next to the buffer.
+        if isinstance(getattr(fresh, "original_inv_freq", None), torch.Tensor) and "original_inv_freq" not in names:
+            module.original_inv_freq = fresh.original_inv_freq.to(device)
+
+
+@dataclass(frozen=True)
+class StateLayout:
+    """What a model's full state dict must hold, taken from the unwrapped (meta) model."""
+
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]]
+    """state-dict key -> (shape, dtype): parameters and persistent buffers, tied aliases included."""
+    tie_groups: tuple[tuple[str, ...], ...]
+    """Keys naming one shared Parameter (GPT-2 `transformer.wte.weight` / `lm_head.weight`); the
+    first of each group is the one written to disk, as HF's save_pretrained does."""
+    base_model_prefix: str
+    """HF's `base_model_prefix` ("transformer", "model"): old checkpoints omit it."""
+    ignore_unexpected: tuple[str, ...]
+    """HF's `_keys_to_ignore_on_load_unexpected` patterns (old buffers such as GPT-2 `attn.bias`)."""
+
+    @classmethod
+    def of(cls, model: nn.Module) -> StateLayout:
+        names_by_param: dict[int, list[str]] = {}
+        for name, p in model.named_parameters(remove_duplicate=False):
+            names_by_param.setdefault(id(p), []).append(name)
+        return cls(
+            tensors={k: (tuple(t.shape), t.dtype) for k, t in model.state_dict().items()},
+            tie_groups=tuple(tuple(names) for names in names_by_param.values() if len(names) > 1),
+            base_model_prefix=getattr(model, "base_model_prefix", "") or "",
+            ignore_unexpected=tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()),
+        )
+
+    @property
+    def aliases(self) -> set[str]:
+        return {name for group in self.tie_groups for name in group[1:]}
+
+
+def _weight_files(model_dir: Path) -> list[Path]:
+    index = model_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / f for f in sorted(set(weight_map.values()))]
+    if (model_dir / SAFETENSORS_FILE).is_file():
+        return [model_dir / SAFETENSORS_FILE]
+    raise UserError("model directory has no weights", [Problem(
+        str(model_dir), f"neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX} found",
+        "save the model with `save_pretrained(dir, safe_serialization=True)` (PyTorch .bin files are not read)")])
+
+
+def _match_key(key: str, layout: StateLayout) -> str | None:
+    if key in layout.tensors:
+        return key
+    prefix = layout.base_model_prefix + "." if layout.base_model_prefix else ""
+    if prefix and prefix + key in layout.tensors:  # checkpoint of the bare base model (old GPT-2 files)
+        return prefix + key
+    if prefix and key.startswith(prefix) and key[len(prefix):] in layout.tensors:
+        return key[len(prefix):]
+    return None
+
+
+def read_full_state_dict(model_dir: Path, layout: StateLayout) -> dict[str, torch.Tensor]:
+    """Every tensor of the model in `model_dir`, on CPU, named and typed as `layout` expects, tied
+    aliases filled in. Meant for rank 0 only: this is the single full copy in CPU RAM."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    unexpected, wrong_shape = [], []
+    for path in _weight_files(Path(model_dir)):
+        for key, tensor in load_file(str(path)).items():
+            target = _match_key(key, layout)
+            if target is None:
+                if not any(re.search(p, key) for p in layout.ignore_unexpected):
+                    unexpected.append(key)
+                continue
+            shape, dtype = layout.tensors[target]
+            if tuple(tensor.shape) != shape:
+                wrong_shape.append(f"{key}: file {tuple(tensor.shape)}, model {shape}")
+                continue
+            state[target] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    for group in layout.tie_groups:  # HF writes a tied weight once; every alias needs it for loading
+        present = next((state[k] for k in group if k in state), None)
+        if present is not None:
+            state.update({k: present for k in group})
+    missing = sorted(set(layout.tensors) - set(state))
+    problems = []
+    for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong_shape)):
+        if keys:
+            more = f" (and {len(keys) - 5} more)" if len(keys) > 5 else ""
+            problems.append(Problem(str(model_dir), f"{label}: {', '.join(keys[:5])}{more}"))
+    if problems:
+        raise UserError("model weights do not match the model config", problems,
+                        "the safetensors files must come from the model config.json describes")
+    return state
+
+
+def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout: StateLayout) -> None:
+    """Write `state` (a full CPU state dict) as an HF model directory: model.safetensors + config.json,
+    tied aliases dropped (from_pretrained re-ties them)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    aliases = layout.aliases
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if k not in aliases}
+    save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata={"format": "pt"})
+    hf_config.save_pretrained(out_dir)
+
+
+def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Decay matrices and embeddings only, not biases and norm weights (the GPT-2/3 and HF Trainer
+    convention): every backend uses this so runs from the same weights take the same steps."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]

@@ -1,0 +1,75 @@
+"""The torchrun argument list for a plan, built once: `--dry-run` prints it as a `torchrun ...`
+command, and the launcher runs the very same list through `torch.distributed.run`.
+
+Output: every rank's stdout/stderr goes to RUN_DIR/logs/<rdzv-id>_*/attempt_<n>/<local rank>/ and
+local rank 0's is also shown live (torchrun's --redirects / --tee).
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.launch.ports import free_port
+from orchestrate.planner.plan import Plan
+
+WORKER_MODULE = "orchestrate.worker"
+_DEFAULT_MULTINODE_RDZV_ID = "orchestrate"
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    """torchrun's rendezvous and restart options (passed through); None means orchestrate's default."""
+
+    max_restarts: int = 0
+    master_addr: str | None = None
+    master_port: int | None = None
+    """Single node: the rendezvous port (default: a free one). Multi-node: the static rendezvous port."""
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    nnodes: int | None = None
+    """Default: the plan's node count."""
+    node_rank: int | None = None
+    """Static (master-addr) rendezvous across nodes only."""
+
+
+def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: Path) -> list[str]:
+    """torchrun's arguments (without the program name) that run `python -m orchestrate.worker plan_path`."""
+    nnodes = options.nnodes or plan.hardware.nodes
+    if nnodes != plan.hardware.nodes:
+        raise UserError("node count does not match the plan", [Problem(
+            "--nnodes", f"{nnodes} given, the plan is for {plan.hardware.nodes}", "re-plan with --nodes")])
+    argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(plan.hardware.ranks_per_node)]
+    if nnodes == 1 and not options.rdzv_endpoint and not options.master_addr:
+        # One node: a c10d store on a free local port, so concurrent runs never collide on 29500.
+        port = options.master_port or free_port()
+        argv += ["--rdzv-backend", options.rdzv_backend or "c10d",
+                 "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", options.rdzv_id or plan_path.parent.name]
+    elif options.rdzv_endpoint:
+        argv += ["--rdzv-backend", options.rdzv_backend or "c10d", "--rdzv-endpoint", options.rdzv_endpoint,
+                 "--rdzv-id", options.rdzv_id or _DEFAULT_MULTINODE_RDZV_ID]
+    elif options.master_addr:
+        if options.node_rank is None:
+            raise UserError("multi-node launch needs this node's rank", [Problem(
+                "--node-rank", "missing", "give --node-rank 0 on the master node, 1.. on the others")])
+        argv += ["--node-rank", str(options.node_rank), "--master-addr", options.master_addr,
+                 "--master-port", str(options.master_port or 29500)]
+    else:
+        raise UserError("multi-node launch needs a rendezvous point", [Problem(
+            "--rdzv-endpoint", f"the plan spans {nnodes} nodes but no rendezvous was given",
+            "pass --rdzv-endpoint HOST:PORT (same on every node), or --master-addr HOST --node-rank N")])
+    if options.node_rank is not None and "--node-rank" not in argv:
+        argv += ["--node-rank", str(options.node_rank)]
+    argv += ["--max-restarts", str(options.max_restarts),
+             "--log-dir", str(log_dir), "--redirects", "3", "--tee", "0:3",
+             "-m", WORKER_MODULE, str(plan_path)]
+    return argv
+
+
+def format_command(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """The shell command equivalent to running `argv` through torchrun with `env` added."""
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))
+    return (prefix + " " if prefix else "") + shlex.join(["torchrun", *argv])

@@ -1,0 +1,322 @@
+"""DeepSpeed backend: rendered JSON checked by DeepSpeed's own config parser and against golden
+files; 2-rank gloo training with ZeRO-2 and ZeRO-3 CPU offload on the tiny GPT-2.
+
+Regenerate the golden files after an intended change of the rendering, then review the diff:
+    .venv/bin/python -m tests.test_backend_deepspeed --regen
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrate.backends.deepspeed_render import CONFIG_FILE, render, render_config
+from orchestrate.backends.schedule import lr_multiplier
+from orchestrate.errors import UserError
+from orchestrate.hardware.profile import GPUSpec, HardwareProfile
+from orchestrate.planner.plan import Plan
+from orchestrate.planner.strategy import Strategy
+from tests.helpers.plans import TINY_GPT2, make_plan
+
+GOLDEN_DIR = Path(__file__).parent / "golden" / "deepspeed"
+NVME = "/mnt/nvme/offload"
+
+
+def _gpu_hardware(ranks: int = 2) -> HardwareProfile:
+    gpu = GPUSpec(name="NVIDIA GeForce RTX 3070", memory_bytes=8 * 2**30, compute_capability=(8, 6),
+                  peak_tflops_fp16=81.3, peak_tflops_bf16=81.3, peak_tflops_fp32=20.3)
+    return HardwareProfile(name="2x-rtx3070", gpus_per_node=ranks, gpu=gpu, cpu_memory_bytes=64 * 2**30,
+                           nvme_path=NVME, nvme_free_bytes=500 * 10**9)
+
+
+def _ds(stage: int, opt: str = "none", param: str = "none", precision: str = "fp32", ac: bool = False,
+        micro: int = 2) -> Strategy:
+    return Strategy("deepspeed", stage, opt, param, precision, ac, micro)
+
+
+def _plan(strategy: Strategy, gpu: bool = False, config: dict | None = None) -> Plan:
+    plan = make_plan(strategy, config=config)
+    return dataclasses.replace(plan, hardware=_gpu_hardware()) if gpu else plan
+
+
+# name -> plan: a few representative renderings kept byte for byte in tests/golden/deepspeed/.
+GOLDEN = {
+    "cpu-z2-offload_opt_cpu-fp32": lambda: _plan(_ds(2, "cpu")),
+    "gpu-z1-bf16": lambda: _plan(_ds(1, precision="bf16"), gpu=True),
+    "gpu-z3-offload_opt_cpu-offload_param_cpu-bf16-ac": lambda: _plan(_ds(3, "cpu", "cpu", "bf16", True), gpu=True),
+    "gpu-z3-offload_opt_nvme-offload_param_nvme-fp16": lambda: _plan(_ds(3, "nvme", "nvme", "fp16"), gpu=True),
+}
+
+
+def regen() -> None:
+    GOLDEN_DIR.mkdir(parents=True, exist_ok=True)
+    for name, build in GOLDEN.items():
+        (GOLDEN_DIR / f"{name}.json").write_text(render(build())[CONFIG_FILE])
+        print(f"wrote {GOLDEN_DIR / name}.json")
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering (fast)
+
+def _variants():
+    for stage, precision in itertools.product(range(4), ("bf16", "fp16", "fp32")):
+        opts = ("none",) if stage == 0 else ("none", "cpu", "nvme")
+        params = ("none", "cpu", "nvme") if stage == 3 else ("none",)
+        for opt, param in itertools.product(opts, params):
+            yield _ds(stage, opt, param, precision)
+
+
+def _parse(cfg: dict, world: int, monkeypatch):
+    """DeepSpeed's own parser and validator (pydantic models that reject unknown keys, plus the batch
+    assertion), without a process group: DeepSpeedConfig reads rank and world size from deepspeed.comm."""
+    from deepspeed.runtime import config as ds_config
+
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda *a, **k: 0)
+    monkeypatch.setattr(ds_config.dist, "get_world_size", lambda *a, **k: world)
+    parsed = ds_config.DeepSpeedConfig(json.loads(json.dumps(cfg)), mpu=None)
+    assert parsed.world_size == world
+    return parsed
+
+
+def _walk(value):
+    if isinstance(value, dict):
+        for v in value.values():
+            yield from _walk(v)
+    else:
+        yield value
+
+
+@pytest.mark.parametrize("gpu", [False, True], ids=["cpu", "gpu"])
+@pytest.mark.parametrize("strategy", list(_variants()), ids=lambda s: s.name)
+def test_rendered_config_is_complete_and_deepspeed_accepts_it(strategy, gpu, monkeypatch):
+    plan = _plan(strategy, gpu=gpu, config={"strategy": {"nvme_path": NVME}})
+    text = render(plan)[CONFIG_FILE]
+    cfg = json.loads(text)
+    assert "auto" not in list(_walk(cfg))
+    assert cfg == render_config(plan)
+    parsed = _parse(cfg, plan.world_size, monkeypatch)
+
+    accumulation = plan.chosen.gradient_accumulation
+    hidden = plan.shape.hidden_size
+    # Every top-level key is checked against what DeepSpeed parsed from it: DeepSpeed silently
+    # ignores unknown top-level (and aio) keys, so a misspelt one would otherwise pass.
+    checks = {
+        "train_batch_size": parsed.train_batch_size == 2 * accumulation * plan.world_size,
+        "train_micro_batch_size_per_gpu": parsed.train_micro_batch_size_per_gpu == 2,
+        "gradient_accumulation_steps": parsed.gradient_accumulation_steps == accumulation,
+        "gradient_clipping": parsed.gradient_clipping == plan.config.train.grad_clip,
+        "bf16": parsed.bfloat16_config.enabled == (strategy.precision == "bf16"),
+        "fp16": parsed.float16_config.enabled == (strategy.precision == "fp16"),
+        "zero_optimization": parsed.zero_config.stage == strategy.zero_stage,
+        "steps_per_print": parsed.steps_per_print == cfg["steps_per_print"],
+        "wall_clock_breakdown": parsed.wall_clock_breakdown is False,
+        "aio": "aio" not in cfg or parsed.aio_config == {**cfg["aio"], "use_gds": False},
+    }
+    assert set(cfg) <= set(checks), f"unchecked keys: {set(cfg) - set(checks)}"
+    assert all(checks[k] for k in cfg), {k: checks[k] for k in cfg}
+    assert ("aio" in cfg) == ("nvme" in (strategy.offload_optimizer, strategy.offload_params))
+
+    zero = parsed.zero_config
+    if strategy.precision == "fp16":
+        assert parsed.float16_config.loss_scale == 0 and parsed.float16_config.initial_scale_power == 16
+    if strategy.zero_stage > 0:
+        assert zero.reduce_bucket_size == hidden * hidden
+        assert zero.overlap_comm is gpu
+    if strategy.zero_stage == 3:
+        assert zero.prefetch_bucket_size == int(0.9 * hidden * hidden)
+        assert zero.param_persistence_threshold == 10 * hidden
+        assert zero.gather_16bit_weights_on_model_save is True
+    for want, block in ((strategy.offload_optimizer, zero.offload_optimizer),
+                        (strategy.offload_params, zero.offload_param)):
+        if want == "none":
+            assert block is None
+            continue
+        assert block.device == want
+        assert block.pin_memory is gpu  # pinned memory only on GPU machines
+        assert (str(block.nvme_path) if want == "nvme" else block.nvme_path) == (
+            NVME if want == "nvme" else None)
+
+
+def test_parameter_offload_nvme_buffer_holds_the_largest_partition():
+    cfg = render_config(_plan(_ds(3, "nvme", "nvme"), config={"strategy": {"nvme_path": NVME}}))
+    assert cfg["zero_optimization"]["offload_param"]["buffer_size"] == 10**8  # tiny model: the default
+    plan = _plan(_ds(3, "nvme", "nvme"), config={"strategy": {"nvme_path": NVME}})
+    plan = dataclasses.replace(plan, shape=dataclasses.replace(plan.shape, largest_layer_parameters=525_336_576))
+    assert render_config(plan)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
+
+
+def test_nvme_path_comes_from_the_config_first_then_the_hardware(tmp_path):
+    plan = make_plan(_ds(2, "nvme"), config={"strategy": {"nvme_path": "swap"}}, source_dir=tmp_path)
+    plan = dataclasses.replace(plan, hardware=_gpu_hardware())
+    assert render_config(plan)["zero_optimization"]["offload_optimizer"]["nvme_path"] == str(tmp_path / "swap")
+    plan = _plan(_ds(2, "nvme"), gpu=True)
+    assert render_config(plan)["zero_optimization"]["offload_optimizer"]["nvme_path"] == NVME
+
+
+def test_nvme_offload_without_a_directory_is_a_user_error():
+    with pytest.raises(UserError) as err:
+        render(_plan(_ds(3, "cpu", "nvme")))
+    assert err.value.problems[0].where == "strategy.nvme_path"
+
+
+@pytest.mark.parametrize("strategy", [_ds(2, "cpu", "cpu"), _ds(0, "cpu"),
+                                      Strategy("fsdp", 3, "none", "none", "bf16", False, 1)], ids=lambda s: s.name)
+def test_impossible_strategies_are_refused(strategy):
+    with pytest.raises(ValueError):
+        render(_plan(strategy))
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN))
+def test_rendering_matches_golden_file(name):
+    golden = GOLDEN_DIR / f"{name}.json"
+    assert golden.is_file(), "run: .venv/bin/python -m tests.test_backend_deepspeed --regen"
+    assert render(GOLDEN[name]())[CONFIG_FILE] == golden.read_text(), (
+        "rendering changed; if intended run `.venv/bin/python -m tests.test_backend_deepspeed --regen` "
+        "and review the diff")
+
+
+def test_backend_is_registered():
+    from orchestrate.backends.base import get_backend
+
+    backend = get_backend("deepspeed")
+    plan = _plan(_ds(2, "cpu"))
+    assert backend.name == "deepspeed" and backend.render(plan) == render(plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# Training on 2 gloo ranks (slow)
+
+TRAIN_CONFIG = {"train": {"max_steps": 8, "optimizer": {"lr": 5e-3}, "schedule": {"warmup_steps": 2}}}
+STEPS = 6
+RESUME_AT = 3
+
+
+def _micro_batches(plan: Plan, rank: int, step: int):
+    """Fixed random tokens: two distinct batches per rank, alternating, so the loss can fall."""
+    import torch
+
+    seq, micro = plan.config.train.seq_len, plan.chosen.strategy.micro_batch_size
+    out = []
+    for i in range(plan.chosen.gradient_accumulation):
+        g = torch.Generator().manual_seed(1000 * rank + 10 * (step % 2) + i)
+        ids = torch.randint(0, TINY_GPT2["vocab_size"], (micro, seq), generator=g)
+        out.append({"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)})
+    return out
+
+
+def _probe():
+    import torch
+
+    return torch.randint(0, TINY_GPT2["vocab_size"], (2, 16), generator=torch.Generator().manual_seed(7))
+
+
+def _train(engine, plan, rank, steps, first=0):
+    results = [engine.train_step(_micro_batches(plan, rank, s)) for s in range(first, first + steps)]
+    return [dataclasses.asdict(r) for r in results]
+
+
+def _rank_main(strategy: Strategy, model_dir: str, work: str) -> dict:
+    """Per rank: run A (train, checkpoint midway, save HF model, probe logits), run B (same seed,
+    fresh engine), run C (fresh engine resumed from A's checkpoint)."""
+    import torch
+
+    from orchestrate.backends.base import WorkerContext
+    from orchestrate.backends.deepspeed_backend import DeepSpeedBackend
+    from tests.helpers.dist import init_gloo
+
+    torch.set_num_threads(1)  # 2 ranks on 2 shared cores
+    rank, world = init_gloo()
+    work_dir = Path(work)
+    plan = make_plan(strategy, config=TRAIN_CONFIG)
+    ctx = WorkerContext(rank, int(os.environ["LOCAL_RANK"]), world, torch.device("cpu"), work_dir, Path(model_dir))
+    backend = DeepSpeedBackend()
+    out: dict = {}
+
+    engine = backend.setup(plan, ctx)
+    out["a"] = _train(engine, plan, rank, RESUME_AT)
+    engine.save_checkpoint(work_dir / "ckpt", {"step": RESUME_AT})
+    out["a"] += _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
+    out["eval"] = engine.eval_loss(_micro_batches(plan, rank, 0)[0])
+    engine.save_hf_model(work_dir / "hf")
+    engine.engine.eval()
+    with torch.no_grad():  # every rank runs the forward: ZeRO-3 gathers parameters collectively
+        out["logits"] = engine.model(input_ids=_probe()).logits
+    del engine
+
+    engine = backend.setup(plan, ctx)
+    out["b"] = _train(engine, plan, rank, STEPS)
+    del engine
+
+    engine = backend.setup(plan, ctx)
+    out["client_state"] = engine.load_checkpoint(work_dir / "ckpt")
+    out["c"] = _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
+    return out
+
+
+def _write_initial_model(path: Path) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    arch = dict(TINY_GPT2)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(arch.pop("model_type"), **arch)).save_pretrained(path)
+
+
+def _check_training(strategy: Strategy, tmp_path: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.dist import run_on_ranks
+
+    _write_initial_model(tmp_path / "init")
+    results = run_on_ranks(_rank_main, 2, strategy, str(tmp_path / "init"), str(tmp_path))
+    plan = make_plan(strategy, config=TRAIN_CONFIG)
+    train = plan.config.train
+    for rank, out in results.items():
+        losses = [r["loss"] for r in out["a"]]
+        print(f"{strategy.name} rank {rank}: losses {[round(x, 4) for x in losses]}, "
+              f"grad norms {[round(r['grad_norm'], 3) for r in out['a']]}")
+        assert losses[-1] < 0.85 * losses[0], losses
+        assert all(math.isfinite(r["grad_norm"]) and r["grad_norm"] > 0 for r in out["a"])
+        assert not any(r["skipped"] for r in out["a"])
+        # The lr of step s is schedule.py's, exactly: the client scheduler drives DeepSpeed's optimizer.
+        assert [r["lr"] for r in out["a"]] == pytest.approx(
+            [train.optimizer.lr * lr_multiplier(s, train) for s in range(STEPS)], rel=1e-12)
+        assert out["b"] == out["a"], "same seed, same data: a fresh engine must repeat the losses"
+        assert out["client_state"] == {"step": RESUME_AT}
+        assert out["c"] == out["a"][RESUME_AT:], "resuming from the checkpoint must repeat the losses"
+        assert math.isfinite(out["eval"])
+    # Both ranks trained the same replicated model, one data shard each, so their losses differ.
+    assert results[0]["a"][0]["loss"] != results[1]["a"][0]["loss"]
+
+    saved = tmp_path / "hf"
+    assert (saved / "config.json").is_file() and (saved / "model.safetensors").is_file()
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = reloaded(input_ids=_probe()).logits
+    # fp32 training: the saved weights are the trained fp32 weights, bit for bit.
+    torch.testing.assert_close(logits, results[0]["logits"], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_zero2_cpu_optimizer_offload_trains_resumes_and_saves(tmp_path):
+    _check_training(_ds(2, "cpu"), tmp_path)
+
+
+@pytest.mark.slow
+def test_zero3_parameter_and_optimizer_offload_trains_resumes_and_saves(tmp_path):
+    _check_training(_ds(3, "cpu", "cpu", ac=True), tmp_path)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--regen"]:
+        regen()
+    else:
+        sys.exit("usage: python -m tests.test_backend_deepspeed --regen")

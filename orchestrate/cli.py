@@ -27,7 +27,7 @@ def _user_errors_exit_2(fn):
         try:
             return fn(*args, **kwargs)
         except UserError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False)
+            err_console.print(f"[bold red]error:[/] {exc}", markup=True, highlight=False, soft_wrap=True)
             sys.exit(EXIT_USER_ERROR)
 
     return wrapper
@@ -92,9 +92,10 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
 @cli.command()
 @hardware_options
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the profile as YAML to this file.")
+@click.option("--yaml", "as_yaml", is_flag=True, help="Print the profile as YAML instead of a table.")
 @click.option("--list", "list_presets", is_flag=True, help="List the built-in presets.")
 @_user_errors_exit_2
-def profile(out, list_presets, **kwargs):
+def profile(out, as_yaml, list_presets, **kwargs):
     """Show the hardware profile orchestrate plans for (detected, preset or flags)."""
     from orchestrate.hardware.presets import list_presets as presets
     from orchestrate.hardware.resolve import profile_to_yaml
@@ -103,12 +104,16 @@ def profile(out, list_presets, **kwargs):
         for name in presets():
             click.echo(name)
         return
-    text = profile_to_yaml(_flags(kwargs).resolve())
+    from orchestrate.hardware.describe import profile_table
+
+    found = _flags(kwargs).resolve()
+    if as_yaml:
+        click.echo(profile_to_yaml(found), nl=False)
+        return
+    console.print(profile_table(found))
     if out:
-        Path(out).write_text(text)
-        console.print(f"wrote {out}")
-    else:
-        click.echo(text, nl=False)
+        Path(out).write_text(profile_to_yaml(found))
+        console.print(f"wrote {out} (use it with --profile {out})")
 
 
 @cli.command()

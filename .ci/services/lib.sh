@@ -38,16 +38,24 @@ pid_alive() {
     case "$(cat "/proc/$pid/comm" 2>/dev/null)" in "$2"*) return 0 ;; *) return 1 ;; esac
 }
 
-# stop_pid FILE NAME: TERM, wait up to 5 s, then KILL the daemon recorded in FILE.
-stop_pid() {
-    local pid i
-    pid_alive "$1" "$2" || { rm -f "$1"; return 0; }
-    pid=$(cat "$1")
-    kill -TERM "$pid" 2>/dev/null || true
-    for i in $(seq 50); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
-    [ -d "/proc/$pid" ] && kill -KILL "$pid" 2>/dev/null
-    rm -f "$1"
-    log "stopped $2 (pid $pid)"
+# stop_pids NAME=FILE...: TERM every daemon recorded in the FILEs at once (each takes ~2 s to save its
+# state and exit), wait up to 10 s for all of them, then KILL what is left.
+stop_pids() {
+    local arg name file pids=() pid i
+    for arg in "$@"; do
+        name=${arg%%=*} file=${arg#*=}
+        if pid_alive "$file" "$name"; then
+            pid=$(cat "$file"); pids+=("$pid")
+            kill -TERM "$pid" 2>/dev/null || true
+            log "stopping $name (pid $pid)"
+        fi
+        rm -f "$file"
+    done
+    for pid in "${pids[@]}"; do
+        for i in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.1; done
+        [ -d "/proc/$pid" ] && kill -KILL "$pid" 2>/dev/null && log "killed pid $pid"
+    done
+    return 0
 }
 
 # wait_for SECONDS COMMAND...: poll every 0.1 s until COMMAND succeeds.

@@ -139,9 +139,9 @@ stop_daemons() {
         scancel --full --quiet --partition="$PARTITION" 2>/dev/null || true
         wait_for 10 sh -c '[ -z "$(squeue -h -t running,completing)" ]' || true
     fi
-    for node in "${NODES[@]}"; do stop_pid "$DIR/slurmd-$node.pid" slurmd; done
-    stop_pid "$DIR/slurmctld.pid" slurmctld
-    stop_pid "$MUNGE_DIR/munged.pid" munged
+    stop_pids slurmd="$DIR/slurmd-${NODES[0]}.pid" slurmd="$DIR/slurmd-${NODES[1]}.pid" \
+        slurmctld="$DIR/slurmctld.pid"
+    stop_pids munged="$MUNGE_DIR/munged.pid"
 }
 
 write_env() {

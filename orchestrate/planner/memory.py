@@ -1,0 +1,255 @@
+"""Analytical memory model: per-rank device bytes and per-node host bytes at the training peak.
+
+Pure arithmetic on a `ModelShape`, a `HardwareProfile` and a `Strategy`; no I/O, no devices.
+
+Notation: P = parameters, n = ranks a sharded state is split over (the world size; the ranks of one
+node for FSDP hybrid shard), c = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32).
+
+Peak model. Device bytes are summed, except where torch-native backends (DDP, FSDP2) provably do not
+hold two things at once: torch frees `.grad` on `zero_grad()` (set_to_none=True, the default since
+torch 2.0), so at the backward-start peak (every saved activation and the logits live) the step's
+gradients do not exist yet, and they grow only as activations are freed. With one micro-batch per
+step the peak is therefore static + max(activations + logits, gradients); measured on FSDP2 here
+(gradients are absent at the backward peak). With gradient accumulation they persist across
+micro-batches and are counted in full. DeepSpeed keeps its gradient partitions in flat buffers and its
+own estimator counts them statically; so do we. The ddp/fsdp backends step with fused AdamW
+(`fused=True`), which allocates no full-size temporaries (rendering contract).
+
+Host bytes are per node: the offloaded shards of all ranks of the node, pinned swap buffers, each
+rank's process runtime, and the weight-loading spike in excess of the steady state (loading happens
+before the offloaded states exist, so the node peak is max(load, steady) + runtime).
+
+On CPU-only profiles the rank's training memory is reported in the `gpu` dict (it is the rank
+process's RAM) with no CUDA context, workspace or allocator reserve; callers compare
+`node_host_bytes(...)` (ranks_per_node x rank bytes + host dict) against the node's RAM.
+"""
+
+from __future__ import annotations
+
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner import constants as k
+from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.strategy import Strategy
+
+GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
+            "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
+CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
+            "pinned_buffers", "loading_spike", "process_runtime")
+MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
+
+
+def compute_bytes(strategy: Strategy) -> int:
+    """Bytes per element of the compute dtype."""
+    return 4 if strategy.precision == "fp32" else 2
+
+
+def shard_group_size(hw: HardwareProfile, strategy: Strategy) -> int:
+    """Ranks a sharded state is split over: the ranks of one node for hybrid shard (replicated across
+    nodes), else the whole world."""
+    return hw.ranks_per_node if strategy.hybrid_shard else hw.world_size
+
+
+def matmul_parameters(shape: ModelShape) -> int:
+    """Parameters that take part in matrix multiplies: all but the input (and position) embedding
+    lookups, plus the LM head when it is tied to the input embedding (counted once in P)."""
+    tied_head = shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0
+    return shape.parameters - shape.embedding_parameters + tied_head
+
+
+def root_parameters(shape: ModelShape) -> int:
+    """Parameters outside the transformer blocks (embeddings, final norm, LM head): FSDP2's root unit."""
+    return max(0, shape.parameters - shape.num_layers * shape.block_parameters)
+
+
+def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
+    """Saved activations of one micro-batch at the backward-start peak."""
+    tokens_hidden = strategy.micro_batch_size * seq_len * shape.hidden_size
+    scale = compute_bytes(strategy) / 2  # the constants are 16-bit measurements; fp32 doubles them
+    full_layer = k.ACT_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale  # measured, see constants
+    if not strategy.activation_checkpointing:
+        return int(shape.num_layers * full_layer)
+    # Full recompute keeps each block's input (Korthikanti et al. 2022, 4.1) and rebuilds one block's
+    # activations at a time during backward.
+    stored = shape.num_layers * k.AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale
+    return int(stored + full_layer)
+
+
+def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
+    """LM head output and cross-entropy temporaries (measured, see constants)."""
+    per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
+           else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
+    return int(per * strategy.micro_batch_size * seq_len * shape.vocab_size)
+
+
+class _Placement:
+    """Per-rank bytes of the model states, by where they live."""
+
+    def __init__(self) -> None:
+        self.gpu = dict.fromkeys(GPU_KEYS, 0)
+        self.cpu = dict.fromkeys(CPU_KEYS, 0)
+        self.nvme = 0
+
+
+def _ddp(shape: ModelShape, strategy: Strategy, world: int) -> _Placement:
+    # torch DDP + torch.autocast: parameters, gradients and Adam states stay fp32
+    # (4 + 4 + 8 = 16 B/param, ZeRO paper's K with no separate master copy).
+    p, c = shape.parameters, compute_bytes(strategy)
+    out = _Placement()
+    out.gpu.update(weights=4 * p, gradients=4 * p, optimizer_states=8 * p)
+    if c == 2:
+        # autocast casts each weight to 16-bit for its matmul and autograd saves that copy for
+        # backward, so a 16-bit copy of every matmul weight is live at the backward-start peak.
+        out.gpu["gathered_params"] = 2 * matmul_parameters(shape)
+    if world > 1:
+        # DDP's gradient buckets are a second full copy of the gradients unless
+        # gradient_as_bucket_view=True (torch DistributedDataParallel docs: "the saved memory size
+        # will be equal to the total gradients size").
+        out.gpu["comm_buckets"] = 4 * p
+    return out
+
+
+def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
+    # ZeRO (Rajbhandari et al. 2020, section 5) with DeepSpeed's bookkeeping as its estimators count it
+    # (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py, estimate_zero{2,3}_model_states_mem_needs):
+    # 16-bit params (c·P) + per rank 18·P/n = 2 (16-bit grad partition) + 4 (fp32 grad partition the
+    # optimizer steps with) + 4 (fp32 master) + 8 (Adam m, v). With fp32 compute DeepSpeed still clones
+    # an fp32 master partition (stage_1_and_2.py: `.clone().float()`), so the terms keep their shape.
+    p, c, stage = shape.parameters, compute_bytes(strategy), strategy.zero_stage
+    out = _Placement()
+    opt, master, fp32_grads = 8 * p / n, 4 * p / n, 4 * p / n
+    offload_opt = strategy.offload_optimizer
+    if stage < 3 and offload_opt == "nvme":
+        # ZeRO-1/2 have no NVMe swapper: stage_1_and_2.py sets cpu_offload for any offload device, so
+        # "nvme" keeps the states in CPU RAM. The planner never proposes it; model what would run.
+        offload_opt = "cpu"
+
+    if stage == 1:
+        # Stage 1 does not partition gradients: full 16-bit .grad until the boundary reduce.
+        low_grads = c * p
+    elif offload_opt != "none" and stage == 2:
+        # ZeRO-Offload: reduced gradient partitions go straight from the ipg bucket into the pinned CPU
+        # fp32 buffer (async_accumulate_grad_in_cpu_via_gpu); the GPU keeps only the 16-bit params.
+        low_grads = 0
+    elif offload_opt != "none":
+        # stage 3 with optimizer offload: reduce-scatter writes into the CPU fp32 grad partition
+        # (stage3.py partition_grads); DeepSpeed's estimator: GPU = LL + 2P/n.
+        low_grads = 0
+    else:
+        low_grads = c * p / n
+
+    out.gpu["weights"] = c * p if stage < 3 else c * p / n
+    out.gpu["gradients"] = low_grads
+    if stage == 3:
+        # The largest layer gathered in 16-bit plus its 16-bit gradient: DeepSpeed's
+        # largest_layer_memory = 4·largest_layer_params (stage3.py estimator).
+        out.gpu["gathered_params"] = 2 * c * shape.largest_layer_parameters
+
+    if offload_opt == "none":
+        out.gpu.update(optimizer_states=opt, master_weights=master)
+        out.gpu["gradients"] += fp32_grads
+    elif offload_opt == "cpu":
+        out.cpu.update(offloaded_optimizer=opt, offloaded_master_weights=master, offloaded_gradients=fp32_grads)
+    else:  # nvme, stage 3: ZeRO-Infinity swaps master, grads, m and v per optimizer sub-group
+        out.nvme += opt + master + fp32_grads
+        sub_group = min(k.DS_SUB_GROUP_SIZE, p / n)
+        # buffer_count pinned fp32 swap buffers of the largest sub-group (optimizer_utils.py
+        # SwapBufferManager) + the shared fp32 gradient buffer (stage3.py initialize_optimizer_states).
+        out.cpu["pinned_buffers"] += (k.DS_OPTIMIZER_SWAP_BUFFER_COUNT + 1) * sub_group * 4
+
+    if stage == 3 and strategy.offload_params != "none":
+        weights = out.gpu["weights"]
+        out.gpu["weights"] = 0
+        if strategy.offload_params == "cpu":
+            out.cpu["offloaded_params"] = weights
+        else:
+            # NVMe params: up to max_in_cpu elements stay in a CPU flat buffer (stage3.py
+            # _create_fp16_partitions_with_defragmentation), the rest are swapped through
+            # buffer_count pinned buffers of buffer_size elements (at least the largest layer).
+            in_cpu = min(p / n, k.DS_PARAM_MAX_IN_CPU)
+            out.cpu["offloaded_params"] = c * in_cpu
+            out.nvme += c * (p / n - in_cpu)
+            buffer = max(k.DS_PARAM_SWAP_BUFFER_ELEMENTS, shape.largest_layer_parameters)
+            out.cpu["pinned_buffers"] += k.DS_PARAM_SWAP_BUFFER_COUNT * buffer * c
+    return out
+
+
+def _fsdp(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
+    # FSDP2 `fully_shard` with MixedPrecisionPolicy(param_dtype=compute dtype): the sharded parameters
+    # stay fp32 and are what the optimizer steps ("FSDP does not require any extra memory to keep a
+    # high-precision copy", torch MixedPrecisionPolicy docs), so there is no separate master copy.
+    # Sharded gradients are fp32 like the sharded parameters. One FSDP unit per block + the root.
+    p, c = shape.parameters, compute_bytes(strategy)
+    out = _Placement()
+    block, root = shape.block_parameters, root_parameters(shape)
+    states = {"weights": 4 * p / n, "gradients": 4 * p / n, "optimizer_states": 8 * p / n}
+    if strategy.offload_params == "cpu":
+        # CPUOffloadPolicy: sharded params, grads and optimizer states on (pinned) CPU memory.
+        out.cpu.update(offloaded_params=states["weights"], offloaded_gradients=states["gradients"],
+                       offloaded_optimizer=states["optimizer_states"])
+    else:
+        out.gpu.update(states)
+    if strategy.zero_stage == 3:
+        # reshard_after_forward=True frees each block after use; the root is kept unsharded (its
+        # default is False: "the root module is typically required immediately when the backward
+        # pass begins", fully_shard docs); FSDP2 prefetches the next block's all-gather: 2 blocks.
+        out.gpu["gathered_params"] = c * (root + 2 * block)
+    else:
+        # shard-grad-op (reshard_after_forward=False): every unsharded parameter survives forward.
+        out.gpu["gathered_params"] = c * p
+    # Unsharded 16-bit gradients waiting for reduce-scatter: the block being reduced + the one being
+    # computed, and the root's (reduced when the backward ends).
+    out.gpu["comm_buckets"] = c * (2 * block + root)
+    return out
+
+
+def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> _Placement:
+    n = shard_group_size(hw, strategy)
+    if strategy.backend == "ddp":
+        return _ddp(shape, strategy, hw.world_size)
+    if strategy.backend == "deepspeed":
+        out = _deepspeed(shape, strategy, n)
+        if hw.world_size > 1:
+            # ipg reduce buckets (x2 with overlap_comm) + the all-gather bucket; ZeRO-3: + the
+            # prefetch bucket. Sizes are the rendering contract in constants.
+            h2, c = shape.hidden_size ** 2, compute_bytes(strategy)
+            buckets = 3 * k.DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED * h2
+            if strategy.zero_stage == 3:
+                buckets += k.DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED * h2
+            out.gpu["comm_buckets"] += c * buckets
+        return out
+    return _fsdp(shape, strategy, n)
+
+
+def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
+                    gradient_accumulation: int = 1) -> MemoryEstimate:
+    """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc)."""
+    placed = _placement(shape, hw, strategy)
+    gpu = {key: float(v) for key, v in placed.gpu.items()}
+    gpu["activations"] = activation_bytes(shape, strategy, seq_len)
+    gpu["logits"] = logits_bytes(shape, strategy, seq_len)
+    transient = gpu["activations"] + gpu["logits"]
+    if strategy.backend in ("ddp", "fsdp") and gradient_accumulation == 1:
+        gpu["gradients"] = max(0.0, gpu["gradients"] - transient)  # see "Peak model" above
+    if hw.has_gpu:
+        gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
+        gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
+        if hw.world_size > 1:
+            communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group
+            gpu["comm_buckets"] += communicators * k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
+        accounted = sum(v for key, v in gpu.items() if key != "cuda_context")
+        gpu["allocator_reserve"] = k.ALLOCATOR_FRAGMENTATION_FRACTION * accounted
+
+    rpn = hw.ranks_per_node
+    cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
+    steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
+    cpu["loading_spike"] = max(0.0, k.LOAD_BYTES_PER_PARAM * shape.parameters - steady)
+    cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
+    return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},
+                          cpu={key: int(v) for key, v in cpu.items()},
+                          nvme_bytes=int(rpn * placed.nvme))
+
+
+def node_host_bytes(memory: MemoryEstimate, hw: HardwareProfile) -> int:
+    """Host RAM one node needs: the host dict, plus every rank's training memory on CPU-only profiles."""
+    return memory.cpu_total + (0 if hw.has_gpu else hw.ranks_per_node * memory.gpu_total)

@@ -190,23 +190,86 @@ def test_backend_is_registered():
     assert backend.name == "deepspeed" and backend.render(plan) == render(plan)
 
 
+class _FakeDeepSpeedEngine:
+    """DeepSpeed's step semantics in miniature (engine.py `step`/`_take_model_step`): the update happens
+    on the accumulation boundary, and an fp16 overflow skips it *and* the scheduler step."""
+
+    def __init__(self, plan: Plan, overflow_on: set[int]):
+        import torch
+
+        from orchestrate.backends.schedule import make_scheduler
+
+        self.weight = torch.nn.Parameter(torch.ones(()))
+        self.optimizer = torch.optim.SGD([self.weight], lr=plan.config.train.optimizer.lr)
+        self.lr_scheduler = make_scheduler(self.optimizer, plan.config.train)
+        self.accumulation = plan.chosen.gradient_accumulation
+        self.overflow_on, self.micro_steps, self.global_steps, self.skipped_steps = overflow_on, 0, 0, 0
+
+    def __call__(self, input_ids, labels):
+        return dataclasses.make_dataclass("Out", ["loss"])((self.weight * input_ids.float()).mean())
+
+    def backward(self, loss):
+        (loss / self.accumulation).backward()
+
+    def step(self):
+        self.micro_steps += 1
+        if self.micro_steps % self.accumulation:
+            return
+        if self.global_steps in self.overflow_on:
+            self.optimizer.zero_grad(set_to_none=True)  # DeepSpeed's step() runs, finds inf, updates nothing
+            self.optimizer.step()
+            self.skipped_steps += 1
+        else:
+            self.optimizer.step()
+            self.lr_scheduler.step()
+        self.optimizer.zero_grad()
+        self.global_steps += 1
+
+    def get_lr(self):
+        return [self.optimizer.param_groups[0]["lr"]]
+
+    def get_global_grad_norm(self):
+        return None
+
+
+def test_train_step_reports_unscaled_loss_and_keeps_the_schedule_through_skipped_steps(tmp_path):
+    import torch
+
+    from orchestrate.backends.base import WorkerContext
+    from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
+
+    plan = make_plan(_ds(2, precision="fp16"), config=TRAIN_CONFIG)
+    ctx = WorkerContext(0, 0, 2, torch.device("cpu"), tmp_path, tmp_path)
+    engine = DeepSpeedTrainEngine(_FakeDeepSpeedEngine(plan, overflow_on={0}), plan, ctx)
+    batches = [{"input_ids": torch.full((2, 4), float(v)), "labels": torch.zeros(2, 4)} for v in (1, 3)]
+    results = [engine.train_step(batches) for _ in range(3)]
+    assert [r.skipped for r in results] == [True, False, False]
+    assert results[0].loss == 2.0  # mean of the micro-batch losses 1 and 3, not divided by accumulation
+    assert math.isnan(results[0].grad_norm)
+    train = plan.config.train
+    assert [r.lr for r in results] == pytest.approx([train.optimizer.lr * lr_multiplier(s, train) for s in range(3)])
+    with pytest.raises(ValueError, match="micro-batches"):
+        engine.train_step(batches[:1])
+
+
 # ---------------------------------------------------------------------------------------------
 # Training on 2 gloo ranks (slow)
 
-TRAIN_CONFIG = {"train": {"max_steps": 8, "optimizer": {"lr": 5e-3}, "schedule": {"warmup_steps": 2}}}
+TRAIN_CONFIG = {"train": {"max_steps": 8, "optimizer": {"lr": 1e-2}, "schedule": {"warmup_steps": 2}}}
 STEPS = 6
 RESUME_AT = 3
 
 
 def _micro_batches(plan: Plan, rank: int, step: int):
-    """Fixed random tokens: two distinct batches per rank, alternating, so the loss can fall."""
+    """Fixed random tokens: two distinct batches per rank, alternating. Drawn from 16 of the 257 ids,
+    so a few steps can learn that (the loss falls from ln 257 towards ln 16)."""
     import torch
 
     seq, micro = plan.config.train.seq_len, plan.chosen.strategy.micro_batch_size
     out = []
     for i in range(plan.chosen.gradient_accumulation):
         g = torch.Generator().manual_seed(1000 * rank + 10 * (step % 2) + i)
-        ids = torch.randint(0, TINY_GPT2["vocab_size"], (micro, seq), generator=g)
+        ids = torch.randint(0, 16, (micro, seq), generator=g)
         out.append({"input_ids": ids, "labels": ids.clone(), "attention_mask": torch.ones_like(ids)})
     return out
 
@@ -222,10 +285,12 @@ def _train(engine, plan, rank, steps, first=0):
     return [dataclasses.asdict(r) for r in results]
 
 
-def _rank_main(strategy: Strategy, model_dir: str, work: str) -> dict:
+def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | None) -> dict:
     """Per rank: run A (train, checkpoint midway, save HF model, probe logits), run B (same seed,
-    fresh engine), run C (fresh engine resumed from A's checkpoint)."""
+    fresh engine), run C (fresh engine resumed from A's checkpoint); then, if given, two steps with
+    the strategy `also`."""
     import torch
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.deepspeed_backend import DeepSpeedBackend
@@ -240,6 +305,8 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str) -> dict:
     out: dict = {}
 
     engine = backend.setup(plan, ctx)
+    out["zero3_init"] = is_deepspeed_zero3_enabled()  # the switch that made from_pretrained use zero.Init
+    out["checkpointing"] = engine.engine.module.is_gradient_checkpointing
     out["a"] = _train(engine, plan, rank, RESUME_AT)
     engine.save_checkpoint(work_dir / "ckpt", {"step": RESUME_AT})
     out["a"] += _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
@@ -257,6 +324,11 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str) -> dict:
     engine = backend.setup(plan, ctx)
     out["client_state"] = engine.load_checkpoint(work_dir / "ckpt")
     out["c"] = _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
+    del engine
+
+    if also is not None:
+        other = make_plan(also, config=TRAIN_CONFIG)
+        out["also"] = _train(backend.setup(other, ctx), other, rank, 2)
     return out
 
 
@@ -269,14 +341,14 @@ def _write_initial_model(path: Path) -> None:
     AutoModelForCausalLM.from_config(AutoConfig.for_model(arch.pop("model_type"), **arch)).save_pretrained(path)
 
 
-def _check_training(strategy: Strategy, tmp_path: Path) -> None:
+def _check_training(strategy: Strategy, tmp_path: Path, also: Strategy | None = None) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
     from tests.helpers.dist import run_on_ranks
 
     _write_initial_model(tmp_path / "init")
-    results = run_on_ranks(_rank_main, 2, strategy, str(tmp_path / "init"), str(tmp_path))
+    results = run_on_ranks(_rank_main, 2, strategy, str(tmp_path / "init"), str(tmp_path), also)
     plan = make_plan(strategy, config=TRAIN_CONFIG)
     train = plan.config.train
     for rank, out in results.items():
@@ -293,6 +365,8 @@ def _check_training(strategy: Strategy, tmp_path: Path) -> None:
         assert out["client_state"] == {"step": RESUME_AT}
         assert out["c"] == out["a"][RESUME_AT:], "resuming from the checkpoint must repeat the losses"
         assert math.isfinite(out["eval"])
+        assert out["zero3_init"] == (strategy.zero_stage == 3)
+        assert out["checkpointing"] == strategy.activation_checkpointing
     # Both ranks trained the same replicated model, one data shard each, so their losses differ.
     assert results[0]["a"][0]["loss"] != results[1]["a"][0]["loss"]
 
@@ -303,11 +377,19 @@ def _check_training(strategy: Strategy, tmp_path: Path) -> None:
         logits = reloaded(input_ids=_probe()).logits
     # fp32 training: the saved weights are the trained fp32 weights, bit for bit.
     torch.testing.assert_close(logits, results[0]["logits"], rtol=0, atol=0)
+    return [results[0], results[1]]
 
 
 @pytest.mark.slow
 def test_zero2_cpu_optimizer_offload_trains_resumes_and_saves(tmp_path):
-    _check_training(_ds(2, "cpu"), tmp_path)
+    results = _check_training(_ds(2, "cpu"), tmp_path, also=_ds(0))
+    for out in results:
+        # Stage 0 (replicated, torch AdamW): the same first loss and gradient norm as ZeRO-2; the
+        # norm is measured by the backend itself there, DeepSpeed records none without ZeRO.
+        zero2, zero0 = out["a"][:2], out["also"]
+        assert zero0[0]["loss"] == zero2[0]["loss"]
+        assert [r["grad_norm"] for r in zero0] == pytest.approx([r["grad_norm"] for r in zero2], rel=1e-4)
+        assert zero0[1]["loss"] == pytest.approx(zero2[1]["loss"], rel=1e-4)
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@
 #   slurm.sh install   apt-get the packages if their binaries are missing
 #   slurm.sh start     install, write the config under $ORCH_CI_STATE/slurm, start the daemons and
 #                      wait until both nodes are idle (idempotent: a running cluster is left alone)
+#   slurm.sh status    exit 0 when all four daemons run
 #   slurm.sh stop      cancel every job, stop the daemons by the PIDs they recorded
 #   slurm.sh env       print `export` lines (also in $ORCH_CI_STATE/slurm/env.json for the tests)
 #
@@ -22,6 +23,7 @@ NODE_PORTS=("${ORCH_SLURMD_PORT_N1:-16818}" "${ORCH_SLURMD_PORT_N2:-16819}")
 NODES=(n1 n2)
 PARTITION=ci
 GPUS_PER_NODE=4
+CPUS_PER_NODE=2
 export SLURM_CONF="$DIR/slurm.conf"
 
 install() {
@@ -47,7 +49,8 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket=$MUNGE_DIR/munge.socket
+# cred_expire also sets how long a requeued job waits before it may start again (default 120 s).
+AuthInfo=socket=$MUNGE_DIR/munge.socket,cred_expire=5
 StateSaveLocation=$DIR/ctld
 SlurmdSpoolDir=$DIR/spool-%n
 SlurmctldPidFile=$DIR/slurmctld.pid
@@ -60,9 +63,10 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MpiDefault=none
+MailProg=/bin/true
 SwitchType=switch/none
 SchedulerType=sched/builtin
-SchedulerParameters=batch_sched_delay=0
+SchedulerParameters=batch_sched_delay=0,sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -76,8 +80,8 @@ SlurmdTimeout=300
 SlurmctldTimeout=300
 InactiveLimit=0
 MessageTimeout=10
-NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=2 RealMemory=$mem Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
-NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=2 RealMemory=$mem Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
+NodeName=${NODES[0]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[0]} CPUs=$CPUS_PER_NODE RealMemory=$mem Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
+NodeName=${NODES[1]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${NODE_PORTS[1]} CPUs=$CPUS_PER_NODE RealMemory=$mem Gres=gpu:$GPUS_PER_NODE State=UNKNOWN
 PartitionName=$PARTITION Nodes=${NODES[0]},${NODES[1]} Default=YES MaxTime=INFINITE State=UP
 EOF
     echo "Name=gpu File=$DIR/dev/gpu[0-$((GPUS_PER_NODE - 1))]" > "$DIR/gres.conf"
@@ -101,6 +105,11 @@ start_munge() {
     log "munged running (pid $(cat "$MUNGE_DIR/munged.pid"))"
 }
 
+running() {
+    pid_alive "$DIR/slurmctld.pid" slurmctld && pid_alive "$DIR/slurmd-${NODES[0]}.pid" slurmd \
+        && pid_alive "$DIR/slurmd-${NODES[1]}.pid" slurmd && pid_alive "$MUNGE_DIR/munged.pid" munged
+}
+
 nodes_idle() {
     local states
     states=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
@@ -110,8 +119,7 @@ nodes_idle() {
 start() {
     install
     need_root
-    if pid_alive "$DIR/slurmctld.pid" slurmctld && pid_alive "$DIR/slurmd-n1.pid" slurmd \
-        && pid_alive "$DIR/slurmd-n2.pid" slurmd && pid_alive "$MUNGE_DIR/munged.pid" munged; then
+    if running; then
         log "already running"
     else
         stop_daemons
@@ -147,13 +155,15 @@ stop_daemons() {
 write_env() {
     json_env "$DIR/env.json" SLURM_CONF "$DIR/slurm.conf" ORCH_SLURM_PARTITION "$PARTITION" \
         ORCH_SLURM_NODES "$(IFS=,; echo "${NODES[*]}")" ORCH_SLURM_GPUS_PER_NODE "$GPUS_PER_NODE" \
+        ORCH_SLURM_CPUS_PER_NODE "$CPUS_PER_NODE" \
         ORCH_SLURM_PIDS "$DIR/slurmctld.pid $DIR/slurmd-n1.pid $DIR/slurmd-n2.pid $MUNGE_DIR/munged.pid"
 }
 
 case "${1:-}" in
     install) install ;;
     start) start ;;
+    status) running ;;
     stop) stop_daemons; rm -f "$DIR/env.json" ;;
     env) [ -f "$DIR/slurm.conf" ] || die "not started"; echo "export SLURM_CONF=$DIR/slurm.conf" ;;
-    *) echo "usage: $0 {install|start|stop|env}" >&2; exit 2 ;;
+    *) echo "usage: $0 {install|start|status|stop|env}" >&2; exit 2 ;;
 esac

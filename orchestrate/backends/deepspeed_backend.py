@@ -39,8 +39,8 @@ class DeepSpeedBackend:
         import torch
         from transformers import AutoModelForCausalLM
 
+        config = render_config(plan)  # refuses a plan without a deepspeed strategy
         strategy = plan.chosen.strategy
-        config = render_config(plan)
         # gloo on CPU, nccl on GPU. If the worker already called init_process_group, DeepSpeed
         # wraps that group instead of creating a second one.
         deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
@@ -54,14 +54,21 @@ class DeepSpeedBackend:
             # loads the checkpoint shard by shard into the partitions: no rank ever holds the whole
             # model. transformers keeps only a weakref, so the engine keeps it alive.
             hf_ds_config = HfDeepSpeedConfig(config)
-        # Stages 0-2 replicate parameters, so each rank loads one full copy here: N copies in CPU RAM
-        # for a moment, each one fp32 model (DeepSpeed moves it to the GPU, or keeps it on CPU here).
-        # fp32 on purpose: DeepSpeed keeps the fp32 master and casts the module to bf16/fp16 itself.
+        # Stages 0-2 replicate parameters, so each rank loads one full copy: N copies in CPU RAM for
+        # a moment, bounded by one fp32 model per rank, until deepspeed.initialize moves it to the GPU.
+        # fp32 on purpose: fp32 training requires it (the engine checks), and for bf16/fp16 DeepSpeed
+        # casts the parameters itself (zero.Init for ZeRO-3, the engine otherwise) and builds the fp32
+        # master from that cast copy (stage_1_and_2.py, stage3.py), as under the HF Trainer.
         model = AutoModelForCausalLM.from_pretrained(
             ctx.model_dir, dtype=torch.float32, trust_remote_code=plan.config.model.trust_remote_code)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
         if strategy.activation_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no input grads.
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24; the old name warns
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
         opt = plan.config.train.optimizer
         hyper = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}

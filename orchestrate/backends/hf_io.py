@@ -205,11 +205,12 @@ def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout
     hf_config.save_pretrained(out_dir)
 
 
-def adamw_param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Decay matrices and embeddings only, not biases and norm weights (the GPT-2/3 and HF Trainer
-    convention): every backend uses this so runs from the same weights take the same steps."""
-    decay, no_decay = [], []
-    for p in model.parameters():
-        if p.requires_grad:
-            (decay if p.ndim >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def write_initial_model(hf_config, out_dir: Path, seed: int) -> Path:
+    """A freshly initialised model of `hf_config` saved as an HF directory (the starting weights of
+    a pre-training run). Builds the full model on CPU once: call it on one process only."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    return Path(out_dir)

@@ -53,19 +53,15 @@ class TrainData:
 
 
 def data_sources(config: RunConfig, plan_files: dict[str, str], plan_dir: Path) -> list[tuple[Path, str]]:
-    """(path, config key) of every training file, the demo corpus included."""
-    data = config.data
-    if data.train_files:
-        return [(config.resolve_path(p), f"data.train_files[{i}]") for i, p in enumerate(data.train_files)]
-    if data.generate_demo_corpus:
-        if DEMO_CORPUS_ROLE not in plan_files:
-            raise UserError("the plan has no demo corpus", [Problem(
-                "data.generate_demo_corpus", "plan.json lists no generated corpus",
-                "create the run with `orchestrate launch` or `orchestrate config`, which write it")])
-        return [(plan_dir / plan_files[DEMO_CORPUS_ROLE], "data.generate_demo_corpus")]
-    raise UserError("nothing to train on", [Problem(
-        "data.train_files", "no training files given",
-        "list .txt or .jsonl files under data.train_files, or set data.generate_demo_corpus: true")])
+    """(path, config key) of every training file, the demo corpus included (`check_data_config`
+    has made sure there is one or the other)."""
+    if config.data.train_files:
+        return [(config.resolve_path(p), f"data.train_files[{i}]") for i, p in enumerate(config.data.train_files)]
+    if DEMO_CORPUS_ROLE not in plan_files:
+        raise UserError("the plan has no demo corpus", [Problem(
+            "data.generate_demo_corpus", "plan.json lists no generated corpus",
+            "create the run with `orchestrate launch` or `orchestrate config`, which write it")])
+    return [(plan_dir / plan_files[DEMO_CORPUS_ROLE], "data.generate_demo_corpus")]
 
 
 def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) -> None:
@@ -98,6 +94,7 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int) -> TrainD
     """Tokenise, pack and split the plan's data; every rank does it (cheap at this scale) and
     gets a sampler over its share. `plan_dir` resolves `plan.files` paths."""
     config, vocab_size = plan.config, plan.shape.vocab_size
+    check_data_config(config, plan.shape.max_position_embeddings, vocab_size)
     data = config.data
     tokenizer_dir = config.resolve_path(data.tokenizer) if data.tokenizer else None
     tokenizer = load_tokenizer(tokenizer_dir)

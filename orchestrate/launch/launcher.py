@@ -23,9 +23,9 @@ The launcher hands the workers nothing but the plan file path: no ORCHESTRATE_* 
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
-import sys
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -64,20 +64,9 @@ def _say(console: Console | None, messages: list[str], text: str) -> None:
         console.print(text, markup=False, highlight=False)
 
 
-def require_feasible(plan: Plan) -> None:
-    """UserError (exit 2) naming why the closest candidates do not fit, when nothing fits."""
-    if plan.chosen is not None:
-        return
-    closest = sorted(plan.candidates, key=lambda c: c.memory.gpu_total)[:3]
-    raise UserError("no strategy fits this model on this hardware", [
-        Problem(c.name, c.reason or "does not fit") for c in closest],
-        details="try more GPUs or nodes, CPU/NVMe offload, a shorter train.seq_len, or a smaller micro batch; "
-                "`orchestrate plan` shows every candidate")
-
-
 def build_plan(config: RunConfig, hardware: HardwareProfile) -> Plan:
     from orchestrate.model.meta import shape_for
-    from orchestrate.planner.search import make_plan
+    from orchestrate.planner.search import make_plan, require_feasible
 
     plan = make_plan(config, hardware, shape_for(config))
     require_feasible(plan)
@@ -110,23 +99,25 @@ def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: st
     plan = prepare_run(plan, run_dir)
     plan_path = run_dir / PLAN_FILE
     messages: list[str] = []
-    command = _announce(plan, plan_path, options, console, messages)
+    argv, command = _announce(plan, plan_path, options, console, messages)
     result = LaunchResult(plan, run_dir, plan_path, command, messages)
     if not dry_run:
-        result.exit_code = _run(plan, plan_path, options, console, messages)
+        result.exit_code = _run(plan, plan_path, argv, console, messages)
     return result
 
 
 def launch(plan_path: Path, options: LaunchOptions | None = None, console: Console | None = None) -> int:
     """Run the workers of a prepared run directory's plan.json; returns the exit code."""
     plan_path = Path(plan_path).resolve()
+    from orchestrate.planner.search import require_feasible
+
     plan = Plan.read(plan_path)
     require_feasible(plan)
     _require_devices(plan)
     options = options or LaunchOptions()
     messages: list[str] = []
-    _announce(plan, plan_path, options, console, messages)
-    return _run(plan, plan_path, options, console, messages)
+    argv, _ = _announce(plan, plan_path, options, console, messages)
+    return _run(plan, plan_path, argv, console, messages)
 
 
 def _require_devices(plan: Plan) -> None:
@@ -140,8 +131,9 @@ def _require_devices(plan: Plan) -> None:
 
 
 def _announce(plan: Plan, plan_path: Path, options: LaunchOptions, console: Console | None,
-              messages: list[str]) -> str:
-    """Print the notices and the command; returns the command (also written to launch.sh)."""
+              messages: list[str]) -> tuple[list[str], str]:
+    """Print the notices and the command; returns torchrun's argv (port chosen once, here) and the
+    command line (also written to launch.sh)."""
     run_dir = plan_path.parent
     argv = torchrun_argv(plan, plan_path, options, run_dir / LOG_DIR)
     info = read_run_info(plan_path)
@@ -156,7 +148,7 @@ def _announce(plan: Plan, plan_path: Path, options: LaunchOptions, console: Cons
     _write_launch_script(run_dir, command)
     _say(console, messages, f"strategy {plan.chosen.name}; run directory {run_dir}")
     _say(console, messages, f"command: {command}")
-    return command
+    return argv, command
 
 
 @contextmanager
@@ -171,21 +163,18 @@ def _environment(env: dict[str, str]):
             os.environ.pop(key, None)
 
 
-def _run(plan: Plan, plan_path: Path, options: LaunchOptions, console: Console | None,
-         messages: list[str]) -> int:
+def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, messages: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    from orchestrate.launch.follow import follow_metrics
-
-    argv = torchrun_argv(plan, plan_path, options, plan_path.parent / LOG_DIR) if False else _argv_from_script(plan_path)
     env = read_run_info(plan_path).get("env", {})
-    stop = threading.Event()
-    with _environment(env), follow_metrics(plan, plan_path.parent, console, stop):
+    with _environment(env), follow_metrics(plan, plan_path.parent, console):
         try:
             run(parse_args(argv))
         except ChildFailedError as exc:
-            rank, failure = min(exc.failures.items())
+            # The first rank to fail with its own exit code, not one torchrun then killed (SIGTERM).
+            own = [kv for kv in exc.failures.items() if kv[1].exitcode > 0] or list(exc.failures.items())
+            rank, failure = min(own, key=lambda kv: (kv[1].timestamp, kv[0]))
             logs = Path(failure.error_file).parent if failure.error_file else plan_path.parent / LOG_DIR
             _say(console, messages, f"worker rank {rank} failed with exit code {failure.exitcode}; "
                                     f"its output: {logs}")
@@ -193,3 +182,43 @@ def _run(plan: Plan, plan_path: Path, options: LaunchOptions, console: Console |
         except KeyboardInterrupt:
             return 130
     return 0
+
+
+@contextmanager
+def follow_metrics(plan: Plan, run_dir: Path, console: Console | None):
+    """On a terminal, a rich progress bar fed by RUN_DIR/metrics.jsonl while the workers run
+    (their own output is a log file, so rank 0 prints plain lines, shown above the bar)."""
+    if console is None or not console.is_terminal:
+        yield
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    total = plan.config.train.max_steps
+    bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console)
+    task = bar.add_task("train", total=total, status="starting workers")
+    stop = threading.Event()
+
+    def poll() -> None:
+        path, offset = run_dir / "metrics.jsonl", 0
+        while not stop.wait(0.5):
+            if not path.exists():
+                continue
+            with path.open("rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]  # a line still being written waits for the next poll
+            offset += len(complete)
+            for line in complete.decode().splitlines():
+                rec = json.loads(line)
+                status = f"loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s"
+                bar.update(task, completed=rec["step"], status=status)
+
+    thread = threading.Thread(target=poll, name="orchestrate-progress", daemon=True)
+    with bar:
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()

@@ -87,21 +87,18 @@ def read_run_info(plan_path: Path) -> dict[str, Any]:
     return json.loads(Path(plan_path).read_text()).get("run", {})
 
 
-def _render_accelerate(plan: Plan) -> dict[str, str]:
-    try:
-        from orchestrate.backends.accelerate_export import render_accelerate_config
-    except ImportError:  # the export is optional: not every backend has an accelerate equivalent
-        return {}
-    return render_accelerate_config(plan)
+ACCELERATE_FILE = "accelerate.yaml"
 
 
 def prepare_run(plan: Plan, run_dir: Path) -> Plan:
     """Write the run directory for a feasible plan; returns the plan with `files` filled in."""
+    from orchestrate.backends.accelerate_export import render_accelerate_config
     from orchestrate.backends.base import get_backend
     from orchestrate.data.corpus import write_demo_corpus
     from orchestrate.data.pipeline import DEMO_CORPUS_ROLE
 
-    assert plan.chosen is not None, "prepare_run needs a feasible plan"  # callers check feasibility first
+    if plan.chosen is None:  # callers check feasibility first (planner.search.require_feasible)
+        raise ValueError("prepare_run needs a plan with a chosen strategy")
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOG_DIR).mkdir(exist_ok=True)
@@ -116,9 +113,8 @@ def prepare_run(plan: Plan, run_dir: Path) -> Plan:
     for i, (name, text) in enumerate(rendered.items()):
         (run_dir / name).write_text(text)
         files["backend_config" if i == 0 else f"backend_config:{name}"] = name
-    for name, text in _render_accelerate(plan).items():
-        (run_dir / name).write_text(text)
-        files["accelerate_config"] = name
+    (run_dir / ACCELERATE_FILE).write_text(render_accelerate_config(plan, run_dir))
+    files["accelerate_config"] = ACCELERATE_FILE
 
     if config.data.generate_demo_corpus and not config.data.train_files:
         write_demo_corpus(run_dir / DEMO_CORPUS_FILE, config.train.seed)

@@ -75,13 +75,13 @@ PROCESS_RUNTIME_BYTES_CPU = 1 * GiB
 0.32 GB RSS; the rest is margin for the data pipeline and autograd bookkeeping."""
 
 LOAD_BYTES_PER_PARAM = 4
-"""Host bytes per parameter while the weights are materialised before moving to the devices: fp32
-(a freshly initialised HF model is fp32; DeepSpeed#4352 measured processes x params x 4 B). The worker
-contract (orchestrate.backends.base: "without N full copies in CPU RAM") is one copy per node at a
-time, so the spike is 4 x P per node, not per rank."""
+"""Host bytes per parameter while weights are materialised before they reach the devices: the
+backends load fp32 (`from_pretrained(dtype=torch.float32)`; the initial-weights file of a pre-training
+run is fp32 too). Who holds how many copies is in memory.py `_load_bytes` (DeepSpeed#4352 measured
+processes x params x 4 B for replicated strategies)."""
 
 # --------------------------------------------------------------------------------------------------
-# DeepSpeed knobs (rendering contract: the deepspeed backend renders exactly these)
+# Backend knobs (rendering contract: the backends render exactly these)
 # --------------------------------------------------------------------------------------------------
 
 DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
@@ -92,10 +92,11 @@ DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
 DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED = 0.9
 """stage3_prefetch_bucket_size = 0.9 * hidden^2 elements (Accelerate's "auto")."""
 
-DS_SUB_GROUP_SIZE = 100_000_000
-"""ZeRO-3 optimizer sub-group (elements). The NVMe optimizer swapper pins buffer_count buffers of the
-largest sub-group (deepspeed/runtime/zero/stage3.py `_configure_tensor_swapping`,
-swap_tensor/optimizer_utils.py); DeepSpeed's default 1e9 would pin 16 GB of fp32 buffers."""
+DS_SUB_GROUP_SIZE = 1_000_000_000
+"""ZeRO-3 optimizer sub-group (elements): DeepSpeed's default, as orchestrate/backends/deepspeed_render.py
+renders it. The NVMe optimizer swapper pins buffer_count fp32 buffers of the largest sub-group
+(deepspeed/runtime/zero/stage3.py `_configure_tensor_swapping`, swap_tensor/optimizer_utils.py), so a
+partition of >= 1e9 parameters pins 16 GB; 1e8 would pin 1.6 GB (render both together)."""
 
 DS_OPTIMIZER_SWAP_BUFFER_COUNT = 4
 """offload_optimizer.buffer_count default (deepspeed/runtime/zero/offload_config.py): param, grad,
@@ -105,11 +106,15 @@ DS_PARAM_SWAP_BUFFER_COUNT = 5
 """offload_param.buffer_count default (offload_config.py)."""
 
 DS_PARAM_SWAP_BUFFER_ELEMENTS = 100_000_000
-"""offload_param.buffer_size default, 1e8 elements (offload_config.py); raised to the largest layer
-when that is bigger, since every parameter must fit one buffer."""
+"""offload_param.buffer_size default, 1e8 elements (offload_config.py); raised to the rank's partition
+of the largest parameter when that is bigger (partitioned_param_swapper.py asserts it fits)."""
 
 DS_PARAM_MAX_IN_CPU = 1_000_000_000
 """offload_param.max_in_cpu default, 1e9 elements: NVMe-offloaded parameters kept in CPU RAM too."""
+
+FSDP_REDUCE_BYTES = 4
+"""FSDP2 reduce-scatters gradients in fp32 (MixedPrecisionPolicy(reduce_dtype=float32), rendered by
+orchestrate/backends/fsdp.py): the reduce-scatter input buffer and traffic are 4 bytes per element."""
 
 # --------------------------------------------------------------------------------------------------
 # Speed: compute

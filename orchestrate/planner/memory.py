@@ -17,7 +17,8 @@ own estimator counts them statically; so do we. The ddp/fsdp backends step with 
 
 Host bytes are per node: the offloaded shards of all ranks of the node, pinned swap buffers, each
 rank's process runtime, and the weight-loading spike in excess of the steady state (loading happens
-before the offloaded states exist, so the node peak is max(load, steady) + runtime).
+before the offloaded states exist, so the node peak is max(load, steady) + runtime; DeepSpeed's
+estimators take the same max).
 
 On CPU-only profiles the rank's training memory is reported in the `gpu` dict (it is the rank
 process's RAM) with no CUDA context, workspace or allocator reserve; callers compare
@@ -115,6 +116,9 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
     # 16-bit params (c·P) + per rank 18·P/n = 2 (16-bit grad partition) + 4 (fp32 grad partition the
     # optimizer steps with) + 4 (fp32 master) + 8 (Adam m, v). With fp32 compute DeepSpeed still clones
     # an fp32 master partition (stage_1_and_2.py: `.clone().float()`), so the terms keep their shape.
+    # ZeRO-3 is 2·P/n above DeepSpeed's stage-3 estimator: stage3.py allocates the 16-bit gradient
+    # partition (grad_partitions_flat_buffer, in the model dtype) besides the 16-bit parameter
+    # partition, and the estimator's 18 counts only one of the two.
     p, c, stage = shape.parameters, compute_bytes(strategy), strategy.zero_stage
     out = _Placement()
     opt, master, fp32_grads = 8 * p / n, 4 * p / n, 4 * p / n
@@ -132,9 +136,10 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
         # fp32 buffer (async_accumulate_grad_in_cpu_via_gpu); the GPU keeps only the 16-bit params.
         low_grads = 0
     elif offload_opt != "none":
-        # stage 3 with optimizer offload: reduce-scatter writes into the CPU fp32 grad partition
-        # (stage3.py partition_grads); DeepSpeed's estimator: GPU = LL + 2P/n.
+        # stage 3 with optimizer offload: the 16-bit gradient partition lives on the optimizer's device,
+        # the CPU (stage3.py: self.device = cpu; grad_partitions_flat_buffer), counted below.
         low_grads = 0
+        out.cpu["offloaded_gradients"] += c * p / n
     else:
         low_grads = c * p / n
 
@@ -149,7 +154,8 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
         out.gpu.update(optimizer_states=opt, master_weights=master)
         out.gpu["gradients"] += fp32_grads
     elif offload_opt == "cpu":
-        out.cpu.update(offloaded_optimizer=opt, offloaded_master_weights=master, offloaded_gradients=fp32_grads)
+        out.cpu.update(offloaded_optimizer=opt, offloaded_master_weights=master)
+        out.cpu["offloaded_gradients"] += fp32_grads
     else:  # nvme, stage 3: ZeRO-Infinity swaps master, grads, m and v per optimizer sub-group
         out.nvme += opt + master + fp32_grads
         sub_group = min(k.DS_SUB_GROUP_SIZE, p / n)
@@ -165,11 +171,12 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
         else:
             # NVMe params: up to max_in_cpu elements stay in a CPU flat buffer (stage3.py
             # _create_fp16_partitions_with_defragmentation), the rest are swapped through
-            # buffer_count pinned buffers of buffer_size elements (at least the largest layer).
+            # buffer_count pinned buffers of buffer_size elements (at least the rank's partition of
+            # the largest layer).
             in_cpu = min(p / n, k.DS_PARAM_MAX_IN_CPU)
             out.cpu["offloaded_params"] = c * in_cpu
             out.nvme += c * (p / n - in_cpu)
-            buffer = max(k.DS_PARAM_SWAP_BUFFER_ELEMENTS, shape.largest_layer_parameters)
+            buffer = max(k.DS_PARAM_SWAP_BUFFER_ELEMENTS, -(-shape.largest_layer_parameters // n))
             out.cpu["pinned_buffers"] += k.DS_PARAM_SWAP_BUFFER_COUNT * buffer * c
     return out
 
@@ -197,10 +204,26 @@ def _fsdp(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
     else:
         # shard-grad-op (reshard_after_forward=False): every unsharded parameter survives forward.
         out.gpu["gathered_params"] = c * p
-    # Unsharded 16-bit gradients waiting for reduce-scatter: the block being reduced + the one being
-    # computed, and the root's (reduced when the backward ends).
-    out.gpu["comm_buckets"] = c * (2 * block + root)
+    # Unsharded gradients in the compute dtype: the block being computed and the root's (reduced when
+    # the backward ends); plus the fp32 reduce-scatter input of the block being reduced.
+    out.gpu["comm_buckets"] = c * (block + root) + k.FSDP_REDUCE_BYTES * block
     return out
+
+
+def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> float:
+    """Host bytes one node holds while the weights load, as the backends load them."""
+    p = shape.parameters
+    if strategy.backend == "fsdp":
+        # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
+        # shard (set_model_state_dict(broadcast_from_rank0=True); orchestrate/backends/fsdp.py).
+        return k.LOAD_BYTES_PER_PARAM * p
+    if strategy.backend == "deepspeed" and strategy.zero_stage == 3:
+        # HfDeepSpeedConfig makes from_pretrained build inside zero.Init and load shard by shard into
+        # the partitions: DeepSpeed's zero_init=True estimate is largest_layer x 4 B x ranks per node.
+        return hw.ranks_per_node * k.LOAD_BYTES_PER_PARAM * shape.largest_layer_parameters
+    # DDP and ZeRO-1/2 replicate parameters: every rank loads a full fp32 copy (DeepSpeed#4352;
+    # DeepSpeed's estimators: 4·P per GPU).
+    return hw.ranks_per_node * k.LOAD_BYTES_PER_PARAM * p
 
 
 def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> _Placement:
@@ -243,7 +266,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    cpu["loading_spike"] = max(0.0, k.LOAD_BYTES_PER_PARAM * shape.parameters - steady)
+    cpu["loading_spike"] = max(0.0, _load_bytes(shape, hw, strategy) - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},
                           cpu={key: int(v) for key, v in cpu.items()},

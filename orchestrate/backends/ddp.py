@@ -1,0 +1,212 @@
+"""DDP backend: torch DistributedDataParallel, plain data parallel (ZeRO stage 0).
+
+Each rank holds the whole model, gradients and optimizer state, which DDP needs anyway, so the
+model is loaded the ordinary way (`from_pretrained`) on every rank. `ddp_settings(plan)` is the one
+place the setup is decided: `render` writes it as ddp.json and `setup` applies that dict.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.backends.base import StepResult, WorkerContext, register
+from orchestrate.backends.fsdp import step_schedule
+from orchestrate.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.planner.plan import Plan
+
+TRAINER_STATE_FILE = "trainer_state.pt"
+CLIENT_STATE_FILE = "client_state.json"
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def ddp_settings(plan: Plan) -> dict[str, Any]:
+    """Everything `setup` applies, as plain JSON-able values. Pure."""
+    from orchestrate.backends.hf_io import block_class_names
+
+    cand = plan.chosen
+    if cand is None or cand.strategy.backend != "ddp":
+        raise ValueError("ddp_settings needs a plan whose chosen strategy uses the ddp backend")
+    s, hw, train = cand.strategy, plan.hardware, plan.config.train
+    if s.zero_stage != 0 or s.offload_optimizer != "none" or s.offload_params != "none":
+        raise UserError("unsupported DDP strategy", [Problem(
+            "strategy", f"DDP replicates everything: zero_stage 0 without offload (got stage {s.zero_stage}, "
+                        f"offload {s.offload_optimizer}/{s.offload_params})",
+            "use backend fsdp or deepspeed to shard or offload")])
+    opt = train.optimizer
+    settings = {
+        "backend": "ddp",
+        "strategy": s.name,
+        "device_type": "cuda" if hw.has_gpu else "cpu",
+        "world_size": plan.world_size,
+        # fp32 weights and optimizer; forward/backward under autocast to the precision's dtype.
+        "autocast_dtype": _DTYPES.get(s.precision),
+        "loss_scaling": "dynamic" if s.precision == "fp16" else None,
+        "activation_checkpointing": s.activation_checkpointing,
+        "block_classes": block_class_names(plan.shape.model_type),
+        "micro_batch_size": s.micro_batch_size,
+        "gradient_accumulation": cand.gradient_accumulation,
+        "gradient_sync": "last_micro_batch",  # no_sync() on the others: gradients are replicated anyway
+        "grad_clip": train.grad_clip,
+        "optimizer": {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+                      "weight_decay": opt.weight_decay, "fused": hw.has_gpu},
+        "schedule": {"warmup_steps": train.schedule.warmup_steps, "min_lr_ratio": train.schedule.min_lr_ratio,
+                     "max_steps": train.max_steps, "shape": "linear warm-up, cosine decay"},
+        "seed": train.seed,
+    }
+    blocks = ", ".join(settings["block_classes"] or ["the model's _no_split_modules"])
+    settings["steps"] = [
+        "every rank loads the full model with from_pretrained (fp32) onto its device",
+        *([f"wrap each {blocks} in checkpoint_wrapper (non-reentrant)"] if s.activation_checkpointing else []),
+        "wrap in DistributedDataParallel (rank 0's weights broadcast at construction)",
+        f"each step: {cand.gradient_accumulation} micro-batch(es) of {s.micro_batch_size}"
+        + (f" under autocast({settings['autocast_dtype']})" if settings["autocast_dtype"] else "")
+        + f", gradients all-reduced on the last one only, clip global norm to {train.grad_clip or 'off'}"
+        + (", dynamic fp16 loss scaling (GradScaler)" if settings["loss_scaling"] else ""),
+    ]
+    return settings
+
+
+class DDPEngine:
+    """TrainEngine over a DistributedDataParallel model."""
+
+    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, ctx: WorkerContext):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.settings = settings
+        self.hf_config = hf_config
+        self.layout = layout
+        self.ctx = ctx
+
+    def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        import torch
+
+        dtype = self.settings["autocast_dtype"]
+        batch = {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+        with torch.autocast(self.ctx.device.type, dtype=getattr(torch, dtype) if dtype else None, enabled=bool(dtype)):
+            return self.model(**batch, use_cache=False).loss
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
+        import torch
+
+        self.model.train()
+        n = len(micro_batches)
+        losses = []
+        for i, batch in enumerate(micro_batches):
+            # DDP all-reduces in backward; skip that on all but the last micro-batch (grads accumulate locally).
+            with self.model.no_sync() if i < n - 1 else contextlib.nullcontext():
+                loss = self._forward_loss(batch)
+                losses.append(loss.detach().float())
+                scaled = loss / n  # mean over micro-batches; DDP's all-reduce averages over ranks
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.settings["grad_clip"] or math.inf  # inf: measure the norm, clip nothing
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = False
+        if self.scaler:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)  # grads are identical on every rank, so is the skip
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        step_schedule(self.scheduler, skipped)
+        return StepResult(loss=torch.stack(losses).mean().item(), grad_norm=float(norm), lr=lr, skipped=skipped)
+
+    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            loss = self._forward_loss(batch)
+        self.model.train()
+        return loss.float().item()
+
+    def save_hf_model(self, out_dir: Path) -> None:
+        import torch.distributed as dist
+
+        from orchestrate.backends.hf_io import save_hf_dir
+
+        if self.ctx.rank == 0:  # every rank holds the same weights
+            save_hf_dir(self.model.module.state_dict(), self.hf_config, Path(out_dir), self.layout)
+        dist.barrier()
+
+    def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
+        import torch
+        import torch.distributed as dist
+
+        ckpt_dir = Path(ckpt_dir)
+        if self.ctx.rank == 0:  # replicated state: one copy is the whole checkpoint
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scheduler": self.scheduler.state_dict(),
+                     "scaler": self.scaler.state_dict() if self.scaler else None}
+            tmp = ckpt_dir / (TRAINER_STATE_FILE + ".tmp")
+            torch.save(state, tmp)
+            tmp.replace(ckpt_dir / TRAINER_STATE_FILE)
+            (ckpt_dir / CLIENT_STATE_FILE).write_text(json.dumps(client_state, indent=1))
+        dist.barrier()
+
+    def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
+        import torch
+
+        ckpt_dir = Path(ckpt_dir)
+        # weights_only: tensors and plain containers only, nothing a checkpoint file could execute.
+        state = torch.load(ckpt_dir / TRAINER_STATE_FILE, map_location=self.ctx.device, weights_only=True)
+        self.model.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler and state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        return json.loads((ckpt_dir / CLIENT_STATE_FILE).read_text())
+
+
+class DDPBackend:
+    name = "ddp"
+
+    def render(self, plan: Plan) -> dict[str, str]:
+        return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}
+
+    def setup(self, plan: Plan, ctx: WorkerContext) -> DDPEngine:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        from transformers import AutoModelForCausalLM
+
+        from orchestrate.backends import hf_io
+        from orchestrate.backends.schedule import make_scheduler
+
+        st = ddp_settings(plan)
+        if ctx.world_size != st["world_size"]:
+            raise RuntimeError(f"plan is for {st['world_size']} ranks, this job has {ctx.world_size}")
+        torch.manual_seed(st["seed"])
+        model = AutoModelForCausalLM.from_pretrained(
+            ctx.model_dir, dtype=torch.float32, trust_remote_code=plan.config.model.trust_remote_code)
+        layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
+        if st["activation_checkpointing"]:
+            classes = st["block_classes"] or hf_io.model_block_class_names(model, model.config.model_type)
+            hf_io.checkpoint_blocks(model, classes)
+        model.to(ctx.device)
+        on_gpu = ctx.device.type == "cuda"
+        ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if on_gpu else None)
+
+        opt = st["optimizer"]
+        optimizer = torch.optim.AdamW(ddp.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                      weight_decay=opt["weight_decay"], fused=opt["fused"] and on_gpu)
+        scheduler = make_scheduler(optimizer, plan.config.train)
+        scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None
+        return DDPEngine(ddp, optimizer, scheduler, scaler, st, model.config, layout, ctx)
+
+
+register(DDPBackend())

@@ -1,0 +1,323 @@
+"""FSDP2 backend: torch's `fully_shard` per transformer block, then the root.
+
+`fsdp_settings(plan)` is the one place the setup is decided; `render` writes it as fsdp.json and
+`setup` applies exactly that dict, so the file the user reads is what runs.
+
+Loading never makes N full copies: the model is built on the meta device, sharded, materialised
+empty (`to_empty`), and rank 0 alone reads the safetensors and broadcasts them shard by shard
+(`set_model_state_dict(..., broadcast_from_rank0=True)`, torch.distributed.checkpoint.state_dict).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.backends.base import StepResult, WorkerContext, register
+from orchestrate.errors import Problem, UserError
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.planner.plan import Plan
+
+ENGINE_STATE_FILE = "engine_state.json"
+CLIENT_STATE_FILE = "client_state.json"
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def fsdp_settings(plan: Plan) -> dict[str, Any]:
+    """Everything `setup` applies, as plain JSON-able values. Pure."""
+    from orchestrate.backends.hf_io import block_class_names
+
+    cand = plan.chosen
+    if cand is None or cand.strategy.backend != "fsdp":
+        raise ValueError("fsdp_settings needs a plan whose chosen strategy uses the fsdp backend")
+    s, hw, train = cand.strategy, plan.hardware, plan.config.train
+    if s.zero_stage not in (2, 3):
+        raise UserError("unsupported FSDP strategy", [Problem(
+            "strategy.zero_stage", f"FSDP2 implements stage 3 (full shard) and 2 (shard grads/optimizer), not {s.zero_stage}",
+            "set strategy.zero_stage to 2 or 3, or use backend ddp for stage 0")])
+    if (s.offload_params, s.offload_optimizer) not in (("none", "none"), ("cpu", "cpu")):
+        raise UserError("unsupported FSDP offload", [Problem(
+            "strategy.offload", f"FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state to the CPU "
+                                f"together; got offload={s.offload_optimizer}, offload_params={s.offload_params}",
+            "use offload: cpu with offload_params: true, or offload: none, or backend deepspeed for other mixes")])
+    if s.hybrid_shard:
+        mesh = {"shape": [hw.nodes, hw.ranks_per_node], "dim_names": ["replicate", "shard"]}
+    else:
+        mesh = {"shape": [plan.world_size], "dim_names": ["shard"]}
+    blocks = block_class_names(plan.shape.model_type)
+    mixed = {"param_dtype": _DTYPES[s.precision], "reduce_dtype": "float32"} if s.precision in _DTYPES else None
+    full_shard = s.zero_stage == 3
+    # Full shard keeps gradients sharded by reducing after every micro-batch; skipping that sync
+    # would accumulate a full unsharded gradient per rank, the memory full shard exists to remove.
+    # Grad-op already holds unsharded parameters for the whole step, so it trades that memory for
+    # one reduce-scatter per optimizer step instead of one per micro-batch.
+    sync = "every_micro_batch" if full_shard else "last_micro_batch"
+    opt = train.optimizer
+    settings = {
+        "backend": "fsdp",
+        "strategy": s.name,
+        "device_type": "cuda" if hw.has_gpu else "cpu",
+        "world_size": plan.world_size,
+        "mesh": mesh,
+        "fully_shard": {
+            "block_classes": blocks,  # None: the model's own _no_split_modules (custom code)
+            "blocks": plan.shape.num_layers,
+            "then_root": True,
+            "reshard_after_forward": full_shard,
+        },
+        "mixed_precision": mixed,
+        "cpu_offload": s.offload_params == "cpu",
+        "activation_checkpointing": s.activation_checkpointing,
+        "micro_batch_size": s.micro_batch_size,
+        "gradient_accumulation": cand.gradient_accumulation,
+        "gradient_sync": sync,
+        "grad_clip": train.grad_clip,
+        "loss_scaling": "dynamic" if s.precision == "fp16" else None,
+        "optimizer": {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+                      "weight_decay": opt.weight_decay,
+                      "fused": hw.has_gpu and s.offload_params == "none"},
+        "schedule": {"warmup_steps": train.schedule.warmup_steps, "min_lr_ratio": train.schedule.min_lr_ratio,
+                     "max_steps": train.max_steps, "shape": "linear warm-up, cosine decay"},
+        "seed": train.seed,
+    }
+    settings["steps"] = _describe(settings)
+    return settings
+
+
+def _describe(st: dict[str, Any]) -> list[str]:
+    """The settings as the ordered list of things setup does, for people reading fsdp.json."""
+    blocks = ", ".join(st["fully_shard"]["block_classes"] or ["the model's _no_split_modules"])
+    mesh = st["mesh"]
+    mp = st["mixed_precision"]
+    steps = ["build the model on the meta device from model_dir/config.json (no memory)"]
+    if st["activation_checkpointing"]:
+        steps.append(f"wrap each {blocks} in checkpoint_wrapper (non-reentrant): recompute activations in backward")
+    policy = (f"mesh {mesh['shape']} {mesh['dim_names']}, reshard_after_forward={st['fully_shard']['reshard_after_forward']}, "
+              + (f"MixedPrecisionPolicy(param_dtype={mp['param_dtype']}, reduce_dtype={mp['reduce_dtype']})" if mp
+                 else "no mixed precision (fp32)")
+              + (", CPUOffloadPolicy" if st["cpu_offload"] else ""))
+    steps += [
+        f"fully_shard each of the {st['fully_shard']['blocks']} {blocks} blocks, then the root: {policy}",
+        f"to_empty on {'cpu (offloaded shards)' if st['cpu_offload'] else st['device_type']}, recompute rotary/"
+        "non-persistent buffers, rank 0 reads the safetensors and broadcasts them shard by shard",
+        f"AdamW lr={st['optimizer']['lr']} betas={st['optimizer']['betas']} weight_decay={st['optimizer']['weight_decay']} "
+        f"(fused={st['optimizer']['fused']}), warm-up {st['schedule']['warmup_steps']} steps then cosine",
+        f"each step: {st['gradient_accumulation']} micro-batch(es) of {st['micro_batch_size']}, gradient reduce-scatter "
+        f"on {st['gradient_sync'].replace('_', ' ')}, clip global norm to {st['grad_clip'] or 'off'}"
+        + (", dynamic fp16 loss scaling (ShardedGradScaler)" if st["loss_scaling"] else ""),
+    ]
+    return steps
+
+
+def step_schedule(scheduler, skipped: bool) -> None:
+    """Advance the schedule once per attempted step, skipped fp16 steps too (as the DeepSpeed backend
+    does), without torch's "lr_scheduler.step() before optimizer.step()" warning for those."""
+    with warnings.catch_warnings():
+        if skipped:
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()
+
+
+def _dtype(name: str | None):
+    import torch
+
+    return getattr(torch, name) if name else None
+
+
+def _move_buffers(model, device) -> None:
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)
+
+
+class FSDPEngine:
+    """TrainEngine over a `fully_shard`ed model."""
+
+    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, ctx: WorkerContext):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.settings = settings
+        self.hf_config = hf_config
+        self.layout = layout
+        self.ctx = ctx
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
+        import torch
+        from torch.distributed.tensor import DTensor
+
+        self.model.train()
+        n = len(micro_batches)
+        sync_last_only = self.settings["gradient_sync"] == "last_micro_batch"
+        losses = []
+        for i, batch in enumerate(micro_batches):
+            if sync_last_only:
+                self.model.set_requires_gradient_sync(i == n - 1)
+            loss = self.model(**self._to_device(batch), use_cache=False).loss
+            losses.append(loss.detach().float())
+            scaled = loss / n  # mean over micro-batches; FSDP's reduce-scatter averages over ranks
+            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.settings["grad_clip"] or math.inf  # inf: measure the norm, clip nothing
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = False
+        if self.scaler:
+            scale = self.scaler.get_scale()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale  # the scale backs off exactly when inf/nan skipped the step
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        step_schedule(self.scheduler, skipped)
+        return StepResult(loss=torch.stack(losses).mean().item(), grad_norm=float(norm), lr=lr, skipped=skipped)
+
+    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            loss = self.model(**self._to_device(batch), use_cache=False).loss
+        self.model.train()
+        return loss.float().item()
+
+    def save_hf_model(self, out_dir: Path) -> None:
+        import torch.distributed as dist
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        from orchestrate.backends.hf_io import save_hf_dir
+
+        # Gathered shard by shard into rank 0's CPU memory; the other ranks get an empty dict.
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.ctx.rank == 0:
+            save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
+        dist.barrier()
+
+    def _engine_state(self) -> dict[str, Any]:
+        return {"scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler else None}
+
+    def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        ckpt_dir = Path(ckpt_dir)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(ckpt_dir))
+        if self.ctx.rank == 0:  # scheduler and scaler state are identical on every rank
+            (ckpt_dir / ENGINE_STATE_FILE).write_text(json.dumps(self._engine_state(), indent=1))
+            (ckpt_dir / CLIENT_STATE_FILE).write_text(json.dumps(client_state, indent=1))
+        dist.barrier()
+
+    def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        ckpt_dir = Path(ckpt_dir)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # the shapes DCP loads into
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=str(ckpt_dir))
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        engine = json.loads((ckpt_dir / ENGINE_STATE_FILE).read_text())
+        self.scheduler.load_state_dict(engine["scheduler"])
+        if self.scaler and engine["scaler"]:
+            self.scaler.load_state_dict(engine["scaler"])
+        return json.loads((ckpt_dir / CLIENT_STATE_FILE).read_text())
+
+
+def check_device(settings: dict[str, Any], device: torch.device) -> None:
+    """Refuse what this device cannot run, before any collective starts."""
+    if settings["cpu_offload"] and device.type == "cpu":
+        raise UserError("FSDP CPU offload needs a GPU", [Problem(
+            "strategy.offload_params", "CPUOffloadPolicy moves shards between an accelerator and the CPU; "
+                                       "this worker runs on the CPU already",
+            "set strategy.offload: none (the planner never picks offload on CPU-only machines)")])
+
+
+class FSDPBackend:
+    name = "fsdp"
+
+    def render(self, plan: Plan) -> dict[str, str]:
+        return {"fsdp.json": json.dumps(fsdp_settings(plan), indent=2) + "\n"}
+
+    def setup(self, plan: Plan, ctx: WorkerContext) -> FSDPEngine:
+        import torch
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+        from transformers import AutoConfig
+
+        from orchestrate.backends import hf_io
+        from orchestrate.backends.schedule import make_scheduler
+        from orchestrate.model.meta import build_meta_model
+
+        st = fsdp_settings(plan)
+        check_device(st, ctx.device)
+        if ctx.world_size != st["world_size"]:
+            raise RuntimeError(f"plan is for {st['world_size']} ranks, this job has {ctx.world_size}")
+        torch.manual_seed(st["seed"])
+        trust = plan.config.model.trust_remote_code
+        hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
+        model = build_meta_model(hf_config, trust_remote_code=trust)
+        layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
+        classes = st["fully_shard"]["block_classes"] or hf_io.model_block_class_names(model, hf_config.model_type)
+        if st["activation_checkpointing"]:
+            blocks = hf_io.checkpoint_blocks(model, classes)
+        else:
+            blocks = [m for _, m in hf_io.find_blocks(model, classes)]
+
+        mesh = init_device_mesh(st["device_type"], tuple(st["mesh"]["shape"]),
+                                mesh_dim_names=tuple(st["mesh"]["dim_names"]))
+        mp = st["mixed_precision"]
+        shard_kwargs = {
+            "mesh": mesh,
+            "reshard_after_forward": st["fully_shard"]["reshard_after_forward"],
+            "mp_policy": MixedPrecisionPolicy(param_dtype=_dtype(mp["param_dtype"]), reduce_dtype=_dtype(mp["reduce_dtype"]))
+            if mp else MixedPrecisionPolicy(),
+            "offload_policy": CPUOffloadPolicy() if st["cpu_offload"] else OffloadPolicy(),
+        }
+        for block in blocks:
+            fully_shard(block, **shard_kwargs)
+        fully_shard(model, **shard_kwargs)
+
+        # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
+        model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
+        for group in layout.tie_groups:  # fully_shard and to_empty keep tied Parameters one object
+            params = {id(model.get_parameter(name)) for name in group}
+            if len(params) != 1:
+                raise RuntimeError(f"tied weights {group} came apart during sharding")
+        full_state = hf_io.read_full_state_dict(ctx.model_dir, layout) if ctx.rank == 0 else {}
+        set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        del full_state
+        hf_io.restore_non_persistent_buffers(model, ctx.device)
+        _move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
+
+        opt = st["optimizer"]
+        optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+                                      weight_decay=opt["weight_decay"], fused=opt["fused"])
+        scheduler = make_scheduler(optimizer, plan.config.train)
+        scaler = None
+        if st["loss_scaling"]:
+            from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+            # Sharded: the inf/nan check is all-reduced, so every rank skips the same steps.
+            scaler = ShardedGradScaler(device=ctx.device.type)
+        return FSDPEngine(model, optimizer, scheduler, scaler, st, hf_config, layout, ctx)
+
+
+register(FSDPBackend())

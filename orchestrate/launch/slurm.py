@@ -1,0 +1,450 @@
+"""SLURM batch jobs: render the sbatch script, submit it, wait for it, and read an allocation.
+
+One `srun` task per node runs torchrun; the nodes meet in a c10d rendezvous hosted by the first
+node of the allocation, at the address slurmctld itself uses to reach that node (`NodeAddr`; a
+node's name is not always resolvable from the others).
+
+Checkpoint and requeue. The script asks Slurm for `--signal=B:USR1@<lead>`: USR1 goes to the batch
+shell only, `lead` seconds before the time limit (`scancel -s USR1 -b JOB` sends the same by hand).
+Sending USR1 to the job steps instead would kill torchrun, which dies of an unhandled USR1 (before
+torch 2.8 it cannot be told to handle it) while its workers are still writing the checkpoint. So
+the batch shell traps USR1 and sends SIGTERM to the steps (`scancel --signal=TERM JOB`, which never
+reaches the batch shell): torchrun handles SIGTERM by forwarding it to its workers and waiting
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds before SIGKILL; the workers checkpoint and exit. Once the
+step has ended, the script requeues the job (`scontrol requeue`) when it was signalled and the step
+did not finish cleanly, or when the step exited EX_TEMPFAIL (75, "checkpointed, please requeue").
+torchrun reports a failed worker as exit 1 whatever the worker's own code, so 75 only shows through
+for payloads that pass it on; the signal path does not depend on it. A plain `scancel` (SIGTERM to
+everything) still cancels: only USR1 means "requeue". Preemption with PreemptMode=REQUEUE needs
+nothing from the script: Slurm sends SIGTERM to every process and requeues by itself.
+
+Pure parts (rendering, parsing) are separate from the few functions that run Slurm commands.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrate.errors import Problem, UserError
+
+EX_TEMPFAIL = 75
+"""The exit status a worker uses for "checkpointed, please requeue" (BSD sysexits.h)."""
+
+SCRIPT_NAME = "job.sbatch"
+DEFAULT_SIGNAL_LEAD_S = 120
+_PORT_BASE, _PORT_SPAN = 20000, 20000
+"""Default rendezvous port: 20000 + job id % 20000, the same on every node of a job and different
+for jobs that share a head node (a port chosen on the submit host would mean nothing there)."""
+
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE",
+})
+_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
+_JOB_NAME = re.compile(r"^[\w.+-]+$")
+# Each node's one task: host the rendezvous store on node 0 (explicitly: the hostname heuristic
+# fails when NodeAddr is an address the node does not know as its own), then exec torchrun.
+_NODE_SHELL = 'exec "$0" -m torch.distributed.run --rdzv-conf="is_host=$((SLURM_NODEID == 0))" "$@"'
+
+
+class Sh(str):
+    """Shell text emitted verbatim (it expands variables), unlike plain strings, which are quoted."""
+
+
+def _sh_join(argv: Sequence[str]) -> str:
+    return " ".join(a if isinstance(a, Sh) else shlex.quote(a) for a in argv)
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    """Everything the batch script needs; see `validate_job` for the rules."""
+
+    run_dir: Path
+    """Absolute; holds plan.json, the script and the job's output (slurm-<job id>.out)."""
+    nodes: int
+    procs_per_node: int
+    """torchrun --nproc-per-node: GPUs per node, or CPU processes when gpus_per_node is 0."""
+    gpus_per_node: int = 0
+    cpus_per_task: int | None = None
+    """CPUs for each node's one task (torchrun and all its workers); default one per process."""
+    mem: str | None = None
+    """Memory per node as Slurm writes it ("64G"); None: the partition's default."""
+    time: str | None = None
+    """Time limit ("4:00:00", "1-00:00:00"); None: the partition's default."""
+    partition: str | None = None
+    account: str | None = None
+    job_name: str = "orchestrate"
+    python: str = sys.executable
+    """Absolute interpreter path on the compute nodes (the same shared filesystem path as here)."""
+    program: tuple[str, ...] = ()
+    """What torchrun runs, after its options; default `-m orchestrate.worker RUN_DIR/plan.json`."""
+    torchrun_args: tuple[str, ...] = ()
+    """Extra torchrun options (e.g. --max-restarts, --log-dir), placed before the program."""
+    signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
+    """Seconds before the time limit to ask for a checkpoint (USR1 to the batch shell); 0: never."""
+    requeue: bool = True
+    max_requeues: int = 20
+    """Stop requeueing after this many restarts (a job that fails the same way forever)."""
+    rdzv_port: int | None = None
+    extra_sbatch: tuple[str, ...] = field(default_factory=tuple)
+    """Further `#SBATCH` options, verbatim ("--exclusive", "--constraint=a100")."""
+
+    @property
+    def output(self) -> Path:
+        return self.run_dir / "slurm-%j.out"
+
+    @property
+    def payload(self) -> tuple[str, ...]:
+        return self.program or ("-m", "orchestrate.worker", str(self.run_dir / "plan.json"))
+
+
+def parse_time_limit(text: str) -> int:
+    """Seconds in a Slurm time limit: M, M:S, H:M:S, D-H, D-H:M, D-H:M:S."""
+    m = _TIME.match(text.strip())
+    if not m:
+        raise ValueError(text)
+    days, a, b, c = m.groups()
+    parts = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+
+
+def validate_job(job: SlurmJob) -> None:
+    """Raise one UserError listing every problem with the job request."""
+    problems = []
+    if job.nodes < 1:
+        problems.append(Problem("--nodes", f"{job.nodes} given", "at least 1"))
+    if job.procs_per_node < 1:
+        problems.append(Problem("--gpus-per-node", f"{job.procs_per_node} processes per node",
+                                "at least 1 process per node"))
+    if job.gpus_per_node < 0:
+        problems.append(Problem("--gpus-per-node", f"{job.gpus_per_node} given", "0 or more"))
+    if job.gpus_per_node and job.procs_per_node > job.gpus_per_node:
+        problems.append(Problem("--gpus-per-node", f"{job.procs_per_node} processes on {job.gpus_per_node} GPUs",
+                                "one process per GPU"))
+    if job.cpus_per_task is not None and job.cpus_per_task < 1:
+        problems.append(Problem("--cpus-per-task", f"{job.cpus_per_task} given", "at least 1"))
+    if not _JOB_NAME.match(job.job_name):
+        problems.append(Problem("--job-name", f"{job.job_name!r}", "letters, digits and . _ + - only"))
+    if job.mem is not None and not _MEM.match(job.mem):
+        problems.append(Problem("--mem", f"{job.mem!r} is not a Slurm memory size", "e.g. 64G or 128000M"))
+    limit = None
+    if job.time is not None:
+        try:
+            limit = parse_time_limit(job.time)
+        except ValueError:
+            problems.append(Problem("--time", f"{job.time!r} is not a Slurm time limit",
+                                    "e.g. 4:00:00 or 1-12:00:00"))
+    if job.signal_lead_s < 0:
+        problems.append(Problem("--signal", f"{job.signal_lead_s} s before the limit", "0 (off) or more"))
+    elif limit is not None and job.signal_lead_s and job.signal_lead_s >= limit:
+        problems.append(Problem("--time", f"the checkpoint signal comes {job.signal_lead_s} s before a "
+                                f"{limit} s limit, so at the start", "a longer --time or a shorter lead"))
+    if not Path(job.python).is_absolute():
+        problems.append(Problem("python", f"{job.python!r} is not an absolute path",
+                                "compute nodes must run the same interpreter: give its full path"))
+    if not job.run_dir.is_absolute():
+        problems.append(Problem("run_dir", f"{job.run_dir} is relative", "give an absolute path"))
+    if job.rdzv_port is not None and not 0 < job.rdzv_port < 65536:
+        problems.append(Problem("rdzv_port", f"{job.rdzv_port} is not a TCP port"))
+    if problems:
+        raise UserError("cannot write the SLURM job", problems)
+
+
+def _cpus(job: SlurmJob) -> int:
+    return job.cpus_per_task or job.procs_per_node
+
+
+def _srun_groups(job: SlurmJob, nnodes: str, rdzv_endpoint: str, rdzv_id: str) -> list[list[str]]:
+    """The srun command in display lines: srun options, the per-node shell, torchrun, payload."""
+    srun = ["srun", _flag("--nodes", nnodes), "--ntasks-per-node=1", f"--cpus-per-task={_cpus(job)}"]
+    if job.gpus_per_node:
+        srun.append(f"--gpus-per-node={job.gpus_per_node}")
+    # --kill-on-bad-exit: a node whose torchrun fails takes the others down instead of leaving
+    # them waiting in a collective; --label prefixes each output line with the node's task number.
+    srun += ["--kill-on-bad-exit=1", "--label"]
+    torchrun = [job.python, _flag("--nnodes", nnodes), f"--nproc-per-node={job.procs_per_node}",
+                "--rdzv-backend=c10d", _flag("--rdzv-endpoint", rdzv_endpoint), _flag("--rdzv-id", rdzv_id)]
+    return [srun, ["bash", "-c", _NODE_SHELL], torchrun, [*job.torchrun_args, *job.payload]]
+
+
+def srun_argv(job: SlurmJob, *, nnodes: str, rdzv_endpoint: str, rdzv_id: str) -> list[str]:
+    """`srun ...` running one torchrun per node. Values may be `Sh` text when rendered into a script
+    (`$SLURM_NNODES`) or plain strings when run directly inside an allocation."""
+    return [a for group in _srun_groups(job, nnodes, rdzv_endpoint, rdzv_id) for a in group]
+
+
+def default_rdzv_port(job_id: str) -> int:
+    return _PORT_BASE + int(job_id) % _PORT_SPAN
+
+
+def srun_argv_in_allocation(job: SlurmJob, alloc: SlurmAllocation) -> list[str]:
+    """The srun command that starts the job's torchruns from inside an existing allocation (an
+    salloc shell or a batch script the user wrote); `job.nodes` is ignored: the allocation decides."""
+    port = job.rdzv_port or default_rdzv_port(alloc.job_id)
+    return srun_argv(job, nnodes=str(alloc.nnodes), rdzv_endpoint=f"{head_address(alloc.head_node)}:{port}",
+                     rdzv_id=alloc.job_id)
+
+
+def _flag(name: str, value: str) -> str:
+    return Sh(f'{name}="{value}"') if isinstance(value, Sh) else f"{name}={value}"
+
+
+def render_sbatch(job: SlurmJob) -> str:
+    """The batch script for `job` (validated first). Deterministic: golden-tested."""
+    validate_job(job)
+    opts = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
+            f"--cpus-per-task={_cpus(job)}"]
+    if job.gpus_per_node:
+        opts.append(f"--gpus-per-node={job.gpus_per_node}")
+    if job.mem:
+        opts.append(f"--mem={job.mem}")
+    if job.time:
+        opts.append(f"--time={job.time}")
+    if job.partition:
+        opts.append(f"--partition={job.partition}")
+    if job.account:
+        opts.append(f"--account={job.account}")
+    # Append: a requeued run must not truncate the first run's output.
+    opts += [f"--output={job.output}", "--open-mode=append", f"--chdir={job.run_dir}"]
+    if job.signal_lead_s:
+        opts.append(f"--signal=B:USR1@{job.signal_lead_s}")
+    opts.append("--requeue" if job.requeue else "--no-requeue")
+    opts += list(job.extra_sbatch)
+    header = "\n".join(f"#SBATCH {o}" for o in opts)
+
+    port = str(job.rdzv_port) if job.rdzv_port else f"$(({_PORT_BASE} + SLURM_JOB_ID % {_PORT_SPAN}))"
+    srun = " \\\n    ".join(_sh_join(group) for group in _srun_groups(
+        job, nnodes=Sh("$SLURM_NNODES"), rdzv_endpoint=Sh("$head_addr:$rdzv_port"), rdzv_id=Sh("$SLURM_JOB_ID")))
+    grace = job.signal_lead_s or 30
+    if job.requeue:
+        requeue = f"""\
+# Requeue when asked to (USR1) and the step did not finish, or when it exited {EX_TEMPFAIL} (EX_TEMPFAIL).
+if [ "$rc" -ne 0 ] && {{ [ "$signalled" = 1 ] || [ "$rc" -eq {EX_TEMPFAIL} ]; }}; then
+    if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {job.max_requeues} ]; then
+        echo "orchestrate: not requeueing: already restarted {job.max_requeues} times"
+    else
+        echo "orchestrate: step exited $rc; requeueing job $SLURM_JOB_ID to resume from the checkpoint"
+        scontrol requeue "$SLURM_JOB_ID"
+    fi
+fi
+"""
+    else:
+        requeue = ""
+    return f"""\
+#!/bin/bash
+# Written by orchestrate: {job.nodes} node(s) x {job.procs_per_node} process(es), one torchrun per node.
+{header}
+set -uo pipefail
+
+# The c10d rendezvous store lives on the first node, at the address slurmctld uses for it.
+head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)
+head_addr=${{head_addr:-$head_node}}
+rdzv_port={port}
+echo "orchestrate: job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}) on $SLURM_JOB_NODELIST," \\
+     "rendezvous $head_addr:$rdzv_port"
+
+# USR1 (from Slurm before the time limit, or `scancel -s USR1 -b JOB`) means checkpoint and requeue:
+# SIGTERM the job steps; torchrun forwards it to the workers and gives them this long to save.
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={grace}
+signalled=0
+on_usr1() {{
+    signalled=1
+    echo "orchestrate: USR1: asking the workers to checkpoint and stop"
+    scancel --signal=TERM "$SLURM_JOB_ID"
+}}
+trap on_usr1 USR1
+
+{srun} &
+step=$!
+# `wait` returns early when the trap runs; wait again until the step has really ended.
+while :; do
+    wait "$step"
+    rc=$?
+    kill -0 "$step" 2>/dev/null || break
+done
+echo "orchestrate: step exited $rc"
+{requeue}exit "$rc"
+"""
+
+
+# --- Reading Slurm's answers (pure) ---------------------------------------------------------------
+
+_FIELD = re.compile(r"(?:^|\s)([A-Za-z:/]+)=(\S*)")
+
+
+def parse_scontrol_record(text: str) -> dict[str, str]:
+    """Key=value pairs of one `scontrol show job -o` / `show node -o` record (values without spaces)."""
+    return {k: v for k, v in _FIELD.findall(text)}
+
+
+def parse_job_id(sbatch_parsable: str) -> str:
+    """`sbatch --parsable` prints `ID` or `ID;CLUSTER`."""
+    first = sbatch_parsable.strip().splitlines()[-1] if sbatch_parsable.strip() else ""
+    job_id = first.split(";")[0]
+    if not job_id.isdigit():
+        raise ValueError(f"unexpected sbatch output: {sbatch_parsable!r}")
+    return job_id
+
+
+def expand_hostlist(hostlist: str) -> list[str]:
+    """Slurm's compressed host list ("n[1-3,7],gpu[01-02]-ib") as names, in order, like
+    `scontrol show hostnames`; ranges keep their zero padding."""
+    hosts: list[str] = []
+    for item in _split_top(hostlist):
+        hosts += _expand_one(item)
+    return hosts
+
+
+def _split_top(text: str) -> list[str]:
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _expand_one(item: str) -> list[str]:
+    m = re.search(r"\[([^\]]*)\]", item)
+    if not m:
+        return [item]
+    prefix, suffix = item[: m.start()], item[m.end():]
+    names = []
+    for rng in m.group(1).split(","):
+        lo, _, hi = rng.partition("-")
+        width = len(lo)
+        for n in range(int(lo), int(hi or lo) + 1):
+            names.append(f"{prefix}{n:0{width}d}")
+    return [head + tail for head in names for tail in _expand_one(suffix)] if "[" in suffix else \
+        [head + suffix for head in names]
+
+
+@dataclass(frozen=True)
+class SlurmAllocation:
+    """What a process inside a Slurm job knows about it (from Slurm's environment variables)."""
+
+    job_id: str
+    nnodes: int
+    nodes: tuple[str, ...]
+    node_id: int | None
+    """This node's index in `nodes`; None outside a job step or batch script (e.g. an salloc shell)."""
+    gpus_on_node: int | None
+    cpus_on_node: int | None
+    in_step: bool
+    """True inside an srun step (SLURM_STEP_ID set): launching another srun here would nest steps."""
+
+    @property
+    def head_node(self) -> str:
+        return self.nodes[0]
+
+
+def detect_slurm_allocation(env: Mapping[str, str] | None = None) -> SlurmAllocation | None:
+    """The allocation this process runs in, or None outside Slurm."""
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    if not job_id:
+        return None
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
+    nodes = tuple(expand_hostlist(nodelist))
+    nnodes = _int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or len(nodes) or 1
+    return SlurmAllocation(
+        job_id=job_id, nnodes=nnodes, nodes=nodes, node_id=_int(env.get("SLURM_NODEID")),
+        gpus_on_node=_int(env.get("SLURM_GPUS_ON_NODE")), cpus_on_node=_int(env.get("SLURM_CPUS_ON_NODE")),
+        in_step="SLURM_STEP_ID" in env and env.get("SLURM_STEP_ID") not in ("batch", "extern"))
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+# --- Running Slurm commands -----------------------------------------------------------------------
+
+
+def _run(argv: list[str], what: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except FileNotFoundError:
+        raise UserError(f"cannot {what}: `{argv[0]}` is not installed here", [Problem(
+            argv[0], "command not found", "run this on a SLURM login node (or install slurm-client)")]) from None
+
+
+def write_sbatch(job: SlurmJob, path: Path | None = None) -> Path:
+    """Render the script into RUN_DIR/job.sbatch (or `path`); returns the path."""
+    path = path or job.run_dir / SCRIPT_NAME
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_sbatch(job))
+    path.chmod(0o755)
+    return path
+
+
+def test_only(script: Path) -> str:
+    """`sbatch --test-only`: Slurm checks the script against the real cluster without queueing it.
+    Returns Slurm's estimate ("Job N to start at ... on nodes ..."); UserError when rejected."""
+    proc = _run(["sbatch", "--test-only", str(script)], "check the job")
+    message = (proc.stderr + proc.stdout).strip()
+    if proc.returncode != 0:
+        raise UserError("SLURM rejected the job script", [Problem(str(script), message or f"exit {proc.returncode}")])
+    return message
+
+
+test_only.__test__ = False  # type: ignore[attr-defined]  # not a pytest test despite the name
+
+
+def submit(script: Path) -> str:
+    """`sbatch --parsable SCRIPT`; returns the job id."""
+    proc = _run(["sbatch", "--parsable", str(script)], "submit the job")
+    if proc.returncode != 0:
+        raise UserError("SLURM rejected the job script", [Problem(
+            str(script), (proc.stderr or proc.stdout).strip() or f"sbatch exit {proc.returncode}")])
+    return parse_job_id(proc.stdout)
+
+
+def job_info(job_id: str) -> dict[str, str]:
+    """`scontrol show job -o JOB` as a dict (JobState, ExitCode, Restarts, NodeList, ...)."""
+    proc = _run(["scontrol", "show", "job", "-o", job_id], "query the job", timeout=30)
+    if proc.returncode != 0:
+        raise UserError(f"SLURM does not know job {job_id}", [Problem(
+            job_id, (proc.stderr or proc.stdout).strip(), "finished jobs are forgotten after MinJobAge")])
+    return parse_scontrol_record(proc.stdout)
+
+
+def wait_job(job_id: str, timeout: float, poll_s: float = 0.1) -> dict[str, str]:
+    """Poll `scontrol show job` until the job reaches a final state; returns its record.
+    (`sbatch --wait` polls every 2 s, then 8 s: far too slow for tests and CLI feedback.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = job_info(job_id)
+        if info.get("JobState") in TERMINAL_STATES:
+            return info
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
+                               f"(reason: {info.get('Reason')})")
+        time.sleep(poll_s)
+
+
+def head_address(node: str) -> str:
+    """The address slurmctld uses for `node` (NodeAddr), which the other nodes can reach too."""
+    proc = _run(["scontrol", "show", "node", "-o", node], "query the node", timeout=30)
+    return parse_scontrol_record(proc.stdout).get("NodeAddr") or node

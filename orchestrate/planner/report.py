@@ -1,0 +1,104 @@
+"""Human and machine views of a plan: rich tables for `orchestrate plan`, a dict for `--json`.
+
+Schema of `plan_json` is documented in docs/plan-json.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console, Group
+from rich.table import Table
+
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.planner.memory import node_host_bytes
+from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.search import Limits, describe_hardware, gib
+
+
+def _count(parameters: int) -> str:
+    return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:.1f}M"
+
+
+def _size(n: int) -> str:
+    return gib(n) if n else "-"
+
+
+def candidates_table(plan: Plan) -> Table:
+    """Every candidate: name, fits, GPU peak per rank, CPU peak per node, tokens/s, reason; chosen
+    highlighted. On CPU-only profiles the per-rank column is the rank's RAM and the node column the
+    whole node (ranks x rank + host terms)."""
+    hw = plan.hardware
+    per_rank = "GPU/rank" if hw.has_gpu else "RAM/rank"
+    table = Table(title=f"Candidates for {_count(plan.shape.parameters)} {plan.shape.model_type} "
+                        f"on {describe_hardware(hw)}")
+    table.add_column("")
+    # Names are what users pin and grep for: folded onto more lines on a narrow terminal, never
+    # truncated; numbers never wrap; the reason wraps.
+    table.add_column("candidate", overflow="fold")
+    for header, justify in (("fits", "center"), (per_rank, "right"), ("CPU/node", "right"),
+                            ("NVMe", "right"), ("tokens/s", "right")):
+        table.add_column(header, justify=justify, no_wrap=True)
+    table.add_column("reason")
+    for c in plan.candidates:
+        chosen = plan.chosen is not None and c.name == plan.chosen.name
+        table.add_row("*" if chosen else "", c.name, "yes" if c.fits else "no", gib(c.memory.gpu_total),
+                      gib(node_host_bytes(c.memory, hw)), gib(c.memory.nvme_bytes) if c.memory.nvme_bytes else "",
+                      f"{c.speed.tokens_per_s:,.0f}", c.reason,
+                      style="bold green" if chosen else ("" if c.fits else "dim"))
+    return table
+
+
+def memory_table(candidate: Candidate, hw: HardwareProfile) -> Table:
+    """The candidate's memory by component: per rank on the device, per node on the host, NVMe."""
+    table = Table(title="Memory breakdown (chosen plan)")
+    for header, justify in (("where", "left"), ("component", "left"), ("bytes", "right")):
+        table.add_column(header, justify=justify)
+    device = "GPU/rank" if hw.has_gpu else "RAM/rank"
+    for key, value in candidate.memory.gpu.items():
+        table.add_row(device, key, _size(value))
+    table.add_row(device, "total", gib(candidate.memory.gpu_total), style="bold")
+    for key, value in candidate.memory.cpu.items():
+        table.add_row("CPU/node", key, _size(value))
+    if not hw.has_gpu:
+        table.add_row("CPU/node", f"{hw.ranks_per_node} rank(s) x RAM/rank",
+                      gib(hw.ranks_per_node * candidate.memory.gpu_total))
+    table.add_row("CPU/node", "total", gib(node_host_bytes(candidate.memory, hw)), style="bold")
+    if candidate.memory.nvme_bytes:
+        table.add_row("NVMe/node", "offloaded states", gib(candidate.memory.nvme_bytes), style="bold")
+    return table
+
+
+def speed_table(candidate: Candidate) -> Table:
+    """Seconds per step by component (before overlap) and the resulting step time."""
+    table = Table(title=f"Step time (chosen, accumulation {candidate.gradient_accumulation})")
+    table.add_column("component")
+    table.add_column("s/step", justify="right")
+    for key, value in candidate.speed.breakdown.items():
+        table.add_row(key, f"{value:.3f}")
+    table.add_row("step (after overlap)", f"{candidate.speed.step_time_s:.3f}", style="bold")
+    return table
+
+
+def render_plan(plan: Plan) -> Group:
+    """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns."""
+    parts: list[Any] = [candidates_table(plan)]
+    if plan.chosen is not None:
+        parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
+    return Group(*parts)
+
+
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    (console or Console()).print(render_plan(plan))
+
+
+def plan_json(plan: Plan) -> dict[str, Any]:
+    """`orchestrate plan --json`: `Plan.to_dict()` plus the limits each candidate was checked against
+    and each candidate's whole-node host bytes (see docs/plan-json.md)."""
+    data = plan.to_dict()
+    limits = Limits.of(plan.config, plan.hardware)
+    data["limits"] = {"gpu_bytes_usable_per_rank": limits.gpu, "cpu_bytes_usable_per_node": limits.cpu,
+                      "nvme_bytes_free_per_node": limits.nvme}
+    for entry, cand in zip(data["candidates"], plan.candidates, strict=True):
+        entry["host_bytes_per_node"] = node_host_bytes(cand.memory, plan.hardware)
+    return data

@@ -1,0 +1,401 @@
+"""The planner: enumerate strategies, estimate each, keep what fits, choose the fastest.
+
+Pure: no I/O, no devices. Two entry points:
+- `make_plan(config, hw, shape) -> Plan`: every candidate weighed; `chosen` is None when nothing
+  fits, so `orchestrate plan` can still print the table. Raises `UserError` only for inputs that
+  cannot be planned at all (batch not divisible by the world size, contradictory pins).
+- `require_feasible(plan) -> Candidate`: the chosen candidate, or a `UserError` (exit 2) listing the
+  closest candidates, by how much each overflows, and remedies computed by re-planning variations
+  (NVMe, more RAM, more GPUs or nodes, shorter seq_len, unpinned strategy). Call it before launching.
+
+Search space: backend x ZeRO stage x offload x activation checkpointing x micro-batch, at one
+precision (pinned, or "auto": bf16 where the GPU has it, fp16 on Turing, fp32 on CPU-only), minus
+what cannot help or cannot run: no offload on CPU-only profiles; NVMe only for ZeRO-3 (ZeRO-1/2 keep
+"nvme" states in RAM) and only with an NVMe directory; FSDP hybrid shard only across nodes; ZeRO-1
+not on a single rank (nothing to partition; ZeRO-2 stands for it). User pins narrow the space.
+Micro-batches are the divisors of global_batch_size / world_size. `candidates` keeps, per strategy
+without its micro-batch, only the fastest fitting micro-batch, or the one closest to fitting when none
+fits, so the table has one row per strategy. Fitting candidates come first, fastest first (ties:
+fewer offloads, simpler backend, lower stage, no recompute, larger micro-batch); then the rest,
+closest to fitting first (sum of relative overflows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.memory import estimate_memory, node_host_bytes
+from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.speed import estimate_speed
+from orchestrate.planner.strategy import Strategy
+
+GiB = 2**30
+_BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
+_UNLIMITED = 2**62
+
+
+@dataclass(frozen=True)
+class _Base:
+    """A strategy without precision, activation checkpointing and micro-batch."""
+
+    backend: str
+    zero_stage: int
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    hybrid_shard: bool = False
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a candidate must fit in: usable bytes per GPU, per node of RAM, free NVMe per node."""
+
+    gpu: int | None
+    """Usable device bytes per rank; None on CPU-only profiles."""
+    cpu: int
+    nvme: int | None
+    """Free NVMe bytes; None when an NVMe path is configured but its free space is unknown."""
+
+    @classmethod
+    def of(cls, config: RunConfig, hw: HardwareProfile) -> Limits:
+        gpu = int(config.strategy.gpu_memory_headroom * hw.gpu.memory_bytes) if hw.has_gpu else None
+        return cls(gpu=gpu, cpu=int(config.strategy.cpu_memory_headroom * hw.cpu_memory_bytes),
+                   nvme=_nvme_free(config, hw))
+
+    def overflows(self, memory: MemoryEstimate, hw: HardwareProfile) -> list[tuple[str, int, int, str]]:
+        """(limit, needed, available, word) for every limit the estimate exceeds."""
+        out = []
+        if self.gpu is not None and memory.gpu_total > self.gpu:
+            out.append(("GPU", memory.gpu_total, self.gpu, "usable"))
+        host = node_host_bytes(memory, hw)
+        if host > self.cpu:
+            out.append(("CPU", host, self.cpu, "usable"))
+        if self.nvme is not None and memory.nvme_bytes > self.nvme:
+            out.append(("NVMe", memory.nvme_bytes, self.nvme, "free"))
+        return out
+
+
+def gib(n: float) -> str:
+    """Bytes as GiB for messages and tables (MiB below 0.1 GiB, so small overflows do not read +0.0)."""
+    if abs(n) < 0.1 * GiB:
+        return f"{n / 2**20:.0f} MiB"
+    return f"{n / GiB:.1f} GiB"
+
+
+def _nvme_free(config: RunConfig, hw: HardwareProfile) -> int | None:
+    if hw.nvme_path:
+        return hw.nvme_free_bytes
+    if config.strategy.nvme_path:
+        # Hardware resolution measures free space when it knows the path; if it did not, the check
+        # is left to DeepSpeed at start-up.
+        return hw.nvme_free_bytes or None
+    return 0
+
+
+def _nvme_available(config: RunConfig, hw: HardwareProfile) -> bool:
+    return bool(hw.nvme_path or config.strategy.nvme_path)
+
+
+def _all_bases(hw: HardwareProfile, nvme: bool, zero1: bool) -> list[_Base]:
+    bases = [_Base("ddp", 0)]
+    offloads = [("none", "none")]
+    if hw.has_gpu:  # offload moves state off a device; on CPU-only ranks there is none
+        offloads += [("cpu", "none")]
+    for stage in ((1, 2) if zero1 else (2,)):
+        bases += [_Base("deepspeed", stage, opt, "none") for opt, _ in offloads]
+    z3 = list(offloads)
+    if hw.has_gpu:
+        z3 += [("cpu", "cpu")]
+        if nvme:  # ZeRO-Infinity (stage 3 only: stage_1_and_2.py has no NVMe swapper)
+            z3 += [("nvme", "none"), ("nvme", "cpu"), ("cpu", "nvme"), ("nvme", "nvme")]
+    bases += [_Base("deepspeed", 3, opt, par) for opt, par in z3]
+    fsdp_offloads = [("none", "none")] + ([("cpu", "cpu")] if hw.has_gpu else [])
+    bases.append(_Base("fsdp", 2))
+    bases += [_Base("fsdp", 3, opt, par) for opt, par in fsdp_offloads]
+    if hw.nodes > 1:
+        bases += [_Base("fsdp", 3, opt, par, hybrid_shard=True) for opt, par in fsdp_offloads]
+    return bases
+
+
+def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
+    """Pins that contradict each other or the hardware, with the fix."""
+    s, problems = config.strategy, []
+    stage, backend = s.zero_stage, s.backend
+    if backend == "ddp" and stage not in ("auto", 0):
+        problems.append(Problem("strategy.zero_stage", f"backend ddp replicates everything (stage 0), not stage {stage}",
+                                "use backend deepspeed or fsdp for sharding, or zero_stage: 0"))
+    if backend == "deepspeed" and stage == 0:
+        problems.append(Problem("strategy.zero_stage", "stage 0 with deepspeed is not planned",
+                                "use backend ddp (same memory), or zero_stage 1-3"))
+    if backend == "fsdp" and stage in (0, 1):
+        problems.append(Problem("strategy.zero_stage", f"FSDP2 has no stage {stage}",
+                                "use zero_stage 3 (full shard) or 2 (shard-grad-op)"))
+    if s.offload in ("cpu", "nvme"):
+        if not hw.has_gpu:
+            problems.append(Problem("strategy.offload", "offload moves state off a GPU; this profile has none",
+                                    "set offload: none (or auto)"))
+        if backend == "ddp":
+            problems.append(Problem("strategy.offload", "DDP cannot offload", "use backend deepspeed or fsdp"))
+    if s.offload == "nvme":
+        if not _nvme_available(config, hw):
+            problems.append(Problem("strategy.offload", "NVMe offload needs a directory on an NVMe disk",
+                                    "set strategy.nvme_path or pass --nvme PATH"))
+        if backend == "fsdp":
+            problems.append(Problem("strategy.offload", "FSDP2 offloads to CPU only",
+                                    "use offload: cpu, or backend deepspeed"))
+        if stage in (1, 2):
+            problems.append(Problem("strategy.offload",
+                                    f"DeepSpeed ZeRO-{stage} keeps 'nvme'-offloaded states in CPU RAM "
+                                    "(only ZeRO-3 swaps to NVMe)", "use zero_stage: 3, or offload: cpu"))
+    if s.offload_params is True:
+        if s.offload == "none":
+            problems.append(Problem("strategy.offload_params", "offloading parameters needs an offload target",
+                                    "set offload: cpu or nvme"))
+        if stage in (0, 1, 2):
+            problems.append(Problem("strategy.offload_params",
+                                    f"only ZeRO-3 / FSDP full shard offload parameters, not stage {stage}",
+                                    "set zero_stage: 3"))
+    if s.offload_params is False and backend == "fsdp" and s.offload == "cpu":
+        problems.append(Problem("strategy.offload_params",
+                                "FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer together",
+                                "set offload_params: true (or auto), or use backend deepspeed"))
+    return problems
+
+
+def _matches_pins(base: _Base, config: RunConfig) -> bool:
+    s = config.strategy
+    if s.backend != "auto" and base.backend != s.backend:
+        return False
+    if s.zero_stage != "auto" and base.zero_stage != s.zero_stage:
+        return False
+    if s.offload != "auto" and base.offload_optimizer != s.offload:
+        return False
+    if s.offload_params is True:
+        if base.offload_params == "none" or (s.offload != "auto" and base.offload_params != s.offload):
+            return False
+    if s.offload_params is False and base.offload_params != "none":
+        return False
+    # a pinned offload target applies to parameters too ("offload_params: also ... to the offload target")
+    return s.offload == "auto" or base.offload_params in ("none", s.offload)
+
+
+def resolve_precision(config: RunConfig, hw: HardwareProfile) -> str:
+    """The training precision: the pin, or bf16 / fp16 (Turing) / fp32 (CPU-only)."""
+    pinned = config.train.precision
+    if pinned == "bf16" and hw.has_gpu and not hw.gpu.supports_bf16:
+        cc = ".".join(map(str, hw.gpu.compute_capability))
+        raise UserError("Cannot plan this run", [Problem(
+            "train.precision", f"bf16 needs compute capability 8.0+; {hw.gpu.name} is {cc}",
+            "use precision: fp16 (dynamic loss scaling) or auto")])
+    if pinned != "auto":
+        return pinned
+    if not hw.has_gpu:
+        return "fp32"
+    return "bf16" if hw.gpu.supports_bf16 else "fp16"
+
+
+def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
+    world, global_batch = hw.world_size, config.train.global_batch_size
+    if global_batch % world:
+        lower, upper = global_batch - global_batch % world, global_batch + world - global_batch % world
+        examples = " or ".join(str(v) for v in (lower, upper) if v > 0)
+        raise UserError("Cannot plan this run", [Problem(
+            "train.global_batch_size",
+            f"{global_batch} is not divisible by the world size {world} "
+            f"({hw.nodes} node(s) x {hw.ranks_per_node} rank(s))",
+            f"use a multiple of {world} (e.g. {examples}), or change --gpus")])
+    per_rank = global_batch // world
+    divisors = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
+    pinned = config.train.micro_batch_size
+    if pinned == "auto":
+        return divisors
+    if per_rank % pinned:
+        raise UserError("Cannot plan this run", [Problem(
+            "train.micro_batch_size",
+            f"{pinned} does not divide the per-rank batch {per_rank} (global {global_batch} / world {world})",
+            f"use one of {', '.join(map(str, divisors))}, or auto")])
+    return [pinned]
+
+
+def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
+               limits: Limits) -> Candidate:
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation)
+    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation)
+    over = limits.overflows(memory, hw)
+    reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
+                       for what, need, have, word in over)
+    return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason)
+
+
+def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfile) -> float:
+    """Sum of relative overflows: 0 for a fitting candidate; smaller is closer to fitting."""
+    return sum((need - have) / max(have, 1) for _, need, have, _ in plan_limits.overflows(candidate.memory, hw))
+
+
+def _rank_key(c: Candidate) -> tuple:
+    s = c.strategy
+    offloads = (s.offload_optimizer != "none") + (s.offload_params != "none")
+    # ties: fewer offloads, simpler backend, lower stage, no recompute, larger micro-batch (fewer steps
+    # of Python overhead, which the speed model does not see)
+    return (-c.speed.tokens_per_s, offloads, _BACKEND_ORDER[s.backend], s.zero_stage, s.activation_checkpointing,
+            -s.micro_batch_size)
+
+
+def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
+    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
+    problems = _pin_problems(config, hw)
+    if problems:
+        raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
+    precision = resolve_precision(config, hw)
+    micros = _micro_batches(config, hw)
+    per_rank = config.train.global_batch_size // hw.world_size
+    ac = config.train.activation_checkpointing
+    ac_options = [False, True] if ac == "auto" else [ac]
+    limits = Limits.of(config, hw)
+    # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
+    zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1
+    bases = [b for b in _all_bases(hw, _nvme_available(config, hw), zero1) if _matches_pins(b, config)]
+    if not bases:
+        pins = {k: v for k, v in config.strategy.model_dump().items()
+                if k in ("backend", "zero_stage", "offload", "offload_params") and v != "auto"}
+        raise UserError("Cannot plan this run: no strategy matches the pins", [Problem(
+            "strategy", f"nothing planned matches {pins} on this hardware",
+            "relax a pin (set it to auto)")])
+
+    seq_len = config.train.seq_len
+    kept: list[Candidate] = []
+    for base in bases:
+        for checkpointing in ac_options:
+            tried = [_candidate(shape, hw, Strategy(base.backend, base.zero_stage, base.offload_optimizer,
+                                                    base.offload_params, precision, checkpointing, micro,
+                                                    base.hybrid_shard),
+                                seq_len, per_rank // micro, limits) for micro in micros]
+            fit = [c for c in tried if c.fits]
+            kept.append(min(fit, key=_rank_key) if fit
+                        else min(tried, key=lambda c: overflow_score(c, limits, hw)))
+
+    fitting = sorted((c for c in kept if c.fits), key=_rank_key)
+    rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
+    return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
+                chosen=fitting[0] if fitting else None)
+
+
+def require_feasible(plan: Plan) -> Candidate:
+    """The chosen candidate, or a `UserError` naming the closest candidates and concrete remedies."""
+    if plan.chosen is not None:
+        return plan.chosen
+    raise infeasible_error(plan)
+
+
+# --------------------------------------------------------------------------------------------------
+# When nothing fits: the closest candidates and remedies computed by re-planning variations
+# --------------------------------------------------------------------------------------------------
+
+_CLOSEST = 3
+
+
+def describe_hardware(hw: HardwareProfile) -> str:
+    ram = f"{gib(hw.cpu_memory_bytes)} RAM per node"
+    nodes = f"{hw.nodes} nodes x " if hw.nodes > 1 else ""
+    if hw.has_gpu:
+        return f"{nodes}{hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu.memory_bytes)}), {ram}"
+    return f"{nodes}{hw.cpu_processes} CPU process(es), {ram}"
+
+
+def _replan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Candidate | None:
+    """The chosen candidate of a variation, keeping the global batch divisible by the world size."""
+    world, batch = hw.world_size, config.train.global_batch_size
+    if batch % world:
+        config = config.model_copy(update={"train": config.train.model_copy(
+            update={"global_batch_size": -(-batch // world) * world})})
+    try:
+        return make_plan(config, hw, shape).chosen
+    except UserError:
+        return None
+
+
+def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
+    parts = [f"GPU {gib(c.memory.gpu_total)}/rank"] if hw.has_gpu else []
+    parts.append(f"CPU {gib(node_host_bytes(c.memory, hw))}/node")
+    if c.memory.nvme_bytes:
+        parts.append(f"NVMe {gib(c.memory.nvme_bytes)}")
+    return f"{c.name} fits ({', '.join(parts)})"
+
+
+def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
+    config, hw, shape = plan.config, plan.hardware, plan.shape
+    out: list[Problem] = []
+    only = {what: [c for c in plan.candidates if [o[0] for o in limits.overflows(c.memory, hw)] == [what]]
+            for what in ("GPU", "CPU", "NVMe")}
+
+    if not _nvme_available(config, hw) and hw.has_gpu:
+        nvme_hw = hw.model_copy(update={"nvme_path": "<nvme>", "nvme_free_bytes": _UNLIMITED})
+        if (c := _replan(config, nvme_hw, shape)) is not None:
+            out.append(Problem("--nvme", f"with an NVMe offload directory, {_fit_summary(c, nvme_hw)}",
+                               f"pass --nvme /path/on/nvme (strategy.nvme_path) with >= "
+                               f"{gib(c.memory.nvme_bytes)} free"))
+    if only["NVMe"]:
+        c = min(only["NVMe"], key=lambda c: c.memory.nvme_bytes)
+        out.append(Problem("--nvme", f"{c.name} needs {gib(c.memory.nvme_bytes)} on NVMe, "
+                                     f"{gib(limits.nvme or 0)} is free", "free space there or use another disk"))
+    if only["CPU"]:
+        c = min(only["CPU"], key=lambda c: node_host_bytes(c.memory, hw))
+        need = node_host_bytes(c.memory, hw) / config.strategy.cpu_memory_headroom
+        out.append(Problem("hardware (RAM)", f"{c.name} needs {gib(node_host_bytes(c.memory, hw))} host RAM "
+                                             f"per node; it fits with >= {need / GiB:.0f} GiB RAM per node",
+                           "add RAM, or use more nodes"))
+    if only["GPU"] and hw.has_gpu:
+        c = min(only["GPU"], key=lambda c: c.memory.gpu_total)
+        need = c.memory.gpu_total / config.strategy.gpu_memory_headroom
+        if need <= 2 * hw.gpu.memory_bytes:  # a realistic next card, not a data-centre one
+                out.append(Problem("hardware (GPU)", f"{c.name} fits on GPUs with >= {need / GiB:.1f} GiB each",
+                               "use larger GPUs or more of them"))
+    if hw.has_gpu:
+        for gpus in (g for g in (2, 4, 8) if g > hw.gpus_per_node):
+            if (c := _replan(config, hw.model_copy(update={"gpus_per_node": gpus}), shape)) is not None:
+                out.append(Problem("--gpus", f"with {gpus} GPUs per node, {_fit_summary(c, hw)}", f"--gpus {gpus}"))
+                break
+    for nodes in (n for n in (2, 4, 8) if n > hw.nodes):
+        more = hw.model_copy(update={"nodes": nodes})
+        if (c := _replan(config, more, shape)) is not None:
+            out.append(Problem("hardware (nodes)", f"on {nodes} such nodes, {_fit_summary(c, more)}",
+                               f"add nodes to the hardware profile ({nodes} in all)"))
+            break
+    seq = config.train.seq_len // 2
+    while seq >= 64:
+        shorter = config.model_copy(update={"train": config.train.model_copy(update={"seq_len": seq})})
+        if (c := _replan(shorter, hw, shape)) is not None:
+            out.append(Problem("train.seq_len", f"at seq_len {seq}, {_fit_summary(c, hw)}",
+                               f"train.seq_len: {seq}"))
+            break
+        seq //= 2
+    pins = {"backend": "auto", "zero_stage": "auto", "offload": "auto", "offload_params": "auto"}
+    if any(getattr(config.strategy, key) != "auto" for key in pins):
+        free = config.model_copy(update={"strategy": config.strategy.model_copy(update=pins)})
+        if (c := _replan(free, hw, shape)) is not None:
+            out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
+                               "set backend, zero_stage, offload and offload_params to auto"))
+    out.append(Problem("model", "LoRA / QLoRA (small trainable adapters on a frozen base) would shrink gradients "
+                                "and optimizer states to a few percent of the model",
+                       "not supported by orchestrate yet: full fine-tuning only"))
+    return out
+
+
+def infeasible_error(plan: Plan) -> UserError:
+    """The `UserError` for a plan without a fitting candidate (see `require_feasible`)."""
+    hw, shape = plan.hardware, plan.shape
+    limits = Limits.of(plan.config, hw)
+    closest = plan.candidates[:_CLOSEST]
+    lines = ["Closest candidates (GPU per rank, CPU per node):"]
+    lines += [f"  {c.name}: {c.reason}" for c in closest]
+    best = closest[0]
+    over = " and ".join(f"{what} {'RAM' if what == 'CPU' else 'memory'} by {gib(need - have)}"
+                        for what, need, have, _ in limits.overflows(best.memory, hw))
+    headline = (f"Nothing fits: {shape.parameters / 1e9:.2f}B-parameter {shape.model_type} at seq_len "
+                f"{plan.config.train.seq_len} on {describe_hardware(hw)}; the closest, {best.name}, "
+                f"overflows {over}")
+    return UserError(headline, _remedies(plan, limits), "\n".join(lines))

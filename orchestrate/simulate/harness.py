@@ -1,0 +1,332 @@
+"""Build the real HF model, wrap it the way the backends do, and run training steps under a counter.
+
+The same code runs a simulation (fake tensors, fake process group) and a real measurement (real CPU
+tensors, gloo): only the modes around it differ, which is what lets the tests compare them byte for
+byte. Wrapping follows `orchestrate/backends/fsdp.py` and `deepspeed_backend.py`: checkpoint_wrapper
+per block then `fully_shard` per block and root with a MixedPrecisionPolicy; DeepSpeed with its
+rendered config and a client AdamW; DDP with `torch.autocast` (what the analytical model assumes).
+
+CUDA-like choices on CPU (measured on this machine, see docs):
+- attention dropout is set to 0: CPU SDPA with dropout falls back to the math kernel, which keeps
+  the b*a*s^2 attention matrix; CUDA's flash / memory-efficient kernels regenerate the mask instead;
+- other dropouts go through `torch.native_dropout`, which keeps a 1-byte bool mask as CUDA does;
+  CPU `F.dropout` keeps the mask in the input's dtype (aten/src/ATen/native/Dropout.cpp).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from orchestrate.simulate.counter import LiveStorageCounter
+from orchestrate.simulate.spec import RunSpec
+
+_ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
+_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+# DeepSpeed optimizer attributes (deepspeed 0.19: runtime/zero/stage_1_and_2.py, stage3.py) and what
+# they hold. Anything else DeepSpeed allocates is attributed by the phase it was born in.
+_DS_ATTRS = {
+    "bit16_groups_flat": "parameters", "fp16_partitioned_groups_flat": "parameters",
+    "lp_param_buffer": "parameters",
+    "single_partition_of_fp32_groups": "master_weights", "fp32_partitioned_groups_flat": "master_weights",
+    "averaged_gradients": "gradients", "grads_in_partition": "gradients",
+    "grad_partitions_flat_buffer": "gradients",
+    "_DeepSpeedZeroOptimizer_Stage3__param_id_to_grad_partition": "gradients",
+}
+
+
+def hf_config_for_simulation(model_config: dict[str, Any]):
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.for_model(**model_config)
+    for key in _ATTENTION_DROPOUT_KEYS:
+        if getattr(cfg, key, None):
+            setattr(cfg, key, 0.0)
+    cfg.use_cache = False
+    return cfg
+
+
+@contextlib.contextmanager
+def cuda_like_dropout() -> Iterator[None]:
+    orig = torch.nn.functional.dropout
+
+    def dropout(input: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
+        if not training or p == 0.0:
+            return orig(input, p, training, inplace)
+        out = torch.native_dropout(input, p, True)[0]
+        return input.copy_(out) if inplace else out
+
+    torch.nn.functional.dropout = dropout
+    try:
+        yield
+    finally:
+        torch.nn.functional.dropout = orig
+
+
+@contextlib.contextmanager
+def fake_tensor_patches(spec: RunSpec) -> Iterator[None]:
+    """What the model code needs to behave on fake tensors as it does on real ones.
+
+    transformers treats a fake tensor as graph tracing (`is_tracing`) and then materialises the
+    b*s*s causal mask instead of asking SDPA for `is_causal` (transformers/masking_utils.py,
+    `find_packed_sequence_indices`); eager real runs skip it. The data-dependent check it makes
+    instead is answered by the counter like real unpadded data answers it.
+    """
+    import transformers.masking_utils as masking
+    from transformers.utils.import_utils import is_torch_fx_proxy
+
+    orig = masking.is_tracing
+
+    def is_tracing(tensor: Any = None) -> bool:
+        return orig() or (tensor is not None and is_torch_fx_proxy(tensor))
+
+    masking.is_tracing = is_tracing
+    try:
+        if spec.strategy["backend"] == "deepspeed":
+            with _deepspeed_fake_patches():
+                yield
+        else:
+            yield
+    finally:
+        masking.is_tracing = orig
+
+
+@contextlib.contextmanager
+def _deepspeed_fake_patches() -> Iterator[None]:
+    """What DeepSpeed needs to run on fake tensors; each patch keeps the memory behaviour.
+
+    - `nn.Module._apply` swaps fake parameters with `torch.utils.swap_tensors`, which refuses tensors
+      that FakeTensorMode's converter holds weakrefs to; `.data =` is the pre-swap behaviour and
+      frees the old storage the same way.
+    - ZeRO-3's parameter coordinator checks that every rank traced the same module order by
+      broadcasting it: a fake process group carries no data, so the check reads zeros.
+    """
+    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
+
+    orig_swap, orig_check = torch.utils.swap_tensors, coordinator.assert_ints_same_as_other_ranks
+
+    def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
+        try:
+            orig_swap(t1, t2)
+        except RuntimeError as exc:
+            if "weakref" not in str(exc):
+                raise
+            t1.data = t2
+
+    torch.utils.swap_tensors = swap
+    coordinator.assert_ints_same_as_other_ranks = lambda ints: None
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors = orig_swap
+        coordinator.assert_ints_same_as_other_ranks = orig_check
+
+
+def make_mesh(spec: RunSpec):
+    """The FSDP2 mesh; built before FakeTensorMode is entered (DeviceMesh reads its rank list)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if spec.strategy["backend"] != "fsdp":
+        return None
+    names = ("shard",) if len(spec.mesh_shape) == 1 else ("replicate", "shard")
+    return init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
+
+
+def _adamw_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    # No decay for biases and norm weights (ndim < 2), as the backends do.
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+
+
+class Trainer:
+    """One rank's model, wrapper and optimizer; `step()` runs one forward/backward/optimizer step."""
+
+    def __init__(self, spec: RunSpec, counter: LiveStorageCounter | None = None, mesh: Any = None) -> None:
+        from transformers import AutoModelForCausalLM
+
+        from orchestrate.backends.hf_io import checkpoint_blocks, find_blocks, model_block_class_names
+
+        self.spec, self.counter = spec, counter
+        s = spec.strategy_obj
+        self.backend, self.precision = s.backend, s.precision
+        self.cfg = hf_config_for_simulation(spec.model_config)
+        model = AutoModelForCausalLM.from_config(self.cfg, attn_implementation="sdpa", dtype=torch.float32)
+        model.train()
+        self.hf_model = model
+        self._install_phase_hooks(model)
+        classes = list(spec.block_classes or model_block_class_names(model, self.cfg.model_type))
+        self.optimizer: Any = None
+        self.engine: Any = None
+        if s.backend == "deepspeed":
+            self._setup_deepspeed(model, s)
+            return
+        if s.activation_checkpointing:
+            blocks = checkpoint_blocks(model, classes)
+        else:
+            blocks = [m for _, m in find_blocks(model, classes)]
+        if s.backend == "fsdp":
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+            dtype = _DTYPES.get(s.precision)
+            mp = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype else MixedPrecisionPolicy()
+            kwargs = {"mesh": mesh, "reshard_after_forward": s.zero_stage == 3, "mp_policy": mp}
+            for block in blocks:
+                fully_shard(block, **kwargs)
+            fully_shard(model, **kwargs)
+            self.model = model
+        else:
+            from torch.nn.parallel import DistributedDataParallel
+
+            self.model = DistributedDataParallel(model)
+        adam: dict[str, Any] = {"lr": 1e-4, "fused": spec.fused_adam or None, "foreach": spec.foreach_adam}
+        self.optimizer = torch.optim.AdamW(_adamw_groups(model, spec.weight_decay), **adam)
+
+    def _setup_deepspeed(self, model: nn.Module, s) -> None:
+        import deepspeed
+
+        if s.activation_checkpointing:
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        config = dict(self.spec.deepspeed_config or {})
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=self.spec.weight_decay,
+                                      foreach=self.spec.foreach_adam)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
+                                                                 dist_init_required=False)
+        self.model = self.engine
+
+    # -- phases ------------------------------------------------------------------------------
+    def _phase(self, name: str) -> None:
+        if self.counter is not None:
+            self.counter.phase = name
+
+    def _install_phase_hooks(self, model: nn.Module) -> None:
+        """Storages born from the LM head's forward until the gradient reaches its input are the
+        logits part (LM head output, loss temporaries, their gradients)."""
+        head = model.get_output_embeddings()
+
+        def on_grad(_grad: torch.Tensor) -> None:
+            self._phase("backward")
+
+        def pre_forward(_module: nn.Module, args: tuple) -> None:
+            if self.counter is None or self.counter.phase != "forward":
+                return
+            self._phase("logits")
+            if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
+                args[0].register_hook(on_grad)
+
+        head.register_forward_pre_hook(pre_forward)
+
+    # -- one step ----------------------------------------------------------------------------
+    def step(self) -> None:
+        c = self.counter
+        mark = c.mark if c is not None else (lambda _name: None)
+        s = self.spec
+        mb = self.spec.strategy["micro_batch_size"]
+        mark("step_start")
+        self._phase("forward")
+        ids = torch.randint(0, self.cfg.vocab_size, (mb, s.seq_len))
+        labels = ids.clone()
+        autocast = (torch.autocast("cpu", dtype=_DTYPES[self.precision])
+                    if self.backend == "ddp" and self.precision in _DTYPES else contextlib.nullcontext())
+        with autocast:
+            loss = self.model(input_ids=ids, labels=labels).loss
+        mark("forward_end")
+        self._phase("logits")  # backward starts with the loss and the LM head
+        if self.engine is not None:
+            self.engine.backward(loss)
+        else:
+            loss.backward()
+        mark("backward_end")
+        self._phase("optimizer")
+        self.tag_state(after="backward")
+        if self.engine is not None:
+            self.engine.step()  # clips, steps and zeroes the gradients
+        else:
+            from torch.distributed.tensor import DTensor
+
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip or math.inf)
+            if isinstance(norm, DTensor):
+                norm = norm.full_tensor()
+            self.optimizer.step()
+            self.tag_state(after="optimizer")
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.engine is not None:
+            self.tag_state(after="optimizer")
+        del ids, labels, loss
+        self._phase("idle")
+        mark("step_end")
+
+    # -- what the model state is -------------------------------------------------------------
+    def state_tensors(self) -> dict[str, list[torch.Tensor]]:
+        """Tensors holding the model state now, by kind; DTensors are given as their local shards."""
+        from torch.distributed.tensor import DTensor
+
+        def local(t: torch.Tensor) -> torch.Tensor:
+            return t._local_tensor if isinstance(t, DTensor) else t
+
+        out: dict[str, list[torch.Tensor]] = {k: [] for k in (
+            "parameters", "master_weights", "gradients", "optimizer_states", "comm_buckets", "buffers")}
+        params = list(self.hf_model.parameters())
+        for p in params:
+            ds_part = getattr(p, "ds_tensor", None)  # ZeRO-3: this rank's partition
+            out["parameters"].append(local(ds_part if ds_part is not None else p))
+            if p.grad is not None:
+                out["gradients"].append(local(p.grad))
+        out["buffers"] = [local(b) for b in self.hf_model.buffers()]
+        inner = self.optimizer
+        if self.engine is not None:
+            for name, value in vars(self.optimizer).items():
+                kind = _DS_ATTRS.get(name) or ("comm_buckets" if "ipg" in name else None)
+                if kind:
+                    out[kind] += _tensors_in(value)
+            for t in _tensors_in(getattr(self.optimizer, "single_partition_of_fp32_groups", []))\
+                    + _tensors_in(getattr(self.optimizer, "fp32_partitioned_groups_flat", [])):
+                if t.grad is not None:
+                    out["gradients"].append(t.grad)
+            inner = getattr(self.optimizer, "optimizer", self.optimizer)
+        for state in inner.state.values():
+            out["optimizer_states"] += [local(v) for v in state.values()
+                                        if isinstance(v, torch.Tensor) and v.numel() > 1]
+        return out
+
+    def tag_state(self, after: str) -> None:
+        if self.counter is None:
+            return
+        state = self.state_tensors()
+        # Buckets first so a parameter or gradient view into the same storage wins.
+        for kind in ("comm_buckets", "buffers", "optimizer_states", "gradients", "master_weights", "parameters"):
+            self.counter.tag(kind, state[kind])
+
+
+def _tensors_in(value: Any, depth: int = 0) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if depth > 2:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors_in(v, depth + 1)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors_in(v, depth + 1)]
+    return []
+
+
+def run(spec: RunSpec, counter: LiveStorageCounter, mesh: Any = None) -> Trainer:
+    """Build and train `spec.steps` steps inside `counter` (entered by the caller, with FakeTensorMode
+    under it for a simulation). The peak counts training only: model construction on the CPU is
+    not what a GPU holds."""
+    with cuda_like_dropout():
+        trainer = Trainer(spec, counter, mesh)
+        counter.phase = "idle"
+        counter.reset_peak()
+        for _ in range(spec.steps):
+            trainer.step()
+    return trainer

@@ -1,0 +1,149 @@
+"""What one simulated (or real, measured) training run does: every knob as a plain JSON-able value.
+
+A `RunSpec` is derived from a `Plan` through the backends' own pure renderers (`fsdp_settings`,
+DeepSpeed's `render_config`), so the simulation wraps the model exactly as the worker will. It is
+JSON so it can cross into the subprocess that runs the simulation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.strategy import Strategy
+
+OFFLOAD_NOTE = "not simulated: offload moves state to CPU — simulated as if resident"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    model_config: dict[str, Any]
+    """`PretrainedConfig.to_dict()` of the model (has `model_type`)."""
+    strategy: dict[str, Any]
+    """`Strategy.to_dict()` of what is simulated (offload already removed, see `notes`)."""
+    seq_len: int
+    world_size: int
+    mesh_shape: tuple[int, ...]
+    """FSDP2 device mesh ((world,) or (nodes, ranks_per_node) for hybrid shard); (world,) otherwise."""
+    rank: int = 0
+    steps: int = 2
+    """Two steps, so the optimizer states exist (AdamW creates them lazily in the first step)."""
+    grad_clip: float = 1.0
+    fused_adam: bool = False
+    """torch AdamW `fused=True` (the fsdp/ddp backends on GPU: no full-size temporaries)."""
+    foreach_adam: bool | None = None
+    """torch AdamW `foreach` (None: torch's choice for the tensors' device; CUDA picks foreach)."""
+    weight_decay: float = 0.1
+    deepspeed_config: dict[str, Any] | None = None
+    block_classes: tuple[str, ...] | None = None
+    """Transformer-block class names for fully_shard / activation checkpointing (None: the model's
+    `_no_split_modules`)."""
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def strategy_obj(self) -> Strategy:
+        return Strategy.from_dict(self.strategy)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSpec:
+        data = dict(data)
+        data["mesh_shape"] = tuple(data["mesh_shape"])
+        data["notes"] = tuple(data.get("notes", ()))
+        if data.get("block_classes") is not None:
+            data["block_classes"] = tuple(data["block_classes"])
+        return cls(**data)
+
+    def with_layers(self, num_layers: int) -> RunSpec:
+        """The same run on a model with `num_layers` blocks (same widths and vocabulary)."""
+        from transformers import AutoConfig
+
+        cfg = AutoConfig.for_model(**self.model_config)
+        cfg.num_hidden_layers = num_layers  # gpt2 maps it to n_layer through attribute_map
+        types = getattr(cfg, "layer_types", None)
+        if isinstance(types, list):  # per-layer attention kinds must match the layer count
+            cfg.layer_types = types[:num_layers]
+        return dataclasses.replace(self, model_config=cfg.to_dict())
+
+
+def _without_offload(strategy: Strategy) -> tuple[Strategy, tuple[str, ...]]:
+    if strategy.offload_optimizer == "none" and strategy.offload_params == "none":
+        return strategy, ()
+    # A CPU-only simulation has one memory: what offload moves off the GPU cannot be told apart,
+    # and DeepSpeedCPUAdam reads real data pointers (C++ kernel), which fake tensors do not have.
+    resident = dataclasses.replace(strategy, offload_optimizer="none", offload_params="none")
+    return resident, (OFFLOAD_NOTE,)
+
+
+def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int = 2, rank: int = 0) -> RunSpec:
+    """The run `plan` would make for `candidate` (default: the chosen one), as the backends set it up."""
+    from orchestrate.model.meta import load_model_config
+
+    cand = candidate or plan.chosen
+    if cand is None:
+        raise ValueError("the plan has no chosen candidate to simulate")
+    strategy, notes = _without_offload(cand.strategy)
+    # One micro-batch per step: gradient accumulation repeats the same forward/backward, and the
+    # gradients it keeps between micro-batches are allocated in the first one already.
+    if cand.gradient_accumulation > 1:
+        notes += (f"simulated with 1 micro-batch per step (the plan accumulates {cand.gradient_accumulation})",)
+    resident = dataclasses.replace(cand, strategy=strategy, gradient_accumulation=1)
+    plan1 = dataclasses.replace(plan, candidates=[resident], chosen=resident)
+    hf_config = load_model_config(plan.config)
+    hw, train = plan.hardware, plan.config.train
+    mesh: tuple[int, ...] = (plan.world_size,)
+    fused, foreach, ds_config, blocks = False, None, None, None
+    if strategy.backend == "fsdp":
+        from orchestrate.backends.fsdp import fsdp_settings
+
+        settings = fsdp_settings(plan1)
+        mesh = tuple(settings["mesh"]["shape"])
+        fused = bool(settings["optimizer"]["fused"])
+        blocks = settings["fully_shard"]["block_classes"]
+    elif strategy.backend == "deepspeed":
+        from orchestrate.backends.deepspeed_render import render_config
+
+        ds_config = render_config(plan1)
+        # The worker's client AdamW steps DeepSpeed's flat fp32 partition; on a GPU that tensor is
+        # on CUDA, where torch's default is the foreach implementation.
+        foreach = hw.has_gpu or None
+    else:
+        # DDP: the analytical model assumes fused AdamW on GPU, like the fsdp backend.
+        fused = hw.has_gpu
+    return RunSpec(
+        model_config=hf_config.to_dict(), strategy=strategy.to_dict(), seq_len=train.seq_len,
+        world_size=plan.world_size, mesh_shape=mesh, rank=rank, steps=steps, grad_clip=train.grad_clip,
+        fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
+        deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None, notes=notes)
+
+
+def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size: int,
+                    hardware: Any = None) -> Plan:
+    """A one-candidate plan for `strategy` (default hardware: the generic 8 GB GPU preset, one rank
+    per GPU), so simulating parts goes through the same renderers as simulating a plan."""
+    from orchestrate.config.load import config_from_dict
+    from orchestrate.hardware.presets import load_preset
+    from orchestrate.model.meta import shape_from_config
+    from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
+
+    arch = hf_config if isinstance(hf_config, dict) else hf_config.to_diff_dict()
+    arch = {"model_type": arch.get("model_type") or hf_config.model_type, **arch}
+    for key in ("architectures", "transformers_version", "_name_or_path"):
+        arch.pop(key, None)
+    if hardware is None:
+        hardware = load_preset("generic-8gb").model_copy(update={"gpus_per_node": world_size})
+    if hardware.world_size != world_size:
+        raise ValueError(f"hardware has {hardware.world_size} ranks, world_size is {world_size}")
+    cfg = config_from_dict({"model": {"architecture": arch},
+                            "train": {"seq_len": seq_len, "global_batch_size": strategy.micro_batch_size * world_size,
+                                      "precision": strategy.precision,
+                                      "micro_batch_size": strategy.micro_batch_size}}, None)
+    from orchestrate.model.meta import load_model_config
+
+    shape = shape_from_config(load_model_config(cfg))
+    cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), 1, fits=True)
+    return Plan(config=cfg, hardware=hardware, shape=shape, candidates=[cand], chosen=cand)

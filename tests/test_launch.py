@@ -1,0 +1,166 @@
+"""The launcher: run directory, exact torchrun command, rendezvous defaults, NCCL rules; one real launch."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+
+from orchestrate.config.load import load_config
+from orchestrate.errors import UserError
+from orchestrate.hardware.profile import GPUSpec, HardwareProfile
+from orchestrate.launch.launcher import launch_from_config
+from orchestrate.launch.nccl import nccl_env, nccl_rules
+from orchestrate.launch.rundir import PLAN_FILE, default_run_dir, read_run_info, worker_env
+from orchestrate.launch.torchrun_args import LaunchOptions, torchrun_argv
+from orchestrate.planner.plan import Plan
+from tests.helpers.plans import cpu_hardware
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "examples" / "tiny-gpt2.yaml"
+
+
+def _tiny(*overrides: str):
+    return load_config(TINY, list(overrides))
+
+
+def _dry_run(tmp_path: Path, *overrides: str, hardware: HardwareProfile | None = None, **kwargs):
+    config = _tiny(f"train.output_dir={tmp_path}", *overrides)
+    return launch_from_config(config, hardware or cpu_hardware(2), name="tiny-gpt2", dry_run=True, **kwargs)
+
+
+def test_dry_run_writes_the_run_dir_and_starts_nothing(tmp_path: Path):
+    result = _dry_run(tmp_path)
+    run_dir = result.run_dir
+    assert result.exit_code is None
+    assert run_dir.parent == tmp_path and run_dir.name.startswith("tiny-gpt2-")
+    plan = Plan.read(run_dir / PLAN_FILE)
+    assert plan.chosen is not None and plan.files["config"] == "config.yaml"
+    for role in ("config", "backend_config", "accelerate_config", "demo_corpus"):
+        assert (run_dir / plan.files[role]).is_file(), role
+    assert (run_dir / "launch.sh").read_text().strip().endswith(result.command)
+    # Nothing ran: no worker output, no metrics, no weights.
+    assert (run_dir / "logs").is_dir() and not any((run_dir / "logs").iterdir())
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "init_model").exists()
+    assert "--nproc-per-node 2" in result.command
+    assert f"-m orchestrate.worker {run_dir / PLAN_FILE}" in result.command
+    assert any("No GPU" in m and "gloo" in m for m in result.messages)
+    # The resolved config.yaml loads back to the same config.
+    again = load_config(run_dir / "config.yaml")
+    assert again.model_dump() == plan.config.model_dump()
+
+
+def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
+    from torch.distributed.run import parse_args
+
+    result = _dry_run(tmp_path, run_dir=tmp_path / "exact")
+    words = shlex.split(result.command)
+    env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
+    assert env == read_run_info(result.plan_path)["env"] == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    args = parse_args(words[words.index("torchrun") + 1 :])
+    assert (args.nproc_per_node, args.nnodes, args.module) == ("2", "1", True)
+    assert (args.training_script, args.training_script_args) == ("orchestrate.worker", [str(result.plan_path)])
+    assert args.log_dir == str(tmp_path / "exact" / "logs") and args.rdzv_backend == "c10d"
+    host, port = args.rdzv_endpoint.split(":")
+    assert host == "127.0.0.1" and int(port) > 0
+    assert args.rdzv_id == "exact"
+
+
+def test_infeasible_plan_is_a_user_error_before_anything_is_written(tmp_path: Path):
+    small = HardwareProfile(name="tiny", gpus_per_node=0, cpu_processes=2, cpu_memory_bytes=2**30, cpu_cores=2)
+    config = load_config(ROOT / "examples" / "llama2-7b.yaml", [f"train.output_dir={tmp_path}"])
+    with pytest.raises(UserError):
+        launch_from_config(config, small, name="big", dry_run=True)
+    assert not any(tmp_path.iterdir())
+
+
+def test_bad_data_is_reported_before_workers_start(tmp_path: Path):
+    with pytest.raises(UserError) as err:
+        _dry_run(tmp_path, "data.train_files=[missing.txt]", "train.seq_len=512")
+    assert {p.where for p in err.value.problems} == {"data.train_files[0]", "train.seq_len"}
+
+
+def test_free_port_by_default_and_explicit_port(tmp_path: Path):
+    plan = _dry_run(tmp_path).plan
+    path = tmp_path / "plan.json"
+    argvs = [torchrun_argv(plan, path, LaunchOptions(), tmp_path) for _ in range(3)]
+    ports = {argv[argv.index("--rdzv-endpoint") + 1] for argv in argvs}
+    assert all(p.startswith("127.0.0.1:") for p in ports) and "127.0.0.1:29500" not in ports
+    fixed = torchrun_argv(plan, path, LaunchOptions(master_port=29999, max_restarts=2), tmp_path)
+    assert "127.0.0.1:29999" in fixed and fixed[fixed.index("--max-restarts") + 1] == "2"
+
+
+def test_multi_node_rendezvous_options(tmp_path: Path):
+    plan = _dry_run(tmp_path).plan
+    plan.hardware = plan.hardware.model_copy(update={"nodes": 2})
+    path = tmp_path / "plan.json"
+    with pytest.raises(UserError, match="rendezvous"):
+        torchrun_argv(plan, path, LaunchOptions(), tmp_path)
+    c10d = torchrun_argv(plan, path, LaunchOptions(rdzv_endpoint="head:29400", rdzv_id="job7"), tmp_path)
+    assert " ".join(c10d).startswith("--nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
+                                     "--rdzv-endpoint head:29400 --rdzv-id job7")
+    with pytest.raises(UserError, match="rank"):
+        torchrun_argv(plan, path, LaunchOptions(master_addr="head"), tmp_path)
+    static = torchrun_argv(plan, path, LaunchOptions(master_addr="head", node_rank=1), tmp_path)
+    assert "--node-rank 1 --master-addr head --master-port 29500" in " ".join(static)
+    with pytest.raises(UserError, match="node count"):
+        torchrun_argv(plan, path, LaunchOptions(nnodes=3, rdzv_endpoint="head:1"), tmp_path)
+
+
+def test_default_run_dir_is_stem_and_timestamp_and_never_reused(tmp_path: Path):
+    config = _tiny(f"train.output_dir={tmp_path / 'runs'}")
+    first = default_run_dir(config, "tiny-gpt2")
+    first.mkdir(parents=True)
+    second = default_run_dir(config, "tiny-gpt2")
+    assert first.parent == second.parent == tmp_path / "runs" and second != first
+    assert second.name.startswith(first.name)
+
+
+def _gpus(name: str, count: int, driver: str | None) -> HardwareProfile:
+    spec = GPUSpec(name=name, memory_bytes=24 * 2**30, peak_tflops_fp16=165, peak_tflops_bf16=165,
+                   peak_tflops_fp32=82)
+    return HardwareProfile(gpus_per_node=count, gpu=spec, cpu_memory_bytes=64 * 2**30, driver_version=driver)
+
+
+@pytest.mark.parametrize(("name", "count", "driver", "disabled"), [
+    ("NVIDIA GeForce RTX 4090", 2, "535.104.05", True),
+    ("NVIDIA GeForce RTX 4090", 2, "550.40.06", True),
+    ("NVIDIA GeForce RTX 4090", 2, None, True),  # unknown driver: play safe
+    ("NVIDIA GeForce RTX 4090", 2, "550.40.07", False),
+    ("NVIDIA GeForce RTX 4070 Ti", 4, "560.35.03", False),
+    ("NVIDIA GeForce RTX 4090", 1, "535.104.05", False),  # one card: no peer traffic
+    ("NVIDIA GeForce RTX 3090", 2, "535.104.05", False),
+    ("NVIDIA A100-SXM4-80GB", 8, "470.57.02", False),
+])
+def test_nccl_rule_table(name: str, count: int, driver: str | None, disabled: bool):
+    env = nccl_env(_gpus(name, count, driver))
+    expected = {"NCCL_P2P_DISABLE": "1", "NCCL_IB_DISABLE": "1"} if disabled else {}
+    assert env == expected
+    assert bool(nccl_rules(_gpus(name, count, driver))) == disabled
+
+
+def test_nccl_env_is_recorded_in_the_plan_and_cpu_runs_need_none():
+    assert nccl_env(cpu_hardware(2)) == {}
+
+
+def test_worker_env_shares_the_cores_between_cpu_ranks(tmp_path: Path):
+    plan = _dry_run(tmp_path).plan
+    plan.hardware = plan.hardware.model_copy(update={"cpu_cores": 16, "cpu_processes": 4})
+    assert worker_env(plan) == ({"OMP_NUM_THREADS": "4"}, [])
+
+
+@pytest.mark.slow
+def test_real_launch_of_the_demo_config_completes(tmp_path: Path):
+    config = _tiny(f"train.output_dir={tmp_path}", "train.max_steps=3", "train.eval_every=0",
+                   "train.seq_len=64", "train.global_batch_size=4")
+    result = launch_from_config(config, cpu_hardware(2), name="tiny-gpt2", run_dir=tmp_path / "run")
+    assert result.exit_code == 0, result.messages
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2, 3] and "eval_loss" in lines[-1]
+    assert (tmp_path / "run" / "model" / "config.json").is_file()
+    # Every rank's output is kept; rank 0 ran too (its file has the final summary).
+    logs = list((tmp_path / "run" / "logs").rglob("stdout.log"))
+    assert len(logs) == 2
+    assert any("done. model:" in p.read_text() for p in logs)

@@ -1,0 +1,85 @@
+"""The worker end to end on 2 gloo ranks: prepare_run + launch of a pinned-strategy plan."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from orchestrate.launch.launcher import launch
+from orchestrate.launch.rundir import PLAN_FILE, prepare_run
+from orchestrate.planner.strategy import Strategy
+from tests.helpers.plans import make_plan
+
+FSDP = Strategy("fsdp", 3, "none", "none", "fp32", False, 2)
+DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
+
+METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "rss_peak_bytes_max_rank",
+               "node_rss_peak_bytes", "predicted_gpu_bytes_per_rank", "predicted_cpu_bytes_per_node"}
+
+
+def _run(tmp_path: Path, strategy: Strategy, **sections) -> tuple[int, Path]:
+    config = {"train": {"max_steps": 12, "eval_every": 6, "seed": 0, "global_batch_size": 8,
+                        "optimizer": {"lr": 3e-3}, "schedule": {"warmup_steps": 2}},
+              "data": {"generate_demo_corpus": True}}
+    for section, values in sections.items():
+        config.setdefault(section, {}).update(values)
+    plan = make_plan(strategy, ranks=2, config=config, source_dir=tmp_path)
+    run_dir = tmp_path / "run"
+    prepare_run(plan, run_dir)
+    return launch(run_dir / PLAN_FILE), run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", [FSDP, DDP], ids=["fsdp", "ddp"])
+def test_worker_trains_logs_metrics_and_saves_a_loadable_model(tmp_path: Path, strategy: Strategy):
+    from transformers import AutoModelForCausalLM
+
+    code, run_dir = _run(tmp_path, strategy)
+    assert code == 0
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 13))
+    assert all(METRIC_KEYS <= r.keys() for r in records)
+    assert [r["step"] for r in records if "eval_loss" in r] == [6, 12]
+    first, last = records[0]["loss"], sum(r["loss"] for r in records[-3:]) / 3
+    assert first > 5.0 and last < first - 1.0, (first, last)  # ln(257) = 5.55 at the start
+    assert records[-1]["eval_loss"] < records[5]["eval_loss"]
+    assert all(r["rss_peak_bytes_max_rank"] > 50 * 2**20 for r in records)
+    assert all(r["tokens_per_s"] > 0 and r["tokens"] == 8 * 32 for r in records)
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    ids = torch.tensor([list(b"The cat sees the dog.")])
+    with torch.no_grad():
+        reloaded_loss = model(input_ids=ids, labels=ids).loss.item()
+    assert reloaded_loss < 5.0  # trained, not the random initial model
+    assert (run_dir / "init_model" / "config.json").is_file()
+
+
+@pytest.mark.slow
+def test_worker_reports_a_data_error_and_exits_2(tmp_path: Path):
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"body": "no text field here"}) + "\n")
+    code, run_dir = _run(tmp_path, FSDP, data={"train_files": ["docs.jsonl"], "generate_demo_corpus": False})
+    assert code == 2
+    stderr = "".join(p.read_text() for p in (run_dir / "logs").rglob("stderr.log"))
+    assert "docs.jsonl" in stderr and "'text'" in stderr
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
+def test_initial_weights_are_identical_for_the_same_seed(tmp_path: Path):
+    from safetensors.torch import load_file
+
+    from orchestrate.config.schema import ModelSection
+    from orchestrate.model.init_weights import build_initial_model, ensure_initial_weights
+
+    plan = make_plan(FSDP, ranks=1)
+    a = ensure_initial_weights(plan, tmp_path / "a", local_rank=0)
+    b = build_initial_model(plan, tmp_path / "b" / "init_model")
+    wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert all(t.dtype == torch.float32 for t in wa.values())
+    assert not list((tmp_path / "a").glob(".*tmp"))  # the temporary directory was renamed away
+    # A model directory that already holds weights is used as is.
+    plan.config.model = ModelSection(name_or_path=str(a))
+    assert ensure_initial_weights(plan, tmp_path / "c", local_rank=0) == a

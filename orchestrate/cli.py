@@ -17,7 +17,8 @@ from rich.console import Console
 from orchestrate.api import HardwareFlags, plan_from_file
 from orchestrate.errors import EXIT_USER_ERROR, UserError
 
-console = Console()
+# Candidate names are long; never wrap them on narrow terminals or pipes.
+console = Console(width=max(160, Console().width))
 err_console = Console(stderr=True)
 
 
@@ -72,14 +73,14 @@ def cli():
 @_user_errors_exit_2
 def plan(config, overrides, as_json, out, simulate, **kwargs):
     """Predict memory and speed of every strategy and choose the fastest that fits."""
-    from orchestrate.planner.report import print_plan
+    from orchestrate.planner.report import plan_json, print_plan
     from orchestrate.planner.search import require_feasible
 
     the_plan = plan_from_file(config, overrides, _flags(kwargs))
     if out:
         the_plan.write(Path(out) / "plan.json")
     if as_json:
-        click.echo(json.dumps(the_plan.to_dict(), indent=2))
+        click.echo(json.dumps(plan_json(the_plan), indent=2))
     else:
         print_plan(the_plan, console)
     if simulate and the_plan.chosen is not None:

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-START_HINT = "start them with `bash .ci/services/with-daemons.sh true` or `bash .ci/services/{}.sh start` (root)"
+START_HINT = ("start it with `bash .ci/services/{}.sh start` (root), or run the tests through "
+              "`bash .ci/services/with-daemons.sh .venv/bin/python -m pytest ...`")
 
 
 def state_dir() -> Path:
@@ -33,8 +34,8 @@ def _unavailable(reason: str) -> None:
 def _read_env(service: str) -> dict[str, str]:
     path = state_dir() / service / "env.json"
     if not path.is_file():
-        _unavailable(f"{service} test daemon not started ({path} missing); "
-                     + START_HINT.format("slurm" if service == "slurm" else "sshd"))
+        script = "slurm" if service == "slurm" else "sshd"
+        _unavailable(f"{script} test daemon not started ({path} missing); " + START_HINT.format(script))
     return json.loads(path.read_text())
 
 

@@ -122,7 +122,7 @@ def _accumulation_vs_one_batch(model_dir: str, run_dir: str) -> dict:
     for _ in range(2):
         r1, r2 = one.train_step(_split(tokens, 2)), acc.train_step(_split(tokens, 1))
         steps.append(((r1.loss, r1.grad_norm), (r2.loss, r2.grad_norm)))
-    diff = max((p1 - p2).abs().max().item() for p1, p2 in zip(one.model.parameters(), acc.model.parameters()))
+    diff = max((p1 - p2).abs().max().item() for p1, p2 in zip(one.model.parameters(), acc.model.parameters(), strict=True))
     return {"steps": steps, "param_diff": diff}
 
 

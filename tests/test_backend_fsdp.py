@@ -81,7 +81,7 @@ def test_render_grad_op_bf16_checkpointed():
     assert st["fully_shard"]["reshard_after_forward"] is False
     assert st["mixed_precision"] == {"param_dtype": "bfloat16", "reduce_dtype": "float32"}
     assert st["activation_checkpointing"] is True and st["loss_scaling"] is None
-    assert st["gradient_accumulation"] == 4 and st["gradient_sync"] == "last_micro_batch"
+    assert st["gradient_accumulation"] == 4 and st["gradient_sync"] == "every_micro_batch"
     assert fsdp_settings(plan_for(fsdp(3, "fp16")))["loss_scaling"] == "dynamic"
 
 

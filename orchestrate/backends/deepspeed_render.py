@@ -16,6 +16,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.planner.constants import DS_SUB_GROUP_SIZE  # the planner's memory model assumed it
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
@@ -24,7 +25,6 @@ CONFIG_FILE = "deepspeed.json"
 
 # DeepSpeed's own defaults, written out so the file shows everything that runs
 # (deepspeed/runtime/zero/config.py, offload_config.py, swap_tensor/constants.py).
-_SUB_GROUP_SIZE = 10**9
 _STAGE3_MAX_LIVE_PARAMETERS = 10**9
 _STAGE3_MAX_REUSE_DISTANCE = 10**9
 _OPTIMIZER_NVME_BUFFERS = 4  # Adam swaps 4 tensors per parameter: param, grad, exp_avg, exp_avg_sq
@@ -104,7 +104,7 @@ def _zero(plan: Plan) -> dict[str, Any]:
         # `trainer_config_finalize`): buckets about one layer's weight matrix big.
         "reduce_bucket_size": hidden * hidden,
         "allgather_bucket_size": hidden * hidden,
-        "sub_group_size": _SUB_GROUP_SIZE,
+        "sub_group_size": DS_SUB_GROUP_SIZE,  # planned with it: see planner/constants.py
     }
     if strategy.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_optimizer(plan, pin)

@@ -53,11 +53,6 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
     blocks = block_class_names(plan.shape.model_type)
     mixed = {"param_dtype": _DTYPES[s.precision], "reduce_dtype": "float32"} if s.precision in _DTYPES else None
     full_shard = s.zero_stage == 3
-    # Full shard keeps gradients sharded by reducing after every micro-batch; skipping that sync
-    # would accumulate a full unsharded gradient per rank, the memory full shard exists to remove.
-    # Grad-op already holds unsharded parameters for the whole step, so it trades that memory for
-    # one reduce-scatter per optimizer step instead of one per micro-batch.
-    sync = "every_micro_batch" if full_shard else "last_micro_batch"
     opt = train.optimizer
     settings = {
         "backend": "fsdp",
@@ -76,7 +71,10 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
         "activation_checkpointing": s.activation_checkpointing,
         "micro_batch_size": s.micro_batch_size,
         "gradient_accumulation": cand.gradient_accumulation,
-        "gradient_sync": sync,
+        # Reduce-scatter after every micro-batch, never `set_requires_gradient_sync(False)`: skipping
+        # the sync would accumulate a full unsharded fp32 gradient per rank (+4 bytes/param), which
+        # the planner's FSDP memory model (sharded gradients, 4P/n) does not count: an OOM on 8 GB.
+        "gradient_sync": "every_micro_batch",
         "grad_clip": train.grad_clip,
         "loss_scaling": "dynamic" if s.precision == "fp16" else None,
         "optimizer": {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
@@ -159,11 +157,8 @@ class FSDPEngine:
 
         self.model.train()
         n = len(micro_batches)
-        sync_last_only = self.settings["gradient_sync"] == "last_micro_batch"
         losses = []
-        for i, batch in enumerate(micro_batches):
-            if sync_last_only:
-                self.model.set_requires_gradient_sync(i == n - 1)
+        for batch in micro_batches:  # each backward reduce-scatters into the sharded .grad (settings' gradient_sync)
             loss = self.model(**self._to_device(batch), use_cache=False).loss
             losses.append(loss.detach().float())
             scaled = loss / n  # mean over micro-batches; FSDP's reduce-scatter averages over ranks
@@ -257,6 +252,7 @@ class FSDPBackend:
 
     def setup(self, plan: Plan, ctx: WorkerContext) -> FSDPEngine:
         import torch
+        import torch.distributed as dist
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
@@ -268,6 +264,11 @@ class FSDPBackend:
 
         st = fsdp_settings(plan)
         check_device(st, ctx.device)
+        if st["cpu_offload"] and "gloo" not in str(dist.get_backend()):
+            # Offloaded shards, gradients and the clip norm are CPU tensors: their collectives need
+            # a CPU backend next to nccl (torchtitan and accelerate do the same).
+            raise RuntimeError("FSDP CPU offload needs the process group initialised as 'cuda:nccl,cpu:gloo', "
+                               f"not {dist.get_backend()!r}")
         if ctx.world_size != st["world_size"]:
             raise RuntimeError(f"plan is for {st['world_size']} ranks, this job has {ctx.world_size}")
         torch.manual_seed(st["seed"])

@@ -92,11 +92,12 @@ DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
 DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED = 0.9
 """stage3_prefetch_bucket_size = 0.9 * hidden^2 elements (Accelerate's "auto")."""
 
-DS_SUB_GROUP_SIZE = 1_000_000_000
-"""ZeRO-3 optimizer sub-group (elements): DeepSpeed's default, as orchestrate/backends/deepspeed_render.py
-renders it. The NVMe optimizer swapper pins buffer_count fp32 buffers of the largest sub-group
-(deepspeed/runtime/zero/stage3.py `_configure_tensor_swapping`, swap_tensor/optimizer_utils.py), so a
-partition of >= 1e9 parameters pins 16 GB; 1e8 would pin 1.6 GB (render both together)."""
+DS_SUB_GROUP_SIZE = 100_000_000
+"""ZeRO-3 optimizer sub-group (elements), rendered into deepspeed.json from this constant. The NVMe
+optimizer swapper pins buffer_count fp32 buffers of the largest sub-group (deepspeed/runtime/zero/
+stage3.py `_configure_tensor_swapping`, swap_tensor/optimizer_utils.py): DeepSpeed's default 1e9
+pins 16 GB for a partition of >= 1e9 parameters, 1e8 pins 1.6 GB. Smaller sub-groups only add
+per-group optimizer-step overhead (DeepSpeed's docs recommend lowering it for NVMe offload)."""
 
 DS_OPTIMIZER_SWAP_BUFFER_COUNT = 4
 """offload_optimizer.buffer_count default (deepspeed/runtime/zero/offload_config.py): param, grad,

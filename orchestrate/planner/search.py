@@ -393,7 +393,8 @@ def infeasible_error(plan: Plan) -> UserError:
     lines = ["Closest candidates (GPU per rank, CPU per node):"]
     lines += [f"  {c.name}: {c.reason}" for c in closest]
     best = closest[0]
-    over = " and ".join(f"{what} {'RAM' if what == 'CPU' else 'memory'} by {gib(need - have)}"
+    words = {"GPU": "GPU memory", "CPU": "CPU RAM", "NVMe": "NVMe space"}
+    over = " and ".join(f"{words[what]} by {gib(need - have)}"
                         for what, need, have, _ in limits.overflows(best.memory, hw))
     headline = (f"Nothing fits: {shape.parameters / 1e9:.2f}B-parameter {shape.model_type} at seq_len "
                 f"{plan.config.train.seq_len} on {describe_hardware(hw)}; the closest, {best.name}, "

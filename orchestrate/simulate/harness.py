@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._guards import active_fake_mode
 
 from orchestrate.simulate.counter import LiveStorageCounter
 from orchestrate.simulate.spec import RunSpec
@@ -86,14 +87,28 @@ def fake_tensor_patches(spec: RunSpec) -> Iterator[None]:
         return orig() or (tensor is not None and is_torch_fx_proxy(tensor))
 
     masking.is_tracing = is_tracing
+    backend = {"deepspeed": _deepspeed_fake_patches, "ddp": _ddp_fake_patches}.get(spec.strategy["backend"])
     try:
-        if spec.strategy["backend"] == "deepspeed":
-            with _deepspeed_fake_patches():
-                yield
-        else:
+        with backend() if backend else contextlib.nullcontext():
             yield
     finally:
         masking.is_tracing = orig
+
+
+@contextlib.contextmanager
+def _ddp_fake_patches() -> Iterator[None]:
+    """DDP's constructor checks parameter shapes across ranks and broadcasts rank 0's weights, both
+    in C++ reading tensor data (torch/nn/parallel/distributed.py, `__init__`): fake tensors have
+    none, and a fake process group moves none. Both happen before training, at no training cost."""
+    import torch.nn.parallel.distributed as ddp
+
+    orig = ddp._verify_param_shape_across_processes, ddp._sync_module_states
+    ddp._verify_param_shape_across_processes = lambda *a, **k: None
+    ddp._sync_module_states = lambda *a, **k: None
+    try:
+        yield
+    finally:
+        ddp._verify_param_shape_across_processes, ddp._sync_module_states = orig
 
 
 @contextlib.contextmanager
@@ -135,6 +150,15 @@ def make_mesh(spec: RunSpec):
         return None
     names = ("shard",) if len(spec.mesh_shape) == 1 else ("replicate", "shard")
     return init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
+
+
+def _fake_allreduce_hook(_state: Any, bucket: Any) -> torch.futures.Future:
+    """DDP's built-in all-reduce divides the bucket in place and reduces it in place
+    (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, `allreduce_hook`); a fake
+    process group's work returns no value, which the reducer rejects, so hand the bucket back."""
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
 
 
 def _adamw_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -184,6 +208,8 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.model = DistributedDataParallel(model)
+            if active_fake_mode() is not None:
+                self.model.register_comm_hook(None, _fake_allreduce_hook)
         adam: dict[str, Any] = {"lr": 1e-4, "fused": spec.fused_adam or None, "foreach": spec.foreach_adam}
         self.optimizer = torch.optim.AdamW(_adamw_groups(model, spec.weight_decay), **adam)
 

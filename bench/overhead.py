@@ -1,0 +1,288 @@
+"""What orchestrate costs over hand-written training, on the tiny demo model, in one run.
+
+1. Throughput: tokens/s of `orchestrate launch` vs a hand-written DeepSpeed script and a hand-written
+   FSDP2 script, same model (orchestrate's seeded init_model), data (the demo corpus, byte tokens,
+   seq_len blocks), batch, optimizer, schedule and ranks (target ratio >= 0.98).
+   tokens/s = tokens of steps WARMUP+1..N / wall time between the end of step WARMUP and step N,
+   measured the same way for every run (so orchestrate's per-step metrics/all_gather count).
+2. Start-up: seconds from starting the command to the end of the first step, `orchestrate launch`
+   vs `accelerate launch` of a hand-written Accelerate script with orchestrate's exported
+   accelerate.yaml (target ratio <= 0.8).
+
+Usage: .venv/bin/python bench/overhead.py [--steps 40] [--gpus 2] [--out DIR]
+The hand-written scripts live in this file (`_hand_deepspeed`, `_hand_fsdp`, `_hand_accelerate`)
+and run under torchrun / accelerate launch as `bench/overhead.py worker <kind> ...`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a plain script from a checkout (`make install` also installs it)
+    sys.path.insert(0, str(ROOT))
+CONFIG = ROOT / "examples" / "tiny-gpt2.yaml"
+WARMUP = 5
+
+PINS = {
+    "deepspeed": ["strategy.backend=deepspeed", "strategy.zero_stage=2"],
+    "fsdp": ["strategy.backend=fsdp", "strategy.zero_stage=2"],
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Hand-written training (runs inside torchrun / accelerate launch; imports nothing from orchestrate)
+# ------------------------------------------------------------------------------------------------
+
+def _blocks(corpus: Path, seq_len: int):
+    import torch
+
+    stream: list[int] = []
+    for doc in corpus.read_text().split("\n\n"):
+        if doc.strip():
+            stream += list(doc.strip().encode()) + [256]
+    n = len(stream) // seq_len
+    return torch.tensor(stream[: n * seq_len]).view(n, seq_len)
+
+
+def _schedule(cfg: dict):
+    warmup, steps, floor = cfg["warmup"], cfg["max_steps"], cfg["min_lr_ratio"]
+
+    def mult(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return mult
+
+
+def _loop(cfg: dict, step_fn, rank: int, world: int, out: Path) -> None:
+    """Run cfg['max_steps'] steps of micro-batches; rank 0 logs the wall time after each."""
+    import torch
+    import torch.distributed as dist
+
+    blocks = _blocks(Path(cfg["corpus"]), cfg["seq_len"])
+    g = torch.Generator().manual_seed(cfg["seed"] * 1000 + rank)
+    log = out.open("w") if rank == 0 else None
+    tokens = cfg["micro"] * cfg["accumulation"] * world * cfg["seq_len"]
+    for step in range(1, cfg["max_steps"] + 1):
+        micro = [blocks[torch.randint(len(blocks), (cfg["micro"],), generator=g)] for _ in range(cfg["accumulation"])]
+        loss = step_fn(micro)
+        t = torch.tensor([loss])
+        dist.all_reduce(t)  # the loss a user would print, as orchestrate does
+        if log:
+            log.write(json.dumps({"step": step, "loss": float(t) / world, "tokens": tokens, "time": time.time()}) + "\n")
+            log.flush()
+
+
+def _hand_deepspeed(cfg: dict, out: Path) -> None:
+    import deepspeed
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    deepspeed.init_distributed(dist_backend="gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=cfg["betas"], eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"])
+    ds = {"train_micro_batch_size_per_gpu": cfg["micro"], "gradient_accumulation_steps": cfg["accumulation"],
+          "train_batch_size": cfg["micro"] * cfg["accumulation"] * world, "gradient_clipping": cfg["clip"],
+          "zero_optimization": {"stage": 2}, "steps_per_print": 10**9}
+    sched = _schedule(cfg)
+    engine, *_ = deepspeed.initialize(model=model, optimizer=opt, config=ds,
+                                      lr_scheduler=lambda o: torch.optim.lr_scheduler.LambdaLR(o, sched))
+
+    def step(micro):
+        total = 0.0
+        for ids in micro:
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            engine.step()
+            total += float(loss)
+        return total / len(micro)
+
+    _loop(cfg, step, rank, world, out)
+
+
+def _hand_fsdp(cfg: dict, out: Path) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from transformers import AutoModelForCausalLM
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    for block in model.transformer.h:
+        fully_shard(block, reshard_after_forward=False)
+    fully_shard(model, reshard_after_forward=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=cfg["betas"], eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+
+    def step(micro):
+        total = 0.0
+        for i, ids in enumerate(micro):
+            model.set_requires_gradient_sync(i == len(micro) - 1)
+            loss = model(input_ids=ids, labels=ids).loss / len(micro)
+            loss.backward()
+            total += float(loss)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["clip"])
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        return total
+
+    _loop(cfg, step, rank, world, out)
+
+
+def _hand_accelerate(cfg: dict, out: Path) -> None:
+    import torch
+    from accelerate import Accelerator
+    from transformers import AutoModelForCausalLM
+
+    acc = Accelerator(gradient_accumulation_steps=cfg["accumulation"])
+    model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=cfg["betas"], eps=cfg["eps"],
+                            weight_decay=cfg["weight_decay"])
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
+    model, opt, sched = acc.prepare(model, opt, sched)
+
+    def step(micro):
+        total = 0.0
+        for ids in micro:
+            with acc.accumulate(model):
+                loss = model(input_ids=ids, labels=ids).loss
+                acc.backward(loss)
+                if acc.sync_gradients:
+                    acc.clip_grad_norm_(model.parameters(), cfg["clip"])
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+            total += float(loss)
+        return total / len(micro)
+
+    _loop(cfg, step, acc.process_index, acc.num_processes, out)
+
+
+# ------------------------------------------------------------------------------------------------
+# The benchmark driver
+# ------------------------------------------------------------------------------------------------
+
+def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
+    """What `orchestrate launch --gpus N tiny-gpt2.yaml --set ...` does, minus click."""
+    from orchestrate.config.load import load_config
+    from orchestrate.hardware.resolve import resolve_hardware
+    from orchestrate.launch.launcher import launch_from_config
+
+    config = load_config(CONFIG, [f"train.max_steps={steps}", "train.eval_every=0", *PINS[backend]])
+    result = launch_from_config(config, resolve_hardware(gpus=gpus), name="bench", run_dir=run_dir)
+    sys.exit(result.exit_code)
+
+
+def _hand_cfg(run_dir: Path, steps: int) -> dict:
+    """The hand-written scripts' settings, read from orchestrate's run of the same config."""
+    from orchestrate.planner.plan import Plan
+
+    plan = Plan.read(run_dir / "plan.json")
+    t = plan.config.train
+    return {"model": str(run_dir / "init_model"), "corpus": str(run_dir / plan.files["demo_corpus"]),
+            "seq_len": t.seq_len, "micro": plan.chosen.strategy.micro_batch_size,
+            "accumulation": plan.chosen.gradient_accumulation, "max_steps": steps, "seed": t.seed,
+            "lr": t.optimizer.lr, "betas": list(t.optimizer.betas), "eps": t.optimizer.eps,
+            "weight_decay": t.optimizer.weight_decay, "clip": t.grad_clip,
+            "warmup": t.schedule.warmup_steps, "min_lr_ratio": t.schedule.min_lr_ratio}
+
+
+def _timed(cmd: list[str], log: Path, env: dict | None = None) -> float:
+    """Start time of `cmd` (wall clock), after it finished successfully."""
+    start = time.time()
+    with log.open("w") as f:
+        code = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ, **(env or {})})
+    if code != 0:
+        sys.exit(f"{' '.join(cmd)} failed with exit code {code}; see {log}")
+    return start
+
+
+def _rates(records: list[dict], start: float) -> tuple[float, float]:
+    """(tokens/s after warm-up, seconds from command start to the end of step 1)."""
+    steady = records[WARMUP:]
+    seconds = steady[-1]["time"] - records[WARMUP - 1]["time"]
+    return sum(r["tokens"] for r in steady) / seconds, records[0]["time"] - start
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--gpus", type=int, default=2, help="ranks (CPU processes without a GPU)")
+    parser.add_argument("--out", type=Path, default=None, help="work directory (default: a temp dir)")
+    args = parser.parse_args()
+    out = (args.out or Path(tempfile.mkdtemp(prefix="orchestrate-bench-"))).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    me, py = str(Path(__file__).resolve()), sys.executable
+    torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus)]
+    rows: dict[str, tuple[float, float]] = {}
+
+    for backend in ("deepspeed", "fsdp"):
+        run_dir = out / f"orchestrate-{backend}"
+        start = _timed([py, me, "orchestrate", str(run_dir), str(args.steps), backend, str(args.gpus)],
+                       out / f"orchestrate-{backend}.log")
+        rows[f"orchestrate {backend}"] = _rates(_read(run_dir / "metrics.jsonl"), start)
+        cfg_path = out / f"hand-{backend}.json"
+        cfg_path.write_text(json.dumps(_hand_cfg(run_dir, args.steps)))
+        metrics = out / f"hand-{backend}.jsonl"
+        start = _timed([*torchrun, me, "worker", backend, str(cfg_path), str(metrics)], out / f"hand-{backend}.log")
+        rows[f"hand-written {backend}"] = _rates(_read(metrics), start)
+
+    metrics = out / "accelerate.jsonl"
+    accelerate = [py, "-m", "accelerate.commands.launch", "--config_file", str(out / "orchestrate-fsdp" / "accelerate.yaml")]
+    start = _timed([*accelerate, me, "worker", "accelerate", str(out / "hand-fsdp.json"), str(metrics)],
+                   out / "accelerate.log", env={"ACCELERATE_USE_CPU": "true"})
+    rows["accelerate launch (fsdp)"] = _rates(_read(metrics), start)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"orchestrate overhead: tiny GPT-2, {args.gpus} ranks, {args.steps} steps ({out})")
+    for col in ("run", "tokens/s (after warm-up)", "command -> end of step 1 (s)"):
+        table.add_column(col, justify="right" if col != "run" else "left")
+    for name, (tps, first) in rows.items():
+        table.add_row(name, f"{tps:,.0f}", f"{first:.1f}")
+    checks = [
+        ("throughput vs hand-written DeepSpeed", rows["orchestrate deepspeed"][0] / rows["hand-written deepspeed"][0], ">= 0.98"),
+        ("throughput vs hand-written FSDP2", rows["orchestrate fsdp"][0] / rows["hand-written fsdp"][0], ">= 0.98"),
+        ("start-up vs accelerate launch", rows["orchestrate fsdp"][1] / rows["accelerate launch (fsdp)"][1], "<= 0.8"),
+    ]
+    ratios = Table(title="ratios")
+    for col in ("comparison", "ratio", "target", "met"):
+        ratios.add_column(col)
+    for name, ratio, target in checks:
+        met = ratio >= 0.98 if target.startswith(">=") else ratio <= 0.8
+        ratios.add_row(name, f"{ratio:.3f}", target, "yes" if met else "no")
+    console = Console()
+    console.print(table)
+    console.print(ratios)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "orchestrate":
+        _orchestrate(Path(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "worker":
+        kind, cfg, out = sys.argv[2], json.loads(Path(sys.argv[3]).read_text()), Path(sys.argv[4])
+        {"deepspeed": _hand_deepspeed, "fsdp": _hand_fsdp, "accelerate": _hand_accelerate}[kind](cfg, out)
+    else:
+        sys.exit(main())

@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast demo plan launch config lint bench clean
+.PHONY: install test test-fast demo plan launch config slurm lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -25,8 +25,10 @@ $(VENV)/.installed: pyproject.toml constraints-ci.txt
 	$(PY) -m orchestrate.backends.prebuild
 	touch $@
 
+# The SLURM and SSH tests need real daemons: with-daemons.sh installs (apt, once) and starts a
+# two-node SLURM cluster and an sshd on loopback, runs the tests, and stops them by PID.
 test: install
-	$(PY) -m pytest -q tests
+	bash .ci/services/with-daemons.sh $(PY) -m pytest -q tests
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not daemons" tests
@@ -42,6 +44,15 @@ config: install
 
 launch: install
 	$(ORCH) launch --gpus $(GPUS) $(CONFIG) $(ARGS)
+
+slurm: install
+	$(ORCH) slurm $(CONFIG) $(ARGS)
+
+services-start:
+	bash .ci/services/slurm.sh start && bash .ci/services/sshd.sh start
+
+services-stop:
+	bash .ci/services/sshd.sh stop; bash .ci/services/slurm.sh stop
 
 lint: install
 	$(VENV)/bin/ruff check orchestrate tests bench

@@ -3,8 +3,9 @@
 1. Throughput: tokens/s of `orchestrate launch` vs a hand-written DeepSpeed script and a hand-written
    FSDP2 script, same model (orchestrate's seeded init_model), data (the demo corpus, byte tokens,
    seq_len blocks), batch, optimizer, schedule and ranks (target ratio >= 0.98).
-   tokens/s = tokens of steps WARMUP+1..N / wall time between the end of step WARMUP and step N,
-   measured the same way for every run (so orchestrate's per-step metrics/all_gather count).
+   tokens/s = tokens of steps WARMUP+1..N-1 / wall time between the ends of step WARMUP and N-1,
+   measured the same way for every run (so orchestrate's per-step metrics/all_gather count; the
+   last step is left out because orchestrate's final evaluation follows it).
 2. Start-up: seconds from starting the command to the end of the first step, `orchestrate launch`
    vs `accelerate launch` of a hand-written Accelerate script with orchestrate's exported
    accelerate.yaml (target ratio <= 0.8).
@@ -154,8 +155,9 @@ def _hand_accelerate(cfg: dict, out: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(cfg["model"], dtype=torch.float32)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], betas=cfg["betas"], eps=cfg["eps"],
                             weight_decay=cfg["weight_decay"])
+    # Not prepared: Accelerate's wrapped scheduler steps once per process per call (split_batches=False).
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(cfg))
-    model, opt, sched = acc.prepare(model, opt, sched)
+    model, opt = acc.prepare(model, opt)
 
     def step(micro):
         total = 0.0
@@ -165,8 +167,8 @@ def _hand_accelerate(cfg: dict, out: Path) -> None:
                 acc.backward(loss)
                 if acc.sync_gradients:
                     acc.clip_grad_norm_(model.parameters(), cfg["clip"])
+                    sched.step()
                 opt.step()
-                sched.step()
                 opt.zero_grad()
             total += float(loss)
         return total / len(micro)
@@ -215,7 +217,8 @@ def _timed(cmd: list[str], log: Path, env: dict | None = None) -> float:
 
 def _rates(records: list[dict], start: float) -> tuple[float, float]:
     """(tokens/s after warm-up, seconds from command start to the end of step 1)."""
-    steady = records[WARMUP:]
+    # The last step is left out: orchestrate evaluates after it (train.eval_every=0 means "at the end").
+    steady = records[WARMUP:-1]
     seconds = steady[-1]["time"] - records[WARMUP - 1]["time"]
     return sum(r["tokens"] for r in steady) / seconds, records[0]["time"] - start
 

@@ -86,6 +86,23 @@ def test_line_writer_prefixes_whole_lines_and_takes_the_pgid():
     assert pgids == [42] and lines == ["[a:0] hello", "[a:0] world", "[a:0] tail"]
 
 
+def test_stop_script_kills_the_group_and_workers_in_other_sessions(marker):
+    # Like torchrun: the group leader ignores SIGTERM here (worst case) and its worker lives in a
+    # session of its own, out of reach of a signal to the group.
+    leader = subprocess.Popen([PYTHON, "-c", (
+        "import signal, subprocess, sys, time\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)', sys.argv[1]], start_new_session=True)\n"
+        "print('started', flush=True)\n"
+        "time.sleep(300)\n"), marker], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert leader.stdout.readline().strip() == "started"
+    assert len(_left_running(marker).splitlines()) == 2
+    proc = subprocess.run([PYTHON, "-c", ssh._STOP, str(leader.pid), "0.5"], capture_output=True, text=True, timeout=30)
+    assert proc.stdout.strip() == f"stopped process group {leader.pid} (killed 2 that outlived the grace period)", proc.stderr
+    leader.wait(timeout=10)
+    assert _left_running(marker) == ""
+
+
 def test_loopback_head_with_remote_hosts_is_refused(tmp_path):
     config = tmp_path / "ssh_config"
     config.write_text("Host head\n  HostName 127.0.0.1\nHost far\n  HostName 10.1.2.3\n")
@@ -240,6 +257,23 @@ run_on_hosts(cmds, SshOptions(ssh_config={str(sshd.ssh_config)!r}, stop_grace_s=
     assert proc.returncode != 0 and "KeyboardInterrupt" in output, output
     assert "interrupted: stopping every host" in output
     assert output.count("stopped process group") == 2, output
+    time.sleep(0.5)
+    assert _left_running(marker) == ""
+
+
+@pytest.mark.daemons
+def test_unusable_host_stops_the_others(sshd, tmp_path, monkeypatch, marker):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    config = tmp_path / "ssh_config"  # orch-a as usual; "stranger" is the same sshd, its key not trusted
+    config.write_text(sshd.ssh_config.read_text() + f"Host stranger\n  HostName {sshd.host}\n  Port {sshd.port}\n"
+                      f"  User {sshd.user}\n  IdentityFile {sshd.key}\n")
+    sleeper = (PYTHON, "-c", "import time; print('up', flush=True); time.sleep(300)", marker)
+    cmds = [ssh.NodeCommand("orch-a", 0, sleeper), ssh.NodeCommand("stranger", 1, sleeper)]
+    out = io.StringIO()
+    with pytest.raises(HostFailure) as e:
+        run_on_hosts(cmds, SshOptions(ssh_config=config, stop_grace_s=5), out)
+    assert str(e.value).startswith("host stranger (hostfile position 1): stranger is not in known_hosts"), out.getvalue()
+    assert e.value.results[0].stopped
     time.sleep(0.5)
     assert _left_running(marker) == ""
 

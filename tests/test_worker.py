@@ -15,6 +15,7 @@ from tests.helpers.plans import make_plan
 
 FSDP = Strategy("fsdp", 3, "none", "none", "fp32", False, 2)
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
+DEEPSPEED = Strategy("deepspeed", 2, "none", "none", "fp32", False, 2)
 
 METRIC_KEYS = {"step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s", "rss_peak_bytes_max_rank",
                "node_rss_peak_bytes", "predicted_gpu_bytes_per_rank", "predicted_cpu_bytes_per_node"}
@@ -33,7 +34,7 @@ def _run(tmp_path: Path, strategy: Strategy, **sections) -> tuple[int, Path]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", [FSDP, DDP], ids=["fsdp", "ddp"])
+@pytest.mark.parametrize("strategy", [FSDP, DDP, DEEPSPEED], ids=["fsdp", "ddp", "deepspeed"])
 def test_worker_trains_logs_metrics_and_saves_a_loadable_model(tmp_path: Path, strategy: Strategy):
     from transformers import AutoModelForCausalLM
 
@@ -83,3 +84,19 @@ def test_initial_weights_are_identical_for_the_same_seed(tmp_path: Path):
     # A model directory that already holds weights is used as is.
     plan.config.model = ModelSection(name_or_path=str(a))
     assert ensure_initial_weights(plan, tmp_path / "c", local_rank=0) == a
+
+
+def test_progress_prints_plain_lines_when_not_a_terminal(capsys):
+    from orchestrate.worker.progress import ProgressDisplay
+
+    shown = ProgressDisplay(max_steps=40, enabled=True, interactive=False)
+    for step in range(1, 41):
+        shown.update(step, loss=5.0 - step / 10, tokens_per_s=1000.0, eval_loss=1.5 if step == 5 else None)
+    shown.close()
+    lines = capsys.readouterr().out.splitlines()
+    steps = [int(line.split()[1].split("/")[0]) for line in lines]
+    assert steps == [1, 2, 4, 5, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30, 32, 34, 36, 38, 40]
+    assert "eval_loss 1.5000" in lines[3] and "loss 1.0000" in lines[-1]
+    silent = ProgressDisplay(max_steps=40, enabled=False, interactive=False)  # ranks other than 0
+    silent.update(1, 5.0, 1000.0)
+    assert capsys.readouterr().out == ""

@@ -108,9 +108,9 @@ def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: st
 
 def launch(plan_path: Path, options: LaunchOptions | None = None, console: Console | None = None) -> int:
     """Run the workers of a prepared run directory's plan.json; returns the exit code."""
-    plan_path = Path(plan_path).resolve()
     from orchestrate.planner.search import require_feasible
 
+    plan_path = Path(plan_path).resolve()
     plan = Plan.read(plan_path)
     require_feasible(plan)
     _require_devices(plan)
@@ -164,6 +164,7 @@ def _environment(env: dict[str, str]):
 
 
 def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, messages: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -179,8 +180,9 @@ def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, 
             _say(console, messages, f"worker rank {rank} failed with exit code {failure.exitcode}; "
                                     f"its output: {logs}")
             return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        except KeyboardInterrupt:
-            return 130
+        except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
+            _say(console, messages, f"stopped by signal {exc.sigval.name}; partial results in {plan_path.parent}")
+            return 128 + int(exc.sigval)
     return 0
 
 
@@ -204,6 +206,8 @@ def follow_metrics(plan: Plan, run_dir: Path, console: Console | None):
         while not stop.wait(0.5):
             if not path.exists():
                 continue
+            if path.stat().st_size < offset:  # a relaunch in the same directory restarted the file
+                offset = 0
             with path.open("rb") as f:
                 f.seek(offset)
                 chunk = f.read()

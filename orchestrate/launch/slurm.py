@@ -30,7 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
@@ -88,14 +88,15 @@ class SlurmJob:
     program: tuple[str, ...] = ()
     """What torchrun runs, after its options; default `-m orchestrate.worker RUN_DIR/plan.json`."""
     torchrun_args: tuple[str, ...] = ()
-    """Extra torchrun options (e.g. --max-restarts, --log-dir), placed before the program."""
+    """Extra torchrun options (e.g. --max-restarts, --log-dir), placed before the program. Not
+    --rdzv-conf: it would replace the per-node `is_host` setting."""
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
     """Seconds before the time limit to ask for a checkpoint (USR1 to the batch shell); 0: never."""
     requeue: bool = True
     max_requeues: int = 20
     """Stop requeueing after this many restarts (a job that fails the same way forever)."""
     rdzv_port: int | None = None
-    extra_sbatch: tuple[str, ...] = field(default_factory=tuple)
+    extra_sbatch: tuple[str, ...] = ()
     """Further `#SBATCH` options, verbatim ("--exclusive", "--constraint=a100")."""
 
     @property

@@ -141,14 +141,14 @@ class HostFailure(Exception):
     def __init__(self, failed: HostResult, results: list[HostResult]):
         self.failed, self.results = failed, results
         if failed.error is not None:
-            what = failed.error
+            what = f": {failed.error}"
         elif failed.exit_code == -1:  # SSH reported a signal instead of an exit status
-            what = "was killed by a signal"
+            what = " was killed by a signal"
         else:
-            what = f"exited with code {failed.exit_code}"
+            what = f" exited with code {failed.exit_code}"
         stopped = [r.host for r in results if r.stopped]
         tail = f"; stopped the workers on {', '.join(stopped)}" if stopped else ""
-        super().__init__(f"host {failed.host} (hostfile position {failed.rank}) {what}{tail}")
+        super().__init__(f"host {failed.host} (hostfile position {failed.rank}){what}{tail}")
 
 
 # --- Pure parts -----------------------------------------------------------------------------------
@@ -285,6 +285,7 @@ class _HostRun(threading.Thread):
         self.result = HostResult(command.host, command.rank)
         self.pgid: int | None = None
         self.pgid_known = threading.Event()
+        self.conn = connect(command.host, options)
         prefix = f"[{command.host}:{command.rank}]"
         self.out = _LineWriter(prefix, emit, self._set_pgid)
         self.err = _LineWriter(prefix, emit, None)
@@ -295,7 +296,7 @@ class _HostRun(threading.Thread):
 
     def run(self) -> None:
         try:
-            with connect(self.command.host, self.options) as conn:
+            with self.conn as conn:
                 r = conn.run(remote_command(self.command.argv), hide=False, warn=True, pty=False,
                              in_stream=False, out_stream=self.out, err_stream=self.err)
                 self.result.exit_code = r.exited
@@ -314,7 +315,10 @@ class _HostRun(threading.Thread):
         self.result.stopped = True
         self.pgid_known.wait(timeout=self.options.connect_timeout)
         if self.pgid is None:
-            emit(f"[{self.command.host}:{self.command.rank}] (not started yet; closing the connection)")
+            # Never got as far as reporting its group (a hung login): dropping the connection is all
+            # there is to do.
+            emit(f"[{self.command.host}:{self.command.rank}] not started: closing the connection")
+            self.conn.close()
             return
         argv = [self.command.argv[0], "-c", _STOP, str(self.pgid), str(self.options.stop_grace_s)]
         try:

@@ -46,6 +46,16 @@ def _hub_snapshot(name: str, download: bool) -> Path:
             "download the model into a local directory and point model.name_or_path at it")]) from None
 
 
+def _model_class(hf_config):
+    """The causal-LM class for `hf_config`; resolving it imports the model's modeling code."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
+    return AutoModelForCausalLM  # custom code (trust_remote_code): resolved when building
+
+
 def build_initial_model(plan: Plan, out_dir: Path) -> Path:
     """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
     from transformers import AutoModelForCausalLM
@@ -53,6 +63,7 @@ def build_initial_model(plan: Plan, out_dir: Path) -> Path:
     from orchestrate.model.meta import load_model_config
 
     hf_config = load_model_config(plan.config)
+    _model_class(hf_config)
     torch.manual_seed(plan.config.train.seed)
     model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=plan.config.model.trust_remote_code,
                                              dtype=torch.float32)
@@ -87,5 +98,11 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int) -> Path:
     out_dir = run_dir / INIT_MODEL_DIR
     if local_rank == 0 and not has_weights(out_dir):
         build_initial_model(plan, out_dir)
+    else:
+        # Import transformers' model code now, in parallel with the building rank, instead of
+        # one after the other when the backend loads the model (seconds of start-up on few cores).
+        from orchestrate.model.meta import load_model_config
+
+        _model_class(load_model_config(plan.config))
     _barrier()
     return out_dir

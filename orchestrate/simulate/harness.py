@@ -79,6 +79,7 @@ def fake_tensor_patches(spec: RunSpec) -> Iterator[None]:
     instead is answered by the counter like real unpadded data answers it.
     """
     import transformers.masking_utils as masking
+    from torch._subclasses.fake_tensor import FakeTensor
     from transformers.utils.import_utils import is_torch_fx_proxy
 
     orig = masking.is_tracing
@@ -87,12 +88,17 @@ def fake_tensor_patches(spec: RunSpec) -> Iterator[None]:
         return orig() or (tensor is not None and is_torch_fx_proxy(tensor))
 
     masking.is_tracing = is_tracing
+    # torch picks its foreach kernels (clip_grad_norm_, optimizers) only for exact torch.Tensor
+    # types (torch/utils/_foreach_utils.py); fake tensors take the same path as the real ones.
+    foreach_types = torch.utils._foreach_utils._foreach_supported_types
+    foreach_types.append(FakeTensor)
     backend = {"deepspeed": _deepspeed_fake_patches, "ddp": _ddp_fake_patches}.get(spec.strategy["backend"])
     try:
         with backend() if backend else contextlib.nullcontext():
             yield
     finally:
         masking.is_tracing = orig
+        foreach_types.remove(FakeTensor)
 
 
 @contextlib.contextmanager
@@ -152,13 +158,29 @@ def make_mesh(spec: RunSpec):
     return init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
 
 
-def _fake_allreduce_hook(_state: Any, bucket: Any) -> torch.futures.Future:
+def _fake_allreduce_hook(_state, bucket):  # no annotations: DDP checks them against its own types
     """DDP's built-in all-reduce divides the bucket in place and reduces it in place
     (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, `allreduce_hook`); a fake
     process group's work returns no value, which the reducer rejects, so hand the bucket back."""
-    fut: torch.futures.Future = torch.futures.Future()
+    fut = torch.futures.Future()
     fut.set_result(bucket.buffer())
     return fut
+
+
+class _NoRebuildReducer:
+    """DDP re-buckets once, before the second forward, in the order gradients arrived; syncing that
+    order across ranks reads tensor data in C++ (reducer.cpp, `rebuild_buckets`), which fake
+    tensors lack. Same total bucket bytes either way; the swap happens before the forward, away from
+    the peak. Skipped in simulations only."""
+
+    def __init__(self, reducer: Any) -> None:
+        self._reducer = reducer
+
+    def _rebuild_buckets(self) -> bool:
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._reducer, name)
 
 
 def _adamw_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -210,6 +232,7 @@ class Trainer:
             self.model = DistributedDataParallel(model)
             if active_fake_mode() is not None:
                 self.model.register_comm_hook(None, _fake_allreduce_hook)
+                self.model.reducer = _NoRebuildReducer(self.model.reducer)
         adam: dict[str, Any] = {"lr": 1e-4, "fused": spec.fused_adam or None, "foreach": spec.foreach_adam}
         self.optimizer = torch.optim.AdamW(_adamw_groups(model, spec.weight_decay), **adam)
 

@@ -66,12 +66,13 @@ def mean_over_ranks(value: float, device: torch.device) -> float:
 
 
 class MetricsWriter:
-    """Appends records to RUN_DIR/metrics.jsonl, flushed per line so `tail -f` and the launcher see
-    each step as it happens."""
+    """Writes records to RUN_DIR/metrics.jsonl, flushed per line so `tail -f` and the launcher see
+    each step as it happens. A (re)started run starts the file afresh: without resume, training
+    restarts from step 1."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._file = path.open("a", encoding="utf-8")
+        self._file = path.open("w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")

@@ -13,7 +13,7 @@ from orchestrate.backends.ddp import DDPBackend, ddp_settings
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
-from tests.helpers.plans import TINY_GPT2, make_plan
+from tests.helpers.plans import make_plan
 
 FAST_TRAIN = {"max_steps": 8, "optimizer": {"lr": 1e-3}, "schedule": {"warmup_steps": 1}}
 SEQ = 32
@@ -29,11 +29,10 @@ def plan_for(strategy: Strategy, global_batch: int = 8):
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from transformers import AutoConfig
+    """The initial-weights directory the launcher writes for a from-scratch run."""
+    from orchestrate.model.init_weights import build_initial_model
 
-    from orchestrate.backends.hf_io import write_initial_model
-
-    return str(write_initial_model(AutoConfig.for_model(**TINY_GPT2), tmp_path_factory.mktemp("m") / "gpt2", seed=0))
+    return str(build_initial_model(plan_for(ddp()), tmp_path_factory.mktemp("m") / "gpt2"))
 
 
 def test_render_is_the_settings_setup_applies():

@@ -46,11 +46,10 @@ def plan_for(strategy: Strategy, arch: dict | None = None, nodes: int = 1):
 
 
 def write_model(arch: dict, out: Path) -> Path:
-    from transformers import AutoConfig
+    """The initial-weights directory the launcher writes for a from-scratch run (seed 0)."""
+    from orchestrate.model.init_weights import build_initial_model
 
-    from orchestrate.backends.hf_io import write_initial_model
-
-    return write_initial_model(AutoConfig.for_model(**arch), out, seed=0)
+    return build_initial_model(make_plan(fsdp(), config={"model": {"architecture": dict(arch)}}), out)
 
 
 @pytest.fixture(scope="module")

@@ -100,3 +100,22 @@ def test_progress_prints_plain_lines_when_not_a_terminal(capsys):
     silent = ProgressDisplay(max_steps=40, enabled=False, interactive=False)  # ranks other than 0
     silent.update(1, 5.0, 1000.0)
     assert capsys.readouterr().out == ""
+
+
+def test_rank_info_from_slurm_and_a_clear_error_without_master(monkeypatch):
+    from orchestrate.errors import UserError
+    from orchestrate.worker.dist_env import rank_info
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.setenv(key, "")  # recorded, so monkeypatch restores what rank_info writes
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
+    with pytest.raises(UserError, match="srun"):
+        rank_info()
+    monkeypatch.setenv("MASTER_ADDR", "node1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    info = rank_info()
+    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (3, 1, 4, 2)

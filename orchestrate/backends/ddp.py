@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import StepResult, WorkerContext, register
-from orchestrate.backends.fsdp import step_schedule
+from orchestrate.backends.schedule import step_schedule
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:

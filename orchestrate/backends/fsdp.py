@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import math
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import StepResult, WorkerContext, register
+from orchestrate.backends.schedule import step_schedule
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -111,15 +111,6 @@ def _describe(st: dict[str, Any]) -> list[str]:
         + (", dynamic fp16 loss scaling (ShardedGradScaler)" if st["loss_scaling"] else ""),
     ]
     return steps
-
-
-def step_schedule(scheduler, skipped: bool) -> None:
-    """Advance the schedule once per attempted step, skipped fp16 steps too (as the DeepSpeed backend
-    does), without torch's "lr_scheduler.step() before optimizer.step()" warning for those."""
-    with warnings.catch_warnings():
-        if skipped:
-            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
-        scheduler.step()
 
 
 def _dtype(name: str | None):

@@ -204,13 +204,3 @@ def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout
     save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata={"format": "pt"})
     hf_config.save_pretrained(out_dir)
 
-
-def write_initial_model(hf_config, out_dir: Path, seed: int) -> Path:
-    """A freshly initialised model of `hf_config` saved as an HF directory (the starting weights of
-    a pre-training run). Builds the full model on CPU once: call it on one process only."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(hf_config)
-    model.save_pretrained(out_dir, safe_serialization=True)
-    return Path(out_dir)

@@ -8,6 +8,7 @@ used by GPT-3 / Llama training recipes).
 from __future__ import annotations
 
 import math
+import warnings
 
 from orchestrate.config.schema import TrainSection
 
@@ -28,3 +29,12 @@ def make_scheduler(optimizer, train: TrainSection):
     from torch.optim.lr_scheduler import LambdaLR
 
     return LambdaLR(optimizer, lambda step: lr_multiplier(step, train))
+
+
+def step_schedule(scheduler, skipped: bool) -> None:
+    """Advance the schedule once per attempted step, skipped fp16 steps too (as the DeepSpeed backend
+    does), without torch's "lr_scheduler.step() before optimizer.step()" warning for those."""
+    with warnings.catch_warnings():
+        if skipped:
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+        scheduler.step()

@@ -57,6 +57,9 @@ class HFTokenizer:
                             [Problem("data.tokenizer", "neither eos_token nor sep_token is set",
                                      "set eos_token in tokenizer_config.json")])
         self.eos_id = int(eos)
+        # Whole documents are encoded and then packed, so a document longer than the model's context
+        # is normal here; without this the tokenizer warns about every one of them.
+        self._tok.model_max_length = 2**62
         self.vocab_size = len(self._tok)
 
     def encode(self, text: str) -> list[int]:

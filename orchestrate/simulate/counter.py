@@ -127,7 +127,9 @@ class LiveStorageCounter(TorchDispatchMode):
         for t in tensors:
             if isinstance(t, DTensor):
                 t = t._local_tensor
-            if isinstance(t, torch.Tensor):
+            # Meta tensors hold no memory (DeepSpeed keeps meta copies of every parameter); a fake
+            # tensor reports the device it stands for.
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
                 self._track_storage(t.untyped_storage(), op)
 
     def _track_storage(self, st: torch.UntypedStorage, op: str = "") -> Life:
@@ -183,17 +185,14 @@ class LiveStorageCounter(TorchDispatchMode):
             self.peak, self.peak_t = self.current, self.t
         self.peak_cuda = max(self.peak_cuda, self.current_cuda)
 
-    def tag(self, tag: str, tensors: Iterable[Any], *, overwrite: bool = True) -> None:
-        """Attribute the live storages behind `tensors` (DTensors: their local shards) to `tag`."""
+    def tag(self, tag: str, tensors: Iterable[Any]) -> None:
+        """Attribute the storages behind `tensors` (DTensors: their local shards) to `tag`."""
         with self._lock:
             for t in tensors:
                 if isinstance(t, DTensor):
                     t = t._local_tensor
-                if not isinstance(t, torch.Tensor):
-                    continue
-                life = self._track_storage(t.untyped_storage())
-                if overwrite or life.tag is None:
-                    life.tag = tag
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    self._track_storage(t.untyped_storage()).tag = tag
 
     # -- the dispatch hook -----------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -276,43 +276,47 @@ class Trainer:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> None:
-        c = self.counter
-        mark = c.mark if c is not None else (lambda _name: None)
-        s = self.spec
-        mb = self.spec.strategy["micro_batch_size"]
+        self.forward_backward()
+        self.optimizer_step()
+
+    def forward_backward(self) -> None:
+        """One micro-batch of {"input_ids", "labels"}, as orchestrate/data/pipeline.py batches it."""
+        mark = self.counter.mark if self.counter is not None else (lambda _name: None)
         mark("step_start")
         self._phase("forward")
-        ids = torch.randint(0, self.cfg.vocab_size, (mb, s.seq_len))
+        ids = torch.randint(0, self.cfg.vocab_size, (self.spec.strategy["micro_batch_size"], self.spec.seq_len))
         labels = ids.clone()
         autocast = (torch.autocast("cpu", dtype=_DTYPES[self.precision])
                     if self.backend == "ddp" and self.precision in _DTYPES else contextlib.nullcontext())
         with autocast:
-            loss = self.model(input_ids=ids, labels=labels).loss
+            loss = self.model(input_ids=ids, labels=labels).loss  # the output (and its logits) is dropped
         mark("forward_end")
         self._phase("logits")  # backward starts with the loss and the LM head
         if self.engine is not None:
             self.engine.backward(loss)
         else:
             loss.backward()
+        del ids, labels, loss
         mark("backward_end")
         self._phase("optimizer")
-        self.tag_state(after="backward")
+        self.tag_state()
+
+    def optimizer_step(self) -> None:
         if self.engine is not None:
             self.engine.step()  # clips, steps and zeroes the gradients
+            self.tag_state()
         else:
             from torch.distributed.tensor import DTensor
 
-            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), s.grad_clip or math.inf)
+            norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.spec.grad_clip or math.inf)
             if isinstance(norm, DTensor):
                 norm = norm.full_tensor()
             self.optimizer.step()
-            self.tag_state(after="optimizer")
+            self.tag_state()
             self.optimizer.zero_grad(set_to_none=True)
-        if self.engine is not None:
-            self.tag_state(after="optimizer")
-        del ids, labels, loss
         self._phase("idle")
-        mark("step_end")
+        if self.counter is not None:
+            self.counter.mark("step_end")
 
     # -- what the model state is -------------------------------------------------------------
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -343,11 +347,10 @@ class Trainer:
                     out["gradients"].append(t.grad)
             inner = getattr(self.optimizer, "optimizer", self.optimizer)
         for state in inner.state.values():
-            out["optimizer_states"] += [local(v) for v in state.values()
-                                        if isinstance(v, torch.Tensor) and v.numel() > 1]
+            out["optimizer_states"] += [local(v) for v in state.values() if isinstance(v, torch.Tensor)]
         return out
 
-    def tag_state(self, after: str) -> None:
+    def tag_state(self) -> None:
         if self.counter is None:
             return
         state = self.state_tensors()

@@ -84,22 +84,24 @@ def _sweep_peak(lives: list[Life]) -> int:
     return peak
 
 
-def step_peaks(counter: LiveStorageCounter) -> list[int]:
-    """Peak live bytes within each step, replayed from the lifetimes."""
-    starts = [t for t, _ in counter.marks.get("step_start", [])]
+def replay_peak(lives: list[Life], start: int, end: int, base: int, keep=None) -> int:
+    """Peak live bytes over events (start, end], starting from `base` bytes live at `start`;
+    `keep(life)` False leaves a storage born in that window out."""
+    events = [(lf.birth, lf.nbytes) for lf in lives if start < lf.birth <= end and (keep is None or keep(lf))]
+    events += [(lf.death, -lf.nbytes) for lf in lives if lf.death is not None and start < lf.death <= end
+               and (lf.birth <= start or keep is None or keep(lf))]
+    cur = peak = base
+    for _, delta in sorted(events):
+        cur += delta
+        peak = max(peak, cur)
+    return peak
+
+
+def step_peaks(counter: LiveStorageCounter, keep=None) -> list[int]:
+    """Peak live bytes within each training step, replayed from the lifetimes."""
     ends = [t for t, _ in counter.marks.get("step_end", [])]
-    out = []
-    for (start, base), end in zip(counter.marks["step_start"], ends):
-        inside = [(lf.birth, lf.nbytes) for lf in counter.lives if start < lf.birth <= end]
-        inside += [(lf.death, -lf.nbytes) for lf in counter.lives
-                   if lf.death is not None and start < lf.death <= end]
-        cur = peak = base
-        for _, delta in sorted(inside):
-            cur += delta
-            peak = max(peak, cur)
-        out.append(peak)
-    assert len(out) == len(starts)
-    return out
+    return [replay_peak(counter.lives, start, end, base, keep)
+            for (start, base), end in zip(counter.marks.get("step_start", []), ends)]
 
 
 def summarize(counter: LiveStorageCounter, spec_strategy: str, *, world_size: int, rank: int, seq_len: int,
@@ -107,8 +109,8 @@ def summarize(counter: LiveStorageCounter, spec_strategy: str, *, world_size: in
     lives = counter.lives
     starts = [t for t, _ in counter.marks["step_start"]]
     peak_step = max(i for i, s in enumerate(starts) if s <= counter.peak_t) + 1 if starts else 0
-    peak_life = max((lf for lf in lives if lf.birth == counter.peak_t or lf.death == counter.peak_t),
-                    key=lambda lf: lf.birth, default=None)
+    # The peak is reached by a birth: the storage born at peak_t says what was running.
+    peak_life = next((lf for lf in lives if lf.birth == counter.peak_t), None)
     end_t = counter.marks["step_end"][-1][0]
     last_start = starts[-1]
     fwd_end = counter.marks["forward_end"][-1][0]

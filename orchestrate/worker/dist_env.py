@@ -24,6 +24,11 @@ def rank_info() -> RankInfo:
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         # srun starts one task per rank and sets only SLURM_*; torch's env:// init reads RANK etc.
+        if "MASTER_ADDR" not in env or "MASTER_PORT" not in env:
+            raise UserError("srun started this worker without a rendezvous address", [Problem(
+                "MASTER_ADDR / MASTER_PORT", "not set in the environment",
+                "in the batch script: export MASTER_ADDR=$(scontrol show hostnames \"$SLURM_JOB_NODELIST\" "
+                "| head -n1) MASTER_PORT=29500")])
         env["RANK"], env["WORLD_SIZE"] = env["SLURM_PROCID"], env["SLURM_NTASKS"]
         env["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
         env.setdefault("LOCAL_WORLD_SIZE", env.get("SLURM_NTASKS_PER_NODE", "1").split("(")[0])

@@ -90,6 +90,59 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
     require_feasible(the_plan)
 
 
+@cli.command("config")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@hardware_options
+@set_option
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="Directory for plan.json and the rendered DeepSpeed/FSDP/Accelerate files.")
+@_user_errors_exit_2
+def config_cmd(config_path, overrides, out, **kwargs):
+    """Plan and write plan.json plus the rendered backend configs, without launching."""
+    from orchestrate.config.load import load_config
+    from orchestrate.launch.launcher import build_plan
+    from orchestrate.launch.rundir import prepare_run
+
+    config = load_config(config_path, overrides)
+    written = prepare_run(build_plan(config, _flags(kwargs).resolve()), Path(out))
+    console.print(f"chosen: [bold]{written.chosen.name}[/]")
+    for role, name in written.files.items():
+        if (Path(out) / name).is_file():
+            console.print(f"  {role:<20} {Path(out) / name}")
+    console.print(f"  {'plan':<20} {Path(out) / 'plan.json'}")
+
+
+@cli.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@hardware_options
+@set_option
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default: <train.output_dir>/<name>-<time>).")
+@click.option("--dry-run", is_flag=True, help="Write the run directory and print the torchrun command; start nothing.")
+@click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun: restarts of the worker group on failure.")
+@click.option("--master-addr", help="torchrun: static rendezvous address (multi-node).")
+@click.option("--master-port", type=int, help="torchrun: rendezvous port (default: a free port).")
+@click.option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")
+@click.option("--rdzv-endpoint", help="torchrun: HOST:PORT of the rendezvous (multi-node).")
+@click.option("--rdzv-id", help="torchrun: rendezvous id shared by all nodes.")
+@click.option("--node-rank", type=int, help="torchrun: this node's rank (static rendezvous).")
+@_user_errors_exit_2
+def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, master_port, rdzv_backend,
+           rdzv_endpoint, rdzv_id, node_rank, **kwargs):
+    """Plan, write the run directory and train with torchrun workers."""
+    from orchestrate.config.load import load_config
+    from orchestrate.launch.launcher import launch_from_config
+
+    config = load_config(config_path, overrides)
+    result = launch_from_config(
+        config, _flags(kwargs).resolve(), name=Path(config_path).stem,
+        run_dir=Path(run_dir) if run_dir else None, dry_run=dry_run, max_restarts=max_restarts,
+        master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank, console=console)
+    if result.exit_code:
+        err_console.print(f"[bold red]training failed[/] (exit {result.exit_code}); logs: {result.run_dir / 'logs'}")
+    sys.exit(result.exit_code or 0)
+
+
 @cli.command()
 @hardware_options
 @click.option("--out", type=click.Path(dir_okay=False), help="Write the profile as YAML to this file.")

@@ -102,9 +102,10 @@ def _measure_real(spec_dicts: list[dict]) -> list[dict]:
     out = []
     for data in spec_dicts:
         spec = dataclasses.replace(RunSpec.from_dict(data), rank=rank)
+        mesh = harness.make_mesh(spec)  # outside the counter, as in the simulation
         counter = LiveStorageCounter()
         with counter:
-            harness.run(spec, counter, harness.make_mesh(spec))
+            harness.run(spec, counter, mesh)
         result = summarize(counter, spec.strategy_obj.name, world_size=world, rank=rank, seq_len=spec.seq_len,
                            micro_batch_size=spec.strategy["micro_batch_size"], notes=[])
 
@@ -142,7 +143,7 @@ def test_simulation_matches_a_real_single_rank_run():
 
     specs = [_spec(_strategy("ddp", 0), ranks=1), _spec(_strategy("fsdp", 3, ac=True), ranks=1)]
     real = run_on_ranks(_measure_real, 1, [s.to_dict() for s in specs])[0]
-    for spec, sim, measured in zip(specs, _simulate_all(specs), real):
+    for spec, sim, measured in zip(specs, _simulate_all(specs), real, strict=True):
         what = spec.strategy_obj.name
         _assert_same(sim, measured, what)
         assert sim.breakdown == measured["breakdown"], what

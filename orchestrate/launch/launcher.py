@@ -88,8 +88,6 @@ def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: st
                        console: Console | None = None) -> LaunchResult:
     from orchestrate.data.pipeline import check_data_config
 
-    if not dry_run:
-        start_worker_server()
     plan = build_plan(config, hardware)
     check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     options = LaunchOptions(max_restarts=max_restarts, master_addr=master_addr, master_port=master_port,
@@ -112,7 +110,6 @@ def launch(plan_path: Path, options: LaunchOptions | None = None, console: Conso
     """Run the workers of a prepared run directory's plan.json; returns the exit code."""
     from orchestrate.planner.search import require_feasible
 
-    start_worker_server()
     plan_path = Path(plan_path).resolve()
     plan = Plan.read(plan_path)
     require_feasible(plan)
@@ -121,20 +118,6 @@ def launch(plan_path: Path, options: LaunchOptions | None = None, console: Conso
     messages: list[str] = []
     argv, _ = _announce(plan, plan_path, options, console, messages)
     return _run(plan, plan_path, argv, console, messages)
-
-
-_WORKER_PRELOAD = ["torch", "torch.distributed", "transformers", "transformers.modeling_utils",
-                   "orchestrate.worker.main", "orchestrate.data", "orchestrate.model.init_weights"]
-
-
-def start_worker_server() -> None:
-    """Start the forkserver the workers fork from, importing what every worker needs, while this
-    process plans. A fresh interpreter with no threads and no CUDA context, so forking it is safe."""
-    import multiprocessing
-    from multiprocessing import forkserver
-
-    multiprocessing.set_forkserver_preload(_WORKER_PRELOAD)
-    forkserver.ensure_running()
 
 
 def _require_devices(plan: Plan) -> None:
@@ -183,17 +166,12 @@ def _environment(env: dict[str, str]):
 def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, messages: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, parse_args
-
-    from orchestrate.worker.main import run_worker
+    from torch.distributed.run import parse_args, run
 
     env = read_run_info(plan_path).get("env", {})
-    config, _, _ = config_from_args(parse_args(argv))
-    config.start_method = "forkserver"
     with _environment(env), follow_metrics(plan, plan_path.parent, console):
         try:
-            elastic_launch(config, run_worker)(str(plan_path))
+            run(parse_args(argv))
         except ChildFailedError as exc:
             # The first rank to fail with its own exit code, not one torchrun then killed (SIGTERM).
             own = [kv for kv in exc.failures.items() if kv[1].exitcode > 0] or list(exc.failures.items())

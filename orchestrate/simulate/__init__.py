@@ -29,7 +29,8 @@ _EXPORTS = {
     "verify_plan": "orchestrate.simulate.verify",
     "VerificationReport": "orchestrate.simulate.verify",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = ["Calibration", "RunSpec", "SimulationResult", "VerificationReport", "calibrate", "simulate",
+           "verify_plan"]
 
 
 def __getattr__(name: str) -> Any:

@@ -56,8 +56,8 @@ def calibrate(target: Plan | Any, strategy: Strategy | None = None, seq_len: int
     specs = [spec.with_layers(n) for n in layers]
     with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
         results: list[SimulationResult] = list(pool.map(simulate, specs))
-    saved = {n: sum(r.saved_activation_bytes.values()) for n, r in zip(layers, results)}
-    peaks = {n: r.activation_peak_bytes for n, r in zip(layers, results)}
+    saved = {n: sum(r.saved_activation_bytes.values()) for n, r in zip(layers, results, strict=True)}
+    peaks = {n: r.activation_peak_bytes for n, r in zip(layers, results, strict=True)}
     lo, hi = layers
     per_layer = (saved[hi] - saved[lo]) // (hi - lo)
     fixed = peaks[lo] - lo * per_layer

@@ -16,6 +16,7 @@ CUDA-like choices on CPU (measured on this machine, see docs):
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -158,15 +159,6 @@ def make_mesh(spec: RunSpec):
     return init_device_mesh("cpu", spec.mesh_shape, mesh_dim_names=names)
 
 
-def _fake_allreduce_hook(_state, bucket):  # no annotations: DDP checks them against its own types
-    """DDP's built-in all-reduce divides the bucket in place and reduces it in place
-    (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, `allreduce_hook`); a fake
-    process group's work returns no value, which the reducer rejects, so hand the bucket back."""
-    fut = torch.futures.Future()
-    fut.set_result(bucket.buffer())
-    return fut
-
-
 class _NoRebuildReducer:
     """DDP re-buckets once, before the second forward, in the order gradients arrived; syncing that
     order across ranks reads tensor data in C++ (reducer.cpp, `rebuild_buckets`), which fake
@@ -230,8 +222,9 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             self.model = DistributedDataParallel(model)
-            if active_fake_mode() is not None:
-                self.model.register_comm_hook(None, _fake_allreduce_hook)
+            fake = active_fake_mode() is not None
+            self.model.register_comm_hook(None, self._allreduce_hook_fake if fake else self._allreduce_hook)
+            if fake:
                 self.model.reducer = _NoRebuildReducer(self.model.reducer)
         adam: dict[str, Any] = {"lr": 1e-4, "fused": spec.fused_adam or None, "foreach": spec.foreach_adam}
         self.optimizer = torch.optim.AdamW(_adamw_groups(model, spec.weight_decay), **adam)
@@ -252,27 +245,51 @@ class Trainer:
                                                                  dist_init_required=False)
         self.model = self.engine
 
+    # -- DDP communication ----------------------------------------------------------------------
+    # DDP's reducer keeps its gradient buckets in C++; the hook is where Python sees them.
+    # No annotations on purpose: DDP checks them against its own types.
+    def _allreduce_hook(self, state, bucket):
+        """torch's default: divide the bucket by the world size and all-reduce it, both in place
+        (torch/distributed/algorithms/ddp_comm_hooks/default_hooks.py, `allreduce_hook`)."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        if self.counter is not None:
+            self.counter.tag("comm_buckets", [bucket.buffer()])
+        return allreduce_hook(state, bucket)
+
+    def _allreduce_hook_fake(self, state, bucket):
+        """A fake process group's work carries no value, which the reducer rejects: the in-place
+        result is the bucket itself."""
+        if self.counter is not None:
+            self.counter.tag("comm_buckets", [bucket.buffer()])
+        fut = torch.futures.Future()
+        fut.set_result(bucket.buffer())
+        return fut
+
     # -- phases ------------------------------------------------------------------------------
     def _phase(self, name: str) -> None:
         if self.counter is not None:
             self.counter.phase = name
 
     def _install_phase_hooks(self, model: nn.Module) -> None:
-        """Storages born from the LM head's forward until the gradient reaches its input are the
-        logits part (LM head output, loss temporaries, their gradients)."""
+        """Storages born from the LM head's forward until the gradient of its output exists are the
+        logits part (LM head output, loss temporaries, their gradients); the head's own backward
+        (its weight gradient, the gradient of its input) belongs to the backward like any layer's."""
         head = model.get_output_embeddings()
 
-        def on_grad(_grad: torch.Tensor) -> None:
+        def on_output_grad(_grad: torch.Tensor) -> None:
             self._phase("backward")
 
-        def pre_forward(_module: nn.Module, args: tuple) -> None:
-            if self.counter is None or self.counter.phase != "forward":
-                return
-            self._phase("logits")
-            if args and isinstance(args[0], torch.Tensor) and args[0].requires_grad:
-                args[0].register_hook(on_grad)
+        def pre_forward(_module: nn.Module, _args: tuple) -> None:
+            if self.counter is not None and self.counter.phase == "forward":
+                self._phase("logits")
+
+        def post_forward(_module: nn.Module, _args: tuple, output: Any) -> None:
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(on_output_grad)
 
         head.register_forward_pre_hook(pre_forward)
+        head.register_forward_hook(post_forward)
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> None:
@@ -375,10 +392,21 @@ def run(spec: RunSpec, counter: LiveStorageCounter, mesh: Any = None) -> Trainer
     """Build and train `spec.steps` steps inside `counter` (entered by the caller, with FakeTensorMode
     under it for a simulation). The peak counts training only: model construction on the CPU is
     not what a GPU holds."""
-    with cuda_like_dropout():
-        trainer = Trainer(spec, counter, mesh)
-        counter.phase = "idle"
-        counter.reset_peak()
-        for _ in range(spec.steps):
-            trainer.step()
+    # Python's cyclic garbage collector runs when allocation counts say so, which differ between
+    # processes: a few small tensors caught in reference cycles would die at different moments.
+    # Collected at step boundaries only, so every run frees them at the same point.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with cuda_like_dropout():
+            trainer = Trainer(spec, counter, mesh)
+            gc.collect()
+            counter.phase = "idle"
+            counter.reset_peak()
+            for _ in range(spec.steps):
+                trainer.step()
+                gc.collect()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
     return trainer

@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrate.simulate.counter import LiveStorageCounter, Life
+from orchestrate.simulate.counter import Life, LiveStorageCounter
 
 # An untagged storage is attributed by the phase it was born in.
 PHASE_KIND = {"forward": "activations", "logits": "logits", "backward": "backward_temporaries",
@@ -101,7 +101,7 @@ def step_peaks(counter: LiveStorageCounter, keep=None) -> list[int]:
     """Peak live bytes within each training step, replayed from the lifetimes."""
     ends = [t for t, _ in counter.marks.get("step_end", [])]
     return [replay_peak(counter.lives, start, end, base, keep)
-            for (start, base), end in zip(counter.marks.get("step_start", []), ends)]
+            for (start, base), end in zip(counter.marks.get("step_start", []), ends, strict=True)]
 
 
 def summarize(counter: LiveStorageCounter, spec_strategy: str, *, world_size: int, rank: int, seq_len: int,

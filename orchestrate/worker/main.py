@@ -45,10 +45,6 @@ def train(plan_path: Path) -> Path:
     for key, value in read_run_info(plan_path).get("env", {}).items():
         os.environ.setdefault(key, value)  # NCCL reads these at communicator creation, after this
 
-    if "OMP_NUM_THREADS" in os.environ:
-        # A worker forked from a process that imported torch inherits its OpenMP thread count;
-        # apply torchrun's / the plan's value explicitly.
-        torch.set_num_threads(max(1, int(os.environ["OMP_NUM_THREADS"])))
     info = rank_info()
     device = init_distributed(plan, info)
     is_main = info.rank == 0
@@ -149,11 +145,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
     return 0
-
-
-def run_worker(plan_path: str) -> None:
-    """The worker as a function, for the launcher's processes forked from a preloaded forkserver:
-    the same as `python -m orchestrate.worker plan_path` (torchrun's environment, same exit codes)."""
-    code = main([plan_path])
-    if code:
-        sys.exit(code)

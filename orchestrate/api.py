@@ -25,12 +25,15 @@ class HardwareFlags:
     cpu_mem: str | None = None
     nodes: int | None = None
     nvme: str | None = None
+    gpus_per_node: int | None = None
+    """Always GPUs, also from a machine without (see `resolve_hardware`); `gpus` is ranks per node."""
 
     def resolve(self) -> HardwareProfile:
         from orchestrate.hardware.resolve import resolve_hardware
 
         return resolve_hardware(profile=self.profile, gpus=self.gpus, gpu_mem=self.gpu_mem,
-                                cpu_mem=self.cpu_mem, nodes=self.nodes, nvme=self.nvme)
+                                cpu_mem=self.cpu_mem, nodes=self.nodes, nvme=self.nvme,
+                                gpus_per_node=self.gpus_per_node)
 
 
 def plan_for(config: RunConfig, hardware: HardwareProfile) -> Plan:

@@ -41,6 +41,8 @@ def hardware_options(fn):
         click.option("--gpus", type=int, help="GPUs per node (CPU-only machine: worker processes)."),
         click.option("--gpu-mem", help="Memory per GPU, e.g. 8GiB (plans for a GPU you don't have here)."),
         click.option("--cpu-mem", help="CPU RAM per node, e.g. 64GiB."),
+        click.option("--gpus-per-node", type=int,
+                     help="GPUs per node, always GPUs: from a machine without, plans for GPU nodes (see --profile)."),
         click.option("--nodes", type=int, help="Number of machines."),
         click.option("--nvme", help="Directory on an NVMe disk for offload."),
     ]
@@ -49,8 +51,38 @@ def hardware_options(fn):
     return fn
 
 
+def ssh_options(fn):
+    """How `launch --hosts` reaches the hosts; each host's own settings belong in the ssh config."""
+    options = [
+        click.option("--ssh-user", help="SSH user on every host (default: the ssh config's, else yours)."),
+        click.option("--ssh-port", type=int, help="SSH port on every host (default: the ssh config's, else 22)."),
+        click.option("--ssh-key", type=click.Path(dir_okay=False), help="Private key file."),
+        click.option("--ssh-config", type=click.Path(dir_okay=False),
+                     help="ssh_config file to read instead of ~/.ssh/config (Host aliases, User, Port, ...)."),
+        click.option("--known-hosts", type=click.Path(dir_okay=False),
+                     help="Extra known_hosts file of trusted host keys (besides ~/.ssh/known_hosts)."),
+        click.option("--trust-new-hosts", is_flag=True,
+                     help="Accept and record the key of a host not in known_hosts (a changed key is still refused)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+def _ssh_options(kwargs):
+    from orchestrate.launch.ssh import SshOptions
+
+    values = {k: kwargs.pop(k) for k in ("ssh_user", "ssh_port", "ssh_key", "ssh_config", "known_hosts",
+                                         "trust_new_hosts")}
+    return SshOptions(user=values["ssh_user"], port=values["ssh_port"], key_filename=values["ssh_key"],
+                      ssh_config=Path(values["ssh_config"]) if values["ssh_config"] else None,
+                      known_hosts=Path(values["known_hosts"]) if values["known_hosts"] else None,
+                      trust_on_first_use=values["trust_new_hosts"])
+
+
 def _flags(kwargs) -> HardwareFlags:
-    return HardwareFlags(**{k: kwargs.pop(k) for k in ("profile", "gpus", "gpu_mem", "cpu_mem", "nodes", "nvme")})
+    return HardwareFlags(**{k: kwargs.pop(k) for k in ("profile", "gpus", "gpu_mem", "cpu_mem", "nodes", "nvme",
+                                                        "gpus_per_node")})
 
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",
@@ -125,22 +157,91 @@ def config_cmd(config_path, overrides, out, **kwargs):
 @click.option("--rdzv-endpoint", help="torchrun: HOST:PORT of the rendezvous (multi-node).")
 @click.option("--rdzv-id", help="torchrun: rendezvous id shared by all nodes.")
 @click.option("--node-rank", type=int, help="torchrun: this node's rank (static rendezvous).")
+@click.option("--hosts", type=click.Path(dir_okay=False),
+              help="Hostfile (`HOST slots=N` lines): one torchrun per host over SSH, rendezvous on the first.")
+@ssh_options
+@click.option("--python", "python", help="Absolute interpreter path on the nodes (default: this one).")
 @_user_errors_exit_2
 def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, master_port, rdzv_backend,
-           rdzv_endpoint, rdzv_id, node_rank, **kwargs):
-    """Plan, write the run directory and train with torchrun workers."""
+           rdzv_endpoint, rdzv_id, node_rank, hosts, python, **kwargs):
+    """Plan, write the run directory and train with torchrun workers.
+
+    Here, on the hosts of --hosts over SSH, or, inside a SLURM allocation, on its nodes with srun."""
     from orchestrate.config.load import load_config
+    from orchestrate.launch import multinode
     from orchestrate.launch.launcher import launch_from_config
 
     config = load_config(config_path, overrides)
-    result = launch_from_config(
-        config, _flags(kwargs).resolve(), name=Path(config_path).stem,
-        run_dir=Path(run_dir) if run_dir else None, dry_run=dry_run, max_restarts=max_restarts,
-        master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank, console=console)
+    ssh_opts, flags = _ssh_options(kwargs), _flags(kwargs)
+    common = dict(name=Path(config_path).stem, run_dir=Path(run_dir) if run_dir else None, dry_run=dry_run,
+                  max_restarts=max_restarts, console=console, python=python or sys.executable)
+    rendezvous = dict(master_addr=master_addr, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
+                      rdzv_id=rdzv_id, node_rank=node_rank)
+    if hosts:
+        from orchestrate.launch.hostfile import load_hostfile
+
+        multinode.reject_with_hosts(**rendezvous)
+        result = multinode.launch_over_ssh(config, flags, load_hostfile(Path(hosts)), options=ssh_opts,
+                                           rdzv_port=master_port, **common)
+    elif (alloc := multinode.allocation_to_use(
+            explicit_rendezvous=any(v is not None for v in rendezvous.values()))) is not None:
+        result = multinode.launch_in_allocation(config, flags, alloc, **common)
+    else:
+        del common["python"]
+        result = launch_from_config(config, flags.resolve(), master_port=master_port, **rendezvous, **common)
     if result.exit_code:
         err_console.print(f"[bold red]training failed[/] (exit {result.exit_code}); logs: {result.run_dir / 'logs'}")
     sys.exit(result.exit_code or 0)
+
+
+@cli.command("slurm")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@hardware_options
+@set_option
+@click.option("--partition", help="sbatch --partition.")
+@click.option("--time", "time_limit", help="sbatch --time, e.g. 4:00:00 (default: the partition's).")
+@click.option("--account", help="sbatch --account.")
+@click.option("--mem", help="sbatch --mem per node, e.g. 64G (default: the partition's).")
+@click.option("--cpus-per-task", type=int, help="CPUs per node for its torchrun and workers (default: one per rank).")
+@click.option("--job-name", help="sbatch --job-name (default: the config file's name).")
+@click.option("--signal-lead", type=int, default=120, show_default=True,
+              help="Seconds before the time limit to checkpoint and requeue (0: never).")
+@click.option("--no-requeue", is_flag=True, help="Do not requeue the job after a checkpoint signal.")
+@click.option("--sbatch-option", "extra_sbatch", multiple=True, metavar="OPTION",
+              help="Another #SBATCH line, verbatim, e.g. --sbatch-option=--exclusive (repeatable).")
+@click.option("--python", "python", help="Absolute interpreter path on the compute nodes (default: this one).")
+@click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun: restarts of the worker group.")
+@click.option("--run-dir", type=click.Path(file_okay=False),
+              help="Run directory, on a filesystem the nodes share (default: <train.output_dir>/<name>-<time>).")
+@click.option("--test-only", is_flag=True, help="Ask Slurm whether and when it would run the job (sbatch --test-only).")
+@click.option("--submit", is_flag=True, help="Submit the job (sbatch) and print its id.")
+@_user_errors_exit_2
+def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_per_task, job_name, signal_lead,
+              no_requeue, extra_sbatch, python, max_restarts, run_dir, test_only, submit, **kwargs):
+    """Plan for --nodes x --gpus-per-node, write the run directory and a SLURM batch script.
+
+    The job checkpoints and requeues itself on USR1 (sent --signal-lead seconds before the time
+    limit, or by `scancel -s USR1 -b JOB`) and resumes from the run directory."""
+    from orchestrate.config.load import load_config
+    from orchestrate.launch import slurm
+    from orchestrate.launch.multinode import SlurmOptions, prepare_slurm_job
+
+    options = SlurmOptions(partition=partition, time=time_limit, account=account, mem=mem,
+                           cpus_per_task=cpus_per_task, job_name=job_name, signal_lead_s=signal_lead,
+                           requeue=not no_requeue, python=python or sys.executable, extra_sbatch=tuple(extra_sbatch))
+    prepared = prepare_slurm_job(load_config(config_path, overrides), _flags(kwargs), name=Path(config_path).stem,
+                                 run_dir=Path(run_dir) if run_dir else None, options=options,
+                                 max_restarts=max_restarts, console=console)
+    if test_only:
+        console.print(f"sbatch --test-only: {slurm.test_only(prepared.script)}", markup=False, highlight=False)
+    if not submit:
+        console.print(f"submit with: sbatch {prepared.script}", markup=False, highlight=False)
+        return
+    job_id = slurm.submit(prepared.script)
+    click.echo(f"submitted job {job_id}")
+    console.print(f"  output:     {prepared.run_dir / f'slurm-{job_id}.out'}\n"
+                  f"  checkpoint and requeue: scancel --signal=USR1 --batch {job_id}\n"
+                  f"  cancel:     scancel {job_id}", markup=False, highlight=False)
 
 
 @cli.command()
@@ -168,6 +269,41 @@ def profile(out, as_yaml, list_presets, **kwargs):
     if out:
         Path(out).write_text(profile_to_yaml(found))
         console.print(f"wrote {out} (use it with --profile {out})")
+
+
+@cli.command()
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--force", is_flag=True, help="Tokenise again even if the cache holds this data (replaces the entry).")
+@_user_errors_exit_2
+def prepare(config_path, overrides, force):
+    """Tokenise the config's data into the shared cache (data.cache_dir), so launches start at once."""
+    from orchestrate.config.load import load_config
+    from orchestrate.data.pipeline import prepare_from_config
+
+    console.print(prepare_from_config(load_config(config_path, overrides), progress=True, force=force),
+                  markup=False, highlight=False)
+
+
+@cli.group()
+def tokenizer():
+    """Make a tokenizer for data that has none."""
+
+
+@tokenizer.command("train")
+@click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@set_option
+@click.option("--vocab-size", type=int, required=True, help="Ids in the vocabulary, end-of-text token included.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="New directory for the tokenizer.")
+@_user_errors_exit_2
+def tokenizer_train(config_path, overrides, vocab_size, out):
+    """Train a byte-level BPE tokenizer on the config's training data (Hugging Face format)."""
+    from orchestrate.config.load import load_config
+    from orchestrate.data.tokenizer_train import train_tokenizer
+
+    out_dir, size = train_tokenizer(load_config(config_path, overrides), vocab_size, Path(out))
+    console.print(f"wrote {out_dir} ({size:,} ids); use it with data.tokenizer: {out_dir} and a model "
+                  f"vocab_size of at least {size}", markup=False, highlight=False)
 
 
 @cli.command()

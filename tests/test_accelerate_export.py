@@ -122,8 +122,10 @@ def _launch(config_text: str, tmp_path: Path, cpu: bool = True) -> list[dict]:
            "--main_process_port", str(free_port()), str(tmp_path / "state.py")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = [json.loads(line.split("STATE ", 1)[1]) for line in proc.stdout.splitlines() if "STATE " in line]
-    return sorted(lines, key=lambda s: s["rank"])
+    # Both processes write to one pipe, so their lines can interleave: decode each object where it starts.
+    decoder, out = json.JSONDecoder(), proc.stdout
+    states = [decoder.raw_decode(out, i + len("STATE "))[0] for i in range(len(out)) if out.startswith("STATE ", i)]
+    return sorted(states, key=lambda s: s["rank"])
 
 
 @pytest.mark.slow

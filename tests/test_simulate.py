@@ -154,14 +154,37 @@ def test_simulation_matches_a_real_single_rank_run():
 def test_simulation_matches_real_two_rank_runs():
     from tests.helpers.dist import run_on_ranks
 
-    strategies = [_strategy("fsdp", 3), _strategy("fsdp", 2), _strategy("fsdp", 3, ac=True),
+    # Two micro-batches per step (the plans accumulate): gradients held across them.
+    strategies = [_strategy("fsdp", 3), _strategy("fsdp", 2, ac=True),
                   _strategy("deepspeed", 1), _strategy("deepspeed", 2), _strategy("deepspeed", 3)]
     specs = [_spec(s, ranks=2) for s in strategies]
+    assert all(s.gradient_accumulation == 2 for s in specs)
     real = run_on_ranks(_measure_real, 2, [s.to_dict() for s in specs])
-    # Rank 1 too where the ranks differ: DeepSpeed's flat partitions are padded unevenly.
-    rank1 = dataclasses.replace(specs[4], rank=1)
+    # Rank 1 too where the ranks differ: DeepSpeed partitions whole parameters unevenly.
+    z2 = 3
+    rank1 = dataclasses.replace(specs[z2], rank=1)
     sims = _simulate_all([*specs, rank1])
     for i, spec in enumerate(specs):
         _assert_same(sims[i], real[0][i], f"{spec.strategy_obj.name} rank 0")
-    assert real[1][4]["peak_bytes"] != real[0][4]["peak_bytes"]
-    _assert_same(sims[-1], real[1][4], "deepspeed-z2 rank 1")
+    assert real[1][z2]["peak_bytes"] != real[0][z2]["peak_bytes"]
+    _assert_same(sims[-1], real[1][z2], "deepspeed-z2 rank 1")
+
+
+@pytest.mark.slow
+def test_verify_plan_compares_like_with_like_and_flags_offload():
+    from orchestrate.planner.memory import estimate_memory
+    from orchestrate.simulate import verify_plan
+
+    plan = make_plan(_strategy("fsdp", 3), ranks=2)
+    report = verify_plan(plan)
+    expected = estimate_memory(plan.shape, plan.hardware, plan.chosen.strategy, plan.config.train.seq_len,
+                               plan.chosen.gradient_accumulation).gpu_total
+    # CPU plan: nothing unseen to add, the exact storage peak is the per-rank number.
+    assert report.unseen_bytes == {} and report.simulated_total == report.simulation.peak_bytes
+    assert report.analytical_total == expected
+    assert report.analytical_over_simulated == pytest.approx(expected / report.simulated_total)
+    assert report.comparable
+
+    offload = verify_plan(make_plan(_strategy("deepspeed", 3, offload="cpu"), ranks=2))
+    assert not offload.comparable and OFFLOAD_NOTE in offload.notes
+    assert offload.simulation.strategy == "deepspeed-z3-bf16-mb2"

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 _CKPT_TAG = "deepspeed"
 """Sub-directory of a checkpoint directory that holds DeepSpeed's files (`save_checkpoint(tag=...)`)."""
+_OPTIM_FILES = "*_optim_states.pt"
+"""One file per data-parallel rank of a ZeRO checkpoint: their count is the saved DP size."""
+_UNIVERSAL_DIR = "universal"
+"""Sub-directory of a checkpoint directory for its universal (DP-size independent) conversion."""
 _CLIENT_KEY = "orchestrate"
 """The caller's client_state is nested under this key so it cannot clash with DeepSpeed's own keys
 (global_steps, skipped_steps, ...) in the same checkpoint dict."""
@@ -173,11 +177,56 @@ class DeepSpeedTrainEngine:
                                     save_latest=False)
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
-        path, client = self.engine.load_checkpoint(str(ckpt_dir), tag=_CKPT_TAG, load_optimizer_states=True,
-                                                   load_lr_scheduler_states=True)
+        """Restore a checkpoint written on any data-parallel size: ZeRO partitions of another size
+        are converted once (rank 0, DeepSpeed's ds_to_universal) into CKPT/universal and loaded with
+        DeepSpeed's universal-checkpoint loader."""
+        import deepspeed.comm as dist
+
+        ckpt_dir = Path(ckpt_dir)
+        if not (ckpt_dir / _CKPT_TAG).is_dir():
+            raise FileNotFoundError(f"no DeepSpeed checkpoint in {ckpt_dir / _CKPT_TAG}")
+        saved_dp = len(list((ckpt_dir / _CKPT_TAG).glob(_OPTIM_FILES)))
+        universal = self.engine.zero_optimization() and saved_dp != self.engine.dp_world_size
+        load_dir = ckpt_dir
+        if universal:
+            load_dir = ckpt_dir / _UNIVERSAL_DIR
+            if dist.get_rank() == 0 and not load_dir.is_dir():
+                _convert_to_universal(ckpt_dir, load_dir)
+            dist.barrier()
+        config = self.engine._config  # read only inside load_checkpoint (engine.load_universal_checkpoint())
+        config.load_universal_checkpoint = universal
+        try:
+            path, client = self.engine.load_checkpoint(str(load_dir), tag=_CKPT_TAG, load_optimizer_states=True,
+                                                       load_lr_scheduler_states=True)
+        finally:
+            config.load_universal_checkpoint = False
         if path is None:
-            raise FileNotFoundError(f"no DeepSpeed checkpoint in {Path(ckpt_dir) / _CKPT_TAG}")
+            raise FileNotFoundError(f"DeepSpeed could not load {load_dir / _CKPT_TAG}")
         return client[_CLIENT_KEY]
+
+
+def _convert_to_universal(ckpt_dir: Path, out_dir: Path) -> None:
+    """ds_to_universal into a temporary directory renamed into place: an interrupted conversion
+    is redone, never half used. In-process, one worker: the other ranks wait at a barrier."""
+    import argparse
+    import contextlib
+    import io
+    import shutil
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    args = argparse.Namespace(input_folder=str(ckpt_dir / _CKPT_TAG), output_folder=str(tmp / _CKPT_TAG),
+                              num_extract_workers=1, num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              # our engines do not record UNIVERSAL_CHECKPOINT_INFO (no tensor/pipeline
+                              # parallelism to describe); the default version entry is all it needs
+                              inject_missing_state=True)
+    with contextlib.redirect_stdout(io.StringIO()):  # a page of progress lines per conversion
+        ds_to_universal(args)
+    tmp.rename(out_dir)
+    print(f"orchestrate: converted {ckpt_dir.name} to a DeepSpeed universal checkpoint for a new world size",
+          flush=True)
 
 
 register(DeepSpeedBackend())

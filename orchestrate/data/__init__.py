@@ -1,7 +1,10 @@
-"""Minimal data path: local text/JSON-lines files (or a generated demo corpus) -> packed token blocks
--> a resumable distributed sampler. Small on purpose; a datasets-based pipeline replaces it later,
-behind the same `build_data(plan, plan_dir, rank, world_size) -> TrainData` entry point."""
+"""The data path: local files or `datasets.load_dataset` sources -> tokenised once into a shared,
+memory-mapped cache -> packed (or padded) samples -> a resumable, world-size independent sampler.
 
-from orchestrate.data.pipeline import TrainData, build_data
+Entry points: `build_data(plan, plan_dir, rank, world_size, local_rank) -> TrainData` (workers) and
+`prepare_data(config, ...)` (the launcher and `orchestrate prepare`). See docs/data.md.
+"""
 
-__all__ = ["TrainData", "build_data"]
+from orchestrate.data.pipeline import PreparedData, TrainData, build_data, prepare_data
+
+__all__ = ["PreparedData", "TrainData", "build_data", "prepare_data"]

@@ -1,125 +1,194 @@
-"""From the plan's data section to packed train/validation blocks and a sampler for this rank."""
+"""From the data section to samples for this rank: check, prepare once (cached), map, split, sample.
+
+    check_data_config(config, max_positions, vocab_size)   cheap launcher-side checks, no data read
+    prepare_data(config, ...) -> PreparedData              tokenise into the cache, or find it there
+    build_data(plan, plan_dir, rank, world, local_rank)    the worker's entry point -> TrainData
+
+The launcher calls `prepare_data` before it starts the workers, so workers normally only map the
+cache entry. A worker that finds no entry (a job started by hand or by SLURM without `orchestrate
+prepare`) builds it on local rank 0 while the node's other ranks wait for it to appear.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 
 from orchestrate.config.schema import RunConfig
-from orchestrate.data.corpus import read_documents
-from orchestrate.data.packing import pack, split_validation
+from orchestrate.data.blocks import PackedBlocks, PaddedDocuments, Subset, split_ids
+from orchestrate.data.cache import TokenStream, cache_dir_of
+from orchestrate.data.corpus import write_demo_corpus
+from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
-from orchestrate.data.tokenizer import Tokenizer, load_tokenizer
+from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entries, resolve_sources
+from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
 
-DEMO_CORPUS_ROLE = "demo_corpus"
-"""plan.files role of the generated corpus the launcher writes into the run directory."""
+__all__ = ["DEMO_CORPUS_ROLE", "PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
+
+Samples = PackedBlocks | PaddedDocuments
 
 
 @dataclass
 class TrainData:
     tokenizer: Tokenizer
-    train: torch.Tensor
-    """[num_blocks, seq_len] int64."""
-    validation: torch.Tensor
-    """[num_blocks, seq_len] int64; may have zero rows (no evaluation)."""
+    train: Samples
+    """Training samples: `.shape` is (count, seq_len), `.batch(positions)` gives tensors."""
+    validation: Samples
+    """Validation samples; may be empty (no evaluation)."""
     sampler: DistributedBlockSampler
     tokenizer_dir: Path | None = None
     """The Hugging Face tokenizer directory, None for the built-in byte tokenizer."""
 
     def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
-        """This rank's next `size` blocks; labels = input_ids (the model shifts them)."""
-        ids = self.train[self.sampler.take(size)]
-        return {"input_ids": ids, "labels": ids.clone()}
+        """This rank's next `size` samples: input_ids and labels (the model shifts them), plus
+        attention_mask when packing is off. Every rank must call it with the same size."""
+        return self.train.batch(self.sampler.take(size))
 
     def eval_batches(self, size: int, count: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
-        """`count` fixed micro-batches of this rank's strided share of the validation blocks
+        """`count` fixed micro-batches of this rank's strided share of the validation samples
         (the same ones at every evaluation, so eval losses are comparable across steps)."""
-        n = self.validation.shape[0]
+        n = len(self.validation)
         if n == 0:
             return []
         order = [(rank + world_size * i) % n for i in range(size * count)]
-        out = []
-        for b in range(count):
-            ids = self.validation[order[b * size : (b + 1) * size]]
-            out.append({"input_ids": ids, "labels": ids.clone()})
-        return out
+        return [self.validation.batch(order[b * size: (b + 1) * size]) for b in range(count)]
 
 
-def data_sources(config: RunConfig, plan_files: dict[str, str], plan_dir: Path) -> list[tuple[Path, str]]:
-    """(path, config key) of every training file, the demo corpus included (`check_data_config`
-    has made sure there is one or the other)."""
-    if config.data.train_files:
-        return [(config.resolve_path(p), f"data.train_files[{i}]") for i, p in enumerate(config.data.train_files)]
-    if DEMO_CORPUS_ROLE not in plan_files:
-        raise UserError("the plan has no demo corpus", [Problem(
-            "data.generate_demo_corpus", "plan.json lists no generated corpus",
-            "create the run with `orchestrate launch` or `orchestrate config`, which write it")])
-    return [(plan_dir / plan_files[DEMO_CORPUS_ROLE], "data.generate_demo_corpus")]
+@dataclass
+class PreparedData:
+    sources: DataSources
+    train: TokenStream
+    validation: TokenStream | None
+    tokenized: list[str] = field(default_factory=list)
+    """"train" / "validation" for each stream this call tokenised; empty on a full cache hit."""
+    seconds: float = 0.0
 
 
 def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) -> None:
     """Cheap checks the launcher runs before starting workers: files exist, lengths and vocab fit."""
-    problems = []
     data = config.data
-    for key, paths in (("data.train_files", data.train_files), ("data.validation_files", data.validation_files)):
-        for i, p in enumerate(paths):
-            path = config.resolve_path(p)
-            if not path.is_file():
-                problems.append(Problem(f"{key}[{i}]", f"{path} does not exist",
-                                        "relative paths are resolved against the YAML file's directory"))
-            elif path.suffix not in (".txt", ".jsonl"):
-                problems.append(Problem(f"{key}[{i}]", f"unsupported file type {path.suffix!r}",
-                                        "use .txt or .jsonl"))
-    if not data.train_files and not data.generate_demo_corpus:
+    problems = check_entries(config)
+    if not (data.train_files or data.dataset or data.generate_demo_corpus):
         problems.append(Problem("data.train_files", "no training files given",
-                                "list files under data.train_files, or set data.generate_demo_corpus: true"))
+                                "list files under data.train_files, name a dataset in data.dataset, "
+                                "or set data.generate_demo_corpus: true"))
     if config.train.seq_len > max_positions:
         problems.append(Problem("train.seq_len", f"{config.train.seq_len} is longer than the model's "
                                 f"{max_positions} positions", f"use train.seq_len <= {max_positions}"))
-    if data.tokenizer is None and vocab_size < 257:
-        problems.append(Problem("data.tokenizer", f"the built-in byte tokenizer needs 257 ids but the model "
+    if data.tokenizer is None and vocab_size < BYTE_VOCAB:
+        problems.append(Problem("data.tokenizer", f"the built-in byte tokenizer needs {BYTE_VOCAB} ids but the model "
                                 f"has vocab_size {vocab_size}", "set data.tokenizer to the model's tokenizer"))
+    try:
+        TextSpec(data.text_field, data.template).fields()
+    except UserError as exc:
+        problems += exc.problems
     if problems:
         raise UserError("the data section cannot be used with this model", problems)
 
 
-def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int) -> TrainData:
-    """Tokenise, pack and split the plan's data; every rank does it (cheap at this scale) and
-    gets a sampler over its share. `plan_dir` resolves `plan.files` paths."""
-    config, vocab_size = plan.config, plan.shape.vocab_size
-    check_data_config(config, plan.shape.max_position_embeddings, vocab_size)
-    data = config.data
-    tokenizer_dir = config.resolve_path(data.tokenizer) if data.tokenizer else None
+def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tokenizer, Path | None]:
+    """The configured tokenizer, checked against the model's vocabulary when `vocab_size` is given."""
+    tokenizer_dir = config.resolve_path(config.data.tokenizer) if config.data.tokenizer else None
     tokenizer = load_tokenizer(tokenizer_dir)
-    if tokenizer.vocab_size > vocab_size:
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise UserError("the tokenizer does not fit the model", [Problem(
             "data.tokenizer", f"tokenizer has {tokenizer.vocab_size} ids, the model's vocab_size is {vocab_size}",
-            "use the model's own tokenizer")])
-    seq_len = config.train.seq_len
+            "use the model's own tokenizer, or raise the model's vocab_size")])
+    return tokenizer, tokenizer_dir
 
-    def blocks(sources: list[tuple[Path, str]]) -> torch.Tensor:
-        docs = (tokenizer.encode(doc) for path, where in sources
-                for doc in read_documents(path, data.text_field, where))
-        return pack(docs, tokenizer.eos_id, seq_len)
 
-    train_sources = data_sources(config, plan.files, plan_dir)
-    train = blocks(train_sources)
-    if data.validation_files:
-        validation = blocks([(config.resolve_path(p), f"data.validation_files[{i}]")
-                             for i, p in enumerate(data.validation_files)])
-    else:
-        train, validation = split_validation(train, data.validation_ratio, config.train.seed)
-    if train.shape[0] < world_size:
-        names = ", ".join(str(p) for p, _ in train_sources)
+def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, plan_dir: Path | None = None, *,
+                 tokenizer: Tokenizer | None = None, progress: bool = False, force: bool = False,
+                 may_build: bool = True) -> PreparedData:
+    """Tokenise the configured data into the cache (`data.cache_dir`) unless it is there already."""
+    start = time.perf_counter()
+    data = config.data
+    cache_dir = cache_dir_of(config)
+    demo_path = None
+    if data.generate_demo_corpus and not (plan_files and DEMO_CORPUS_ROLE in plan_files):
+        # Outside a run directory (`orchestrate prepare`): the same text as the run's copy, so the
+        # content-hashed cache entry is the one the run will look up.
+        demo_path = cache_dir / "demo" / f"demo_corpus_seed{config.train.seed}.txt"
+        if not demo_path.is_file():
+            write_demo_corpus(demo_path, config.train.seed)
+    sources = resolve_sources(config, plan_files, plan_dir, demo_path)
+    if tokenizer is None:
+        tokenizer, _ = tokenizer_for(config)
+    spec = TextSpec(data.text_field, data.template)
+    kwargs = {"num_proc": data.num_proc, "progress": progress, "force": force, "may_build": may_build}
+    train = ensure_stream(sources.train, spec, tokenizer, cache_dir, **kwargs)
+    validation = ensure_stream(sources.validation, spec, tokenizer, cache_dir, **kwargs) if sources.validation else None
+    tokenized = [name for name, r in (("train", train), ("validation", validation)) if r is not None and r.built]
+    return PreparedData(sources, train.stream, validation.stream if validation else None, tokenized,
+                        time.perf_counter() - start)
+
+
+def samples_for(prepared: PreparedData, config: RunConfig) -> tuple[Samples, Samples]:
+    """(train, validation) views: packed blocks or padded documents, split by ratio when no
+    validation data is given."""
+    seq_len, data = config.train.seq_len, config.data
+    view = PackedBlocks if data.packing else PaddedDocuments
+    if prepared.validation is not None:
+        return view(prepared.train, seq_len), view(prepared.validation, seq_len)
+    n = view.count(prepared.train, seq_len)
+    held = split_ids(n, data.validation_ratio, config.train.seed)
+    return (view(prepared.train, seq_len, Subset(n, held, keep_held_out=False)),
+            view(prepared.train, seq_len, Subset(n, held, keep_held_out=True)))
+
+
+def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None) -> TrainData:
+    """This rank's data. Maps the prepared cache entry; builds it first when it is missing and this
+    is local rank 0 (or `local_rank` is None), else waits for it. `plan_dir` resolves `plan.files`."""
+    config = plan.config
+    check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
+    prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
+    train, validation = samples_for(prepared, config)
+    if len(train) < world_size:
+        names = "; ".join(s.describe() for s in prepared.sources.train)
+        unit = f"block(s) of {config.train.seq_len} tokens" if config.data.packing else "document(s)"
         raise UserError("not enough training data", [Problem(
-            train_sources[0][1], f"{names} give {train.shape[0]} block(s) of {seq_len} tokens, "
+            prepared.sources.train[0].where, f"{names} give {len(train)} training {unit}, "
             f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
-    sampler = DistributedBlockSampler(train.shape[0], rank, world_size, config.train.seed)
+    sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
     return TrainData(tokenizer, train, validation, sampler, tokenizer_dir)
+
+
+def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
+    """One line for people: what was tokenised or found in the cache, and what it gives."""
+    train, validation = samples_for(prepared, config)
+    unit = f"blocks of {config.train.seq_len}" if config.data.packing else "padded documents"
+    how = (f"tokenised {' and '.join(prepared.tokenized)} in {prepared.seconds:.1f} s" if prepared.tokenized
+           else f"cache hit ({prepared.seconds:.2f} s)")
+    text = (f"data: {how}: {int(prepared.train.meta['tokens']):,} tokens in {prepared.train.num_documents:,} "
+            f"documents -> {len(train):,} train / {len(validation):,} validation {unit}; cache {prepared.train.directory}")
+    if isinstance(train, PaddedDocuments) and train.truncated():
+        text += f"\n  {train.truncated():,} documents are longer than seq_len {config.train.seq_len} and are truncated"
+    return text
+
+
+def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
+    """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`."""
+    tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
+    prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
+    return describe_prepared(prepared, plan.config)
+
+
+def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool = False) -> str:
+    """`orchestrate prepare`: check the data section against the model, then tokenise into the cache
+    (or find it there); returns `describe_prepared`."""
+    from orchestrate.model.meta import shape_for
+
+    shape = shape_for(config)
+    check_data_config(config, shape.max_position_embeddings, shape.vocab_size)
+    tokenizer, _ = tokenizer_for(config, shape.vocab_size)
+    prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force)
+    return describe_prepared(prepared, config)

@@ -1,14 +1,23 @@
-"""A resumable distributed sampler over packed blocks.
+"""A resumable distributed sampler whose order is defined globally, independent of the world size.
 
-Each epoch draws one seeded permutation of all blocks, identical on every rank; rank r takes
-positions r, r + W, r + 2W, ... of it, truncated so every rank gets the same count (the few left-over
-blocks of an epoch are skipped, as torch's DistributedSampler with drop_last does). The state
-(epoch, position, seed) fully determines what comes next, so a resumed run continues the exact order.
+The global order is the endless stream perm(0) ++ perm(1) ++ ..., where perm(e) is a permutation of
+all N blocks seeded by (seed, e): epoch e is positions [e*N, (e+1)*N) of the stream. Every rank
+calls `take(count)` in lockstep (the same count on all ranks); one such call consumes the next
+world_size * count positions, and rank r gets the r-th run of `count` of them. A global batch of
+B = micro x accumulation x world samples therefore consumes positions [g*B, (g+1)*B) whatever the
+world size: resuming on a different number of ranks (with the same global batch size) sees the same
+samples in every step, only dealt out differently. Nothing is dropped at epoch ends: a call may
+straddle two epochs.
+
+State: (epoch, position within the epoch, seed) plus the block count, so a checkpoint taken on any
+world size restores the exact place in the stream, and a resume on changed data is refused.
 """
 
 from __future__ import annotations
 
-import torch
+import numpy as np
+
+from orchestrate.errors import Problem, UserError
 
 
 class DistributedBlockSampler:
@@ -21,36 +30,46 @@ class DistributedBlockSampler:
         self.seed = seed
         self.epoch = 0
         self.position = 0
-        """Index into this rank's share of the current epoch of the next block to hand out."""
-        self._share = self._epoch_share(0)
+        """Stream positions of the current epoch consumed so far, by all ranks together."""
+        self._perms: dict[int, np.ndarray] = {}
 
-    @property
-    def per_rank(self) -> int:
-        return self.num_blocks // self.world_size
+    def _perm(self, epoch: int) -> np.ndarray:
+        if epoch not in self._perms:
+            # One (seed, epoch) stream per epoch: reproducible, and every rank computes the same one.
+            rng = np.random.default_rng([self.seed % 2**64, epoch])
+            dtype = np.int32 if self.num_blocks < 2**31 else np.int64  # 4 bytes per block in RAM
+            self._perms = {e: p for e, p in self._perms.items() if e >= epoch - 1}  # keep at most two
+            self._perms[epoch] = rng.permutation(self.num_blocks).astype(dtype)
+        return self._perms[epoch]
 
-    def _epoch_share(self, epoch: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        perm = torch.randperm(self.num_blocks, generator=g)
-        return perm[self.rank : self.per_rank * self.world_size : self.world_size]
-
-    def take(self, count: int) -> list[int]:
-        """The next `count` block indices of this rank, rolling into the next epoch when needed."""
-        out: list[int] = []
-        while len(out) < count:
-            if self.position >= self.per_rank:
-                self.epoch += 1
-                self.position = 0
-                self._share = self._epoch_share(self.epoch)
-            k = min(count - len(out), self.per_rank - self.position)
-            out += self._share[self.position : self.position + k].tolist()
-            self.position += k
+    def _at(self, positions: np.ndarray) -> np.ndarray:
+        """Block ids at global stream positions (counted from the start of epoch 0)."""
+        epochs, offsets = np.divmod(positions, self.num_blocks)
+        out = np.empty(len(positions), dtype=np.int64)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self._perm(int(e))[offsets[sel]]
         return out
 
+    def take(self, count: int) -> list[int]:
+        """This rank's next `count` block indices. Every rank must call it with the same count."""
+        start = self.epoch * self.num_blocks + self.position + self.rank * count
+        ids = self._at(np.arange(start, start + count, dtype=np.int64))
+        self.epoch, self.position = divmod(self.epoch * self.num_blocks + self.position + self.world_size * count,
+                                           self.num_blocks)
+        return ids.tolist()
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+        """JSON-able and world-size independent."""
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_blocks": self.num_blocks}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        saved = int(state.get("num_blocks", self.num_blocks))
+        if saved != self.num_blocks:
+            raise UserError("the training data changed since the checkpoint", [Problem(
+                "data", f"the checkpoint's sampler covered {saved} blocks, the data now gives {self.num_blocks}",
+                "resume with the same data, tokenizer, seq_len and validation settings, or start a new run")])
         self.seed = int(state["seed"])
         self.epoch = int(state["epoch"])
         self.position = int(state["position"])
-        self._share = self._epoch_share(self.epoch)
+        self._perms = {}

@@ -5,14 +5,17 @@ Library API (what `orchestrate launch` calls):
     launch_from_config(config, hardware, *, name="run", run_dir=None, dry_run=False,
                        max_restarts=0, master_addr=None, master_port=None, rdzv_backend=None,
                        rdzv_endpoint=None, rdzv_id=None, nnodes=None, node_rank=None,
-                       console=None) -> LaunchResult
+                       resume=False, console=None) -> LaunchResult
 
   plans (`make_plan`; no feasible strategy -> UserError before anything starts), writes the run
   directory (`rundir.prepare_run`) and, unless `dry_run`, runs the workers and waits. `name` is the
   YAML file's stem (run directories are `<train.output_dir>/<name>-<timestamp>`); `run_dir`
   overrides the directory. Notices (CPU-only runs, NCCL workarounds) and the torchrun command are
   printed on `console` (a rich Console) as they happen and returned in `LaunchResult.messages`.
-  `LaunchResult.exit_code` is None for a dry run, else 0 or the failing worker's exit code.
+  `LaunchResult.exit_code` is None for a dry run, else 0, the failing worker's exit code, or 75
+  (EX_TEMPFAIL) when the workers checkpointed and stopped on a signal (RUN_DIR/REQUEUE exists).
+  A `run_dir` that already holds checkpoints is refused unless `resume`: then `run_dir` (default:
+  the newest run of `name`) continues from its latest checkpoint (`orchestrate.launch.resume`).
 
     launch(plan_path, options=LaunchOptions(), console=None) -> int
 
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
 from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE, default_run_dir, prepare_run, read_run_info
 from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torchrun_argv
 from orchestrate.planner.plan import Plan
@@ -85,23 +89,35 @@ def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: st
                        master_addr: str | None = None, master_port: int | None = None,
                        rdzv_backend: str | None = None, rdzv_endpoint: str | None = None,
                        rdzv_id: str | None = None, nnodes: int | None = None, node_rank: int | None = None,
-                       console: Console | None = None) -> LaunchResult:
+                       resume: bool = False, console: Console | None = None) -> LaunchResult:
     from orchestrate.data.pipeline import check_data_config
 
-    plan = build_plan(config, hardware)
-    check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    messages: list[str] = []
+    if resume:
+        run_dir = run_to_resume(config, name, run_dir)
+        plan, reused = plan_for_resume(config, hardware, run_dir)
+        _say(console, messages, resume_notice(run_dir, reused))
+    else:
+        plan, reused = build_plan(config, hardware), False
+        run_dir = (run_dir or default_run_dir(config, name)).resolve()
+        refuse_checkpointed(run_dir)
+    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     options = LaunchOptions(max_restarts=max_restarts, master_addr=master_addr, master_port=master_port,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                             nnodes=nnodes, node_rank=node_rank)
     if not dry_run:
         _require_devices(plan)
-    run_dir = (run_dir or default_run_dir(config, name)).resolve()
-    plan = prepare_run(plan, run_dir)
+    if not reused:
+        plan = prepare_run(plan, run_dir)
     plan_path = run_dir / PLAN_FILE
-    messages: list[str] = []
     argv, command = _announce(plan, plan_path, options, console, messages)
     result = LaunchResult(plan, run_dir, plan_path, command, messages)
     if not dry_run:
+        # Tokenise once, here, into the shared cache: the workers then only map it (no race, no
+        # collective timeout while a large corpus is tokenised).
+        from orchestrate.data.pipeline import prepare_for_plan
+
+        _say(console, messages, prepare_for_plan(plan, run_dir, progress=console is not None))
         result.exit_code = _run(plan, plan_path, argv, console, messages)
     return result
 
@@ -137,7 +153,7 @@ def _announce(plan: Plan, plan_path: Path, options: LaunchOptions, console: Cons
     run_dir = plan_path.parent
     argv = torchrun_argv(plan, plan_path, options, run_dir / LOG_DIR)
     info = read_run_info(plan_path)
-    env = info.get("env", {})
+    env = _launch_env(plan, plan_path)
     if not plan.hardware.has_gpu:
         n = plan.hardware.ranks_per_node
         _say(console, messages, f"No GPU on this machine: running {n} CPU process{'es' if n != 1 else ''} per node "
@@ -163,26 +179,50 @@ def _environment(env: dict[str, str]):
             os.environ.pop(key, None)
 
 
+def _launch_env(plan: Plan, plan_path: Path) -> dict[str, str]:
+    """The plan's worker environment plus torchrun's own shutdown settings: on SIGTERM (or SIGUSR1)
+    torchrun forwards the signal to the workers and waits `train.preemption_grace_s` for their
+    checkpoint before SIGKILL (its default is 30 s)."""
+    return {**read_run_info(plan_path).get("env", {}),
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(plan.config.train.preemption_grace_s),
+            "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+
+
 def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, messages: list[str]) -> int:
+    from orchestrate.worker.signals import EX_TEMPFAIL, clear_requeue, read_requeue
+
+    run_dir = plan_path.parent
+    clear_requeue(run_dir)
+    with _environment(_launch_env(plan, plan_path)), follow_metrics(plan, run_dir, console):
+        code = _run_torchrun(argv, plan_path, console, messages)
+    requeue = read_requeue(run_dir)
+    if requeue is not None:
+        # torchrun shows a stopped worker as exit 1 (or its own signal): the marker is the truth.
+        _say(console, messages, f"checkpointed at step {requeue.get('step', '?')} after {requeue.get('signal')}; "
+                                f"continue with `orchestrate launch CONFIG --resume --run-dir {run_dir}` "
+                                f"(exit {EX_TEMPFAIL}: requeue)")
+        return EX_TEMPFAIL
+    return code
+
+
+def _run_torchrun(argv: list[str], plan_path: Path, console: Console | None, messages: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    env = read_run_info(plan_path).get("env", {})
-    with _environment(env), follow_metrics(plan, plan_path.parent, console):
-        try:
-            run(parse_args(argv))
-        except ChildFailedError as exc:
-            # The first rank to fail with its own exit code, not one torchrun then killed (SIGTERM).
-            own = [kv for kv in exc.failures.items() if kv[1].exitcode > 0] or list(exc.failures.items())
-            rank, failure = min(own, key=lambda kv: (kv[1].timestamp, kv[0]))
-            logs = Path(failure.error_file).parent if failure.error_file else plan_path.parent / LOG_DIR
-            _say(console, messages, f"worker rank {rank} failed with exit code {failure.exitcode}; "
-                                    f"its output: {logs}")
-            return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-        except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
-            _say(console, messages, f"stopped by signal {exc.sigval.name}; partial results in {plan_path.parent}")
-            return 128 + int(exc.sigval)
+    try:
+        run(parse_args(argv))
+    except ChildFailedError as exc:
+        # The first rank to fail with its own exit code, not one torchrun then killed (SIGTERM).
+        own = [kv for kv in exc.failures.items() if kv[1].exitcode > 0] or list(exc.failures.items())
+        rank, failure = min(own, key=lambda kv: (kv[1].timestamp, kv[0]))
+        logs = Path(failure.error_file).parent if failure.error_file else plan_path.parent / LOG_DIR
+        _say(console, messages, f"worker rank {rank} failed with exit code {failure.exitcode}; "
+                                f"its output: {logs}")
+        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+    except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
+        _say(console, messages, f"stopped by signal {exc.sigval.name}; partial results in {plan_path.parent}")
+        return 128 + int(exc.sigval)
     return 0
 
 

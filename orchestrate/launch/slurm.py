@@ -51,6 +51,7 @@ TERMINAL_STATES = frozenset({
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
 _JOB_NAME = re.compile(r"^[\w.+-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Each node's one task: host the rendezvous store on node 0 (explicitly: the hostname heuristic
 # fails when NodeAddr is an address the node does not know as its own), then exec torchrun.
 _NODE_SHELL = 'exec "$0" -m torch.distributed.run --rdzv-conf="is_host=$((SLURM_NODEID == 0))" "$@"'
@@ -98,6 +99,9 @@ class SlurmJob:
     rdzv_port: int | None = None
     extra_sbatch: tuple[str, ...] = ()
     """Further `#SBATCH` options, verbatim ("--exclusive", "--constraint=a100")."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Library settings for the workers (plan.json's `run.env`), exported by the script unless the
+    job's environment has them already; srun passes them on to every node."""
 
     @property
     def output(self) -> Path:
@@ -163,6 +167,9 @@ def validate_job(job: SlurmJob) -> None:
         problems.append(Problem("run_dir", f"{job.run_dir} is relative", "give an absolute path"))
     if job.rdzv_port is not None and not 0 < job.rdzv_port < 65536:
         problems.append(Problem("rdzv_port", f"{job.rdzv_port} is not a TCP port"))
+    for name, _ in job.env:
+        if not _ENV_NAME.match(name):
+            problems.append(Problem("env", f"{name!r} is not an environment variable name"))
     if problems:
         raise UserError("cannot write the SLURM job", problems)
 
@@ -247,12 +254,15 @@ fi
 """
     else:
         requeue = ""
+    env = "".join(f'[ -n "${{{name}+set}}" ] || export {name}={shlex.quote(value)}\n' for name, value in job.env)
+    if env:
+        env = "\n# Library settings from plan.json (run.env) for the workers; values set already win.\n" + env
     return f"""\
 #!/bin/bash
 # Written by orchestrate: {job.nodes} node(s) x {job.procs_per_node} process(es), one torchrun per node.
 {header}
 set -uo pipefail
-
+{env}
 # The c10d rendezvous store lives on the first node, at the address slurmctld uses for it.
 head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 head_addr=$(scontrol show node "$head_node" | sed -n 's/.*NodeAddr=\\([^ ]*\\).*/\\1/p' | head -n 1)

@@ -13,23 +13,27 @@ session: SIGTERM to that process group (torchrun forwards it to its workers and 
 
 Host keys are checked: the keys in ~/.ssh/known_hosts, /etc/ssh/ssh_known_hosts, the ssh config's
 UserKnownHostsFile and `known_hosts` are trusted, an unknown host is refused. `trust_on_first_use`
-accepts and records unknown keys instead (paramiko's AutoAddPolicy; fabric's default, which we
-override).
+(`--trust-new-hosts`) accepts and records unknown keys instead (paramiko's AutoAddPolicy; fabric's
+default, which we override); a key that differs from a recorded one is refused either way.
 
 Remote commands name the interpreter by absolute path (this one, unless given): a non-interactive
-SSH session does not read the login files that put a virtual environment on PATH.
+SSH session does not read the login files that put a virtual environment on PATH. The few library
+settings the workers need (plan.json's `run.env`: OMP_NUM_THREADS, NCCL workarounds) travel in the
+command itself, not through SSH's SetEnv (which sshd refuses unless AcceptEnv allows it); a value
+already set on the host wins.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import shlex
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -38,15 +42,17 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.launch.hostfile import Host
 
 _PGID_TAG = "__orchestrate_pgid__"
-# Runs remotely (through the login shell) with the command's own interpreter: lead a process group
-# (sshd usually made one already), report its id, then become the command, so its exit status or
-# signal is what SSH reports.
+# Runs remotely (through the login shell) with the command's own interpreter: add the environment
+# (argv[1], JSON; the host's own values win), lead a process group (sshd usually made one already),
+# report its id, then become the command, so its exit status or signal is what SSH reports.
 _WRAP = (
-    "import os, sys\n"
+    "import json, os, sys\n"
+    "for k, v in json.loads(sys.argv[1]).items():\n"
+    "    os.environ.setdefault(k, v)\n"
     "if os.getpgrp() != os.getpid():\n"
     "    os.setsid()\n"
     "print('{tag}', os.getpgrp(), flush=True)\n"
-    "os.execv(sys.argv[1], sys.argv[1:])\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
 )
 # Runs remotely with the same interpreter: stop a process group and everything it started.
 _STOP = r"""
@@ -117,6 +123,8 @@ class NodeCommand:
     rank: int
     """Position in the hostfile; 0 hosts the rendezvous."""
     argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    """Environment added on the host (unless set there already)."""
 
 
 @dataclass
@@ -155,7 +163,8 @@ class HostFailure(Exception):
 
 
 def node_commands(hosts: Sequence[Host], *, python: str, rdzv_endpoint: str, rdzv_id: str,
-                  program: Sequence[str], torchrun_args: Sequence[str] = ()) -> list[NodeCommand]:
+                  program: Sequence[str], torchrun_args: Sequence[str] = (),
+                  env: Mapping[str, str] | None = None) -> list[NodeCommand]:
     """torchrun on every host, as many processes as the host has slots."""
     if not Path(python).is_absolute():
         raise UserError("remote commands need an absolute interpreter path", [Problem(
@@ -163,13 +172,33 @@ def node_commands(hosts: Sequence[Host], *, python: str, rdzv_endpoint: str, rdz
     return [NodeCommand(host.name, rank, (
         python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
         f"--nproc-per-node={host.slots}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-        f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(rank == 0)}", *torchrun_args, *program))
+        f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(rank == 0)}", *torchrun_args, *program),
+        tuple(sorted((env or {}).items())))
         for rank, host in enumerate(hosts)]
 
 
-def remote_command(argv: Sequence[str]) -> str:
-    """The shell line sent over SSH for `argv` (see `_WRAP`); argv[0] is an absolute interpreter."""
-    return "exec " + shlex.join([argv[0], "-c", _WRAP.format(tag=_PGID_TAG), *argv])
+def remote_command(argv: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> str:
+    """The shell line sent over SSH for `argv` with `env` added (see `_WRAP`); argv[0] is an
+    absolute interpreter."""
+    return "exec " + shlex.join([argv[0], "-c", _WRAP.format(tag=_PGID_TAG), json.dumps(dict(env)), *argv])
+
+
+def ssh_command_line(command: NodeCommand, options: SshOptions) -> str:
+    """`ssh ... HOST 'env K=V python -m torch.distributed.run ...'` for OpenSSH's client: the command
+    by hand (launch.sh), without the process-group wrapper `run_on_hosts` needs to stop it."""
+    argv = ["ssh"]
+    if options.ssh_config:
+        argv += ["-F", str(options.ssh_config)]
+    if options.user:
+        argv += ["-l", options.user]
+    if options.port:
+        argv += ["-p", str(options.port)]
+    if options.key_filename:
+        argv += ["-i", options.key_filename]
+    if options.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile=~/.ssh/known_hosts {options.known_hosts}"]
+    env = [f"{k}={v}" for k, v in command.env]
+    return shlex.join([*argv, command.host, shlex.join(["exec", "env", *env, *command.argv])])
 
 
 def is_loopback(address: str) -> bool:
@@ -252,7 +281,7 @@ def describe_ssh_error(host: str, exc: BaseException) -> str:
         return f"login to {host} refused: {exc} (check the user and key)"
     if isinstance(exc, SSHException) and "not found in known_hosts" in str(exc):
         return (f"{host} is not in known_hosts: refusing an unknown host key "
-                "(ssh to it once and check the fingerprint, or pass --trust-on-first-use)")
+                "(ssh to it once and check the fingerprint, or pass --trust-new-hosts)")
     if isinstance(exc, (OSError, socket.timeout)):
         return f"cannot reach {host}: {exc}"
     return f"SSH to {host} failed: {type(exc).__name__}: {exc}"
@@ -297,7 +326,7 @@ class _HostRun(threading.Thread):
     def run(self) -> None:
         try:
             with self.conn as conn:
-                r = conn.run(remote_command(self.command.argv), hide=False, warn=True, pty=False,
+                r = conn.run(remote_command(self.command.argv, self.command.env), hide=False, warn=True, pty=False,
                              in_stream=False, out_stream=self.out, err_stream=self.err)
                 self.result.exit_code = r.exited
         except Exception as e:  # paramiko, socket and invoke errors: reported per host, never raised
@@ -375,14 +404,15 @@ def _stop_all(runs: list[_HostRun], emit: Callable[[str], None]) -> None:
         t.join()
 
 
-def launch_on_hosts(hosts: Sequence[Host], program: Sequence[str], *, python: str = sys.executable,
-                    options: SshOptions = SshOptions(), torchrun_args: Sequence[str] = (),
-                    rdzv_port: int | None = None, out: TextIO | None = None) -> list[HostResult]:
-    """Start torchrun on every host (see the module docstring) and wait for all of them.
+def plan_commands(hosts: Sequence[Host], program: Sequence[str], *, python: str = sys.executable,
+                  options: SshOptions = SshOptions(), torchrun_args: Sequence[str] = (),
+                  rdzv_port: int | None = None, rdzv_id: str | None = None,
+                  env: Mapping[str, str] | None = None, probe_port: bool = True) -> list[NodeCommand]:
+    """The torchrun command of every host (see `node_commands`), rendezvous on the first host.
 
-    `program` is what torchrun runs (e.g. `-m orchestrate.worker RUN_DIR/plan.json`; paths must
-    exist on every host). Raises UserError before starting anything when the first host cannot
-    serve as the rendezvous, HostFailure when a host fails."""
+    Without `rdzv_port`, a port free on the first host is asked for there (one SSH login, which
+    also checks the host key and the interpreter), or with `probe_port=False` (a dry run) written
+    as the placeholder PORT. UserError when the first host cannot serve as the rendezvous."""
     if not hosts:
         raise UserError("no hosts to launch on", [Problem("--hosts", "the hostfile lists no hosts")])
     addresses = [resolve_address(h.name, options) for h in hosts]
@@ -390,10 +420,33 @@ def launch_on_hosts(hosts: Sequence[Host], program: Sequence[str], *, python: st
         raise UserError("the first host cannot host the rendezvous", [Problem(
             f"hostfile:{hosts[0].line}", f"{hosts[0].name} is {addresses[0]}, which the other hosts cannot reach",
             "name the first host by an address the others can reach")])
-    port = rdzv_port or remote_free_port(hosts[0].name, python, options)
-    commands = node_commands(hosts, python=python, rdzv_endpoint=f"{addresses[0]}:{port}",
-                             rdzv_id=uuid.uuid4().hex[:12], program=program, torchrun_args=torchrun_args)
+    if rdzv_port:
+        port = str(rdzv_port)
+    else:
+        port = str(remote_free_port(hosts[0].name, python, options)) if probe_port else "PORT"
+    return node_commands(hosts, python=python, rdzv_endpoint=f"{addresses[0]}:{port}",
+                         rdzv_id=rdzv_id or uuid.uuid4().hex[:12], program=program, torchrun_args=torchrun_args,
+                         env=env)
+
+
+def launch_on_hosts(hosts: Sequence[Host], program: Sequence[str], *, python: str = sys.executable,
+                    options: SshOptions = SshOptions(), torchrun_args: Sequence[str] = (),
+                    rdzv_port: int | None = None, rdzv_id: str | None = None,
+                    env: Mapping[str, str] | None = None, out: TextIO | None = None) -> list[HostResult]:
+    """Start torchrun on every host (see the module docstring) and wait for all of them.
+
+    `program` is what torchrun runs (e.g. `-m orchestrate.worker RUN_DIR/plan.json`; paths must
+    exist on every host). Raises UserError before starting anything when the first host cannot
+    serve as the rendezvous, HostFailure when a host fails."""
+    commands = plan_commands(hosts, program, python=python, options=options, torchrun_args=torchrun_args,
+                             rdzv_port=rdzv_port, rdzv_id=rdzv_id, env=env)
+    return run_commands(commands, options, out)
+
+
+def run_commands(commands: Sequence[NodeCommand], options: SshOptions = SshOptions(),
+                 out: TextIO | None = None) -> list[HostResult]:
+    """`run_on_hosts`, then a closing line with the time it took."""
     start = time.monotonic()
     results = run_on_hosts(commands, options, out)
-    (out or sys.stdout).write(f"[orchestrate] all {len(hosts)} hosts finished in {time.monotonic() - start:.0f} s\n")
+    (out or sys.stdout).write(f"[orchestrate] all {len(commands)} hosts finished in {time.monotonic() - start:.0f} s\n")
     return results

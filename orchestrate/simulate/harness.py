@@ -149,6 +149,36 @@ def _deepspeed_fake_patches() -> Iterator[None]:
         coordinator.assert_ints_same_as_other_ranks = orig_check
 
 
+@contextlib.contextmanager
+def fsdp_comm_phase(counter: LiveStorageCounter) -> Iterator[None]:
+    """Storages FSDP2 allocates inside its collectives (all-gather and reduce-scatter buffers) are
+    born in a "comm" phase, so they are not taken for activations or logits: the root's re-gather
+    at the start of backward lands right at the activation peak. The unsharded parameters they fill
+    are tagged through their resize (gathered_params). Wraps the names as
+    torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py imports them."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param_group as group
+
+    names = ("foreach_all_gather", "foreach_all_gather_copy_out", "foreach_reduce")
+    originals = {name: getattr(group, name) for name in names}
+
+    def in_comm_phase(fn):
+        def wrapper(*args, **kwargs):
+            before, counter.phase = counter.phase, "comm"
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counter.phase = before
+        return wrapper
+
+    for name, fn in originals.items():
+        setattr(group, name, in_comm_phase(fn))
+    try:
+        yield
+    finally:
+        for name, fn in originals.items():
+            setattr(group, name, fn)
+
+
 def make_mesh(spec: RunSpec):
     """The FSDP2 mesh; built before FakeTensorMode is entered (DeviceMesh reads its rank list)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -292,35 +322,55 @@ class Trainer:
         head.register_forward_hook(post_forward)
 
     # -- one step ----------------------------------------------------------------------------
+    def _mark(self, name: str) -> None:
+        if self.counter is not None:
+            self.counter.mark(name)
+
     def step(self) -> None:
-        self.forward_backward()
+        """One optimizer step over `spec.gradient_accumulation` micro-batches, as the backends'
+        `train_step` runs it."""
+        self._mark("step_start")
+        for i in range(self.spec.gradient_accumulation):
+            self.forward_backward(i)
         self.optimizer_step()
 
-    def forward_backward(self) -> None:
-        """One micro-batch of {"input_ids", "labels"}, as orchestrate/data/pipeline.py batches it."""
-        mark = self.counter.mark if self.counter is not None else (lambda _name: None)
-        mark("step_start")
+    def forward_backward(self, index: int = 0) -> None:
+        """Micro-batch `index` of the step: {"input_ids", "labels"}, as orchestrate/data/pipeline.py
+        batches it. DeepSpeed counts micro-steps itself (`engine.step()` after each; only the
+        boundary one steps); FSDP2 grad-op and DDP skip the gradient sync until the last."""
+        n = self.spec.gradient_accumulation
+        last = index == n - 1
         self._phase("forward")
         ids = torch.randint(0, self.cfg.vocab_size, (self.spec.strategy["micro_batch_size"], self.spec.seq_len))
         labels = ids.clone()
+        sync: Any = contextlib.nullcontext()
+        if self.backend == "fsdp" and self.spec.strategy["zero_stage"] == 2:
+            self.model.set_requires_gradient_sync(last)  # fsdp.py: "last_micro_batch"
+        elif self.backend == "ddp" and not last:
+            sync = self.model.no_sync()
         autocast = (torch.autocast("cpu", dtype=_DTYPES[self.precision])
                     if self.backend == "ddp" and self.precision in _DTYPES else contextlib.nullcontext())
-        with autocast:
-            loss = self.model(input_ids=ids, labels=labels).loss  # the output (and its logits) is dropped
-        mark("forward_end")
-        self._phase("logits")  # backward starts with the loss and the LM head
-        if self.engine is not None:
-            self.engine.backward(loss)
-        else:
-            loss.backward()
+        with sync:
+            with autocast:
+                loss = self.model(input_ids=ids, labels=labels).loss  # the output (and its logits) is dropped
+            self._mark("forward_end")
+            self._phase("logits")  # backward starts with the loss and the LM head
+            if self.engine is not None:
+                self.engine.backward(loss)  # divides by the accumulation itself
+            else:
+                (loss / n).backward()
         del ids, labels, loss
-        mark("backward_end")
+        self._mark("backward_end")
         self._phase("optimizer")
         self.tag_state()
+        if self.engine is not None and not last:
+            self._phase("idle")
+            self.engine.step()
 
     def optimizer_step(self) -> None:
+        self._phase("optimizer")
         if self.engine is not None:
-            self.engine.step()  # clips, steps and zeroes the gradients
+            self.engine.step()  # the boundary micro-step: clips, steps and zeroes the gradients
             self.tag_state()
         else:
             from torch.distributed.tensor import DTensor
@@ -332,8 +382,7 @@ class Trainer:
             self.tag_state()
             self.optimizer.zero_grad(set_to_none=True)
         self._phase("idle")
-        if self.counter is not None:
-            self.counter.mark("step_end")
+        self._mark("step_end")
 
     # -- what the model state is -------------------------------------------------------------
     def state_tensors(self) -> dict[str, list[torch.Tensor]]:
@@ -398,7 +447,8 @@ def run(spec: RunSpec, counter: LiveStorageCounter, mesh: Any = None) -> Trainer
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        with cuda_like_dropout():
+        comm = fsdp_comm_phase(counter) if spec.strategy["backend"] == "fsdp" else contextlib.nullcontext()
+        with cuda_like_dropout(), comm:
             trainer = Trainer(spec, counter, mesh)
             gc.collect()
             counter.phase = "idle"

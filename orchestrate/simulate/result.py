@@ -10,7 +10,7 @@ from orchestrate.simulate.counter import Life, LiveStorageCounter
 
 # An untagged storage is attributed by the phase it was born in.
 PHASE_KIND = {"forward": "activations", "logits": "logits", "backward": "backward_temporaries",
-              "optimizer": "optimizer_temporaries", "setup": "other", "idle": "other"}
+              "optimizer": "optimizer_temporaries", "comm": "comm_buckets", "setup": "other", "idle": "other"}
 MODEL_STATE_KINDS = ("parameters", "master_weights", "gradients", "optimizer_states", "buffers")
 _ACTIVATION_PHASES = ("forward", "logits")
 
@@ -33,8 +33,9 @@ class SimulationResult:
     peak_step: int
     breakdown: dict[str, int]
     """Live bytes at the peak by kind: parameters, master_weights, gradients, optimizer_states,
-    buffers, gathered_params (FSDP2 unsharded parameters), comm_buckets (DeepSpeed ipg), activations,
-    logits, backward_temporaries, optimizer_temporaries, other (DDP reducer buckets, ...)."""
+    buffers, gathered_params (FSDP2 unsharded parameters), comm_buckets (FSDP2 all-gather and
+    reduce-scatter buffers, DDP buckets, DeepSpeed ipg buckets), activations, logits,
+    backward_temporaries, optimizer_temporaries, other."""
     model_state_bytes: int
     """Live bytes between steps (after the last step): the steady-state model states."""
     model_state_breakdown: dict[str, int]

@@ -30,6 +30,9 @@ class RunSpec:
     rank: int = 0
     steps: int = 2
     """Two steps, so the optimizer states exist (AdamW creates them lazily in the first step)."""
+    gradient_accumulation: int = 1
+    """Micro-batches per step (at most 2: from the second on, every micro-batch repeats the same
+    memory pattern with the accumulated gradients held)."""
     grad_clip: float = 1.0
     fused_adam: bool = False
     """torch AdamW `fused=True` (the fsdp/ddp backends on GPU: no full-size temporaries)."""
@@ -87,11 +90,13 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
     if cand is None:
         raise ValueError("the plan has no chosen candidate to simulate")
     strategy, notes = _without_offload(cand.strategy)
-    # One micro-batch per step: gradient accumulation repeats the same forward/backward, and the
-    # gradients it keeps between micro-batches are allocated in the first one already.
-    if cand.gradient_accumulation > 1:
-        notes += (f"simulated with 1 micro-batch per step (the plan accumulates {cand.gradient_accumulation})",)
-    resident = dataclasses.replace(cand, strategy=strategy, gradient_accumulation=1)
+    # Two micro-batches show what accumulation costs: gradients held from the first while the
+    # second runs; further ones repeat the second.
+    accumulation = min(cand.gradient_accumulation, 2)
+    if cand.gradient_accumulation > accumulation:
+        notes += (f"simulated with {accumulation} micro-batches per step (the plan accumulates "
+                  f"{cand.gradient_accumulation}; later micro-batches repeat the second)",)
+    resident = dataclasses.replace(cand, strategy=strategy, gradient_accumulation=accumulation)
     plan1 = dataclasses.replace(plan, candidates=[resident], chosen=resident)
     hf_config = load_model_config(plan.config)
     hw, train = plan.hardware, plan.config.train
@@ -116,7 +121,8 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         fused = hw.has_gpu
     return RunSpec(
         model_config=hf_config.to_dict(), strategy=strategy.to_dict(), seq_len=train.seq_len,
-        world_size=plan.world_size, mesh_shape=mesh, rank=rank, steps=steps, grad_clip=train.grad_clip,
+        world_size=plan.world_size, mesh_shape=mesh, rank=rank, steps=steps, gradient_accumulation=accumulation,
+        grad_clip=train.grad_clip,
         fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
         deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None, notes=notes)
 

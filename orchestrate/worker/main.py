@@ -1,5 +1,11 @@
 """The worker's whole life: plan -> process group -> initial weights -> backend engine -> data ->
-`max_steps` optimizer steps with metrics and evaluation -> consolidated Hugging Face model.
+(resume from the run's latest checkpoint) -> optimizer steps up to `max_steps` with metrics,
+evaluation and checkpoints -> consolidated Hugging Face model.
+
+Fault tolerance (docs/fault-tolerance.md): whenever RUN_DIR/checkpoints/latest names a complete
+checkpoint the worker continues from it, so `orchestrate launch --resume`, a torchrun restart
+(`--max-restarts`) and a SLURM requeue all resume the same way. SIGTERM/SIGUSR1 make every rank
+finish the step, checkpoint at the same step and exit EX_TEMPFAIL (75) with RUN_DIR/REQUEUE.
 
 Everything comes from plan.json (the launcher's only channel); the environment supplies only
 torchrun's rank variables and the library settings recorded in the plan's run section (NCCL).
@@ -16,6 +22,7 @@ from pathlib import Path
 import torch
 
 from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.launch.slurm import EX_TEMPFAIL
 from orchestrate.planner.plan import Plan
 
 MODEL_OUT_DIR = "model"
@@ -25,8 +32,9 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
-def train(plan_path: Path) -> Path:
-    """Run the plan on this rank; returns the run directory. Collective."""
+def train(plan_path: Path) -> int:
+    """Run the plan on this rank; returns the exit status: 0 when done, EX_TEMPFAIL when a signal
+    stopped it early (RUN_DIR/REQUEUE says from which checkpoint to resume). Collective."""
     import torch.distributed as dist
 
     from orchestrate.backends.base import WorkerContext, get_backend
@@ -35,7 +43,9 @@ def train(plan_path: Path) -> Path:
     from orchestrate.model.init_weights import ensure_initial_weights
     from orchestrate.worker.dist_env import init_distributed, rank_info
     from orchestrate.worker.metrics import METRICS_FILE, MetricsWriter, gather_step_stats, mean_over_ranks
+    from orchestrate.worker.checkpointing import Checkpointer, check_resumable, latest_checkpoint
     from orchestrate.worker.progress import ProgressDisplay
+    from orchestrate.worker.signals import StopRequest, clear_requeue
 
     plan_path = plan_path.resolve()
     run_dir = plan_path.parent
@@ -45,10 +55,16 @@ def train(plan_path: Path) -> Path:
     for key, value in read_run_info(plan_path).get("env", {}).items():
         os.environ.setdefault(key, value)  # NCCL reads these at communicator creation, after this
 
+    stop = StopRequest().install()  # from here on SIGTERM/SIGUSR1 mean "checkpoint and exit"
     info = rank_info()
     device = init_distributed(plan, info)
     is_main = info.rank == 0
     train_cfg = plan.config.train
+    resume_from = latest_checkpoint(run_dir)
+    if resume_from is not None:
+        check_resumable(resume_from, plan)  # before building anything: a mismatch fails fast
+    if is_main:
+        clear_requeue(run_dir)
     torch.manual_seed(train_cfg.seed)
 
     from transformers.utils import logging as hf_logging
@@ -58,9 +74,15 @@ def train(plan_path: Path) -> Path:
     ctx = WorkerContext(rank=info.rank, local_rank=info.local_rank, world_size=info.world_size,
                         device=device, run_dir=run_dir, model_dir=model_dir)
     engine = get_backend(plan.chosen.strategy.backend).setup(plan, ctx)
-    data = build_data(plan, run_dir, info.rank, info.world_size)
+    data = build_data(plan, run_dir, info.rank, info.world_size, local_rank=info.local_rank)
     # Dropout differs per rank (different data), reproducibly.
     torch.manual_seed(train_cfg.seed + info.rank)
+    checkpointer = Checkpointer(plan, engine, ctx)
+    start_step = 0
+    if resume_from is not None:
+        restored = checkpointer.load(resume_from)  # engine, optimizer, schedule, scaler, RNG
+        data.sampler.load_state_dict(restored["sampler"])
+        start_step = restored["step"]
 
     micro, accumulation = plan.chosen.strategy.micro_batch_size, plan.chosen.gradient_accumulation
     tokens_per_step = micro * accumulation * info.world_size * train_cfg.seq_len
@@ -69,14 +91,17 @@ def train(plan_path: Path) -> Path:
                  "predicted_cpu_bytes_per_node": plan.chosen.memory.cpu_total}
     eval_batches = [_to_device(b, device) for b in
                     data.eval_batches(micro, train_cfg.eval_batches, info.rank, info.world_size)]
-    writer = MetricsWriter(run_dir / METRICS_FILE) if is_main else None
+    writer = MetricsWriter(run_dir / METRICS_FILE, resume_step=start_step) if is_main else None
     progress = ProgressDisplay(train_cfg.max_steps, enabled=is_main)
     if is_main:
         progress.message(f"training {plan.chosen.name} on {info.world_size} rank(s): {train_cfg.max_steps} steps "
                          f"of {tokens_per_step:,} tokens ({data.train.shape[0]} train / "
                          f"{data.validation.shape[0]} validation blocks)")
+        if resume_from is not None:
+            progress.message(f"resumed from {resume_from} (step {start_step})")
+    stopped = None
     try:
-        for step in range(1, train_cfg.max_steps + 1):
+        for step in range(start_step + 1, train_cfg.max_steps + 1):
             start = time.perf_counter()
             batches = [_to_device(data.micro_batch(micro), device) for _ in range(accumulation)]
             result = engine.train_step(batches)
@@ -84,9 +109,11 @@ def train(plan_path: Path) -> Path:
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - start
             stats = gather_step_stats(result.loss, node, device)
+            final = step == train_cfg.max_steps
+            stopping, waited_s, save_s = stop.agreed(device, checkpointer.last_save_s)
             eval_loss = None
-            if eval_batches and ((train_cfg.eval_every and step % train_cfg.eval_every == 0)
-                                 or step == train_cfg.max_steps):
+            if eval_batches and not (stopping and not final) and (
+                    (train_cfg.eval_every and step % train_cfg.eval_every == 0) or final):
                 local = sum(engine.eval_loss(b) for b in eval_batches) / len(eval_batches)
                 eval_loss = mean_over_ranks(local, device)
             if writer is not None:
@@ -98,10 +125,24 @@ def train(plan_path: Path) -> Path:
                     record["eval_loss"] = eval_loss
                 writer.write(record)
             progress.update(step, stats["loss"], tokens_per_step / step_time, eval_loss)
+            periodic = bool(train_cfg.checkpoint_every) and step % train_cfg.checkpoint_every == 0
+            if periodic or final:
+                checkpointer.save(step, data.sampler.state_dict())
+            if stopping and not final:
+                stopped = _stop_early(checkpointer, data, step, periodic, waited_s, save_s, stop, run_dir)
+                break
     finally:
         progress.close()
         if writer is not None:
             writer.close()
+
+    if stopped is not None:
+        if is_main:
+            print(f"stopped by {stop.signal_name or 'a signal'} after step {stopped['stopped_at']}; "
+                  f"resume from step {stopped['step']} ({run_dir / 'REQUEUE'})", flush=True)
+        dist.barrier()
+        dist.destroy_process_group()
+        return EX_TEMPFAIL
 
     engine.save_hf_model(run_dir / MODEL_OUT_DIR)
     if is_main:
@@ -113,7 +154,28 @@ def train(plan_path: Path) -> Path:
               f"      logs:    {run_dir / 'logs'}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
-    return run_dir
+    return 0
+
+
+def _stop_early(checkpointer, data, step: int, saved: bool, waited_s: float, save_s: float | None,
+                stop, run_dir: Path) -> dict:
+    """Checkpoint (unless this step has one, or the grace period would run out while writing it)
+    and leave the REQUEUE marker. Every rank decides alike: the inputs were all-reduced."""
+    from orchestrate.worker.checkpointing import latest_checkpoint, read_meta
+    from orchestrate.worker.signals import write_requeue
+
+    grace = checkpointer.plan.config.train.preemption_grace_s
+    if not saved and (save_s is None or waited_s + save_s < grace):
+        checkpointer.save(step, data.sampler.state_dict())
+    elif not saved and checkpointer.ctx.rank == 0:
+        print(f"orchestrate: no checkpoint at step {step}: {waited_s:.0f} s since the signal + {save_s:.0f} s "
+              f"to write one exceeds train.preemption_grace_s={grace}", flush=True)
+    latest = latest_checkpoint(run_dir)
+    record = {"step": read_meta(latest)["step"] if latest else 0, "stopped_at": step,
+              "signal": stop.signal_name, "checkpoint": str(latest) if latest else None}
+    if checkpointer.ctx.rank == 0:
+        write_requeue(run_dir, record)
+    return record
 
 
 def _rendered(plan: Plan) -> str:
@@ -140,8 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     try:
         # @record writes the traceback of an unexpected error to torchrun's per-rank error file.
-        record(train)(args.plan)
+        return record(train)(args.plan)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
-    return 0

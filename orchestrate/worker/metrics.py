@@ -67,12 +67,27 @@ def mean_over_ranks(value: float, device: torch.device) -> float:
 
 class MetricsWriter:
     """Writes records to RUN_DIR/metrics.jsonl, flushed per line so `tail -f` and the launcher see
-    each step as it happens. A (re)started run starts the file afresh: without resume, training
-    restarts from step 1."""
+    each step as it happens. A fresh run starts the file afresh. A run resumed from the checkpoint
+    of step N keeps the records of steps 1..N and appends from N+1: the steps a crash made it
+    recompute are replaced, never duplicated (a torn last line is dropped too)."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, resume_step: int = 0):
         self.path = path
-        self._file = path.open("w", encoding="utf-8")
+        if resume_step > 0 and path.exists():
+            kept = []
+            for line in path.read_text(encoding="utf-8").splitlines():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if record.get("step", 0) <= resume_step:
+                    kept.append(line + "\n")
+            tmp = path.with_name(path.name + ".tmp")
+            tmp.write_text("".join(kept), encoding="utf-8")
+            tmp.replace(path)
+            self._file = path.open("a", encoding="utf-8")
+        else:
+            self._file = path.open("w", encoding="utf-8")
 
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")

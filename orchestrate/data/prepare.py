@@ -1,0 +1,269 @@
+"""Tokenise sources once: `datasets` loads them, `Dataset.map` tokenises in `num_proc` processes,
+and the ids are written as one flat stream into a cache entry (`cache.py`).
+
+`ensure_stream` is the one entry point: it opens the entry for the sources' fingerprint if it exists
+and otherwise builds it (or, on ranks that must not build, waits for the rank that does).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import string
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from orchestrate.data.cache import META_FILE, OFFSETS_FILE, TOKENS_FILE, CACHE_FORMAT, TokenStream, entry_key, \
+    entry_name, open_entry, publish, temp_dir_for
+from orchestrate.data.sources import Source, source_identity, total_bytes
+from orchestrate.data.tokenizer import Tokenizer, token_dtype
+from orchestrate.errors import Problem, UserError
+
+_PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
+AUTO_PARALLEL_BYTES = 64 * 2**20
+"""num_proc "auto" tokenises in parallel only above this much input: below, process start-up costs more."""
+_MAP_BATCH = 1000
+
+
+@dataclass(frozen=True)
+class TextSpec:
+    """How a record becomes a document."""
+
+    text_field: str = "text"
+    template: str | None = None
+
+    def fields(self) -> list[str]:
+        if self.template is None:
+            return [self.text_field]
+        try:
+            return [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
+        except ValueError as exc:
+            raise UserError("data.template is not a valid format string", [Problem(
+                "data.template", str(exc), 'use {column} for a column and {{ }} for literal braces')]) from None
+
+    def identity(self) -> dict:
+        return {"text_field": self.text_field if self.template is None else None, "template": self.template}
+
+
+@dataclass
+class StreamResult:
+    stream: TokenStream
+    built: bool
+    """True when this call tokenised (a cache miss), False for a cache hit."""
+
+
+def stream_identity(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer) -> dict:
+    return {"sources": [source_identity(s) for s in sources], "text": spec.identity(),
+            "tokenizer": tokenizer.fingerprint()}
+
+
+def ensure_stream(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, cache_dir: Path, *,
+                  num_proc: int | str = "auto", progress: bool = False, force: bool = False,
+                  may_build: bool = True, poll_s: float = 1.0) -> StreamResult:
+    """The cache entry of `sources` tokenised by `tokenizer`, built if missing (or if `force`).
+    Ranks with `may_build` False wait for the entry instead (another local rank builds it)."""
+    key = entry_key(stream_identity(sources, spec, tokenizer))
+    entry = cache_dir / entry_name(_label(sources), key)
+    if (entry / META_FILE).is_file() and not force:
+        return StreamResult(open_entry(entry), built=False)
+    if not may_build:
+        while not (entry / META_FILE).is_file():
+            time.sleep(poll_s)
+        return StreamResult(open_entry(entry), built=False)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = temp_dir_for(entry)
+    try:
+        _build(sources, spec, tokenizer, tmp, key, _num_proc(num_proc, sources), progress)
+        publish(tmp, entry, replace=force)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; left-overs of a failure
+    return StreamResult(open_entry(entry), built=True)
+
+
+def _label(sources: list[Source]) -> str:
+    first = sources[0]
+    if first.where == "data.generate_demo_corpus":  # one name whichever copy of the corpus is read
+        return "demo_corpus"
+    if first.kind == "dataset":
+        return first.name.rstrip("/").split("/")[-1] + f"-{first.split}"
+    return first.files[0].name.split(".")[0]
+
+
+def _num_proc(setting: int | str, sources: list[Source]) -> int:
+    if isinstance(setting, int):
+        return setting
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    size = total_bytes(sources)
+    return cores if size is None or size > AUTO_PARALLEL_BYTES else 1
+
+
+@contextmanager
+def _progress_bars(enabled: bool):
+    import datasets
+
+    was = datasets.is_progress_bar_enabled()
+    (datasets.enable_progress_bars if enabled else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (datasets.enable_progress_bars if was else datasets.disable_progress_bars)()
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None or exc.__context__ is not None:
+        exc = exc.__cause__ or exc.__context__
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _load(source: Source, work: Path, num_proc: int):
+    """The source as one `datasets.Dataset`; read failures become a UserError naming the file."""
+    import datasets
+
+    try:
+        if source.kind == "disk":
+            ds = datasets.load_from_disk(str(source.files[0]))
+            if isinstance(ds, datasets.DatasetDict):
+                if source.split not in ds:
+                    raise UserError(f"{source.files[0]} has no split {source.split!r}", [Problem(
+                        source.where, f"its splits are {sorted(ds)}", "set data.split / data.validation_split")])
+                ds = ds[source.split]
+            return ds
+        if source.kind == "dataset":
+            # Passed through unchanged; the Hub cache is the user's ordinary HF cache.
+            return datasets.load_dataset(source.name, source.config_name, split=source.split)
+        return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
+                                     cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
+                                     **dict(source.options))
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow, json, csv, network, ...: all unreadable input
+        if source.kind == "files" and len(source.files) > 1:
+            _find_bad_file(source, work)  # raises naming the one file, when one file is to blame
+        raise UserError(f"cannot read {source.describe()}", [Problem(
+            source.where, _root_cause(exc), "check that the file is valid " + (source.builder or "data"))]) from None
+
+
+def _find_bad_file(source: Source, work: Path) -> None:
+    for path in source.files:
+        _load(Source("files", source.where, source.builder, (path,), source.options), work / "probe", 1)
+
+
+def _check_columns(ds, source: Source, spec: TextSpec) -> None:
+    import datasets
+
+    columns = ds.column_names
+    where = "data.template" if spec.template is not None else "data.text_field"
+    missing = [f for f in spec.fields() if f not in columns]
+    if missing:
+        fix = ("set data.template to use the columns above" if spec.template is not None else
+               f"set data.text_field to the column that holds the text (one of {columns})")
+        raise UserError(f"{source.describe()} has no field {missing[0]!r}", [Problem(
+            where, f"{source.describe()} has no column {', '.join(map(repr, missing))} (it has: {columns})", fix)])
+    if spec.template is None:
+        feature = ds.features[spec.text_field]
+        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
+            raise UserError(f"{source.describe()}: field {spec.text_field!r} is not text", [Problem(
+                "data.text_field", f"column {spec.text_field!r} of {source.describe()} holds {feature}",
+                "point data.text_field at a string column, or use data.template")])
+
+
+def documents(batch: dict, spec: TextSpec, paragraphs: bool) -> list[str]:
+    """The documents of a batch of records: one per record (blank ones skipped), or one per
+    paragraph when `paragraphs` (blank-line separated, lines of spaces included: datasets' text
+    builder splits on "\\n\\n" only)."""
+    if spec.template is not None:
+        rows = len(next(iter(batch.values())))
+        texts = [spec.template.format_map({k: v[i] for k, v in batch.items()}) for i in range(rows)]
+    else:
+        texts = batch[spec.text_field]
+    docs: list[str] = []
+    for text in texts:
+        if not text:
+            continue
+        if paragraphs:
+            docs.extend(p.strip() for p in _PARAGRAPH_BREAK.split(text) if p.strip())
+        elif text.strip():
+            docs.append(text)
+    return docs
+
+
+def tokenize_batch(batch: dict, *, tokenizer: Tokenizer, spec: TextSpec, paragraphs: bool, dtype: str) -> dict:
+    """`Dataset.map` function: records -> documents -> ids, each document followed by EOS."""
+    docs = documents(batch, spec, paragraphs)
+    out = []
+    for ids in tokenizer.encode_batch(docs) if docs else []:
+        row = np.empty(len(ids) + 1, dtype=dtype)
+        row[:-1] = ids
+        row[-1] = tokenizer.eos_id
+        out.append(row)
+    return {"input_ids": out}
+
+
+def iter_documents(sources: list[Source], spec: TextSpec, work: Path, batch_size: int = _MAP_BATCH):
+    """Batches of documents of every source, read as `ensure_stream` reads them (for tokenizer training)."""
+    for source in sources:
+        ds = _load(source, work, 1)
+        source_spec, paragraphs = _spec_for(source, spec)
+        _check_columns(ds, source, source_spec)
+        for batch in ds.iter(batch_size=batch_size):
+            yield documents(batch, source_spec, paragraphs)
+
+
+def _spec_for(source: Source, spec: TextSpec) -> tuple[TextSpec, bool]:
+    # The text builder's one column is "text", whatever text_field says about the other files.
+    source_spec = TextSpec("text", spec.template) if source.builder == "text" else spec
+    paragraphs = source.kind == "files" and dict(source.options).get("sample_by") == "paragraph"
+    return source_spec, paragraphs
+
+
+def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Path, key: str,
+           num_proc: int, progress: bool) -> None:
+    import pyarrow.compute as pc
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    dtype = token_dtype(tokenizer.vocab_size)
+    n_tokens, n_docs = 0, 0
+    with _progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f:
+        np.zeros(1, np.int64).tofile(off_f)
+        for i, source in enumerate(sources):
+            ds = _load(source, work, num_proc)
+            source_spec, paragraphs = _spec_for(source, spec)
+            _check_columns(ds, source, source_spec)
+            fn = functools.partial(tokenize_batch, tokenizer=tokenizer, spec=source_spec, paragraphs=paragraphs,
+                                   dtype=dtype.name)
+            mapped = ds.map(fn, batched=True, batch_size=_MAP_BATCH, remove_columns=ds.column_names,
+                            num_proc=num_proc if num_proc > 1 and len(ds) > _MAP_BATCH else None,
+                            cache_file_name=str(work / "map" / f"{i}.arrow"), new_fingerprint=f"{key}-{i}",
+                            load_from_cache_file=False, desc=f"tokenising {source.describe()}")
+            bar = tqdm(total=len(mapped), desc="writing tokens", unit="doc", disable=not progress)
+            for table in mapped.with_format("arrow").iter(batch_size=16 * _MAP_BATCH):
+                for chunk in table.column("input_ids").chunks:
+                    lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
+                    chunk.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).tofile(tok_f)
+                    (n_tokens + np.cumsum(lengths)).tofile(off_f)
+                    n_tokens += int(lengths.sum())
+                    n_docs += len(lengths)
+                bar.update(table.num_rows)
+            bar.close()
+            del ds, mapped
+            shutil.rmtree(work / "map", ignore_errors=True)
+            shutil.rmtree(work / "hf", ignore_errors=True)
+    if n_docs == 0:
+        names = "; ".join(s.describe() for s in sources)
+        field = f"template {spec.template!r}" if spec.template is not None else f"field {spec.text_field!r}"
+        raise UserError("the training data is empty", [Problem(
+            sources[0].where, f"{names}: no non-blank text in {field}", "check the files and data.text_field")])
+    meta = {"format": CACHE_FORMAT, "key": key, "tokens": n_tokens, "documents": n_docs, "dtype": dtype.name,
+            "eos_id": tokenizer.eos_id, "vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.fingerprint(),
+            "sources": [s.describe() for s in sources], "text": spec.identity(), "num_proc": num_proc,
+            "prepare_seconds": round(time.perf_counter() - start, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (work / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")

@@ -1,0 +1,89 @@
+"""Stop requests (SIGTERM, SIGUSR1) and the REQUEUE marker.
+
+A signal only sets a flag: the worker finishes the step it is in (a collective cannot be left
+half-way), then every rank learns of any rank's signal through one all-reduce, so all of them
+checkpoint at the same step. SLURM sends SIGTERM (preemption, `scancel`) or SIGUSR1 (`--signal`
+before the time limit); torchrun forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT (and whatever
+TORCHELASTIC_SIGNALS_TO_HANDLE adds, e.g. SIGUSR1) to its workers and SIGKILLs them after
+TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds.
+
+The worker then exits 75 (EX_TEMPFAIL) and leaves RUN_DIR/REQUEUE. torchrun reports any failed
+worker as exit 1, so the marker file is what callers read: `orchestrate launch` exits 75 when it
+is there, and a batch script can test `[ -f RUN_DIR/REQUEUE ]`. A worker that starts removes it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from orchestrate.launch.slurm import EX_TEMPFAIL
+
+REQUEUE_FILE = "REQUEUE"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+__all__ = ["EX_TEMPFAIL", "REQUEUE_FILE", "StopRequest", "clear_requeue", "read_requeue", "write_requeue"]
+
+
+class StopRequest:
+    """Records the first stop signal; `agreed()` tells every rank whether any rank got one."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+        self.received_at: float | None = None
+        self._previous: dict[int, Any] = {}
+
+    def install(self) -> StopRequest:
+        for sig in STOP_SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.received_at is None:
+            self.signal_name = signal.Signals(signum).name
+            self.received_at = time.monotonic()
+            print(f"orchestrate: {self.signal_name}: finishing this step, then checkpoint and exit", flush=True)
+
+    def agreed(self, device: torch.device, save_s: float | None) -> tuple[bool, float, float | None]:
+        """(some rank was signalled, seconds since the earliest signal, the slowest rank's last
+        checkpoint write time or None). Collective: one all-reduce, so every rank decides alike."""
+        import torch.distributed as dist
+
+        elapsed = time.monotonic() - self.received_at if self.received_at is not None else -1.0
+        t = torch.tensor([elapsed, -1.0 if save_s is None else save_s], dtype=torch.float64, device=device)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        longest, slowest = t.tolist()
+        return longest >= 0, max(0.0, longest), None if slowest < 0 else slowest
+
+
+def write_requeue(run_dir: Path, record: dict[str, Any]) -> Path:
+    path = Path(run_dir) / REQUEUE_FILE
+    tmp = path.with_name(REQUEUE_FILE + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_requeue(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / REQUEUE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        return {}  # present but unreadable: still a request to requeue
+
+
+def clear_requeue(run_dir: Path) -> None:
+    (Path(run_dir) / REQUEUE_FILE).unlink(missing_ok=True)

@@ -16,6 +16,7 @@ from rich.console import Console
 
 from orchestrate.api import HardwareFlags, plan_from_file
 from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.launch.slurm import EX_TEMPFAIL
 
 # Candidate names are long; never wrap them on narrow terminals or pipes.
 console = Console(width=max(160, Console().width))
@@ -161,9 +162,12 @@ def config_cmd(config_path, overrides, out, **kwargs):
               help="Hostfile (`HOST slots=N` lines): one torchrun per host over SSH, rendezvous on the first.")
 @ssh_options
 @click.option("--python", "python", help="Absolute interpreter path on the nodes (default: this one).")
+@click.option("--resume", is_flag=True,
+              help="Continue the newest run of CONFIG (or --run-dir) from its latest checkpoint; its own plan "
+                   "when config and world size are unchanged, else re-planned (resharded).")
 @_user_errors_exit_2
 def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, master_port, rdzv_backend,
-           rdzv_endpoint, rdzv_id, node_rank, hosts, python, **kwargs):
+           rdzv_endpoint, rdzv_id, node_rank, hosts, python, resume, **kwargs):
     """Plan, write the run directory and train with torchrun workers.
 
     Here, on the hosts of --hosts over SSH, or, inside a SLURM allocation, on its nodes with srun."""
@@ -174,7 +178,7 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
     config = load_config(config_path, overrides)
     ssh_opts, flags = _ssh_options(kwargs), _flags(kwargs)
     common = dict(name=Path(config_path).stem, run_dir=Path(run_dir) if run_dir else None, dry_run=dry_run,
-                  max_restarts=max_restarts, console=console, python=python or sys.executable)
+                  max_restarts=max_restarts, resume=resume, console=console, python=python or sys.executable)
     rendezvous = dict(master_addr=master_addr, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
                       rdzv_id=rdzv_id, node_rank=node_rank)
     if hosts:
@@ -189,9 +193,27 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
     else:
         del common["python"]
         result = launch_from_config(config, flags.resolve(), master_port=master_port, **rendezvous, **common)
-    if result.exit_code:
+    if result.exit_code == EX_TEMPFAIL:
+        err_console.print(f"[bold yellow]stopped early, checkpointed[/] (exit {EX_TEMPFAIL}: requeue); "
+                          f"continue with: orchestrate launch {config_path} --resume --run-dir {result.run_dir}",
+                          soft_wrap=True)
+    elif result.exit_code:
         err_console.print(f"[bold red]training failed[/] (exit {result.exit_code}); logs: {result.run_dir / 'logs'}")
     sys.exit(result.exit_code or 0)
+
+
+@cli.command("export")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for the Hugging Face model.")
+@click.option("--step", type=int, help="Export the checkpoint of this step (default: the latest).")
+@_user_errors_exit_2
+def export_cmd(run_dir, out, step):
+    """Write a consolidated Hugging Face model (safetensors + config.json + tokenizer) from a run's
+    checkpoint, offline on the CPU, whatever backend and world size wrote it."""
+    from orchestrate.export import export_checkpoint
+
+    ckpt = export_checkpoint(Path(run_dir), Path(out), step)
+    console.print(f"exported {ckpt} -> {out}", markup=False, highlight=False)
 
 
 @cli.command("slurm")
@@ -204,8 +226,9 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
 @click.option("--mem", help="sbatch --mem per node, e.g. 64G (default: the partition's).")
 @click.option("--cpus-per-task", type=int, help="CPUs per node for its torchrun and workers (default: one per rank).")
 @click.option("--job-name", help="sbatch --job-name (default: the config file's name).")
-@click.option("--signal-lead", type=int, default=120, show_default=True,
-              help="Seconds before the time limit to checkpoint and requeue (0: never).")
+@click.option("--signal-lead", type=int,
+              help="Seconds before the time limit to checkpoint and requeue (0: never; default: "
+                   "train.preemption_grace_s, the workers' time to checkpoint).")
 @click.option("--no-requeue", is_flag=True, help="Do not requeue the job after a checkpoint signal.")
 @click.option("--sbatch-option", "extra_sbatch", multiple=True, metavar="OPTION",
               help="Another #SBATCH line, verbatim, e.g. --sbatch-option=--exclusive (repeatable).")
@@ -215,9 +238,11 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
               help="Run directory, on a filesystem the nodes share (default: <train.output_dir>/<name>-<time>).")
 @click.option("--test-only", is_flag=True, help="Ask Slurm whether and when it would run the job (sbatch --test-only).")
 @click.option("--submit", is_flag=True, help="Submit the job (sbatch) and print its id.")
+@click.option("--resume", is_flag=True,
+              help="Continue the newest run of CONFIG (or --run-dir) from its latest checkpoint, in a new job.")
 @_user_errors_exit_2
 def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_per_task, job_name, signal_lead,
-              no_requeue, extra_sbatch, python, max_restarts, run_dir, test_only, submit, **kwargs):
+              no_requeue, extra_sbatch, python, max_restarts, run_dir, test_only, submit, resume, **kwargs):
     """Plan for --nodes x --gpus-per-node, write the run directory and a SLURM batch script.
 
     The job checkpoints and requeues itself on USR1 (sent --signal-lead seconds before the time
@@ -231,7 +256,7 @@ def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_
                            requeue=not no_requeue, python=python or sys.executable, extra_sbatch=tuple(extra_sbatch))
     prepared = prepare_slurm_job(load_config(config_path, overrides), _flags(kwargs), name=Path(config_path).stem,
                                  run_dir=Path(run_dir) if run_dir else None, options=options,
-                                 max_restarts=max_restarts, console=console)
+                                 max_restarts=max_restarts, resume=resume, console=console)
     if test_only:
         console.print(f"sbatch --test-only: {slurm.test_only(prepared.script)}", markup=False, highlight=False)
     if not submit:

@@ -128,9 +128,13 @@ def ds_zero3():
 def test_zero2_matches_deepspeed(ds_zero2, shape, gpn, nodes, precision):
     hw = gpu_hw(gpn, nodes)
     p = shape.parameters
-    # No offload: GPU 2P + 18P/N ("2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states").
+    # No offload: GPU 2P + 18P/N ("2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states"),
+    # plus one known difference: the 16-bit gradient partition holds the whole parameters overlapping
+    # the rank's partition, up to one more parameter, which ours bounds by the largest layer (measured
+    # in tests/test_memory_vs_real.py; the estimator leaves it out).
     _, ds_gpu = ds_zero2(p, gpn, nodes, cpu_offload=False, additional_buffer_factor=1.0)
-    assert model_states(estimate_memory(shape, hw, strat(stage=2, precision=precision), 512)) == ds_gpu
+    ours = model_states(estimate_memory(shape, hw, strat(stage=2, precision=precision), 512))
+    assert ours == ds_gpu + 2 * shape.largest_layer_parameters
 
     # Optimizer offload: GPU 2P; CPU P * max(4 * total_gpus, 16). The 16P are our offloaded fp32
     # master (4) + Adam m, v (8) + fp32 gradients (4), per node; 4 * gpus is every process loading an

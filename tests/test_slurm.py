@@ -40,7 +40,8 @@ GOLDEN = {
                         gpus_per_node=4, cpus_per_task=32, mem="200G", time="4:00:00", partition="gpu",
                         account="proj42", python=PYTHON,
                         torchrun_args=("--max-restarts", "0", "--log-dir", "/runs/tiny-gpt2-20250101-120000/logs")),
-    "cpu-2x2": SlurmJob(run_dir=Path("/runs/cpu"), nodes=2, procs_per_node=2, python=PYTHON),
+    "cpu-2x2": SlurmJob(run_dir=Path("/runs/cpu"), nodes=2, procs_per_node=2, python=PYTHON, shutdown_grace_s=90,
+                        env=(("OMP_NUM_THREADS", "1"), ("PET_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"))),
     "no-requeue-fixed-port": SlurmJob(run_dir=Path("/runs/x"), nodes=3, procs_per_node=8, gpus_per_node=8,
                                       time="1-00:00:00", requeue=False, signal_lead_s=0, rdzv_port=29400,
                                       job_name="big-run", python=PYTHON, extra_sbatch=("--exclusive",)),
@@ -97,6 +98,24 @@ def test_invalid_job_lists_every_problem():
     with pytest.raises(UserError, match="cannot write the SLURM job") as e:
         render_sbatch(SlurmJob(run_dir=Path("/r"), nodes=1, procs_per_node=1, time="2:00", python=PYTHON))
     assert "120 s before a 120 s limit" in str(e.value)
+    with pytest.raises(UserError, match="would kill them mid-checkpoint") as e:
+        validate_job(SlurmJob(run_dir=Path("/r"), nodes=1, procs_per_node=1, python=PYTHON, signal_lead_s=60,
+                              shutdown_grace_s=120, env=(("1BAD", "x"),)))
+    assert [p.where for p in e.value.problems] == ["--signal", "env"]
+
+
+def test_requeue_marker_is_the_workers_and_env_is_exported_unless_set():
+    from orchestrate.worker.signals import EX_TEMPFAIL, REQUEUE_FILE
+
+    assert (slurm.REQUEUE_MARKER, slurm.EX_TEMPFAIL) == (REQUEUE_FILE, EX_TEMPFAIL)
+    text = render_sbatch(GOLDEN["cpu-2x2"])
+    assert "[ -f /runs/cpu/REQUEUE ]" in text and "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=90" in text
+    # The exports honour what the job's environment already has (sbatch passes the submitter's on).
+    exports = "\n".join(line for line in text.splitlines() if line.startswith("[ -n "))
+    env = {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "4"}
+    out = subprocess.run(["bash", "-c", exports + "\necho $OMP_NUM_THREADS $PET_SIGNALS_TO_HANDLE"], env=env,
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["4", "SIGTERM,SIGUSR1"]
 
 
 @pytest.mark.parametrize("text,seconds", [
@@ -132,6 +151,10 @@ def test_detect_allocation_from_slurm_environment():
     assert step.head_node == "gpu1"
     salloc = detect_slurm_allocation({"SLURM_JOB_ID": "13", "SLURM_NNODES": "3", "SLURM_NODELIST": "a[1-3]"})
     assert salloc is not None and salloc.node_id is None and not salloc.in_step and salloc.nnodes == 3
+    # An salloc shell has no SLURM_GPUS_ON_NODE / SLURM_CPUS_ON_NODE, only the job-wide variables.
+    shell = detect_slurm_allocation({"SLURM_JOB_ID": "14", "SLURM_JOB_NUM_NODES": "2", "SLURM_GPUS_PER_NODE": "a100:4",
+                                     "SLURM_JOB_CPUS_PER_NODE": "16(x2)"})
+    assert (shell.gpus_on_node, shell.cpus_on_node) == (4, 16)
 
 
 def test_srun_inside_an_allocation_targets_the_head_node_address(monkeypatch):

@@ -77,6 +77,14 @@ def test_remote_command_reports_its_process_group_and_becomes_the_command(tmp_pa
     assert int(pgid) != os.getpgrp()  # not ours: it made a group of its own
 
 
+def test_remote_command_adds_the_environment_unless_the_host_has_it():
+    line = ssh.remote_command([PYTHON, "-c", "import os; print(os.environ['A'], os.environ['B'])"],
+                              env=(("A", "from plan"), ("B", "from plan")))
+    env = {"PATH": os.environ["PATH"], "B": "host's own"}
+    proc = subprocess.run(["sh", "-c", line], capture_output=True, text=True, env=env)
+    assert proc.stdout.splitlines()[1] == "from plan host's own", proc.stderr
+
+
 def test_line_writer_prefixes_whole_lines_and_takes_the_pgid():
     lines, pgids = [], []
     w = ssh._LineWriter("[a:0]", lines.append, pgids.append)

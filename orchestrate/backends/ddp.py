@@ -1,7 +1,8 @@
 """DDP backend: torch DistributedDataParallel, plain data parallel (ZeRO stage 0).
 
-Each rank holds the whole model, gradients and optimizer state, which DDP needs anyway, so the
-model is loaded the ordinary way (`from_pretrained`) on every rank. `ddp_settings(plan)` is the one
+Each rank holds the whole model, gradients and optimizer state, which DDP needs anyway; it is
+allocated on the rank's device and filled tensor by tensor (`orchestrate.model.loading`), so no
+rank holds a second, CPU copy while loading. `ddp_settings(plan)` is the one
 place the setup is decided: `render` writes it as ddp.json and `setup` applies that dict.
 """
 
@@ -63,7 +64,8 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
     }
     blocks = ", ".join(settings["block_classes"] or ["the model's _no_split_modules"])
     settings["steps"] = [
-        "every rank loads the full model with from_pretrained (fp32) onto its device",
+        "every rank builds the model on the meta device, allocates it on its device (fp32) and fills it "
+        "tensor by tensor from the safetensors files",
         *([f"wrap each {blocks} in checkpoint_wrapper (non-reentrant)"] if s.activation_checkpointing else []),
         "wrap in DistributedDataParallel (rank 0's weights broadcast at construction)",
         f"each step: {cand.gradient_accumulation} micro-batch(es) of {s.micro_batch_size}"
@@ -186,13 +188,19 @@ class DDPBackend:
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
+        from orchestrate.model.loading import has_safetensors, load_replicated
 
         st = ddp_settings(plan)
         if ctx.world_size != st["world_size"]:
             raise RuntimeError(f"plan is for {st['world_size']} ranks, this job has {ctx.world_size}")
         torch.manual_seed(st["seed"])
-        model = AutoModelForCausalLM.from_pretrained(
-            ctx.model_dir, dtype=torch.float32, trust_remote_code=plan.config.model.trust_remote_code)
+        trust = plan.config.model.trust_remote_code
+        if has_safetensors(ctx.model_dir):
+            # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
+            # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
+            model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust)
+        else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
+            model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, model.config.model_type)

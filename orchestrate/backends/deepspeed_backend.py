@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import StepResult, WorkerContext, register
 from orchestrate.backends.deepspeed_render import render, render_config
+from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import make_scheduler
 
 if TYPE_CHECKING:
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
 
     from orchestrate.planner.plan import Plan
 
+_LOAD_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""Parameter dtype of a replicated (ZeRO-0/1/2) load per training precision."""
 _CKPT_TAG = "deepspeed"
 """Sub-directory of a checkpoint directory that holds DeepSpeed's files (`save_checkpoint(tag=...)`)."""
 _OPTIM_FILES = "*_optim_states.pt"
@@ -43,12 +46,15 @@ class DeepSpeedBackend:
         import torch
         from transformers import AutoModelForCausalLM
 
+        from orchestrate.model.loading import has_safetensors, load_replicated
+
         config = render_config(plan)  # refuses a plan without a deepspeed strategy
         strategy = plan.chosen.strategy
         # gloo on CPU, nccl on GPU. If the worker already called init_process_group, DeepSpeed
         # wraps that group instead of creating a second one.
         deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
 
+        trust = plan.config.model.trust_remote_code
         hf_ds_config = None
         if strategy.zero_stage == 3:
             from transformers.integrations import HfDeepSpeedConfig
@@ -58,13 +64,18 @@ class DeepSpeedBackend:
             # loads the checkpoint shard by shard into the partitions: no rank ever holds the whole
             # model. transformers keeps only a weakref, so the engine keeps it alive.
             hf_ds_config = HfDeepSpeedConfig(config)
-        # Stages 0-2 replicate parameters, so each rank loads one full copy: N copies in CPU RAM for
-        # a moment, bounded by one fp32 model per rank, until deepspeed.initialize moves it to the GPU.
-        # fp32 on purpose: fp32 training requires it (the engine checks), and for bf16/fp16 DeepSpeed
-        # casts the parameters itself (zero.Init for ZeRO-3, the engine otherwise) and builds the fp32
-        # master from that cast copy (stage_1_and_2.py, stage3.py), as under the HF Trainer.
-        model = AutoModelForCausalLM.from_pretrained(
-            ctx.model_dir, dtype=torch.float32, trust_remote_code=plan.config.model.trust_remote_code)
+            # fp32 on purpose: zero.Init casts to bf16/fp16 itself as it partitions, and the fp32
+            # master partitions are built from that cast copy (stage3.py), as under the HF Trainer.
+            model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+        elif has_safetensors(ctx.model_dir):
+            # Stages 0-2 replicate parameters: allocate them on this rank's device and fill them one
+            # tensor at a time (orchestrate/model/loading.py), never a full copy in CPU RAM per rank.
+            # In the training dtype: the engine would cast the parameters to it anyway
+            # (_cast_module_mixed_precision) and builds the fp32 master from that cast copy
+            # (stage_1_and_2.py), so the result is the same and the device holds half the bytes.
+            model = load_replicated(ctx.model_dir, ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision]), trust)
+        else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
+            model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
         if strategy.activation_checkpointing:
             # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no input grads.
@@ -196,8 +207,9 @@ class DeepSpeedTrainEngine:
         config = self.engine._config  # read only inside load_checkpoint (engine.load_universal_checkpoint())
         config.load_universal_checkpoint = universal
         try:
-            path, client = self.engine.load_checkpoint(str(load_dir), tag=_CKPT_TAG, load_optimizer_states=True,
-                                                       load_lr_scheduler_states=True)
+            with weights_only_loads(deepspeed_checkpoint_classes()):
+                path, client = self.engine.load_checkpoint(str(load_dir), tag=_CKPT_TAG, load_optimizer_states=True,
+                                                           load_lr_scheduler_states=True)
         finally:
             config.load_universal_checkpoint = False
         if path is None:
@@ -222,7 +234,9 @@ def _convert_to_universal(ckpt_dir: Path, out_dir: Path) -> None:
                               # our engines do not record UNIVERSAL_CHECKPOINT_INFO (no tensor/pipeline
                               # parallelism to describe); the default version entry is all it needs
                               inject_missing_state=True)
-    with contextlib.redirect_stdout(io.StringIO()):  # a page of progress lines per conversion
+    # stdout, stderr: a page of progress lines and bars per conversion
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+            weights_only_loads(deepspeed_checkpoint_classes()):
         ds_to_universal(args)
     tmp.rename(out_dir)
     print(f"orchestrate: converted {ckpt_dir.name} to a DeepSpeed universal checkpoint for a new world size",

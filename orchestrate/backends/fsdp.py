@@ -4,8 +4,8 @@
 `setup` applies exactly that dict, so the file the user reads is what runs.
 
 Loading never makes N full copies: the model is built on the meta device, sharded, materialised
-empty (`to_empty`), and rank 0 alone reads the safetensors and broadcasts them shard by shard
-(`set_model_state_dict(..., broadcast_from_rank0=True)`, torch.distributed.checkpoint.state_dict).
+empty (`to_empty`), and every rank reads only its own rows of each tensor from the memory-mapped
+safetensors into its shard (`orchestrate.model.loading.load_sharded`): no full copy anywhere.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def _describe(st: dict[str, Any]) -> list[str]:
     steps += [
         f"fully_shard each of the {st['fully_shard']['blocks']} {blocks} blocks, then the root: {policy}",
         f"to_empty on {'cpu (offloaded shards)' if st['cpu_offload'] else st['device_type']}, recompute rotary/"
-        "non-persistent buffers, rank 0 reads the safetensors and broadcasts them shard by shard",
+        "non-persistent buffers, each rank reads its own rows of every tensor from the safetensors into its shard",
         f"AdamW lr={st['optimizer']['lr']} betas={st['optimizer']['betas']} weight_decay={st['optimizer']['weight_decay']} "
         f"(fused={st['optimizer']['fused']}), warm-up {st['schedule']['warmup_steps']} steps then cosine",
         f"each step: {st['gradient_accumulation']} micro-batch(es) of {st['micro_batch_size']}, gradient reduce-scatter "
@@ -215,9 +215,13 @@ class FSDPEngine:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         ckpt_dir = Path(ckpt_dir)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)  # the shapes DCP loads into
+        from orchestrate.backends.safe_load import weights_only_loads
+
+        # The shapes DCP loads into, sharded for this world size: DCP reshards whatever wrote it.
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}
-        dcp.load(state, checkpoint_id=str(ckpt_dir))
+        with weights_only_loads():  # DCP unpickles non-tensor entries (param_groups) itself
+            dcp.load(state, checkpoint_id=str(ckpt_dir))
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         engine = json.loads((ckpt_dir / ENGINE_STATE_FILE).read_text())
         self.scheduler.load_state_dict(engine["scheduler"])
@@ -244,13 +248,13 @@ class FSDPBackend:
     def setup(self, plan: Plan, ctx: WorkerContext) -> FSDPEngine:
         import torch
         import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
         from transformers import AutoConfig
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
+        from orchestrate.model.loading import load_sharded
         from orchestrate.model.meta import build_meta_model
 
         st = fsdp_settings(plan)
@@ -293,9 +297,7 @@ class FSDPBackend:
             params = {id(model.get_parameter(name)) for name in group}
             if len(params) != 1:
                 raise RuntimeError(f"tied weights {group} came apart during sharding")
-        full_state = hf_io.read_full_state_dict(ctx.model_dir, layout) if ctx.rank == 0 else {}
-        set_model_state_dict(model, full_state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-        del full_state
+        load_sharded(model, ctx.model_dir, layout)
         hf_io.restore_non_persistent_buffers(model, ctx.device)
         _move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
 

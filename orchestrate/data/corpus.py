@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
-
 
 # A small grammar: few enough words that a tiny model learns spelling and word order in tens of steps
 # (loss falls far below the ~2.9 nats of English letter frequencies), varied enough not to be one string.
@@ -50,7 +50,7 @@ def demo_corpus(seed: int, documents: int = 2000) -> list[str]:
 def write_demo_corpus(path: Path, seed: int) -> Path:
     """Write the demo corpus as a .txt file (blank line between documents) so users can read it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # several processes may write it at once
     tmp.write_text("\n\n".join(demo_corpus(seed)) + "\n", encoding="utf-8")
     tmp.replace(path)
     return path

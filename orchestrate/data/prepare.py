@@ -20,8 +20,18 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrate.data.cache import META_FILE, OFFSETS_FILE, TOKENS_FILE, CACHE_FORMAT, TokenStream, entry_key, \
-    entry_name, open_entry, publish, temp_dir_for
+from orchestrate.data.cache import (
+    CACHE_FORMAT,
+    META_FILE,
+    OFFSETS_FILE,
+    TOKENS_FILE,
+    TokenStream,
+    entry_key,
+    entry_name,
+    open_entry,
+    publish,
+    temp_dir_for,
+)
 from orchestrate.data.sources import Source, source_identity, total_bytes
 from orchestrate.data.tokenizer import Tokenizer, token_dtype
 from orchestrate.errors import Problem, UserError

@@ -173,9 +173,7 @@ def resolve_sources(config: RunConfig, plan_files: dict[str, str] | None = None,
         elif demo_path is not None:
             path = demo_path
         else:
-            raise UserError("the plan has no demo corpus", [Problem(
-                "data.generate_demo_corpus", "plan.json lists no generated corpus",
-                "create the run with `orchestrate launch` or `orchestrate config`, which write it")])
+            raise ValueError("resolve_sources needs the run's demo corpus (plan_files) or a demo_path")
         options = (("sample_by", "paragraph"),)
         train = [Source("files", "data.generate_demo_corpus", "text", (path,), options)]
     else:

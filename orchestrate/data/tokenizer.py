@@ -89,12 +89,22 @@ class HFTokenizer:
         return self._tok.decode(ids)
 
     def fingerprint(self) -> str:
-        """Content hash of the directory's files: the same files give the same ids wherever they live."""
-        h = hashlib.blake2b(digest_size=16)
-        for path in sorted(p for p in self.directory.rglob("*") if p.is_file()):
-            h.update(str(path.relative_to(self.directory)).encode() + b"\0")
+        """Content hash of the tokenizer's files (not of model weights that may share the directory):
+        the same files give the same ids wherever they live."""
+        h = hashlib.blake2b(f"{self.vocab_size}/{self.eos_id}".encode(), digest_size=16)
+        for path in sorted(p for p in self.directory.iterdir() if p.is_file() and _is_tokenizer_file(p.name)):
+            h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
         return f"hf-{h.hexdigest()}"
+
+
+_TOKENIZER_FILES = ("tokenizer", "special_tokens_map", "added_tokens", "vocab", "merges", "spiece", "sentencepiece",
+                    "chat_template")
+
+
+def _is_tokenizer_file(name: str) -> bool:
+    """Files AutoTokenizer reads (tokenizer.json, vocab/merges, sentencepiece and tiktoken models)."""
+    return name.startswith(_TOKENIZER_FILES) or name.endswith((".model", ".tiktoken"))
 
 
 def load_tokenizer(tokenizer_dir: Path | None) -> Tokenizer:

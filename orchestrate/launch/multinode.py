@@ -12,12 +12,18 @@ e.g. FSDP hybrid shard against full sharding across nodes):
 - `orchestrate launch --hosts HOSTFILE` -> `launch_over_ssh`: torchrun on every host over SSH
   (`ssh.run_commands`), rendezvous on the first host; one host failing stops all.
 
-Shared paths. The run directory is written once, here; every node reads plan.json and the rendered
-configs at the same absolute path and writes its logs, checkpoints and the trained model there. So
-the run directory must be on a filesystem every node mounts at the same path (NFS, Lustre, a
-cluster home), and orchestrate must be installed at the same interpreter path on every node
-(`python`, default this process's own). Nothing checks this up front: a node that lacks the path
-fails at start with "plan file ... not found" or "No such file" in its output.
+Shared paths. The run directory is written once, here, and the data tokenised once, here, into
+the cache (`data.cache_dir`, default `<train.output_dir>/data_cache`); every node reads plan.json,
+the rendered configs and the cache at the same absolute paths and writes its logs, checkpoints and
+the trained model into the run directory. So both must be on a filesystem every node mounts at the
+same path (NFS, Lustre, a cluster home), and orchestrate must be installed at the same interpreter
+path on every node (`python`, default this process's own). Nothing checks this up front: a node that
+lacks a path fails at start with "plan file ... not found" or "No such file" in its output.
+
+Stopping and resuming as on one node: torchrun on every node forwards SIGTERM/SIGUSR1 to its
+workers and waits `train.preemption_grace_s` for their checkpoint; workers that stopped early leave
+RUN_DIR/REQUEUE, and the launch then returns EX_TEMPFAIL (75). `resume=True` continues the newest
+run (or `run_dir`) from its latest checkpoint (`orchestrate.launch.resume`).
 """
 
 from __future__ import annotations
@@ -38,7 +44,9 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.launch import slurm, ssh
 from orchestrate.launch.hostfile import Host
 from orchestrate.launch.launcher import LAUNCH_SCRIPT, LaunchResult, build_plan
-from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE, default_run_dir, prepare_run, read_run_info
+from orchestrate.launch.launcher import _launch_env as launch_env
+from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
+from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE, default_run_dir, prepare_run
 from orchestrate.launch.slurm import SlurmAllocation, SlurmJob
 from orchestrate.planner.plan import Plan
 
@@ -49,8 +57,9 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.hardware.profile import HardwareProfile
 
-SRUN_STOP_GRACE_S = 60
-"""After Ctrl-C: how long srun (which forwards SIGTERM to every node's torchrun) may take to stop."""
+STOP_MARGIN_S = 15
+"""After Ctrl-C or a failed host: how much longer than the workers' checkpoint grace
+(`train.preemption_grace_s`) srun or a host may take to stop before it is killed."""
 
 
 def worker_torchrun_args(run_dir: Path, max_restarts: int = 0) -> tuple[str, ...]:
@@ -114,14 +123,41 @@ def allocation_to_use(env: Mapping[str, str] | None = None, *, explicit_rendezvo
     return alloc
 
 
-def _prepare(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None) -> tuple[Plan, Path]:
-    """Plan (UserError when nothing fits), check the data, write the run directory."""
+def _prepare(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
+             console: Console | None, messages: list[str]) -> tuple[Plan, Path]:
+    """Plan (UserError when nothing fits), check the data, write the run directory: as
+    `launcher.launch_from_config` does, resume included."""
     from orchestrate.data.pipeline import check_data_config
 
-    plan = build_plan(config, hardware)
-    check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
-    run_dir = (run_dir or default_run_dir(config, name)).resolve()
-    return prepare_run(plan, run_dir), run_dir
+    if resume:
+        run_dir = run_to_resume(config, name, run_dir)
+        plan, reused = plan_for_resume(config, hardware, run_dir)
+        _say(console, messages, resume_notice(run_dir, reused))
+    else:
+        plan, reused = build_plan(config, hardware), False
+        run_dir = (run_dir or default_run_dir(config, name)).resolve()
+        refuse_checkpointed(run_dir)
+    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    return (plan if reused else prepare_run(plan, run_dir)), run_dir
+
+
+def _prepare_data(plan: Plan, run_dir: Path, console: Console | None, messages: list[str]) -> None:
+    """Tokenise once, here, into the shared cache, so the nodes' local rank 0s do not race to build it."""
+    from orchestrate.data.pipeline import prepare_for_plan
+
+    _say(console, messages, prepare_for_plan(plan, run_dir, progress=console is not None))
+
+
+def _requeue_code(run_dir: Path, code: int, console: Console | None, messages: list[str]) -> int:
+    """EX_TEMPFAIL when the workers checkpointed on a stop signal (RUN_DIR/REQUEUE), else `code`."""
+    from orchestrate.worker.signals import EX_TEMPFAIL, read_requeue
+
+    requeue = read_requeue(run_dir)
+    if requeue is None:
+        return code
+    _say(console, messages, f"checkpointed at step {requeue.get('step', '?')} after {requeue.get('signal')} "
+                            f"(exit {EX_TEMPFAIL}: requeue)")
+    return EX_TEMPFAIL
 
 
 def _say(console: Console | None, messages: list[str], text: str) -> None:
@@ -156,7 +192,8 @@ class SlurmOptions:
     cpus_per_task: int | None = None
     job_name: str | None = None
     """Default: the config file's stem."""
-    signal_lead_s: int = slurm.DEFAULT_SIGNAL_LEAD_S
+    signal_lead_s: int | None = None
+    """Default: the workers' checkpoint grace, `train.preemption_grace_s`."""
     requeue: bool = True
     python: str = sys.executable
     extra_sbatch: tuple[str, ...] = ()
@@ -175,33 +212,39 @@ def slurm_job_for_plan(plan: Plan, run_dir: Path, options: SlurmOptions = SlurmO
                        max_restarts: int = 0, name: str = "orchestrate") -> SlurmJob:
     """The batch job that runs RUN_DIR/plan.json: a node per plan node, a torchrun on each."""
     hw = plan.hardware
-    env = read_run_info(run_dir / PLAN_FILE).get("env", {})
+    grace = plan.config.train.preemption_grace_s
+    # The script sets torchrun's shutdown timeout itself (from shutdown_grace_s).
+    env = {k: v for k, v in launch_env(plan, run_dir / PLAN_FILE).items() if k != "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"}
     return SlurmJob(
         run_dir=run_dir, nodes=hw.nodes, procs_per_node=hw.ranks_per_node,
         gpus_per_node=hw.gpus_per_node if hw.has_gpu else 0, cpus_per_task=options.cpus_per_task,
         mem=options.mem, time=options.time, partition=options.partition, account=options.account,
         job_name=options.job_name or re.sub(r"[^\w.+-]", "-", name) or "orchestrate", python=options.python,
         program=_worker_program(run_dir / PLAN_FILE), torchrun_args=worker_torchrun_args(run_dir, max_restarts),
-        signal_lead_s=options.signal_lead_s, requeue=options.requeue, extra_sbatch=options.extra_sbatch,
-        env=tuple(sorted(env.items())))
+        signal_lead_s=grace if options.signal_lead_s is None else options.signal_lead_s, shutdown_grace_s=grace,
+        requeue=options.requeue, extra_sbatch=options.extra_sbatch, env=tuple(sorted(env.items())))
 
 
 def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "run", run_dir: Path | None = None,
-                      options: SlurmOptions = SlurmOptions(), max_restarts: int = 0,
+                      options: SlurmOptions = SlurmOptions(), max_restarts: int = 0, resume: bool = False,
                       console: Console | None = None) -> PreparedJob:
-    """Plan for `flags` (nodes x GPUs or CPU processes per node), write the run directory and
-    RUN_DIR/job.sbatch. Nothing is submitted (`slurm.submit(prepared.script)` does that)."""
+    """Plan for `flags` (nodes x GPUs or CPU processes per node), write the run directory, tokenise
+    the data into the shared cache and write RUN_DIR/job.sbatch. Nothing is submitted
+    (`slurm.submit(prepared.script)` does that). `resume`: continue the newest run (or `run_dir`)
+    from its latest checkpoint, as `orchestrate launch --resume` does."""
     hardware = flags.resolve()
-    # Validate the job request before writing anything: a bad --time should not leave a run directory.
-    probe = SlurmJob(run_dir=Path("/"), nodes=hardware.nodes, procs_per_node=hardware.ranks_per_node,
-                     cpus_per_task=options.cpus_per_task, mem=options.mem, time=options.time,
-                     job_name=options.job_name or "orchestrate", python=options.python,
-                     signal_lead_s=options.signal_lead_s)
-    slurm.validate_job(probe)
-    plan, run_dir = _prepare(config, hardware, name, run_dir)
+    # Check the job request before writing anything: a bad --time should not leave a run directory.
+    grace = config.train.preemption_grace_s
+    slurm.validate_job(SlurmJob(
+        run_dir=Path("/"), nodes=hardware.nodes, procs_per_node=hardware.ranks_per_node,
+        cpus_per_task=options.cpus_per_task, mem=options.mem, time=options.time,
+        job_name=options.job_name or "orchestrate", python=options.python, shutdown_grace_s=grace,
+        signal_lead_s=grace if options.signal_lead_s is None else options.signal_lead_s))
+    messages: list[str] = []
+    plan, run_dir = _prepare(config, hardware, name, run_dir, resume, console, messages)
+    _prepare_data(plan, run_dir, console, messages)
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
     script = slurm.write_sbatch(job)
-    messages: list[str] = []
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir}")
     if hardware.has_gpu and not flags.profile and hardware.name.startswith("detected:cpu"):
         _say(console, messages, f"planned for {hardware.gpu.name} GPUs (no GPU here to measure): "
@@ -215,32 +258,40 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
 
 def launch_in_allocation(config: RunConfig, flags: HardwareFlags, alloc: SlurmAllocation, *, name: str = "run",
                          run_dir: Path | None = None, dry_run: bool = False, max_restarts: int = 0,
-                         python: str = sys.executable, console: Console | None = None) -> LaunchResult:
+                         python: str = sys.executable, resume: bool = False,
+                         console: Console | None = None) -> LaunchResult:
     """Plan for the allocation's nodes, write the run directory and run `srun` (one torchrun per
     node, rendezvous on the first node); returns when every node has finished."""
-    plan, run_dir = _prepare(config, hardware_for_allocation(flags, alloc).resolve(), name, run_dir)
+    from orchestrate.worker.signals import clear_requeue
+
+    messages: list[str] = []
+    _say(console, messages, f"SLURM job {alloc.job_id}: launching on its {alloc.nnodes} node(s) with srun")
+    plan, run_dir = _prepare(config, hardware_for_allocation(flags, alloc).resolve(), name, run_dir, resume,
+                             console, messages)
     plan_path = run_dir / PLAN_FILE
     # All of each node's allocated CPUs go to its one task (torchrun and its workers).
     job = slurm_job_for_plan(plan, run_dir, SlurmOptions(python=python, cpus_per_task=alloc.cpus_on_node),
                              max_restarts, name)
     argv = slurm.srun_argv_in_allocation(job, alloc)
-    env = dict(job.env)
-    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in job.env), shlex.join(argv)])
+    env = launch_env(plan, plan_path)
+    command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), shlex.join(argv)])
     _write_launch_script(run_dir, f"The exact command `orchestrate launch` ran inside SLURM job {alloc.job_id}.",
                          f"cd {shlex.quote(os.getcwd())}\n{command}")
-    messages: list[str] = []
-    _say(console, messages, f"SLURM job {alloc.job_id}: launching on its {alloc.nnodes} node(s) with srun")
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir}")
     _say(console, messages, f"command: {command}")
     result = LaunchResult(plan, run_dir, plan_path, command, messages)
     if not dry_run:
-        result.exit_code = _run_srun(argv, env, console, messages)
+        _prepare_data(plan, run_dir, console, messages)
+        clear_requeue(run_dir)
+        code = _run_srun(argv, env, plan.config.train.preemption_grace_s + STOP_MARGIN_S, console, messages)
+        result.exit_code = _requeue_code(run_dir, code, console, messages)
     return result
 
 
-def _run_srun(argv: list[str], env: dict[str, str], console: Console | None, messages: list[str]) -> int:
-    """Run srun; Ctrl-C sends it SIGTERM, which it forwards to every node's torchrun (a bare SIGINT
-    only makes srun print the tasks' states)."""
+def _run_srun(argv: list[str], env: dict[str, str], stop_grace_s: float, console: Console | None,
+              messages: list[str]) -> int:
+    """Run srun (the user's own environment wins over `env`). Ctrl-C sends it SIGTERM, which it
+    forwards to every node's torchrun (a single SIGINT only makes srun print the tasks' states)."""
     proc = subprocess.Popen(argv, env={**env, **os.environ})
     try:
         code = proc.wait()
@@ -248,13 +299,14 @@ def _run_srun(argv: list[str], env: dict[str, str], console: Console | None, mes
         _say(console, messages, "interrupted: stopping the workers on every node")
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=SRUN_STOP_GRACE_S)
+            proc.wait(timeout=stop_grace_s)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
         return 130
     if code:
-        _say(console, messages, f"srun exited with code {code} (a node's torchrun failed; srun stopped the others)")
+        _say(console, messages, f"srun exited with code {code} (a node's torchrun failed or stopped; "
+                                "srun stops the others)")
     return code
 
 
@@ -273,15 +325,23 @@ def reject_with_hosts(**given: object) -> None:
 def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Host], *,
                     options: ssh.SshOptions | None = None, name: str = "run", run_dir: Path | None = None,
                     dry_run: bool = False, max_restarts: int = 0, python: str = sys.executable,
-                    rdzv_port: int | None = None, console: Console | None = None, out=None) -> LaunchResult:
+                    rdzv_port: int | None = None, resume: bool = False, console: Console | None = None,
+                    out=None) -> LaunchResult:
     """Plan for len(hosts) nodes x slots, write the run directory, start torchrun on every host over
     SSH (rendezvous on the first) and wait. Output streams to `out` (default stdout) as
     `[host:position] line`. A failing host (or Ctrl-C) stops the others: `exit_code` is then the
-    failure's (130 for Ctrl-C) and `messages` says which host failed."""
+    failure's (130 for Ctrl-C, 75 when the workers checkpointed) and `messages` says which host
+    failed. `options.stop_grace_s` None: the workers' checkpoint grace plus a margin."""
+    from orchestrate.worker.signals import clear_requeue
+
+    messages: list[str] = []
+    plan, run_dir = _prepare(config, hardware_for_hosts(flags, hosts).resolve(), name, run_dir, resume,
+                             console, messages)
     options = options or ssh.SshOptions()
-    plan, run_dir = _prepare(config, hardware_for_hosts(flags, hosts).resolve(), name, run_dir)
+    if options.stop_grace_s is None:
+        options = dataclasses.replace(options, stop_grace_s=plan.config.train.preemption_grace_s + STOP_MARGIN_S)
     plan_path = run_dir / PLAN_FILE
-    env = read_run_info(plan_path).get("env", {})
+    env = launch_env(plan, plan_path)
     commands = ssh.plan_commands(hosts, _worker_program(plan_path), python=python, options=options,
                                  torchrun_args=worker_torchrun_args(run_dir, max_restarts), rdzv_port=rdzv_port,
                                  rdzv_id=run_dir.name, env=env, probe_port=not dry_run)
@@ -289,7 +349,6 @@ def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Hos
     command = "\n".join([*lines, "wait"])
     _write_launch_script(run_dir, "What `orchestrate launch --hosts` ran: one torchrun per host over SSH "
                                   "(by hand, nothing stops the others when one fails).", command)
-    messages: list[str] = []
     endpoint = next(a.split("=", 1)[1] for a in commands[0].argv if a.startswith("--rdzv-endpoint="))
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir} (every host must see it at this path)")
     _say(console, messages, f"hosts: {', '.join(h.name for h in hosts)}; rendezvous {endpoint}")
@@ -297,14 +356,16 @@ def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Hos
     result = LaunchResult(plan, run_dir, plan_path, command, messages)
     if dry_run:
         return result
+    _prepare_data(plan, run_dir, console, messages)
+    clear_requeue(run_dir)
     try:
         ssh.run_commands(commands, options, out)
-        result.exit_code = 0
+        code = 0
     except ssh.HostFailure as failure:
         _say(console, messages, f"error: {failure}")
-        code = failure.failed.exit_code
-        result.exit_code = code if code and code > 0 else 1
+        code = failure.failed.exit_code if failure.failed.exit_code and failure.failed.exit_code > 0 else 1
     except KeyboardInterrupt:
         _say(console, messages, "interrupted: stopped the workers on every host")
-        result.exit_code = 130
+        code = 130
+    result.exit_code = _requeue_code(run_dir, code, console, messages)
     return result

@@ -11,11 +11,13 @@ torch 2.8 it cannot be told to handle it) while its workers are still writing th
 the batch shell traps USR1 and sends SIGTERM to the steps (`scancel --signal=TERM JOB`, which never
 reaches the batch shell): torchrun handles SIGTERM by forwarding it to its workers and waiting
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds before SIGKILL; the workers checkpoint and exit. Once the
-step has ended, the script requeues the job (`scontrol requeue`) when it was signalled and the step
-did not finish cleanly, or when the step exited EX_TEMPFAIL (75, "checkpointed, please requeue").
-torchrun reports a failed worker as exit 1 whatever the worker's own code, so 75 only shows through
-for payloads that pass it on; the signal path does not depend on it. A plain `scancel` (SIGTERM to
-everything) still cancels: only USR1 means "requeue". Preemption with PreemptMode=REQUEUE needs
+step has ended, the script requeues the job (`scontrol requeue`) when the step did not finish cleanly
+and either the batch shell was signalled, or the workers left RUN_DIR/REQUEUE (they checkpointed on a
+stop signal that came another way, e.g. `scancel -s USR1 JOB` to the steps, which torchrun forwards
+when PET_SIGNALS_TO_HANDLE lists USR1), or the step exited EX_TEMPFAIL (75, "checkpointed, please
+requeue"; torchrun reports a failed worker as exit 1 whatever its own code, so 75 only shows through
+for payloads that pass it on). A plain `scancel` (SIGTERM to everything) still cancels: the batch
+shell dies with it, and only it requeues. Preemption with PreemptMode=REQUEUE needs
 nothing from the script: Slurm sends SIGTERM to every process and requeues by itself.
 
 Pure parts (rendering, parsing) are separate from the few functions that run Slurm commands.
@@ -37,6 +39,8 @@ from orchestrate.errors import Problem, UserError
 
 EX_TEMPFAIL = 75
 """The exit status a worker uses for "checkpointed, please requeue" (BSD sysexits.h)."""
+REQUEUE_MARKER = "REQUEUE"
+"""RUN_DIR/REQUEUE: left by workers that checkpointed on a stop signal (worker.signals.REQUEUE_FILE)."""
 
 SCRIPT_NAME = "job.sbatch"
 DEFAULT_SIGNAL_LEAD_S = 120
@@ -93,6 +97,9 @@ class SlurmJob:
     --rdzv-conf: it would replace the per-node `is_host` setting."""
     signal_lead_s: int = DEFAULT_SIGNAL_LEAD_S
     """Seconds before the time limit to ask for a checkpoint (USR1 to the batch shell); 0: never."""
+    shutdown_grace_s: int | None = None
+    """Seconds torchrun gives the workers to checkpoint after SIGTERM before it SIGKILLs them
+    (TORCH_ELASTIC_SHUTDOWN_TIMEOUT); default: signal_lead_s, or 30 without a signal."""
     requeue: bool = True
     max_requeues: int = 20
     """Stop requeueing after this many restarts (a job that fails the same way forever)."""
@@ -157,6 +164,11 @@ def validate_job(job: SlurmJob) -> None:
                                     "e.g. 4:00:00 or 1-12:00:00"))
     if job.signal_lead_s < 0:
         problems.append(Problem("--signal", f"{job.signal_lead_s} s before the limit", "0 (off) or more"))
+    elif job.signal_lead_s and job.shutdown_grace_s and job.signal_lead_s < job.shutdown_grace_s:
+        problems.append(Problem("--signal", f"the checkpoint signal comes {job.signal_lead_s} s before the time "
+                                f"limit, but the workers get {job.shutdown_grace_s} s to checkpoint "
+                                "(train.preemption_grace_s): the limit would kill them mid-checkpoint",
+                                f"a lead of at least {job.shutdown_grace_s} s, or a shorter train.preemption_grace_s"))
     elif limit is not None and job.signal_lead_s and job.signal_lead_s >= limit:
         problems.append(Problem("--time", f"the checkpoint signal comes {job.signal_lead_s} s before a "
                                 f"{limit} s limit, so at the start", "a longer --time or a shorter lead"))
@@ -239,11 +251,13 @@ def render_sbatch(job: SlurmJob) -> str:
     port = str(job.rdzv_port) if job.rdzv_port else f"$(({_PORT_BASE} + SLURM_JOB_ID % {_PORT_SPAN}))"
     srun = " \\\n    ".join(_sh_join(group) for group in _srun_groups(
         job, nnodes=Sh("$SLURM_NNODES"), rdzv_endpoint=Sh("$head_addr:$rdzv_port"), rdzv_id=Sh("$SLURM_JOB_ID")))
-    grace = job.signal_lead_s or 30
+    grace = job.shutdown_grace_s or job.signal_lead_s or 30
+    marker = shlex.quote(str(job.run_dir / REQUEUE_MARKER))
     if job.requeue:
         requeue = f"""\
-# Requeue when asked to (USR1) and the step did not finish, or when it exited {EX_TEMPFAIL} (EX_TEMPFAIL).
-if [ "$rc" -ne 0 ] && {{ [ "$signalled" = 1 ] || [ "$rc" -eq {EX_TEMPFAIL} ]; }}; then
+# Requeue when the step did not finish and was asked to stop (USR1 here), or the workers checkpointed
+# on a stop signal (they leave REQUEUE), or it exited {EX_TEMPFAIL} (EX_TEMPFAIL).
+if [ "$rc" -ne 0 ] && {{ [ "$signalled" = 1 ] || [ -f {marker} ] || [ "$rc" -eq {EX_TEMPFAIL} ]; }}; then
     if [ "${{SLURM_RESTART_COUNT:-0}}" -ge {job.max_requeues} ]; then
         echo "orchestrate: not requeueing: already restarted {job.max_requeues} times"
     else
@@ -359,7 +373,9 @@ class SlurmAllocation:
     node_id: int | None
     """This node's index in `nodes`; None outside a job step or batch script (e.g. an salloc shell)."""
     gpus_on_node: int | None
+    """SLURM_GPUS_ON_NODE (job steps, batch scripts), else SLURM_GPUS_PER_NODE (an salloc shell)."""
     cpus_on_node: int | None
+    """SLURM_CPUS_ON_NODE, else the first node's count in SLURM_JOB_CPUS_PER_NODE ("4(x2),2")."""
     in_step: bool
     """True inside an srun step (SLURM_STEP_ID set): launching another srun here would nest steps."""
 
@@ -379,7 +395,9 @@ def detect_slurm_allocation(env: Mapping[str, str] | None = None) -> SlurmAlloca
     nnodes = _int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES")) or len(nodes) or 1
     return SlurmAllocation(
         job_id=job_id, nnodes=nnodes, nodes=nodes, node_id=_int(env.get("SLURM_NODEID")),
-        gpus_on_node=_int(env.get("SLURM_GPUS_ON_NODE")), cpus_on_node=_int(env.get("SLURM_CPUS_ON_NODE")),
+        gpus_on_node=_int(env.get("SLURM_GPUS_ON_NODE")) or _int(env.get("SLURM_GPUS_PER_NODE", "").rsplit(":", 1)[-1]),
+        cpus_on_node=_int(env.get("SLURM_CPUS_ON_NODE"))
+        or _int(re.split(r"[(,]", env.get("SLURM_JOB_CPUS_PER_NODE", ""))[0]),
         in_step="SLURM_STEP_ID" in env and env.get("SLURM_STEP_ID") not in ("batch", "extern"))
 
 

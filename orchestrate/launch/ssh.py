@@ -100,6 +100,7 @@ for pid in left:
         pass
 print(f"stopped process group {pgid}" + (f" (killed {len(left)} that outlived the grace period)" if left else ""))
 """
+DEFAULT_STOP_GRACE_S = 30
 _FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
 
 
@@ -114,7 +115,8 @@ class SshOptions:
     """Trusted host keys in addition to ~/.ssh/known_hosts and the ssh config's UserKnownHostsFile."""
     trust_on_first_use: bool = False
     connect_timeout: float = 15
-    stop_grace_s: float = 30
+    stop_grace_s: float | None = None
+    """SIGTERM to SIGKILL when stopping a host's command; None: DEFAULT_STOP_GRACE_S."""
 
 
 @dataclass(frozen=True)
@@ -349,7 +351,8 @@ class _HostRun(threading.Thread):
             emit(f"[{self.command.host}:{self.command.rank}] not started: closing the connection")
             self.conn.close()
             return
-        argv = [self.command.argv[0], "-c", _STOP, str(self.pgid), str(self.options.stop_grace_s)]
+        grace = DEFAULT_STOP_GRACE_S if self.options.stop_grace_s is None else self.options.stop_grace_s
+        argv = [self.command.argv[0], "-c", _STOP, str(self.pgid), str(grace)]
         try:
             with connect(self.command.host, self.options) as conn:
                 r = conn.run(shlex.join(argv), hide=True, warn=True, in_stream=False)

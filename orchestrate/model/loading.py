@@ -17,7 +17,6 @@ mis-shaped tensors are one UserError), before any weight is read.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from orchestrate.backends.hf_io import SAFETENSORS_FILE, SAFETENSORS_INDEX, StateLayout, _match_key
+from orchestrate.backends.hf_io import (
+    SAFETENSORS_FILE,
+    SAFETENSORS_INDEX,
+    StateLayout,
+    _match_key,
+    _weight_files,
+)
 from orchestrate.errors import Problem, UserError
 
 
@@ -39,17 +44,6 @@ class ReadPlan:
 
 def has_safetensors(model_dir: Path) -> bool:
     return (Path(model_dir) / SAFETENSORS_INDEX).is_file() or (Path(model_dir) / SAFETENSORS_FILE).is_file()
-
-
-def _weight_files(model_dir: Path) -> list[Path]:
-    index = model_dir / SAFETENSORS_INDEX
-    if index.is_file():
-        return [model_dir / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    if (model_dir / SAFETENSORS_FILE).is_file():
-        return [model_dir / SAFETENSORS_FILE]
-    raise UserError("model directory has no weights", [Problem(
-        str(model_dir), f"neither {SAFETENSORS_FILE} nor {SAFETENSORS_INDEX} found",
-        "save the model with `save_pretrained(dir)` (safetensors)")])
 
 
 def plan_reads(model_dir: Path, layout: StateLayout) -> ReadPlan:
@@ -91,10 +85,14 @@ def plan_reads(model_dir: Path, layout: StateLayout) -> ReadPlan:
     return ReadPlan(dict(reads))
 
 
-def _check_ties(model: nn.Module, layout: StateLayout) -> None:
+def _retie(model: nn.Module, layout: StateLayout) -> None:
+    """`to_empty` gives every module its own new Parameter, so tied weights (GPT-2's lm_head and
+    wte) come apart; point every alias back at the group's first Parameter."""
     for group in layout.tie_groups:
-        if len({id(model.get_parameter(name)) for name in group}) != 1:
-            raise RuntimeError(f"tied weights {group} came apart while allocating the model")
+        first = model.get_parameter(group[0])
+        for name in group[1:]:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, first)
 
 
 def meta_model(model_dir: Path, trust_remote_code: bool = False) -> tuple[nn.Module, object, StateLayout]:
@@ -110,7 +108,7 @@ def meta_model(model_dir: Path, trust_remote_code: bool = False) -> tuple[nn.Mod
 
 def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype,
                     trust_remote_code: bool = False) -> nn.Module:
-    """The whole model on `device` in `dtype` (floating tensors), filled from `model_dir` one tensor at a time."""
+    """The whole model on `device`, floating parameters in `dtype`, filled from `model_dir` one tensor at a time."""
     from safetensors import safe_open
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
@@ -118,9 +116,11 @@ def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype,
     model_dir = Path(model_dir)
     model, _, layout = meta_model(model_dir, trust_remote_code)
     plan = plan_reads(model_dir, layout)  # before allocating anything
-    model.to(dtype)  # on meta: free; casts floating parameters and buffers only
+    for param in model.parameters():  # on meta: free. Buffers keep their dtype (rotary inv_freq stays
+        if param.is_floating_point():  # fp32), as DeepSpeed's own cast of the module does.
+            param.data = param.data.to(dtype)
     model.to_empty(device=device)
-    _check_ties(model, layout)
+    _retie(model, layout)
     targets = model.state_dict()  # detached views of the parameters' storage
     with torch.no_grad():
         for path, items in plan.reads.items():
@@ -128,7 +128,6 @@ def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype,
                 for target, key in items:
                     targets[target].copy_(f.get_tensor(key))  # casts and moves; the temporary is one tensor
     restore_non_persistent_buffers(model, device)
-    model.config.use_cache = False  # training: a KV cache is useless and clashes with checkpointing
     return model
 
 
@@ -150,7 +149,7 @@ def load_sharded(model: nn.Module, model_dir: Path, layout: StateLayout) -> None
                         # torch.distributed.checkpoint's state-dict distribution for the same purpose).
                         shape, offset = compute_local_shape_and_global_offset(dst.shape, dst.device_mesh,
                                                                               dst.placements)
-                        rows = f.get_slice(key)[tuple(slice(o, o + s) for s, o in zip(shape, offset))]
+                        rows = f.get_slice(key)[tuple(slice(o, o + s) for s, o in zip(shape, offset, strict=True))]
                         dst.to_local().copy_(rows)
                     else:
                         dst.copy_(f.get_tensor(key))

@@ -110,7 +110,7 @@ def _ddp(shape: ModelShape, strategy: Strategy, world: int) -> _Placement:
     return out
 
 
-def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
+def _deepspeed(shape: ModelShape, strategy: Strategy, n: int, accumulation: int) -> _Placement:
     # ZeRO (Rajbhandari et al. 2020, section 5) with DeepSpeed's bookkeeping as its estimators count it
     # (deepspeed/runtime/zero/stage_1_and_2.py and stage3.py, estimate_zero{2,3}_model_states_mem_needs):
     # 16-bit params (c·P) + per rank 18·P/n = 2 (16-bit grad partition) + 4 (fp32 grad partition the
@@ -128,8 +128,9 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
         # "nvme" keeps the states in CPU RAM. The planner never proposes it; model what would run.
         offload_opt = "cpu"
 
-    if stage == 1:
-        # Stage 1 does not partition gradients: full 16-bit .grad until the boundary reduce.
+    if stage == 1 and accumulation > 1:
+        # Stage 1 does not partition gradients: full 16-bit .grad between micro-batches, until the
+        # boundary reduce.
         low_grads = c * p
     elif offload_opt != "none" and stage == 2:
         # ZeRO-Offload: reduced gradient partitions go straight from the ipg bucket into the pinned CPU
@@ -140,6 +141,12 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
         # the CPU (stage3.py: self.device = cpu; grad_partitions_flat_buffer), counted below.
         low_grads = 0
         out.cpu["offloaded_gradients"] += c * p / n
+    elif stage < 3:
+        # ZeRO-2, and ZeRO-1 without accumulation (DeepSpeed 0.19 then reduces into partitions during
+        # the boundary backward, stage_1_and_2.py `reduce_ipg_grads`): `grads_in_partition` is sized
+        # by the *whole* parameters that overlap this rank's partition, so it exceeds P/n by up to one
+        # parameter (measured on 2 gloo ranks: tests/test_memory_vs_real.py). Bounded by the largest layer.
+        low_grads = c * (p / n + shape.largest_layer_parameters)
     else:
         low_grads = c * p / n
 
@@ -226,12 +233,12 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> f
     return hw.ranks_per_node * k.LOAD_BYTES_PER_PARAM * p
 
 
-def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> _Placement:
+def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accumulation: int) -> _Placement:
     n = shard_group_size(hw, strategy)
     if strategy.backend == "ddp":
         return _ddp(shape, strategy, hw.world_size)
     if strategy.backend == "deepspeed":
-        out = _deepspeed(shape, strategy, n)
+        out = _deepspeed(shape, strategy, n, accumulation)
         if hw.world_size > 1:
             # ipg reduce buckets (x2 with overlap_comm) + the all-gather bucket; ZeRO-3: + the
             # prefetch bucket. Sizes are the rendering contract in constants.
@@ -247,7 +254,7 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> _P
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
                     gradient_accumulation: int = 1) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc)."""
-    placed = _placement(shape, hw, strategy)
+    placed = _placement(shape, hw, strategy, gradient_accumulation)
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)

@@ -6,7 +6,7 @@ byte. Wrapping follows `orchestrate/backends/fsdp.py` and `deepspeed_backend.py`
 per block then `fully_shard` per block and root with a MixedPrecisionPolicy; DeepSpeed with its
 rendered config and a client AdamW; DDP with `torch.autocast` (what the analytical model assumes).
 
-CUDA-like choices on CPU (measured on this machine, see docs):
+CUDA-like choices on CPU (measured on this project's machines):
 - attention dropout is set to 0: CPU SDPA with dropout falls back to the math kernel, which keeps
   the b*a*s^2 attention matrix; CUDA's flash / memory-efficient kernels regenerate the mask instead;
 - other dropouts go through `torch.native_dropout`, which keeps a 1-byte bool mask as CUDA does;
@@ -337,16 +337,16 @@ class Trainer:
     def forward_backward(self, index: int = 0) -> None:
         """Micro-batch `index` of the step: {"input_ids", "labels"}, as orchestrate/data/pipeline.py
         batches it. DeepSpeed counts micro-steps itself (`engine.step()` after each; only the
-        boundary one steps); FSDP2 grad-op and DDP skip the gradient sync until the last."""
+        boundary one steps); DDP (and FSDP2 if its settings say so) sync only on the last."""
         n = self.spec.gradient_accumulation
         last = index == n - 1
         self._phase("forward")
         ids = torch.randint(0, self.cfg.vocab_size, (self.spec.strategy["micro_batch_size"], self.spec.seq_len))
         labels = ids.clone()
         sync: Any = contextlib.nullcontext()
-        if self.backend == "fsdp" and self.spec.strategy["zero_stage"] == 2:
-            self.model.set_requires_gradient_sync(last)  # fsdp.py: "last_micro_batch"
-        elif self.backend == "ddp" and not last:
+        if self.spec.sync_last_micro_batch_only and self.backend == "fsdp":
+            self.model.set_requires_gradient_sync(last)
+        elif self.spec.sync_last_micro_batch_only and self.backend == "ddp" and not last:
             sync = self.model.no_sync()
         autocast = (torch.autocast("cpu", dtype=_DTYPES[self.precision])
                     if self.backend == "ddp" and self.precision in _DTYPES else contextlib.nullcontext())

@@ -1,8 +1,8 @@
 """What one simulated (or real, measured) training run does: every knob as a plain JSON-able value.
 
 A `RunSpec` is derived from a `Plan` through the backends' own pure renderers (`fsdp_settings`,
-DeepSpeed's `render_config`), so the simulation wraps the model exactly as the worker will. It is
-JSON so it can cross into the subprocess that runs the simulation.
+`ddp_settings`, DeepSpeed's `render_config`), so the simulation wraps the model as the worker will.
+It is JSON so it can cross into the subprocess that runs the simulation.
 """
 
 from __future__ import annotations
@@ -33,6 +33,9 @@ class RunSpec:
     gradient_accumulation: int = 1
     """Micro-batches per step (at most 2: from the second on, every micro-batch repeats the same
     memory pattern with the accumulated gradients held)."""
+    sync_last_micro_batch_only: bool = False
+    """DDP / FSDP2: skip the gradient all-reduce / reduce-scatter on all but the last micro-batch
+    (the backend's rendered `gradient_sync`)."""
     grad_clip: float = 1.0
     fused_adam: bool = False
     """torch AdamW `fused=True` (the fsdp/ddp backends on GPU: no full-size temporaries)."""
@@ -101,7 +104,7 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
     hf_config = load_model_config(plan.config)
     hw, train = plan.hardware, plan.config.train
     mesh: tuple[int, ...] = (plan.world_size,)
-    fused, foreach, ds_config, blocks = False, None, None, None
+    fused, foreach, ds_config, blocks, sync_last = False, None, None, None, False
     if strategy.backend == "fsdp":
         from orchestrate.backends.fsdp import fsdp_settings
 
@@ -109,6 +112,7 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         mesh = tuple(settings["mesh"]["shape"])
         fused = bool(settings["optimizer"]["fused"])
         blocks = settings["fully_shard"]["block_classes"]
+        sync_last = settings["gradient_sync"] == "last_micro_batch"
     elif strategy.backend == "deepspeed":
         from orchestrate.backends.deepspeed_render import render_config
 
@@ -117,12 +121,16 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         # on CUDA, where torch's default is the foreach implementation.
         foreach = hw.has_gpu or None
     else:
-        # DDP: the analytical model assumes fused AdamW on GPU, like the fsdp backend.
-        fused = hw.has_gpu
+        from orchestrate.backends.ddp import ddp_settings
+
+        settings = ddp_settings(plan1)
+        fused = bool(settings["optimizer"]["fused"])
+        blocks = settings["block_classes"]
+        sync_last = settings["gradient_sync"] == "last_micro_batch"
     return RunSpec(
         model_config=hf_config.to_dict(), strategy=strategy.to_dict(), seq_len=train.seq_len,
         world_size=plan.world_size, mesh_shape=mesh, rank=rank, steps=steps, gradient_accumulation=accumulation,
-        grad_clip=train.grad_clip,
+        sync_last_micro_batch_only=sync_last, grad_clip=train.grad_clip,
         fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
         deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None, notes=notes)
 
@@ -133,7 +141,7 @@ def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size
     per GPU), so simulating parts goes through the same renderers as simulating a plan."""
     from orchestrate.config.load import config_from_dict
     from orchestrate.hardware.presets import load_preset
-    from orchestrate.model.meta import shape_from_config
+    from orchestrate.model.meta import load_model_config, shape_from_config
     from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
 
     arch = hf_config if isinstance(hf_config, dict) else hf_config.to_diff_dict()
@@ -148,8 +156,6 @@ def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size
                             "train": {"seq_len": seq_len, "global_batch_size": strategy.micro_batch_size * world_size,
                                       "precision": strategy.precision,
                                       "micro_batch_size": strategy.micro_batch_size}}, None)
-    from orchestrate.model.meta import load_model_config
-
     shape = shape_from_config(load_model_config(cfg))
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), 1, fits=True)
     return Plan(config=cfg, hardware=hardware, shape=shape, candidates=[cand], chosen=cand)

@@ -41,9 +41,9 @@ def train(plan_path: Path) -> int:
     from orchestrate.data import build_data
     from orchestrate.launch.rundir import read_run_info
     from orchestrate.model.init_weights import ensure_initial_weights
+    from orchestrate.worker.checkpointing import Checkpointer, check_resumable, latest_checkpoint
     from orchestrate.worker.dist_env import init_distributed, rank_info
     from orchestrate.worker.metrics import METRICS_FILE, MetricsWriter, gather_step_stats, mean_over_ranks
-    from orchestrate.worker.checkpointing import Checkpointer, check_resumable, latest_checkpoint
     from orchestrate.worker.progress import ProgressDisplay
     from orchestrate.worker.signals import StopRequest, clear_requeue
 

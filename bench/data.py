@@ -17,6 +17,7 @@ per rank, as `orchestrate launch --gpus 2` runs them on this 2-core machine).
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 import tempfile
 import time
@@ -79,22 +80,24 @@ def main() -> None:
         model = AutoModelForCausalLM.from_config(load_model_config(config))
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
-        def step() -> None:
-            loss = model(**data.micro_batch(args.micro), use_cache=False).loss
+        def step(batch: dict[str, torch.Tensor]) -> None:
+            loss = model(**batch, use_cache=False).loss
             loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
         for _ in range(3):
-            step()
+            step(data.micro_batch(args.micro))
         start = time.perf_counter()
         for _ in range(args.steps):
-            step()
+            step(data.micro_batch(args.micro))
         trainer = args.steps * args.micro * seq_len / (time.perf_counter() - start)
 
-        (one,) = measure_mapping_workers(prepared.train.directory, 1, seq_len)
-        two = measure_mapping_workers(prepared.train.directory, 2, seq_len)
-        size = prepared.train.tokens.nbytes
+        entry, size = prepared.train.directory, prepared.train.tokens.nbytes
+        del prepared, data  # unmap here: only the measured workers may map the file
+        gc.collect()
+        (one,) = measure_mapping_workers(entry, 1, seq_len)
+        two = measure_mapping_workers(entry, 2, seq_len)
 
     print(f"corpus: {args.documents:,} documents, {tokens:,} tokens ({size / MiB:.1f} MiB as uint16); "
           f"seq_len {seq_len}, micro-batch {args.micro}, rank 0 of 2")

@@ -119,7 +119,8 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
     if simulate and the_plan.chosen is not None:
         from orchestrate.simulate import verify_plan
 
-        console.print(verify_plan(the_plan))
+        console.print("simulating the chosen plan (real model code on fake tensors)...")
+        console.print(verify_plan(the_plan).summary(), markup=False, highlight=False, soft_wrap=True)
     require_feasible(the_plan)
 
 

@@ -268,6 +268,19 @@ def test_two_node_slurm_job_trains_the_tiny_model(trained_on_slurm):
     assert len(list((job.run / "logs").rglob("stdout.log"))) == 4 and len(per_node) == 2
 
 
+@pytest.mark.daemons
+@pytest.mark.slow
+def test_slurm_refuses_a_checkpointed_run_dir_unless_resuming(trained_on_slurm):
+    run = trained_on_slurm.run  # holds the final checkpoint of the job above
+    again = _invoke("slurm", TINY, "--nodes", 2, "--gpus", 2, "--run-dir", run,
+                    *_sets(*SHORT, f"train.max_steps={SLURM_STEPS}", f"train.output_dir={run.parent}"))
+    assert again.exit_code == 2 and "already holds checkpoints" in again.output, again.output
+    more = _invoke("slurm", TINY, "--nodes", 2, "--gpus", 2, "--run-dir", run, "--resume",
+                   *_sets(*SHORT, f"train.max_steps={SLURM_STEPS}", f"train.output_dir={run.parent}"))
+    assert more.exit_code == 0, more.output
+    assert f"resuming {run} from step {SLURM_STEPS} (4 rank(s)" in more.output and "with its own plan" in more.output
+
+
 def _weights(run: Path) -> dict:
     from safetensors.torch import load_file
 

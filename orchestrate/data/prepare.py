@@ -115,7 +115,8 @@ def _num_proc(setting: int | str, sources: list[Source]) -> int:
 
 
 @contextmanager
-def _progress_bars(enabled: bool):
+def progress_bars(enabled: bool):
+    """`datasets`' progress bars on or off for the duration (restored after)."""
     import datasets
 
     was = datasets.is_progress_bar_enabled()
@@ -242,7 +243,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
     start = time.perf_counter()
     dtype = token_dtype(tokenizer.vocab_size)
     n_tokens, n_docs = 0, 0
-    with _progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f:
+    with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f:
         np.zeros(1, np.int64).tofile(off_f)
         for i, source in enumerate(sources):
             ds = _load(source, work, num_proc)

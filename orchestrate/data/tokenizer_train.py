@@ -14,7 +14,7 @@ from pathlib import Path
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.cache import cache_dir_of, temp_dir_for
 from orchestrate.data.corpus import write_demo_corpus
-from orchestrate.data.prepare import TextSpec, iter_documents
+from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
 from orchestrate.data.sources import resolve_sources
 from orchestrate.errors import Problem, UserError
 
@@ -51,7 +51,8 @@ def train_tokenizer(config: RunConfig, vocab_size: int, out_dir: Path, *, progre
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     work = temp_dir_for(cache_dir_of(config) / "tokenizer-train")
     try:
-        tokenizer.train_from_iterator(iter_documents(sources, spec, work), trainer)
+        with progress_bars(progress):
+            tokenizer.train_from_iterator(iter_documents(sources, spec, work), trainer)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if tokenizer.get_vocab_size() <= MIN_VOCAB - 1:

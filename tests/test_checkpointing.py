@@ -296,8 +296,9 @@ def _crash_while_writing(model_dir: str, run_dir: str, phase: str) -> dict:
         for _ in range(2):
             engine.train_step(batches)
         checkpointer.save(2, {"position": 2})
+        weights = full()  # collective: every rank gathers, rank 0 keeps them
         if rank == 0:
-            torch.save(full(), Path(run_dir) / "weights_at_2.pt")
+            torch.save(weights, Path(run_dir) / "weights_at_2.pt")
         engine.train_step(batches)
         save = engine.save_checkpoint
 

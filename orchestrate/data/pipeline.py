@@ -169,7 +169,7 @@ def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     how = (f"tokenised {' and '.join(prepared.tokenized)} in {prepared.seconds:.1f} s" if prepared.tokenized
            else f"cache hit ({prepared.seconds:.2f} s)")
     text = (f"data: {how}: {int(prepared.train.meta['tokens']):,} tokens in {prepared.train.num_documents:,} "
-            f"documents -> {len(train):,} train / {len(validation):,} validation {unit}; cache {prepared.train.directory}")
+            f"documents -> {len(train):,} train / {len(validation):,} validation {unit}\n  cache: {prepared.train.directory}")
     if isinstance(train, PaddedDocuments) and train.truncated():
         text += f"\n  {train.truncated():,} documents are longer than seq_len {config.train.seq_len} and are truncated"
     return text

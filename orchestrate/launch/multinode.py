@@ -101,7 +101,7 @@ def hardware_for_hosts(flags: HardwareFlags, hosts: Sequence[Host]) -> HardwareF
 
 def hardware_for_allocation(flags: HardwareFlags, alloc: SlurmAllocation) -> HardwareFlags:
     """The hardware flags with the allocation's node count, and its GPUs per node when the flags
-    do not say (SLURM_GPUS_ON_NODE; an salloc shell on a login node may not know them)."""
+    do not say (`gpus_on_node`: SLURM_GPUS_ON_NODE or SLURM_GPUS_PER_NODE)."""
     if flags.nodes is not None and flags.nodes != alloc.nnodes:
         raise UserError("--nodes contradicts the SLURM allocation", [Problem(
             "--nodes", f"{flags.nodes} given, the allocation (job {alloc.job_id}) has {alloc.nnodes} node(s)",

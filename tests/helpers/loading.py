@@ -39,10 +39,13 @@ def sharded_meta_model(model_dir: str):
 def naive(model_dir: str) -> int:
     """Every rank: transformers' from_pretrained in fp32 (the previous DDP / ZeRO-1/2 path)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
     init_gloo()
+    hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    sum(float(p.sum()) for p in model.parameters())  # touch every weight, as moving it to a GPU does
+    with torch.no_grad():  # touch every weight, as moving it to a GPU does
+        sum(float(p.sum()) for p in model.parameters())
     return _done()
 
 

@@ -123,6 +123,15 @@ def test_a_crash_between_rename_and_latest_keeps_latest_on_the_previous(single, 
     assert checkpointer.load(ck.latest_checkpoint(run_dir))["step"] == 8
 
 
+def test_a_run_directory_other_nodes_cannot_see_is_refused_at_the_first_save(single, tmp_path):
+    plan, engine, checkpointer = single
+    # Rank 1 of 2 "wrote" its files on another node's local disk: rank 0 cannot see them.
+    checkpointer.ctx = WorkerContext(0, 0, 2, torch.device("cpu"), tmp_path / "run", checkpointer.ctx.model_dir)
+    with pytest.raises(UserError, match="shared file system"):
+        _save(checkpointer, engine, 1)
+    assert ck.latest_checkpoint(tmp_path / "run") is None
+
+
 def test_missing_checkpoints_are_clear_errors(single, tmp_path):
     _, engine, checkpointer = single
     run_dir = tmp_path / "run"
@@ -145,6 +154,7 @@ def test_resume_problems_name_what_differs():
     cases = {
         "train.seq_len": make_plan(FSDP, config={"train": {"seq_len": 16}}),
         "train.global_batch_size": make_plan(FSDP, config={"train": {"global_batch_size": 16}}),
+        "train.max_steps": make_plan(FSDP, config={"train": {"max_steps": 3}}),
         "strategy.backend": make_plan(DEEPSPEED),
         "train.precision": make_plan(Strategy("fsdp", 3, "none", "none", "bf16", False, 2)),
         "model": make_plan(FSDP, config={"model": {"architecture": {

@@ -19,6 +19,7 @@ from orchestrate.data.blocks import IGNORE_INDEX, PackedBlocks, PaddedDocuments,
 from orchestrate.data.cache import TOKENS_FILE, open_entry
 from orchestrate.data.corpus import demo_corpus, write_demo_corpus
 from orchestrate.data.pipeline import DEMO_CORPUS_ROLE, build_data, check_data_config, prepare_data
+from orchestrate.data.prepare import _wait_for
 from orchestrate.data.tokenizer import BYTE_EOS, ByteTokenizer, HFTokenizer, token_dtype
 from orchestrate.errors import UserError
 from tests.helpers.plans import TINY_GPT2
@@ -333,7 +334,13 @@ def test_a_failed_rebuild_keeps_the_prepared_entry_and_leaves_no_temporary(tmp_p
     with pytest.raises(KeyboardInterrupt):
         prepare_data(cfg, force=True)
     assert {p.name: p.read_bytes() for p in entry.iterdir()} == before
-    assert [p.name for p in entry.parent.iterdir()] == [entry.name]  # no .tmp-* or .old-* left
+    assert sorted(p.name for p in entry.parent.iterdir()) == [f".failed-{entry.name}", entry.name]  # no .tmp-*, .old-*
+    # Ranks waiting for the entry in the same attempt learn of the failure instead of waiting forever.
+    with pytest.raises(UserError, match="KeyboardInterrupt"):
+        _wait_for(entry.parent / "not-there", entry.parent / f".failed-{entry.name}", poll_s=0.01)
+    monkeypatch.undo()
+    prepare_data(cfg, force=True)
+    assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name]  # a success clears the marker
 
 
 def test_ranks_that_must_not_build_wait_for_the_entry(tmp_path: Path):
@@ -451,3 +458,19 @@ def test_cli_prepare_then_cache_hit(tmp_path: Path):
     assert second.exit_code == 0 and "cache hit" in second.output and "blocks of 32" in second.output
     bad = runner.invoke(cli, ["prepare", str(tmp_path / "model.yaml"), "--set", "data.text_field=body"])
     assert bad.exit_code == 2 and "a.parquet" in bad.output and "'body'" in bad.output
+
+
+def test_a_dataset_name_is_passed_to_load_dataset_unchanged(tmp_path: Path):
+    # A local directory in the Hub's layout stands in for a Hub name (no network here): load_dataset
+    # finds the splits by file name, exactly as it would after downloading.
+    (tmp_path / "hub_like" / "data").mkdir(parents=True)
+    (tmp_path / "hub_like" / "data" / "train.jsonl").write_text(
+        "".join(json.dumps({"text": d}) + "\n" for d in DOCS))
+    (tmp_path / "hub_like" / "data" / "validation.jsonl").write_text(json.dumps({"text": "held out"}) + "\n")
+    cfg = _config(tmp_path, {"dataset": "hub_like", "validation_split": "validation"})
+    prepared = prepare_data(cfg)
+    assert _stream(prepared) == _expected_stream(DOCS)
+    assert prepared.validation.tokens.tolist() == _expected_stream(["held out"])
+    with pytest.raises(UserError, match="cannot read") as err:
+        prepare_data(_config(tmp_path, {"dataset": "hub_like", "split": "test"}))
+    assert "data.dataset" in str(err.value)

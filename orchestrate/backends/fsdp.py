@@ -204,6 +204,9 @@ class FSDPEngine:
 
         ckpt_dir = Path(ckpt_dir)
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        # A tied weight (GPT-2's lm_head = wte) is one Parameter under two keys; DCP would write it
+        # twice (+150 MB for GPT-2 small). Only the first key of each tie group is saved.
+        model_sd = {k: v for k, v in model_sd.items() if k not in self.layout.aliases}
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(ckpt_dir))
         if self.ctx.rank == 0:  # scheduler and scaler state are identical on every rank
             (ckpt_dir / ENGINE_STATE_FILE).write_text(json.dumps(self._engine_state(), indent=1))
@@ -214,15 +217,17 @@ class FSDPEngine:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        ckpt_dir = Path(ckpt_dir)
         from orchestrate.backends.safe_load import weights_only_loads
 
+        ckpt_dir = Path(ckpt_dir)
         # The shapes DCP loads into, sharded for this world size: DCP reshards whatever wrote it.
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}
+        aliases = {alias: group[0] for group in self.layout.tie_groups for alias in group[1:]}
+        state = {"model": {k: v for k, v in model_sd.items() if k not in aliases}, "optim": optim_sd}
         with weights_only_loads():  # DCP unpickles non-tensor entries (param_groups) itself
             dcp.load(state, checkpoint_id=str(ckpt_dir))
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        model_sd = {**state["model"], **{alias: state["model"][key] for alias, key in aliases.items()}}
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
         engine = json.loads((ckpt_dir / ENGINE_STATE_FILE).read_text())
         self.scheduler.load_state_dict(engine["scheduler"])
         if self.scaler and engine["scaler"]:

@@ -53,7 +53,8 @@ class TextSpec:
         if self.template is None:
             return [self.text_field]
         try:
-            return [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
+            names = [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
+            return [re.split(r"[.\[]", name, maxsplit=1)[0] for name in names]  # {a.b}, {a[0]}: column a
         except ValueError as exc:
             raise UserError("data.template is not a valid format string", [Problem(
                 "data.template", str(exc), 'use {column} for a column and {{ }} for literal braces')]) from None
@@ -81,20 +82,45 @@ def ensure_stream(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, c
     Ranks with `may_build` False wait for the entry instead (another local rank builds it)."""
     key = entry_key(stream_identity(sources, spec, tokenizer))
     entry = cache_dir / entry_name(_label(sources), key)
+    failed = cache_dir / f".failed-{entry.name}"
     if (entry / META_FILE).is_file() and not force:
         return StreamResult(open_entry(entry), built=False)
     if not may_build:
-        while not (entry / META_FILE).is_file():
-            time.sleep(poll_s)
+        _wait_for(entry, failed, poll_s)
         return StreamResult(open_entry(entry), built=False)
     cache_dir.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_for(entry)
     try:
         _build(sources, spec, tokenizer, tmp, key, _num_proc(num_proc, sources), progress)
         publish(tmp, entry, replace=force)
+    except BaseException as exc:
+        # Tell the waiting ranks of this attempt, which would otherwise wait forever: a rank that
+        # got SIGTERM only sets a flag (orchestrate/worker/signals.py) and keeps waiting.
+        message = exc.headline if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
+        failed.write_text(json.dumps({"attempt": _attempt(), "error": message}))
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; left-overs of a failure
+    failed.unlink(missing_ok=True)
     return StreamResult(open_entry(entry), built=True)
+
+
+def _attempt() -> str:
+    """Names one start of the worker group on this node (torchrun's run id and restart count): a
+    failure marker left by an earlier attempt is not this attempt's."""
+    return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}"
+
+
+def _wait_for(entry: Path, failed: Path, poll_s: float) -> None:
+    while not (entry / META_FILE).is_file():
+        try:
+            marker = json.loads(failed.read_text())
+        except (OSError, ValueError):
+            marker = None
+        if marker and marker.get("attempt") == _attempt():
+            raise UserError("the data could not be prepared", [Problem(
+                "data", f"local rank 0 failed: {marker.get('error')}", "see local rank 0's error above")])
+        time.sleep(poll_s)
 
 
 def _label(sources: list[Source]) -> str:
@@ -148,8 +174,10 @@ def _load(source: Source, work: Path, num_proc: int):
                 ds = ds[source.split]
             return ds
         if source.kind == "dataset":
-            # Passed through unchanged; the Hub cache is the user's ordinary HF cache.
-            return datasets.load_dataset(source.name, source.config_name, split=source.split)
+            # Passed through unchanged. A Hub download stays in the user's ordinary HF cache (reused
+            # by a later rebuild); the Arrow copy of a local directory is scratch, like files'.
+            local = {"cache_dir": str(work / "hf")} if Path(source.name).exists() else {}
+            return datasets.load_dataset(source.name, source.config_name, split=source.split, **local)
         return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
                                      cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
                                      **dict(source.options))

@@ -153,6 +153,9 @@ def resume_problems(meta: dict[str, Any], plan: Plan) -> list[Problem]:
         problems.append(Problem("train.precision", f"the checkpoint trained in {saved['precision']}, this plan in "
                                 f"{strategy.precision}", f"set train.precision: {saved['precision']}, {export_fix}"))
     train = plan.config.train
+    if meta["step"] > train.max_steps:
+        problems.append(Problem("train.max_steps", f"{train.max_steps} is before the checkpoint's step {meta['step']}",
+                                f"set train.max_steps to at least {meta['step']}, or export that checkpoint"))
     for key, now in (("seq_len", train.seq_len), ("global_batch_size", train.global_batch_size)):
         if meta[key] != now:
             problems.append(Problem(f"train.{key}", f"the checkpoint used {meta[key]}, this plan {now}: the data "
@@ -291,9 +294,9 @@ class Checkpointer:
         for old in complete[: max(0, len(complete) - self.keep)]:
             if old != newest:
                 _remove(old)
-        for leftover in self.root.glob(_TMP_PREFIX + "*"):  # from crashed saves of other steps
-            if leftover.name != _TMP_PREFIX + newest.name:
-                shutil.rmtree(leftover, ignore_errors=True)
+        # What crashed saves (.tmp-*) and interrupted deletions (.old-*) left behind.
+        for leftover in [*self.root.glob(_TMP_PREFIX + "*"), *self.root.glob(_TRASH_PREFIX + "*")]:
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def load(self, ckpt_dir: Path) -> dict[str, Any]:
         """Restore engine, RNG and returns {"step", "sampler"} for the caller's sampler. The caller

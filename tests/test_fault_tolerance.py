@@ -165,7 +165,7 @@ def test_sigterm_checkpoints_exits_75_with_requeue_marker_and_resume_is_bit_iden
 
     code, out = _launch(config, run_dir, 2, "--resume")
     assert code == 0, out
-    assert f"from step {stopped}" in out
+    assert f"from step {stopped}" in out and "with its own plan" in out
     assert not (run_dir / "REQUEUE").exists()
     _assert_identical(run_dir, ref)
 

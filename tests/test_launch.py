@@ -58,7 +58,11 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     result = _dry_run(tmp_path, run_dir=tmp_path / "exact")
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
-    assert env == read_run_info(result.plan_path)["env"] == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    assert read_run_info(result.plan_path)["env"] == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    # torchrun's own shutdown settings (launcher._launch_env): wait train.preemption_grace_s for
+    # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too.
+    assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+                   "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
     args = parse_args(words[words.index("torchrun") + 1 :])
     assert (args.nproc_per_node, args.nnodes, args.module) == ("2", "1", True)
     assert (args.training_script, args.training_script_args) == ("orchestrate.worker", [str(result.plan_path)])

@@ -54,6 +54,10 @@ def resolved_config_dict(config: RunConfig) -> dict[str, Any]:
     d["validation_files"] = [absolute(p) for p in d["validation_files"]]
     if d["tokenizer"]:
         d["tokenizer"] = absolute(d["tokenizer"])
+    if d.get("cache_dir"):
+        d["cache_dir"] = absolute(d["cache_dir"])
+    if d.get("dataset") and config.resolve_path(d["dataset"]).exists():  # a local path, not a Hub name
+        d["dataset"] = absolute(d["dataset"])
     data["train"]["output_dir"] = absolute(data["train"]["output_dir"])
     if data["strategy"]["nvme_path"]:
         data["strategy"]["nvme_path"] = absolute(data["strategy"]["nvme_path"])

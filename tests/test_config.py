@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from orchestrate.config.load import load_config, parse_overrides
 from orchestrate.config.describe import describe_schema
+from orchestrate.config.load import load_config, parse_overrides
 from orchestrate.errors import UserError
 
 MINIMAL = """\

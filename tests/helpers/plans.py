@@ -27,7 +27,7 @@ def cpu_hardware(ranks: int) -> HardwareProfile:
 
 def make_plan(strategy: Strategy, ranks: int = 2, config: dict | None = None,
               source_dir: Path | None = None) -> Plan:
-    from orchestrate.model.meta import shape_from_config, load_model_config
+    from orchestrate.model.meta import load_model_config, shape_from_config
 
     data = {
         "model": {"architecture": dict(TINY_GPT2)},

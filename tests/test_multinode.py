@@ -47,7 +47,7 @@ TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 # Small enough for 4 gloo processes on 2 shared cores; global batch 8 divides by 2 and 4 ranks.
 SHORT = ("train.eval_every=0", "train.seq_len=64", "train.global_batch_size=8")
 # What every node's torchrun gets: the plan's worker environment (2 cores / 2 ranks) and the
-# checkpoint-on-signal settings of a local launch (launcher._launch_env).
+# checkpoint-on-signal settings of a local launch (launcher.launch_env).
 ENV = {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
 SLURM_STEPS = 12

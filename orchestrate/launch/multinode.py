@@ -41,11 +41,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch import slurm, ssh
+from orchestrate.launch import slurm, slurm_cluster, ssh
 from orchestrate.launch.hostfile import Host
 from orchestrate.launch.launcher import LAUNCH_SCRIPT, LaunchResult, launch_env, prepare_run_dir
 from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE
-from orchestrate.launch.slurm import SlurmAllocation, SlurmJob
+from orchestrate.launch.slurm import SlurmJob
+from orchestrate.launch.slurm_cluster import SlurmAllocation
 from orchestrate.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def allocation_to_use(env: Mapping[str, str] | None = None, *, explicit_rendezvo
     """The SLURM allocation `orchestrate launch` spreads its nodes over, or None to launch here:
     outside SLURM, when the user gave a rendezvous (a hand-made multi-node launch), and inside a job
     step (`srun --pty bash`: already on a compute node, and another srun would nest steps)."""
-    alloc = slurm.detect_slurm_allocation(env)
+    alloc = slurm_cluster.detect_slurm_allocation(env)
     if alloc is None or explicit_rendezvous or alloc.in_step:
         return None
     return alloc
@@ -209,7 +210,7 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
                       console: Console | None = None) -> PreparedJob:
     """Plan for `flags` (nodes x GPUs or CPU processes per node), write the run directory, tokenise
     the data into the shared cache and write RUN_DIR/job.sbatch. Nothing is submitted
-    (`slurm.submit(prepared.script)` does that). `resume`: continue the newest run (or `run_dir`)
+    (`slurm_cluster.submit(prepared.script)` does that). `resume`: continue the newest run (or `run_dir`)
     from its latest checkpoint, as `orchestrate launch --resume` does."""
     hardware = flags.resolve()
     # Check the job request before writing anything: a bad --time should not leave a run directory.
@@ -224,7 +225,7 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
                                     lambda text: _say(console, messages, text))
     _prepare_data(plan, run_dir, console, messages)
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
-    script = slurm.write_sbatch(job)
+    script = slurm_cluster.write_sbatch(job)
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir}")
     if hardware.has_gpu and not flags.profile and hardware.name.startswith("detected:cpu"):
         _say(console, messages, f"planned for {hardware.gpu.name} GPUs (no GPU here to measure): "
@@ -252,7 +253,7 @@ def launch_in_allocation(config: RunConfig, flags: HardwareFlags, alloc: SlurmAl
     # All of each node's allocated CPUs go to its one task (torchrun and its workers).
     job = slurm_job_for_plan(plan, run_dir, SlurmOptions(python=python, cpus_per_task=alloc.cpus_on_node),
                              max_restarts, name)
-    argv = slurm.srun_argv_in_allocation(job, alloc)
+    argv = slurm_cluster.srun_argv_in_allocation(job, alloc)
     env = launch_env(plan, plan_path)
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), shlex.join(argv)])
     _write_launch_script(run_dir, f"The exact command `orchestrate launch` ran inside SLURM job {alloc.job_id}.",

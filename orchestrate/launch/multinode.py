@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch import slurm, slurm_cluster, ssh
+from orchestrate.launch import slurm, slurm_cluster, ssh, ssh_commands
 from orchestrate.launch.hostfile import Host
 from orchestrate.launch.launcher import LAUNCH_SCRIPT, LaunchResult, launch_env, prepare_run_dir
 from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE
@@ -326,7 +326,7 @@ def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Hos
     commands = ssh.plan_commands(hosts, _worker_program(plan_path), python=python, options=options,
                                  torchrun_args=worker_torchrun_args(run_dir, max_restarts), rdzv_port=rdzv_port,
                                  rdzv_id=run_dir.name, env=env, probe_port=not dry_run)
-    lines = [ssh.ssh_command_line(c, options) + " &" for c in commands]
+    lines = [ssh_commands.ssh_command_line(c, options) + " &" for c in commands]
     command = "\n".join([*lines, "wait"])
     _write_launch_script(run_dir, "What `orchestrate launch --hosts` ran: one torchrun per host over SSH "
                                   "(by hand, nothing stops the others when one fails).", command)

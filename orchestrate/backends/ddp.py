@@ -19,6 +19,7 @@ from orchestrate.backends.torch_engine import (
     TorchEngine,
     adamw_settings,
     check_world_size,
+    chosen_for,
     read_client_state,
     run_settings,
     schedule_settings,
@@ -38,9 +39,7 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.backends.hf_io import block_class_names
 
-    cand = plan.chosen
-    if cand is None or cand.strategy.backend != "ddp":
-        raise ValueError("ddp_settings needs a plan whose chosen strategy uses the ddp backend")
+    cand = chosen_for(plan, "ddp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
     if s.zero_stage != 0 or s.offload_optimizer != "none" or s.offload_params != "none":
         raise UserError("unsupported DDP strategy", [Problem(

@@ -20,6 +20,7 @@ from orchestrate.backends.torch_engine import (
     TorchEngine,
     adamw_settings,
     check_world_size,
+    chosen_for,
     read_client_state,
     run_settings,
     schedule_settings,
@@ -39,9 +40,7 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.backends.hf_io import block_class_names
 
-    cand = plan.chosen
-    if cand is None or cand.strategy.backend != "fsdp":
-        raise ValueError("fsdp_settings needs a plan whose chosen strategy uses the fsdp backend")
+    cand = chosen_for(plan, "fsdp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
     if s.zero_stage not in (2, 3):
         raise UserError("unsupported FSDP strategy", [Problem(

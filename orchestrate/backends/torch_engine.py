@@ -20,10 +20,18 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.config.schema import TrainSection
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import Candidate, Plan
 
 CLIENT_STATE_FILE = "client_state.json"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def chosen_for(plan: Plan, backend: str) -> Candidate:
+    """The plan's chosen candidate; ValueError unless its strategy uses `backend`."""
+    cand = plan.chosen
+    if cand is None or cand.strategy.backend != backend:
+        raise ValueError(f"{backend}_settings needs a plan whose chosen strategy uses the {backend} backend")
+    return cand
 
 
 def run_settings(plan: Plan) -> dict[str, Any]:

@@ -249,7 +249,7 @@ def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_
     The job checkpoints and requeues itself on USR1 (sent --signal-lead seconds before the time
     limit, or by `scancel -s USR1 -b JOB`) and resumes from the run directory."""
     from orchestrate.config.load import load_config
-    from orchestrate.launch import slurm
+    from orchestrate.launch import slurm_cluster
     from orchestrate.launch.multinode import SlurmOptions, prepare_slurm_job
 
     options = SlurmOptions(partition=partition, time=time_limit, account=account, mem=mem,
@@ -259,11 +259,11 @@ def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_
                                  run_dir=Path(run_dir) if run_dir else None, options=options,
                                  max_restarts=max_restarts, resume=resume, console=console)
     if test_only:
-        console.print(f"sbatch --test-only: {slurm.test_only(prepared.script)}", markup=False, highlight=False)
+        console.print(f"sbatch --test-only: {slurm_cluster.test_only(prepared.script)}", markup=False, highlight=False)
     if not submit:
         console.print(f"submit with: sbatch {prepared.script}", markup=False, highlight=False)
         return
-    job_id = slurm.submit(prepared.script)
+    job_id = slurm_cluster.submit(prepared.script)
     click.echo(f"submitted job {job_id}")
     console.print(f"  output:     {prepared.run_dir / f'slurm-{job_id}.out'}\n"
                   f"  checkpoint and requeue: scancel --signal=USR1 --batch {job_id}\n"

@@ -59,7 +59,7 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
     assert read_run_info(result.plan_path)["env"] == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
-    # torchrun's own shutdown settings (launcher._launch_env): wait train.preemption_grace_s for
+    # torchrun's own shutdown settings (launcher.launch_env): wait train.preemption_grace_s for
     # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too.
     assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
                    "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}

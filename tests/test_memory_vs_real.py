@@ -61,7 +61,8 @@ def _measure(spec_dicts: list[dict]) -> list[dict]:
     import torch
     from torch.distributed.tensor import DTensor
 
-    from orchestrate.simulate.harness import Trainer, cuda_like_dropout, make_mesh
+    from orchestrate.simulate.harness import Trainer, make_mesh
+    from orchestrate.simulate.patches import cuda_like_dropout
     from tests.helpers.dist import init_gloo
 
     rank, _ = init_gloo()

@@ -29,7 +29,7 @@ from orchestrate.api import HardwareFlags
 from orchestrate.cli import cli
 from orchestrate.config.load import load_config
 from orchestrate.errors import UserError
-from orchestrate.launch import slurm
+from orchestrate.launch import slurm_cluster
 from orchestrate.launch.hostfile import Host
 from orchestrate.launch.multinode import (
     allocation_to_use,
@@ -37,7 +37,7 @@ from orchestrate.launch.multinode import (
     hardware_for_hosts,
     launch_over_ssh,
 )
-from orchestrate.launch.slurm import detect_slurm_allocation
+from orchestrate.launch.slurm_cluster import detect_slurm_allocation
 from orchestrate.launch.ssh import SshOptions
 from orchestrate.planner.plan import Plan
 from tests.daemons import require_slurm, require_sshd
@@ -47,7 +47,7 @@ TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 # Small enough for 4 gloo processes on 2 shared cores; global batch 8 divides by 2 and 4 ranks.
 SHORT = ("train.eval_every=0", "train.seq_len=64", "train.global_batch_size=8")
 # What every node's torchrun gets: the plan's worker environment (2 cores / 2 ranks) and the
-# checkpoint-on-signal settings of a local launch (launcher._launch_env).
+# checkpoint-on-signal settings of a local launch (launcher.launch_env).
 ENV = {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
 SLURM_STEPS = 12
@@ -203,7 +203,7 @@ def test_launch_inside_an_allocation_spreads_over_its_nodes(tmp_path, monkeypatc
     for key, value in {"SLURM_JOB_ID": "20001", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]",
                        "SLURM_CPUS_ON_NODE": "8"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(slurm, "head_address", lambda node: {"gpu1": "10.0.0.1"}[node])
+    monkeypatch.setattr(slurm_cluster, "head_address", lambda node: {"gpu1": "10.0.0.1"}[node])
     result = _invoke("launch", TINY, "--gpus", 2, "--dry-run", "--run-dir", tmp_path / "run", *_sets(*SHORT))
     assert result.exit_code == 0, result.output
     assert "SLURM job 20001: launching on its 2 node(s) with srun" in result.output
@@ -251,7 +251,7 @@ def trained_on_slurm(tmp_path_factory):
         cluster = require_slurm(mp)
         run = tmp_path_factory.mktemp("slurm") / "run"
         job_id = _submit(run, cluster.partition)
-        info = slurm.wait_job(job_id, timeout=300, poll_s=0.5)
+        info = slurm_cluster.wait_job(job_id, timeout=300, poll_s=0.5)
         yield SlurmRun(run, job_id, info, _slurm_output(run, job_id))
 
 
@@ -299,11 +299,11 @@ def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(trained_on_sl
     deadline = time.monotonic() + 240
     while len(_metrics(run)) < 2:
         assert time.monotonic() < deadline, "training never reached step 2: " + _slurm_output(run, job_id)
-        assert slurm.job_info(job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), _slurm_output(run, job_id)
+        assert slurm_cluster.job_info(job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), _slurm_output(run, job_id)
         time.sleep(0.2)
     # What Slurm sends --signal-lead seconds before the time limit, sent now by hand.
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    info = slurm.wait_job(job_id, timeout=400, poll_s=0.5)
+    info = slurm_cluster.wait_job(job_id, timeout=400, poll_s=0.5)
     output = _slurm_output(run, job_id)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), output
     assert "USR1: asking the workers to checkpoint" in output and f"requeueing job {job_id}" in output

@@ -69,7 +69,7 @@ def test_counter_follows_storage_resize_and_ignores_meta():
 
 
 def test_cuda_like_dropout_keeps_a_one_byte_mask():
-    from orchestrate.simulate.harness import cuda_like_dropout
+    from orchestrate.simulate.patches import cuda_like_dropout
 
     x = torch.randn(64, 64, dtype=torch.bfloat16, requires_grad=True)
     with LiveStorageCounter() as plain:

@@ -18,17 +18,14 @@ from pathlib import Path
 import pytest
 
 from orchestrate.errors import UserError
-from orchestrate.launch import slurm
-from orchestrate.launch.slurm import (
-    SlurmJob,
+from orchestrate.launch import slurm, slurm_cluster
+from orchestrate.launch.slurm import SlurmJob, parse_time_limit, render_sbatch, validate_job
+from orchestrate.launch.slurm_cluster import (
     detect_slurm_allocation,
     expand_hostlist,
     parse_job_id,
     parse_scontrol_record,
-    parse_time_limit,
-    render_sbatch,
     srun_argv_in_allocation,
-    validate_job,
 )
 from tests.daemons import require_slurm
 
@@ -146,7 +143,7 @@ def test_detect_allocation_from_slurm_environment():
     step = detect_slurm_allocation({"SLURM_JOB_ID": "12", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]",
                                     "SLURM_NODEID": "1", "SLURM_GPUS_ON_NODE": "4", "SLURM_CPUS_ON_NODE": "32",
                                     "SLURM_STEP_ID": "0"})
-    assert step == slurm.SlurmAllocation(job_id="12", nnodes=2, nodes=("gpu1", "gpu2"), node_id=1, gpus_on_node=4,
+    assert step == slurm_cluster.SlurmAllocation(job_id="12", nnodes=2, nodes=("gpu1", "gpu2"), node_id=1, gpus_on_node=4,
                                          cpus_on_node=32, in_step=True)
     assert step.head_node == "gpu1"
     salloc = detect_slurm_allocation({"SLURM_JOB_ID": "13", "SLURM_NNODES": "3", "SLURM_NODELIST": "a[1-3]"})
@@ -158,7 +155,7 @@ def test_detect_allocation_from_slurm_environment():
 
 
 def test_srun_inside_an_allocation_targets_the_head_node_address(monkeypatch):
-    monkeypatch.setattr(slurm, "head_address", lambda node: {"gpu1": "10.0.0.1"}[node])
+    monkeypatch.setattr(slurm_cluster, "head_address", lambda node: {"gpu1": "10.0.0.1"}[node])
     alloc = detect_slurm_allocation({"SLURM_JOB_ID": "20001", "SLURM_NNODES": "2", "SLURM_JOB_NODELIST": "gpu[1-2]"})
     argv = srun_argv_in_allocation(GOLDEN["cpu-2x2"], alloc)
     assert argv[:3] == ["srun", "--nodes=2", "--ntasks-per-node=1"]
@@ -185,8 +182,8 @@ def test_golden_scripts_pass_sbatch_test_only(name, cluster, tmp_path):
         gpus_per_node=min(golden.gpus_per_node, cluster.gpus_per_node),
         procs_per_node=min(golden.procs_per_node, cluster.gpus_per_node or golden.procs_per_node),
         cpus_per_task=min(golden.cpus_per_task or golden.procs_per_node, cluster.cpus_per_node))
-    script = slurm.write_sbatch(job, tmp_path / "job.sbatch")
-    message = slurm.test_only(script)
+    script = slurm_cluster.write_sbatch(job, tmp_path / "job.sbatch")
+    message = slurm_cluster.test_only(script)
     assert re.search(r"Job \d+ to start at .* on nodes n\[1-2\]|Job \d+ to start at .* on nodes n1", message), message
 
 
@@ -195,7 +192,7 @@ def test_sbatch_rejects_an_impossible_job(cluster, tmp_path):
     job = SlurmJob(run_dir=tmp_path, nodes=len(cluster.nodes) + 1, procs_per_node=1, partition=cluster.partition,
                    python=sys.executable)
     with pytest.raises(UserError, match="SLURM rejected the job script") as e:
-        slurm.test_only(slurm.write_sbatch(job))
+        slurm_cluster.test_only(slurm_cluster.write_sbatch(job))
     assert "node" in str(e.value).lower()
 
 
@@ -204,7 +201,7 @@ ALLREDUCE = """\
 import json, os, sys
 sys.path.insert(0, {repo!r})  # orchestrate itself, also where it is not pip-installed
 import torch, torch.distributed as dist
-from orchestrate.launch.slurm import detect_slurm_allocation
+from orchestrate.launch.slurm_cluster import detect_slurm_allocation
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
@@ -222,8 +219,8 @@ def test_two_node_job_runs_torchrun_allreduce(cluster, tmp_path):
     (tmp_path / "allreduce.py").write_text(ALLREDUCE.format(repo=REPO))
     job = SlurmJob(run_dir=tmp_path, nodes=2, procs_per_node=2, partition=cluster.partition, time="5:00",
                    python=sys.executable, program=(str(tmp_path / "allreduce.py"),))
-    job_id = slurm.submit(slurm.write_sbatch(job))
-    info = slurm.wait_job(job_id, timeout=180)
+    job_id = slurm_cluster.submit(slurm_cluster.write_sbatch(job))
+    info = slurm_cluster.wait_job(job_id, timeout=180)
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output
     import json
@@ -266,15 +263,15 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     (tmp_path / "ckpt.py").write_text(CHECKPOINTING)
     job = SlurmJob(run_dir=tmp_path, nodes=2, procs_per_node=1, partition=cluster.partition, time="10:00",
                    signal_lead_s=60, python=sys.executable, program=(str(tmp_path / "ckpt.py"), str(tmp_path)))
-    job_id = slurm.submit(slurm.write_sbatch(job))
+    job_id = slurm_cluster.submit(slurm_cluster.write_sbatch(job))
     deadline = time.monotonic() + 120
     while not all((tmp_path / f"training-{r}").exists() for r in (0, 1)):
         assert time.monotonic() < deadline, "workers never started"
-        assert slurm.job_info(job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), slurm.job_info(job_id)
+        assert slurm_cluster.job_info(job_id)["JobState"] in ("PENDING", "CONFIGURING", "RUNNING"), slurm_cluster.job_info(job_id)
         time.sleep(0.1)
     # What Slurm does before the time limit (--signal=B:USR1@60), sent now by hand.
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    info = slurm.wait_job(job_id, timeout=180)
+    info = slurm_cluster.wait_job(job_id, timeout=180)
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), output
     assert "USR1: asking the workers to checkpoint" in output

@@ -18,9 +18,10 @@ from pathlib import Path
 import pytest
 
 from orchestrate.errors import UserError
-from orchestrate.launch import ssh
+from orchestrate.launch import ssh, ssh_commands
 from orchestrate.launch.hostfile import Host, load_hostfile, parse_hostfile
-from orchestrate.launch.ssh import HostFailure, SshOptions, launch_on_hosts, node_commands, run_on_hosts
+from orchestrate.launch.ssh import HostFailure, SshOptions, launch_on_hosts, run_on_hosts
+from orchestrate.launch.ssh_commands import node_commands
 from tests.daemons import require_sshd
 
 PYTHON = sys.executable
@@ -68,17 +69,17 @@ def test_node_commands_put_the_rendezvous_on_the_first_host():
 
 def test_remote_command_reports_its_process_group_and_becomes_the_command(tmp_path):
     # What sshd does with it: run it through the login shell, in a session of its own.
-    line = ssh.remote_command([PYTHON, "-c", "import os, sys; print('pgid', os.getpgrp(), sys.argv[1:])",
+    line = ssh_commands.remote_command([PYTHON, "-c", "import os, sys; print('pgid', os.getpgrp(), sys.argv[1:])",
                                "it's", "$HOME"])
     proc = subprocess.run(["sh", "-c", line], capture_output=True, text=True, start_new_session=False)
     tag, pgid = proc.stdout.splitlines()[0].split()
-    assert tag == ssh._PGID_TAG and proc.returncode == 0
+    assert tag == ssh_commands.PGID_TAG and proc.returncode == 0
     assert proc.stdout.splitlines()[1] == f"pgid {pgid} [\"it's\", '$HOME']"  # same group, arguments intact
     assert int(pgid) != os.getpgrp()  # not ours: it made a group of its own
 
 
 def test_remote_command_adds_the_environment_unless_the_host_has_it():
-    line = ssh.remote_command([PYTHON, "-c", "import os; print(os.environ['A'], os.environ['B'])"],
+    line = ssh_commands.remote_command([PYTHON, "-c", "import os; print(os.environ['A'], os.environ['B'])"],
                               env=(("A", "from plan"), ("B", "from plan")))
     env = {"PATH": os.environ["PATH"], "B": "host's own"}
     proc = subprocess.run(["sh", "-c", line], capture_output=True, text=True, env=env)
@@ -88,7 +89,7 @@ def test_remote_command_adds_the_environment_unless_the_host_has_it():
 def test_line_writer_prefixes_whole_lines_and_takes_the_pgid():
     lines, pgids = [], []
     w = ssh._LineWriter("[a:0]", lines.append, pgids.append)
-    for chunk in [f"{ssh._PGID_TAG} 4", "2\nhel", "lo\r\nwor", "ld\n", "tail"]:
+    for chunk in [f"{ssh_commands.PGID_TAG} 4", "2\nhel", "lo\r\nwor", "ld\n", "tail"]:
         w.write(chunk)
     w.close()
     assert pgids == [42] and lines == ["[a:0] hello", "[a:0] world", "[a:0] tail"]
@@ -117,7 +118,7 @@ def test_loopback_head_with_remote_hosts_is_refused(tmp_path):
     with pytest.raises(UserError, match="cannot host the rendezvous"):
         launch_on_hosts([Host("head", 1, 1), Host("far", 1, 2)], ["x.py"], python=PYTHON,
                         options=SshOptions(ssh_config=config))
-    assert ssh.is_loopback("127.0.1.1") and ssh.is_loopback("::1") and not ssh.is_loopback("node-a")
+    assert ssh_commands.is_loopback("127.0.1.1") and ssh_commands.is_loopback("::1") and not ssh_commands.is_loopback("node-a")
 
 
 # --- Real sshd ------------------------------------------------------------------------------------
@@ -251,7 +252,8 @@ def test_ctrl_c_stops_every_host(sshd, tmp_path, marker):
     script.write_text(f"""\
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from orchestrate.launch.ssh import NodeCommand, SshOptions, run_on_hosts
+from orchestrate.launch.ssh import SshOptions, run_on_hosts
+from orchestrate.launch.ssh_commands import NodeCommand
 cmds = [NodeCommand(h, r, tuple(a)) for h, r, a in {[(c.host, c.rank, list(c.argv)) for c in cmds]!r}]
 run_on_hosts(cmds, SshOptions(ssh_config={str(sshd.ssh_config)!r}, stop_grace_s=5))
 """)
@@ -276,7 +278,7 @@ def test_unusable_host_stops_the_others(sshd, tmp_path, monkeypatch, marker):
     config.write_text(sshd.ssh_config.read_text() + f"Host stranger\n  HostName {sshd.host}\n  Port {sshd.port}\n"
                       f"  User {sshd.user}\n  IdentityFile {sshd.key}\n")
     sleeper = (PYTHON, "-c", "import time; print('up', flush=True); time.sleep(300)", marker)
-    cmds = [ssh.NodeCommand("orch-a", 0, sleeper), ssh.NodeCommand("stranger", 1, sleeper)]
+    cmds = [ssh_commands.NodeCommand("orch-a", 0, sleeper), ssh_commands.NodeCommand("stranger", 1, sleeper)]
     out = io.StringIO()
     with pytest.raises(HostFailure) as e:
         run_on_hosts(cmds, SshOptions(ssh_config=config, stop_grace_s=5), out)

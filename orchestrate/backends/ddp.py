@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, WorkerContext, register
-from orchestrate.backends.schedule import step_schedule
+from orchestrate.backends.base import WorkerContext, register
+from orchestrate.backends.torch_engine import (
+    DTYPES,
+    TorchEngine,
+    adamw_settings,
+    check_world_size,
+    chosen_for,
+    read_client_state,
+    run_settings,
+    schedule_settings,
+    write_client_state,
+)
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -24,31 +33,23 @@ if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
 
 TRAINER_STATE_FILE = "trainer_state.pt"
-CLIENT_STATE_FILE = "client_state.json"
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def ddp_settings(plan: Plan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.backends.hf_io import block_class_names
 
-    cand = plan.chosen
-    if cand is None or cand.strategy.backend != "ddp":
-        raise ValueError("ddp_settings needs a plan whose chosen strategy uses the ddp backend")
+    cand = chosen_for(plan, "ddp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
     if s.zero_stage != 0 or s.offload_optimizer != "none" or s.offload_params != "none":
         raise UserError("unsupported DDP strategy", [Problem(
             "strategy", f"DDP replicates everything: zero_stage 0 without offload (got stage {s.zero_stage}, "
                         f"offload {s.offload_optimizer}/{s.offload_params})",
             "use backend fsdp or deepspeed to shard or offload")])
-    opt = train.optimizer
     settings = {
-        "backend": "ddp",
-        "strategy": s.name,
-        "device_type": "cuda" if hw.has_gpu else "cpu",
-        "world_size": plan.world_size,
+        **run_settings(plan),
         # fp32 weights and optimizer; forward/backward under autocast to the precision's dtype.
-        "autocast_dtype": _DTYPES.get(s.precision),
+        "autocast_dtype": DTYPES.get(s.precision),
         "loss_scaling": "dynamic" if s.precision == "fp16" else None,
         "activation_checkpointing": s.activation_checkpointing,
         "block_classes": block_class_names(plan.shape.model_type),
@@ -56,10 +57,8 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation": cand.gradient_accumulation,
         "gradient_sync": "last_micro_batch",  # no_sync() on the others: gradients are replicated anyway
         "grad_clip": train.grad_clip,
-        "optimizer": {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
-                      "weight_decay": opt.weight_decay, "fused": hw.has_gpu},
-        "schedule": {"warmup_steps": train.schedule.warmup_steps, "min_lr_ratio": train.schedule.min_lr_ratio,
-                     "max_steps": train.max_steps, "shape": "linear warm-up, cosine decay"},
+        "optimizer": adamw_settings(train, fused=hw.has_gpu),
+        "schedule": schedule_settings(train),
         "seed": train.seed,
     }
     blocks = ", ".join(settings["block_classes"] or ["the model's _no_split_modules"])
@@ -76,65 +75,19 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
     return settings
 
 
-class DDPEngine:
+class DDPEngine(TorchEngine):
     """TrainEngine over a DistributedDataParallel model."""
-
-    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, ctx: WorkerContext):
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.scaler = scaler
-        self.settings = settings
-        self.hf_config = hf_config
-        self.layout = layout
-        self.ctx = ctx
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         dtype = self.settings["autocast_dtype"]
-        batch = {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
         with torch.autocast(self.ctx.device.type, dtype=getattr(torch, dtype) if dtype else None, enabled=bool(dtype)):
-            return self.model(**batch, use_cache=False).loss
+            return super()._forward_loss(batch)
 
-    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
-        import torch
-
-        self.model.train()
-        n = len(micro_batches)
-        losses = []
-        for i, batch in enumerate(micro_batches):
-            # DDP all-reduces in backward; skip that on all but the last micro-batch (grads accumulate locally).
-            with self.model.no_sync() if i < n - 1 else contextlib.nullcontext():
-                loss = self._forward_loss(batch)
-                losses.append(loss.detach().float())
-                scaled = loss / n  # mean over micro-batches; DDP's all-reduce averages over ranks
-                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.settings["grad_clip"] or math.inf  # inf: measure the norm, clip nothing
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        lr = self.optimizer.param_groups[0]["lr"]
-        skipped = False
-        if self.scaler:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)  # grads are identical on every rank, so is the skip
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < scale
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        step_schedule(self.scheduler, skipped)
-        return StepResult(loss=torch.stack(losses).mean().item(), grad_norm=float(norm), lr=lr, skipped=skipped)
-
-    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
-        import torch
-
-        self.model.eval()
-        with torch.no_grad():
-            loss = self._forward_loss(batch)
-        self.model.train()
-        return loss.float().item()
+    def _gradient_sync(self, index: int, count: int) -> contextlib.AbstractContextManager:
+        # DDP all-reduces in backward; skip that on all but the last micro-batch (grads accumulate locally).
+        return self.model.no_sync() if index < count - 1 else contextlib.nullcontext()
 
     def save_hf_model(self, out_dir: Path) -> None:
         import torch.distributed as dist
@@ -158,7 +111,7 @@ class DDPEngine:
             tmp = ckpt_dir / (TRAINER_STATE_FILE + ".tmp")
             torch.save(state, tmp)
             tmp.replace(ckpt_dir / TRAINER_STATE_FILE)
-            (ckpt_dir / CLIENT_STATE_FILE).write_text(json.dumps(client_state, indent=1))
+            write_client_state(ckpt_dir, client_state)
         dist.barrier()
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
@@ -172,7 +125,7 @@ class DDPEngine:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
-        return json.loads((ckpt_dir / CLIENT_STATE_FILE).read_text())
+        return read_client_state(ckpt_dir)
 
 
 class DDPBackend:
@@ -191,8 +144,7 @@ class DDPBackend:
         from orchestrate.model.loading import has_safetensors, load_replicated
 
         st = ddp_settings(plan)
-        if ctx.world_size != st["world_size"]:
-            raise RuntimeError(f"plan is for {st['world_size']} ranks, this job has {ctx.world_size}")
+        check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust = plan.config.model.trust_remote_code
         if has_safetensors(ctx.model_dir):

@@ -11,12 +11,21 @@ safetensors into its shard (`orchestrate.model.loading.load_sharded`): no full c
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, WorkerContext, register
-from orchestrate.backends.schedule import step_schedule
+from orchestrate.backends.base import WorkerContext, register
+from orchestrate.backends.torch_engine import (
+    DTYPES,
+    TorchEngine,
+    adamw_settings,
+    check_world_size,
+    chosen_for,
+    read_client_state,
+    run_settings,
+    schedule_settings,
+    write_client_state,
+)
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -25,17 +34,13 @@ if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
 
 ENGINE_STATE_FILE = "engine_state.json"
-CLIENT_STATE_FILE = "client_state.json"
-_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 def fsdp_settings(plan: Plan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.backends.hf_io import block_class_names
 
-    cand = plan.chosen
-    if cand is None or cand.strategy.backend != "fsdp":
-        raise ValueError("fsdp_settings needs a plan whose chosen strategy uses the fsdp backend")
+    cand = chosen_for(plan, "fsdp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
     if s.zero_stage not in (2, 3):
         raise UserError("unsupported FSDP strategy", [Problem(
@@ -51,14 +56,10 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
     else:
         mesh = {"shape": [plan.world_size], "dim_names": ["shard"]}
     blocks = block_class_names(plan.shape.model_type)
-    mixed = {"param_dtype": _DTYPES[s.precision], "reduce_dtype": "float32"} if s.precision in _DTYPES else None
+    mixed = {"param_dtype": DTYPES[s.precision], "reduce_dtype": "float32"} if s.precision in DTYPES else None
     full_shard = s.zero_stage == 3
-    opt = train.optimizer
     settings = {
-        "backend": "fsdp",
-        "strategy": s.name,
-        "device_type": "cuda" if hw.has_gpu else "cpu",
-        "world_size": plan.world_size,
+        **run_settings(plan),
         "mesh": mesh,
         "fully_shard": {
             "block_classes": blocks,  # None: the model's own _no_split_modules (custom code)
@@ -77,11 +78,8 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
         "gradient_sync": "every_micro_batch",
         "grad_clip": train.grad_clip,
         "loss_scaling": "dynamic" if s.precision == "fp16" else None,
-        "optimizer": {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
-                      "weight_decay": opt.weight_decay,
-                      "fused": hw.has_gpu and s.offload_params == "none"},
-        "schedule": {"warmup_steps": train.schedule.warmup_steps, "min_lr_ratio": train.schedule.min_lr_ratio,
-                     "max_steps": train.max_steps, "shape": "linear warm-up, cosine decay"},
+        "optimizer": adamw_settings(train, fused=hw.has_gpu and s.offload_params == "none"),
+        "schedule": schedule_settings(train),
         "seed": train.seed,
     }
     settings["steps"] = _describe(settings)
@@ -126,60 +124,17 @@ def _move_buffers(model, device) -> None:
                 module._buffers[name] = buf.to(device)
 
 
-class FSDPEngine:
-    """TrainEngine over a `fully_shard`ed model."""
+class FSDPEngine(TorchEngine):
+    """TrainEngine over a `fully_shard`ed model.
 
-    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, ctx: WorkerContext):
-        self.model = model
-        self.optimizer = optimizer
-        self.scheduler = scheduler
-        self.scaler = scaler
-        self.settings = settings
-        self.hf_config = hf_config
-        self.layout = layout
-        self.ctx = ctx
+    Every micro-batch's backward reduce-scatters into the sharded .grad (settings' gradient_sync),
+    so the default `_gradient_sync` applies; mixed precision comes from the MixedPrecisionPolicy.
+    """
 
-    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
-
-    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
-        import torch
+    def _global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
-        self.model.train()
-        n = len(micro_batches)
-        losses = []
-        for batch in micro_batches:  # each backward reduce-scatters into the sharded .grad (settings' gradient_sync)
-            loss = self.model(**self._to_device(batch), use_cache=False).loss
-            losses.append(loss.detach().float())
-            scaled = loss / n  # mean over micro-batches; FSDP's reduce-scatter averages over ranks
-            (self.scaler.scale(scaled) if self.scaler else scaled).backward()
-        if self.scaler:
-            self.scaler.unscale_(self.optimizer)
-        max_norm = self.settings["grad_clip"] or math.inf  # inf: measure the norm, clip nothing
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
-        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-        lr = self.optimizer.param_groups[0]["lr"]
-        skipped = False
-        if self.scaler:
-            scale = self.scaler.get_scale()
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < scale  # the scale backs off exactly when inf/nan skipped the step
-        else:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        step_schedule(self.scheduler, skipped)
-        return StepResult(loss=torch.stack(losses).mean().item(), grad_norm=float(norm), lr=lr, skipped=skipped)
-
-    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
-        import torch
-
-        self.model.eval()
-        with torch.no_grad():
-            loss = self.model(**self._to_device(batch), use_cache=False).loss
-        self.model.train()
-        return loss.float().item()
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
     def save_hf_model(self, out_dir: Path) -> None:
         import torch.distributed as dist
@@ -210,7 +165,7 @@ class FSDPEngine:
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(ckpt_dir))
         if self.ctx.rank == 0:  # scheduler and scaler state are identical on every rank
             (ckpt_dir / ENGINE_STATE_FILE).write_text(json.dumps(self._engine_state(), indent=1))
-            (ckpt_dir / CLIENT_STATE_FILE).write_text(json.dumps(client_state, indent=1))
+            write_client_state(ckpt_dir, client_state)
         dist.barrier()
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
@@ -232,7 +187,7 @@ class FSDPEngine:
         self.scheduler.load_state_dict(engine["scheduler"])
         if self.scaler and engine["scaler"]:
             self.scaler.load_state_dict(engine["scaler"])
-        return json.loads((ckpt_dir / CLIENT_STATE_FILE).read_text())
+        return read_client_state(ckpt_dir)
 
 
 def check_device(settings: dict[str, Any], device: torch.device) -> None:
@@ -269,8 +224,7 @@ class FSDPBackend:
             # a CPU backend next to nccl (torchtitan and accelerate do the same).
             raise RuntimeError("FSDP CPU offload needs the process group initialised as 'cuda:nccl,cpu:gloo', "
                                f"not {dist.get_backend()!r}")
-        if ctx.world_size != st["world_size"]:
-            raise RuntimeError(f"plan is for {st['world_size']} ranks, this job has {ctx.world_size}")
+        check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)

@@ -181,6 +181,12 @@ def read_full_state_dict(model_dir: Path, layout: StateLayout) -> dict[str, torc
         if present is not None:
             state.update({k: present for k in group})
     missing = sorted(set(layout.tensors) - set(state))
+    check_weights_match(model_dir, missing, unexpected, wrong_shape)
+    return state
+
+
+def check_weights_match(model_dir: Path, missing: list[str], unexpected: list[str], wrong_shape: list[str]) -> None:
+    """One UserError naming up to five keys of each kind of mismatch between files and model; none if all match."""
     problems = []
     for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong_shape)):
         if keys:
@@ -189,7 +195,6 @@ def read_full_state_dict(model_dir: Path, layout: StateLayout) -> dict[str, torc
     if problems:
         raise UserError("model weights do not match the model config", problems,
                         "the safetensors files must come from the model config.json describes")
-    return state
 
 
 def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout: StateLayout) -> None:

@@ -21,6 +21,9 @@ Library API (what `orchestrate launch` calls):
 
   runs an already prepared RUN_DIR/plan.json (e.g. one written by `orchestrate config`).
 
+`prepare_run_dir` (plan or resume, check, write the run directory) and `launch_env` (the workers'
+environment) are shared with the multi-node launchers (`orchestrate.launch.multinode`).
+
 The launcher hands the workers nothing but the plan file path: no ORCHESTRATE_* variables.
 """
 
@@ -42,6 +45,8 @@ from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torc
 from orchestrate.planner.plan import Plan
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rich.console import Console
 
     from orchestrate.config.schema import RunConfig
@@ -84,31 +89,41 @@ def _write_launch_script(run_dir: Path, command: str) -> None:
     path.chmod(0o755)
 
 
+def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
+                    say: Callable[[str], None], check: Callable[[Plan], None] | None = None) -> tuple[Plan, Path]:
+    """Plan (UserError when nothing fits), check the data, run `check` on the plan, then write the
+    run directory; notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest run of `name`) keeps its own plan
+    when it still fits and is not written again (`orchestrate.launch.resume`); otherwise a
+    `run_dir` that already holds checkpoints is refused. Returns the plan and the run directory."""
+    from orchestrate.data.pipeline import check_data_config
+
+    if resume:
+        run_dir = run_to_resume(config, name, run_dir)
+        plan, reused = plan_for_resume(config, hardware, run_dir)
+        say(resume_notice(run_dir, reused))
+    else:
+        plan, reused = build_plan(config, hardware), False
+        run_dir = (run_dir or default_run_dir(config, name)).resolve()
+        refuse_checkpointed(run_dir)
+    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    if check is not None:
+        check(plan)
+    return (plan if reused else prepare_run(plan, run_dir)), run_dir
+
+
 def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: str = "run",
                        run_dir: Path | None = None, dry_run: bool = False, max_restarts: int = 0,
                        master_addr: str | None = None, master_port: int | None = None,
                        rdzv_backend: str | None = None, rdzv_endpoint: str | None = None,
                        rdzv_id: str | None = None, nnodes: int | None = None, node_rank: int | None = None,
                        resume: bool = False, console: Console | None = None) -> LaunchResult:
-    from orchestrate.data.pipeline import check_data_config
-
     messages: list[str] = []
-    if resume:
-        run_dir = run_to_resume(config, name, run_dir)
-        plan, reused = plan_for_resume(config, hardware, run_dir)
-        _say(console, messages, resume_notice(run_dir, reused))
-    else:
-        plan, reused = build_plan(config, hardware), False
-        run_dir = (run_dir or default_run_dir(config, name)).resolve()
-        refuse_checkpointed(run_dir)
-    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume,
+                                    lambda text: _say(console, messages, text),
+                                    check=None if dry_run else _require_devices)
     options = LaunchOptions(max_restarts=max_restarts, master_addr=master_addr, master_port=master_port,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
                             nnodes=nnodes, node_rank=node_rank)
-    if not dry_run:
-        _require_devices(plan)
-    if not reused:
-        plan = prepare_run(plan, run_dir)
     plan_path = run_dir / PLAN_FILE
     argv, command = _announce(plan, plan_path, options, console, messages)
     result = LaunchResult(plan, run_dir, plan_path, command, messages)
@@ -153,7 +168,7 @@ def _announce(plan: Plan, plan_path: Path, options: LaunchOptions, console: Cons
     run_dir = plan_path.parent
     argv = torchrun_argv(plan, plan_path, options, run_dir / LOG_DIR)
     info = read_run_info(plan_path)
-    env = _launch_env(plan, plan_path)
+    env = launch_env(plan, plan_path)
     if not plan.hardware.has_gpu:
         n = plan.hardware.ranks_per_node
         _say(console, messages, f"No GPU on this machine: running {n} CPU process{'es' if n != 1 else ''} per node "
@@ -179,7 +194,7 @@ def _environment(env: dict[str, str]):
             os.environ.pop(key, None)
 
 
-def _launch_env(plan: Plan, plan_path: Path) -> dict[str, str]:
+def launch_env(plan: Plan, plan_path: Path) -> dict[str, str]:
     """The plan's worker environment plus torchrun's own shutdown settings: on SIGTERM (or SIGUSR1)
     torchrun forwards the signal to the workers and waits `train.preemption_grace_s` for their
     checkpoint before SIGKILL (its default is 30 s)."""
@@ -193,7 +208,7 @@ def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, 
 
     run_dir = plan_path.parent
     clear_requeue(run_dir)
-    with _environment(_launch_env(plan, plan_path)), follow_metrics(plan, run_dir, console):
+    with _environment(launch_env(plan, plan_path)), follow_metrics(plan, run_dir, console):
         code = _run_torchrun(argv, plan_path, console, messages)
     requeue = read_requeue(run_dir)
     if requeue is not None:

@@ -41,13 +41,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch import slurm, ssh
+from orchestrate.launch import slurm, slurm_cluster, ssh, ssh_commands
 from orchestrate.launch.hostfile import Host
-from orchestrate.launch.launcher import LAUNCH_SCRIPT, LaunchResult, build_plan
-from orchestrate.launch.launcher import _launch_env as launch_env
-from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
-from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE, default_run_dir, prepare_run
-from orchestrate.launch.slurm import SlurmAllocation, SlurmJob
+from orchestrate.launch.launcher import LAUNCH_SCRIPT, LaunchResult, launch_env, prepare_run_dir
+from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE
+from orchestrate.launch.slurm import SlurmJob
+from orchestrate.launch.slurm_cluster import SlurmAllocation
 from orchestrate.planner.plan import Plan
 
 if TYPE_CHECKING:
@@ -55,7 +54,6 @@ if TYPE_CHECKING:
 
     from orchestrate.api import HardwareFlags
     from orchestrate.config.schema import RunConfig
-    from orchestrate.hardware.profile import HardwareProfile
 
 STOP_MARGIN_S = 15
 """After Ctrl-C or a failed host: how much longer than the workers' checkpoint grace
@@ -117,28 +115,10 @@ def allocation_to_use(env: Mapping[str, str] | None = None, *, explicit_rendezvo
     """The SLURM allocation `orchestrate launch` spreads its nodes over, or None to launch here:
     outside SLURM, when the user gave a rendezvous (a hand-made multi-node launch), and inside a job
     step (`srun --pty bash`: already on a compute node, and another srun would nest steps)."""
-    alloc = slurm.detect_slurm_allocation(env)
+    alloc = slurm_cluster.detect_slurm_allocation(env)
     if alloc is None or explicit_rendezvous or alloc.in_step:
         return None
     return alloc
-
-
-def _prepare(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
-             console: Console | None, messages: list[str]) -> tuple[Plan, Path]:
-    """Plan (UserError when nothing fits), check the data, write the run directory: as
-    `launcher.launch_from_config` does, resume included."""
-    from orchestrate.data.pipeline import check_data_config
-
-    if resume:
-        run_dir = run_to_resume(config, name, run_dir)
-        plan, reused = plan_for_resume(config, hardware, run_dir)
-        _say(console, messages, resume_notice(run_dir, reused))
-    else:
-        plan, reused = build_plan(config, hardware), False
-        run_dir = (run_dir or default_run_dir(config, name)).resolve()
-        refuse_checkpointed(run_dir)
-    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
-    return (plan if reused else prepare_run(plan, run_dir)), run_dir
 
 
 def _prepare_data(plan: Plan, run_dir: Path, console: Console | None, messages: list[str]) -> None:
@@ -230,7 +210,7 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
                       console: Console | None = None) -> PreparedJob:
     """Plan for `flags` (nodes x GPUs or CPU processes per node), write the run directory, tokenise
     the data into the shared cache and write RUN_DIR/job.sbatch. Nothing is submitted
-    (`slurm.submit(prepared.script)` does that). `resume`: continue the newest run (or `run_dir`)
+    (`slurm_cluster.submit(prepared.script)` does that). `resume`: continue the newest run (or `run_dir`)
     from its latest checkpoint, as `orchestrate launch --resume` does."""
     hardware = flags.resolve()
     # Check the job request before writing anything: a bad --time should not leave a run directory.
@@ -241,10 +221,11 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
         job_name=options.job_name or "orchestrate", python=options.python, shutdown_grace_s=grace,
         signal_lead_s=grace if options.signal_lead_s is None else options.signal_lead_s))
     messages: list[str] = []
-    plan, run_dir = _prepare(config, hardware, name, run_dir, resume, console, messages)
+    plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume,
+                                    lambda text: _say(console, messages, text))
     _prepare_data(plan, run_dir, console, messages)
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
-    script = slurm.write_sbatch(job)
+    script = slurm_cluster.write_sbatch(job)
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir}")
     if hardware.has_gpu and not flags.profile and hardware.name.startswith("detected:cpu"):
         _say(console, messages, f"planned for {hardware.gpu.name} GPUs (no GPU here to measure): "
@@ -266,13 +247,13 @@ def launch_in_allocation(config: RunConfig, flags: HardwareFlags, alloc: SlurmAl
 
     messages: list[str] = []
     _say(console, messages, f"SLURM job {alloc.job_id}: launching on its {alloc.nnodes} node(s) with srun")
-    plan, run_dir = _prepare(config, hardware_for_allocation(flags, alloc).resolve(), name, run_dir, resume,
-                             console, messages)
+    plan, run_dir = prepare_run_dir(config, hardware_for_allocation(flags, alloc).resolve(), name, run_dir, resume,
+                                    lambda text: _say(console, messages, text))
     plan_path = run_dir / PLAN_FILE
     # All of each node's allocated CPUs go to its one task (torchrun and its workers).
     job = slurm_job_for_plan(plan, run_dir, SlurmOptions(python=python, cpus_per_task=alloc.cpus_on_node),
                              max_restarts, name)
-    argv = slurm.srun_argv_in_allocation(job, alloc)
+    argv = slurm_cluster.srun_argv_in_allocation(job, alloc)
     env = launch_env(plan, plan_path)
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), shlex.join(argv)])
     _write_launch_script(run_dir, f"The exact command `orchestrate launch` ran inside SLURM job {alloc.job_id}.",
@@ -335,8 +316,8 @@ def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Hos
     from orchestrate.worker.signals import clear_requeue
 
     messages: list[str] = []
-    plan, run_dir = _prepare(config, hardware_for_hosts(flags, hosts).resolve(), name, run_dir, resume,
-                             console, messages)
+    plan, run_dir = prepare_run_dir(config, hardware_for_hosts(flags, hosts).resolve(), name, run_dir, resume,
+                                    lambda text: _say(console, messages, text))
     options = options or ssh.SshOptions()
     if options.stop_grace_s is None:
         options = dataclasses.replace(options, stop_grace_s=plan.config.train.preemption_grace_s + STOP_MARGIN_S)
@@ -345,7 +326,7 @@ def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Hos
     commands = ssh.plan_commands(hosts, _worker_program(plan_path), python=python, options=options,
                                  torchrun_args=worker_torchrun_args(run_dir, max_restarts), rdzv_port=rdzv_port,
                                  rdzv_id=run_dir.name, env=env, probe_port=not dry_run)
-    lines = [ssh.ssh_command_line(c, options) + " &" for c in commands]
+    lines = [ssh_commands.ssh_command_line(c, options) + " &" for c in commands]
     command = "\n".join([*lines, "wait"])
     _write_launch_script(run_dir, "What `orchestrate launch --hosts` ran: one torchrun per host over SSH "
                                   "(by hand, nothing stops the others when one fails).", command)

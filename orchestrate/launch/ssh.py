@@ -25,8 +25,6 @@ already set on the host wins.
 
 from __future__ import annotations
 
-import ipaddress
-import json
 import shlex
 import socket
 import sys
@@ -40,20 +38,14 @@ from typing import TextIO
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.launch.hostfile import Host
-
-_PGID_TAG = "__orchestrate_pgid__"
-# Runs remotely (through the login shell) with the command's own interpreter: add the environment
-# (argv[1], JSON; the host's own values win), lead a process group (sshd usually made one already),
-# report its id, then become the command, so its exit status or signal is what SSH reports.
-_WRAP = (
-    "import json, os, sys\n"
-    "for k, v in json.loads(sys.argv[1]).items():\n"
-    "    os.environ.setdefault(k, v)\n"
-    "if os.getpgrp() != os.getpid():\n"
-    "    os.setsid()\n"
-    "print('{tag}', os.getpgrp(), flush=True)\n"
-    "os.execv(sys.argv[2], sys.argv[2:])\n"
+from orchestrate.launch.ssh_commands import (
+    PGID_TAG,
+    NodeCommand,
+    is_loopback,
+    node_commands,
+    remote_command,
 )
+
 # Runs remotely with the same interpreter: stop a process group and everything it started.
 _STOP = r"""
 import os, signal, sys, time
@@ -119,16 +111,6 @@ class SshOptions:
     """SIGTERM to SIGKILL when stopping a host's command; None: DEFAULT_STOP_GRACE_S."""
 
 
-@dataclass(frozen=True)
-class NodeCommand:
-    host: str
-    rank: int
-    """Position in the hostfile; 0 hosts the rendezvous."""
-    argv: tuple[str, ...]
-    env: tuple[tuple[str, str], ...] = ()
-    """Environment added on the host (unless set there already)."""
-
-
 @dataclass
 class HostResult:
     host: str
@@ -161,57 +143,6 @@ class HostFailure(Exception):
         super().__init__(f"host {failed.host} (hostfile position {failed.rank}){what}{tail}")
 
 
-# --- Pure parts -----------------------------------------------------------------------------------
-
-
-def node_commands(hosts: Sequence[Host], *, python: str, rdzv_endpoint: str, rdzv_id: str,
-                  program: Sequence[str], torchrun_args: Sequence[str] = (),
-                  env: Mapping[str, str] | None = None) -> list[NodeCommand]:
-    """torchrun on every host, as many processes as the host has slots."""
-    if not Path(python).is_absolute():
-        raise UserError("remote commands need an absolute interpreter path", [Problem(
-            "--python", f"{python!r}", "give the full path of the python that has orchestrate installed")])
-    return [NodeCommand(host.name, rank, (
-        python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
-        f"--nproc-per-node={host.slots}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-        f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(rank == 0)}", *torchrun_args, *program),
-        tuple(sorted((env or {}).items())))
-        for rank, host in enumerate(hosts)]
-
-
-def remote_command(argv: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> str:
-    """The shell line sent over SSH for `argv` with `env` added (see `_WRAP`); argv[0] is an
-    absolute interpreter."""
-    return "exec " + shlex.join([argv[0], "-c", _WRAP.format(tag=_PGID_TAG), json.dumps(dict(env)), *argv])
-
-
-def ssh_command_line(command: NodeCommand, options: SshOptions) -> str:
-    """`ssh ... HOST 'env K=V python -m torch.distributed.run ...'` for OpenSSH's client: the command
-    by hand (launch.sh), without the process-group wrapper `run_on_hosts` needs to stop it."""
-    argv = ["ssh"]
-    if options.ssh_config:
-        argv += ["-F", str(options.ssh_config)]
-    if options.user:
-        argv += ["-l", options.user]
-    if options.port:
-        argv += ["-p", str(options.port)]
-    if options.key_filename:
-        argv += ["-i", options.key_filename]
-    if options.known_hosts:
-        argv += ["-o", f"UserKnownHostsFile=~/.ssh/known_hosts {options.known_hosts}"]
-    env = [f"{k}={v}" for k, v in command.env]
-    return shlex.join([*argv, command.host, shlex.join(["exec", "env", *env, *command.argv])])
-
-
-def is_loopback(address: str) -> bool:
-    if address == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
-
-
 class _LineWriter:
     """A file-like sink for fabric that prefixes whole lines and picks out the process group tag."""
 
@@ -227,7 +158,7 @@ class _LineWriter:
         return len(data)
 
     def _line(self, line: str) -> None:
-        if self.on_pgid and line.startswith(_PGID_TAG):
+        if self.on_pgid and line.startswith(PGID_TAG):
             self.on_pgid(int(line.split()[1]))
             self.on_pgid = None
             return

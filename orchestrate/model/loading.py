@@ -30,8 +30,8 @@ from orchestrate.backends.hf_io import (
     StateLayout,
     _match_key,
     _weight_files,
+    check_weights_match,
 )
-from orchestrate.errors import Problem, UserError
 
 
 @dataclass
@@ -74,14 +74,7 @@ def plan_reads(model_dir: Path, layout: StateLayout) -> ReadPlan:
         if found & set(group):
             found |= set(group)
     missing = sorted(set(layout.tensors) - found)
-    problems = []
-    for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape mismatch", wrong_shape)):
-        if keys:
-            more = f" (and {len(keys) - 5} more)" if len(keys) > 5 else ""
-            problems.append(Problem(str(model_dir), f"{label}: {', '.join(keys[:5])}{more}"))
-    if problems:
-        raise UserError("model weights do not match the model config", problems,
-                        "the safetensors files must come from the model config.json describes")
+    check_weights_match(model_dir, missing, unexpected, wrong_shape)
     return ReadPlan(dict(reads))
 
 

@@ -6,7 +6,8 @@ Pure: no I/O, no devices. Two entry points:
   cannot be planned at all (batch not divisible by the world size, contradictory pins).
 - `require_feasible(plan) -> Candidate`: the chosen candidate, or a `UserError` (exit 2) listing the
   closest candidates, by how much each overflows, and remedies computed by re-planning variations
-  (NVMe, more RAM, more GPUs or nodes, shorter seq_len, unpinned strategy). Call it before launching.
+  (NVMe, more RAM, more GPUs or nodes, shorter seq_len, unpinned strategy; `planner.remedies`).
+  Call it before launching.
 
 Search space: backend x ZeRO stage x offload x activation checkpointing x micro-batch, at one
 precision (pinned, or "auto": bf16 where the GPU has it, fp16 on Turing, fp32 on CPU-only), minus
@@ -36,7 +37,6 @@ from orchestrate.planner.strategy import Strategy
 
 GiB = 2**30
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
-_UNLIMITED = 2**62
 
 
 @dataclass(frozen=True)
@@ -86,6 +86,14 @@ def gib(n: float) -> str:
     return f"{n / GiB:.1f} GiB"
 
 
+def describe_hardware(hw: HardwareProfile) -> str:
+    ram = f"{gib(hw.cpu_memory_bytes)} RAM per node"
+    nodes = f"{hw.nodes} nodes x " if hw.nodes > 1 else ""
+    if hw.has_gpu:
+        return f"{nodes}{hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu.memory_bytes)}), {ram}"
+    return f"{nodes}{hw.cpu_processes} CPU process(es), {ram}"
+
+
 def _nvme_free(config: RunConfig, hw: HardwareProfile) -> int | None:
     if hw.nvme_path:
         return hw.nvme_free_bytes
@@ -96,7 +104,7 @@ def _nvme_free(config: RunConfig, hw: HardwareProfile) -> int | None:
     return 0
 
 
-def _nvme_available(config: RunConfig, hw: HardwareProfile) -> bool:
+def nvme_available(config: RunConfig, hw: HardwareProfile) -> bool:
     return bool(hw.nvme_path or config.strategy.nvme_path)
 
 
@@ -141,7 +149,7 @@ def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
         if backend == "ddp":
             problems.append(Problem("strategy.offload", "DDP cannot offload", "use backend deepspeed or fsdp"))
     if s.offload == "nvme":
-        if not _nvme_available(config, hw):
+        if not nvme_available(config, hw):
             problems.append(Problem("strategy.offload", "NVMe offload needs a directory on an NVMe disk",
                                     "set strategy.nvme_path or pass --nvme PATH"))
         if backend == "fsdp":
@@ -258,7 +266,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
     limits = Limits.of(config, hw)
     # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
     zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1
-    bases = [b for b in _all_bases(hw, _nvme_available(config, hw), zero1) if _matches_pins(b, config)]
+    bases = [b for b in _all_bases(hw, nvme_available(config, hw), zero1) if _matches_pins(b, config)]
     if not bases:
         pins = {k: v for k, v in config.strategy.model_dump().items()
                 if k in ("backend", "zero_stage", "offload", "offload_params") and v != "auto"}
@@ -286,117 +294,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
 
 def require_feasible(plan: Plan) -> Candidate:
     """The chosen candidate, or a `UserError` naming the closest candidates and concrete remedies."""
+    from orchestrate.planner.remedies import infeasible_error  # remedies re-plan: they import this module
+
     if plan.chosen is not None:
         return plan.chosen
     raise infeasible_error(plan)
-
-
-# --------------------------------------------------------------------------------------------------
-# When nothing fits: the closest candidates and remedies computed by re-planning variations
-# --------------------------------------------------------------------------------------------------
-
-_CLOSEST = 3
-
-
-def describe_hardware(hw: HardwareProfile) -> str:
-    ram = f"{gib(hw.cpu_memory_bytes)} RAM per node"
-    nodes = f"{hw.nodes} nodes x " if hw.nodes > 1 else ""
-    if hw.has_gpu:
-        return f"{nodes}{hw.gpus_per_node} x {hw.gpu.name} ({gib(hw.gpu.memory_bytes)}), {ram}"
-    return f"{nodes}{hw.cpu_processes} CPU process(es), {ram}"
-
-
-def _replan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Candidate | None:
-    """The chosen candidate of a variation, keeping the global batch divisible by the world size."""
-    world, batch = hw.world_size, config.train.global_batch_size
-    if batch % world:
-        config = config.model_copy(update={"train": config.train.model_copy(
-            update={"global_batch_size": -(-batch // world) * world})})
-    try:
-        return make_plan(config, hw, shape).chosen
-    except UserError:
-        return None
-
-
-def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
-    parts = [f"GPU {gib(c.memory.gpu_total)}/rank"] if hw.has_gpu else []
-    parts.append(f"CPU {gib(node_host_bytes(c.memory, hw))}/node")
-    if c.memory.nvme_bytes:
-        parts.append(f"NVMe {gib(c.memory.nvme_bytes)}")
-    return f"{c.name} fits ({', '.join(parts)})"
-
-
-def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
-    config, hw, shape = plan.config, plan.hardware, plan.shape
-    out: list[Problem] = []
-    only = {what: [c for c in plan.candidates if [o[0] for o in limits.overflows(c.memory, hw)] == [what]]
-            for what in ("GPU", "CPU", "NVMe")}
-
-    if not _nvme_available(config, hw) and hw.has_gpu:
-        nvme_hw = hw.model_copy(update={"nvme_path": "<nvme>", "nvme_free_bytes": _UNLIMITED})
-        if (c := _replan(config, nvme_hw, shape)) is not None:
-            out.append(Problem("--nvme", f"with an NVMe offload directory, {_fit_summary(c, nvme_hw)}",
-                               f"pass --nvme /path/on/nvme (strategy.nvme_path) with >= "
-                               f"{gib(c.memory.nvme_bytes)} free"))
-    if only["NVMe"]:
-        c = min(only["NVMe"], key=lambda c: c.memory.nvme_bytes)
-        out.append(Problem("--nvme", f"{c.name} needs {gib(c.memory.nvme_bytes)} on NVMe, "
-                                     f"{gib(limits.nvme or 0)} is free", "free space there or use another disk"))
-    if only["CPU"]:
-        c = min(only["CPU"], key=lambda c: node_host_bytes(c.memory, hw))
-        need = node_host_bytes(c.memory, hw) / config.strategy.cpu_memory_headroom
-        out.append(Problem("hardware (RAM)", f"{c.name} needs {gib(node_host_bytes(c.memory, hw))} host RAM "
-                                             f"per node; it fits with >= {need / GiB:.0f} GiB RAM per node",
-                           "add RAM, or use more nodes"))
-    if only["GPU"] and hw.has_gpu:
-        c = min(only["GPU"], key=lambda c: c.memory.gpu_total)
-        need = c.memory.gpu_total / config.strategy.gpu_memory_headroom
-        if need <= 2 * hw.gpu.memory_bytes:  # a realistic next card, not a data-centre one
-                out.append(Problem("hardware (GPU)", f"{c.name} fits on GPUs with >= {need / GiB:.1f} GiB each",
-                               "use larger GPUs or more of them"))
-    if hw.has_gpu:
-        for gpus in (g for g in (2, 4, 8) if g > hw.gpus_per_node):
-            if (c := _replan(config, hw.model_copy(update={"gpus_per_node": gpus}), shape)) is not None:
-                out.append(Problem("--gpus", f"with {gpus} GPUs per node, {_fit_summary(c, hw)}", f"--gpus {gpus}"))
-                break
-    for nodes in (n for n in (2, 4, 8) if n > hw.nodes):
-        more = hw.model_copy(update={"nodes": nodes})
-        if (c := _replan(config, more, shape)) is not None:
-            out.append(Problem("hardware (nodes)", f"on {nodes} such nodes, {_fit_summary(c, more)}",
-                               f"add nodes to the hardware profile ({nodes} in all)"))
-            break
-    seq = config.train.seq_len // 2
-    while seq >= 64:
-        shorter = config.model_copy(update={"train": config.train.model_copy(update={"seq_len": seq})})
-        if (c := _replan(shorter, hw, shape)) is not None:
-            out.append(Problem("train.seq_len", f"at seq_len {seq}, {_fit_summary(c, hw)}",
-                               f"train.seq_len: {seq}"))
-            break
-        seq //= 2
-    pins = {"backend": "auto", "zero_stage": "auto", "offload": "auto", "offload_params": "auto"}
-    if any(getattr(config.strategy, key) != "auto" for key in pins):
-        free = config.model_copy(update={"strategy": config.strategy.model_copy(update=pins)})
-        if (c := _replan(free, hw, shape)) is not None:
-            out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
-                               "set backend, zero_stage, offload and offload_params to auto"))
-    out.append(Problem("model", "LoRA / QLoRA (small trainable adapters on a frozen base) would shrink gradients "
-                                "and optimizer states to a few percent of the model",
-                       "not supported by orchestrate yet: full fine-tuning only"))
-    return out
-
-
-def infeasible_error(plan: Plan) -> UserError:
-    """The `UserError` for a plan without a fitting candidate (see `require_feasible`)."""
-    hw, shape = plan.hardware, plan.shape
-    limits = Limits.of(plan.config, hw)
-    closest = plan.candidates[:_CLOSEST]
-    lines = ["Closest candidates (GPU per rank, CPU per node):"]
-    lines += [f"  {c.name}: {c.reason}" for c in closest]
-    best = closest[0]
-    words = {"GPU": "GPU memory", "CPU": "CPU RAM", "NVMe": "NVMe space"}
-    over = " and ".join(f"{words[what]} by {gib(need - have)}"
-                        for what, need, have, _ in limits.overflows(best.memory, hw))
-    headline = (f"Nothing fits: {shape.parameters / 1e9:.2f}B-parameter {shape.model_type} at seq_len "
-                f"{plan.config.train.seq_len} on {describe_hardware(hw)}; the closest, {best.name}, "
-                f"overflows {over}")
-    return UserError(headline, _remedies(plan, limits), "\n".join(lines))

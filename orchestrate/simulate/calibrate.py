@@ -62,7 +62,7 @@ def calibrate(target: Plan | Any, strategy: Strategy | None = None, seq_len: int
     per_layer = (saved[hi] - saved[lo]) // (hi - lo)
     fixed = peaks[lo] - lo * per_layer
     mb, s = spec.strategy["micro_batch_size"], spec.seq_len
-    from orchestrate.simulate.harness import hf_config_for_simulation
+    from orchestrate.simulate.patches import hf_config_for_simulation
 
     cfg = hf_config_for_simulation(spec.model_config)
     return Calibration(

@@ -23,7 +23,7 @@ def simulate_in_process(spec: RunSpec) -> SimulationResult:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from orchestrate.simulate import harness
+    from orchestrate.simulate import harness, patches
     from orchestrate.simulate.counter import LiveStorageCounter
 
     start = time.perf_counter()
@@ -35,7 +35,7 @@ def simulate_in_process(spec: RunSpec) -> SimulationResult:
     try:
         mesh = harness.make_mesh(spec)
         counter = LiveStorageCounter()
-        with harness.fake_tensor_patches(spec), FakeTensorMode(), counter:
+        with patches.fake_tensor_patches(spec), FakeTensorMode(), counter:
             harness.run(spec, counter, mesh)
     finally:
         dist.destroy_process_group()

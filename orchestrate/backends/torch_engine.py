@@ -1,0 +1,132 @@
+"""What the DDP and FSDP backends share: the settings both render and the train-step skeleton.
+
+Both drive a plain torch optimizer, scheduler and optional GradScaler over a wrapped HF model; they
+differ only in how a micro-batch runs (autocast, gradient sync) and in how state is saved, which the
+subclasses supply.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.backends.base import StepResult, WorkerContext
+from orchestrate.backends.schedule import step_schedule
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.config.schema import TrainSection
+    from orchestrate.planner.plan import Candidate, Plan
+
+CLIENT_STATE_FILE = "client_state.json"
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def chosen_for(plan: Plan, backend: str) -> Candidate:
+    """The plan's chosen candidate; ValueError unless its strategy uses `backend`."""
+    cand = plan.chosen
+    if cand is None or cand.strategy.backend != backend:
+        raise ValueError(f"{backend}_settings needs a plan whose chosen strategy uses the {backend} backend")
+    return cand
+
+
+def run_settings(plan: Plan) -> dict[str, Any]:
+    """The leading entries of ddp.json and fsdp.json: which backend, strategy, device and world size."""
+    s = plan.chosen.strategy
+    return {"backend": s.backend, "strategy": s.name, "device_type": "cuda" if plan.hardware.has_gpu else "cpu",
+            "world_size": plan.world_size}
+
+
+def adamw_settings(train: TrainSection, fused: bool) -> dict[str, Any]:
+    opt = train.optimizer
+    return {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+            "weight_decay": opt.weight_decay, "fused": fused}
+
+
+def schedule_settings(train: TrainSection) -> dict[str, Any]:
+    return {"warmup_steps": train.schedule.warmup_steps, "min_lr_ratio": train.schedule.min_lr_ratio,
+            "max_steps": train.max_steps, "shape": "linear warm-up, cosine decay"}
+
+
+def check_world_size(settings: dict[str, Any], ctx: WorkerContext) -> None:
+    if ctx.world_size != settings["world_size"]:
+        raise RuntimeError(f"plan is for {settings['world_size']} ranks, this job has {ctx.world_size}")
+
+
+def write_client_state(ckpt_dir: Path, client_state: dict[str, Any]) -> None:
+    (Path(ckpt_dir) / CLIENT_STATE_FILE).write_text(json.dumps(client_state, indent=1))
+
+
+def read_client_state(ckpt_dir: Path) -> dict[str, Any]:
+    return json.loads((Path(ckpt_dir) / CLIENT_STATE_FILE).read_text())
+
+
+class TorchEngine:
+    """TrainEngine over a torch-wrapped model; subclasses add checkpointing and the per-backend hooks."""
+
+    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, ctx: WorkerContext):
+        self.model = model
+        self.optimizer = optimizer
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.settings = settings
+        self.hf_config = hf_config
+        self.layout = layout
+        self.ctx = ctx
+
+    def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+
+    def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.model(**self._to_device(batch), use_cache=False).loss
+
+    def _gradient_sync(self, index: int, count: int) -> contextlib.AbstractContextManager:
+        """Context for micro-batch `index` of `count`: by default every backward syncs gradients."""
+        return contextlib.nullcontext()
+
+    def _global_norm(self, norm: torch.Tensor) -> torch.Tensor:
+        return norm
+
+    def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
+        import torch
+
+        self.model.train()
+        n = len(micro_batches)
+        losses = []
+        for i, batch in enumerate(micro_batches):
+            with self._gradient_sync(i, n):
+                loss = self._forward_loss(batch)
+                losses.append(loss.detach().float())
+                scaled = loss / n  # mean over micro-batches; the gradient collective averages over ranks
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.settings["grad_clip"] or math.inf  # inf: measure the norm, clip nothing
+        norm = self._global_norm(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        lr = self.optimizer.param_groups[0]["lr"]
+        skipped = False
+        if self.scaler:
+            scale = self.scaler.get_scale()
+            # The inf/nan check agrees across ranks (replicated grads, or ShardedGradScaler's all-reduce),
+            # so every rank skips the same steps; the scale backs off exactly when a step was skipped.
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            skipped = self.scaler.get_scale() < scale
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        step_schedule(self.scheduler, skipped)
+        return StepResult(loss=torch.stack(losses).mean().item(), grad_norm=float(norm), lr=lr, skipped=skipped)
+
+    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+        import torch
+
+        self.model.eval()
+        with torch.no_grad():
+            loss = self._forward_loss(batch)
+        self.model.train()
+        return loss.float().item()

@@ -1,0 +1,114 @@
+"""When nothing fits: the `UserError` naming the closest candidates, by how much each overflows,
+and remedies computed by re-planning variations of the config and hardware (`make_plan` again).
+
+Pure, like the rest of the planner.
+"""
+
+from __future__ import annotations
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner.memory import node_host_bytes
+from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.search import GiB, Limits, describe_hardware, gib, make_plan, nvme_available
+
+_CLOSEST = 3
+_UNLIMITED = 2**62
+
+
+def _replan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Candidate | None:
+    """The chosen candidate of a variation, keeping the global batch divisible by the world size."""
+    world, batch = hw.world_size, config.train.global_batch_size
+    if batch % world:
+        config = config.model_copy(update={"train": config.train.model_copy(
+            update={"global_batch_size": -(-batch // world) * world})})
+    try:
+        return make_plan(config, hw, shape).chosen
+    except UserError:
+        return None
+
+
+def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
+    parts = [f"GPU {gib(c.memory.gpu_total)}/rank"] if hw.has_gpu else []
+    parts.append(f"CPU {gib(node_host_bytes(c.memory, hw))}/node")
+    if c.memory.nvme_bytes:
+        parts.append(f"NVMe {gib(c.memory.nvme_bytes)}")
+    return f"{c.name} fits ({', '.join(parts)})"
+
+
+def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
+    config, hw, shape = plan.config, plan.hardware, plan.shape
+    out: list[Problem] = []
+    only = {what: [c for c in plan.candidates if [o[0] for o in limits.overflows(c.memory, hw)] == [what]]
+            for what in ("GPU", "CPU", "NVMe")}
+
+    if not nvme_available(config, hw) and hw.has_gpu:
+        nvme_hw = hw.model_copy(update={"nvme_path": "<nvme>", "nvme_free_bytes": _UNLIMITED})
+        if (c := _replan(config, nvme_hw, shape)) is not None:
+            out.append(Problem("--nvme", f"with an NVMe offload directory, {_fit_summary(c, nvme_hw)}",
+                               f"pass --nvme /path/on/nvme (strategy.nvme_path) with >= "
+                               f"{gib(c.memory.nvme_bytes)} free"))
+    if only["NVMe"]:
+        c = min(only["NVMe"], key=lambda c: c.memory.nvme_bytes)
+        out.append(Problem("--nvme", f"{c.name} needs {gib(c.memory.nvme_bytes)} on NVMe, "
+                                     f"{gib(limits.nvme or 0)} is free", "free space there or use another disk"))
+    if only["CPU"]:
+        c = min(only["CPU"], key=lambda c: node_host_bytes(c.memory, hw))
+        need = node_host_bytes(c.memory, hw) / config.strategy.cpu_memory_headroom
+        out.append(Problem("hardware (RAM)", f"{c.name} needs {gib(node_host_bytes(c.memory, hw))} host RAM "
+                                             f"per node; it fits with >= {need / GiB:.0f} GiB RAM per node",
+                           "add RAM, or use more nodes"))
+    if only["GPU"] and hw.has_gpu:
+        c = min(only["GPU"], key=lambda c: c.memory.gpu_total)
+        need = c.memory.gpu_total / config.strategy.gpu_memory_headroom
+        if need <= 2 * hw.gpu.memory_bytes:  # a realistic next card, not a data-centre one
+                out.append(Problem("hardware (GPU)", f"{c.name} fits on GPUs with >= {need / GiB:.1f} GiB each",
+                               "use larger GPUs or more of them"))
+    if hw.has_gpu:
+        for gpus in (g for g in (2, 4, 8) if g > hw.gpus_per_node):
+            if (c := _replan(config, hw.model_copy(update={"gpus_per_node": gpus}), shape)) is not None:
+                out.append(Problem("--gpus", f"with {gpus} GPUs per node, {_fit_summary(c, hw)}", f"--gpus {gpus}"))
+                break
+    for nodes in (n for n in (2, 4, 8) if n > hw.nodes):
+        more = hw.model_copy(update={"nodes": nodes})
+        if (c := _replan(config, more, shape)) is not None:
+            out.append(Problem("hardware (nodes)", f"on {nodes} such nodes, {_fit_summary(c, more)}",
+                               f"add nodes to the hardware profile ({nodes} in all)"))
+            break
+    seq = config.train.seq_len // 2
+    while seq >= 64:
+        shorter = config.model_copy(update={"train": config.train.model_copy(update={"seq_len": seq})})
+        if (c := _replan(shorter, hw, shape)) is not None:
+            out.append(Problem("train.seq_len", f"at seq_len {seq}, {_fit_summary(c, hw)}",
+                               f"train.seq_len: {seq}"))
+            break
+        seq //= 2
+    pins = {"backend": "auto", "zero_stage": "auto", "offload": "auto", "offload_params": "auto"}
+    if any(getattr(config.strategy, key) != "auto" for key in pins):
+        free = config.model_copy(update={"strategy": config.strategy.model_copy(update=pins)})
+        if (c := _replan(free, hw, shape)) is not None:
+            out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
+                               "set backend, zero_stage, offload and offload_params to auto"))
+    out.append(Problem("model", "LoRA / QLoRA (small trainable adapters on a frozen base) would shrink gradients "
+                                "and optimizer states to a few percent of the model",
+                       "not supported by orchestrate yet: full fine-tuning only"))
+    return out
+
+
+def infeasible_error(plan: Plan) -> UserError:
+    """The `UserError` for a plan without a fitting candidate (see `require_feasible`)."""
+    hw, shape = plan.hardware, plan.shape
+    limits = Limits.of(plan.config, hw)
+    closest = plan.candidates[:_CLOSEST]
+    lines = ["Closest candidates (GPU per rank, CPU per node):"]
+    lines += [f"  {c.name}: {c.reason}" for c in closest]
+    best = closest[0]
+    words = {"GPU": "GPU memory", "CPU": "CPU RAM", "NVMe": "NVMe space"}
+    over = " and ".join(f"{words[what]} by {gib(need - have)}"
+                        for what, need, have, _ in limits.overflows(best.memory, hw))
+    headline = (f"Nothing fits: {shape.parameters / 1e9:.2f}B-parameter {shape.model_type} at seq_len "
+                f"{plan.config.train.seq_len} on {describe_hardware(hw)}; the closest, {best.name}, "
+                f"overflows {over}")
+    return UserError(headline, _remedies(plan, limits), "\n".join(lines))

@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml constraints-ci.txt
 # The SLURM and SSH tests need real daemons: with-daemons.sh installs (apt, once) and starts a
 # two-node SLURM cluster and an sshd on loopback, runs the tests, and stops them by PID.
 test: install
-	bash .ci/services/with-daemons.sh $(PY) -m pytest -q tests
+	bash .ci/services/with-daemons.sh $(PY) -m pytest -q --durations=15 tests
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not daemons" tests

@@ -45,7 +45,7 @@ def _cli(*args: object) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, str]:
+def _finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, str]:
     out, _ = proc.communicate(timeout=timeout)
     return proc.returncode, out
 

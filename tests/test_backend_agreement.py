@@ -27,5 +27,5 @@ def test_deepspeed_zero2_and_fsdp2_agree_on_the_loss(tmp_path):
         losses[name] = [r["loss"] for r in records]
     assert len(losses["deepspeed"]) == len(losses["fsdp"]) == 5
     assert losses["deepspeed"][-1] < losses["deepspeed"][0] - 0.1  # they trained, not stood still
-    for step, (a, b) in enumerate(zip(losses["deepspeed"], losses["fsdp"]), start=1):
+    for step, (a, b) in enumerate(zip(losses["deepspeed"], losses["fsdp"], strict=True), start=1):
         assert abs(a - b) <= RELATIVE_TOLERANCE * abs(a), f"step {step}: deepspeed {a} vs fsdp {b}"

@@ -221,6 +221,9 @@ def test_stop_request_signal_marker_and_grace(single, tmp_path):
 
     plan, engine, checkpointer = single
     run_dir = tmp_path / "run"
+    # Earlier in-process launches (torchrun's elastic agent) may have installed their own SIGUSR1
+    # handler: uninstall must restore whatever was there, not necessarily the default.
+    before = signal.getsignal(signal.SIGUSR1)
     stop = StopRequest().install()
     try:
         assert stop.agreed(torch.device("cpu"), None) == (False, 0.0, None)
@@ -229,7 +232,7 @@ def test_stop_request_signal_marker_and_grace(single, tmp_path):
         assert stopping and waited >= 0 and save_s == 2.5 and stop.signal_name == "SIGUSR1"
     finally:
         stop.uninstall()
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGUSR1) is before
 
     _save(checkpointer, engine, 4)
     grace = plan.config.train.preemption_grace_s

@@ -60,13 +60,15 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
     assert read_run_info(result.plan_path)["env"] == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
     # torchrun's own shutdown settings (launcher.launch_env): wait train.preemption_grace_s for
-    # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too.
+    # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too; a fresh store per restart.
     assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
-                   "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+                   "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+                   "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     args = parse_args(words[words.index("torchrun") + 1 :])
     assert (args.nproc_per_node, args.nnodes, args.module) == ("2", "1", True)
     assert (args.training_script, args.training_script_args) == ("orchestrate.worker", [str(result.plan_path)])
     assert args.log_dir == str(tmp_path / "exact" / "logs") and args.rdzv_backend == "c10d"
+    assert args.local_addr == "127.0.0.1"  # where rank 0 hosts the workers' store
     host, port = args.rdzv_endpoint.split(":")
     assert host == "127.0.0.1" and int(port) > 0
     assert args.rdzv_id == "exact"

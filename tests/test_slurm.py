@@ -70,6 +70,22 @@ def test_rendered_script_is_valid_bash(name, tmp_path):
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize(("scontrol", "addr"), [
+    ("NodeName=n2 Arch=x86_64 NodeAddr=10.1.2.3 NodeHostName=n2 Version=22.05", "10.1.2.3"),
+    ("", "n2"),  # scontrol unavailable or silent: the node's name
+])
+def test_node_shell_gives_torchrun_the_nodes_slurm_address(scontrol, addr, tmp_path):
+    from orchestrate.launch.slurm import _NODE_SHELL
+
+    fake = tmp_path / "scontrol"
+    fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{scontrol}'\n")
+    fake.chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURMD_NODENAME": "n2", "SLURM_NODEID": "1"}
+    proc = subprocess.run(["bash", "-c", _NODE_SHELL, "echo", "--nnodes=2"], env=env, capture_output=True, text=True)
+    assert proc.stdout.split() == ["-m", "torch.distributed.run", f"--local-addr={addr}", "--rdzv-conf=is_host=0",
+                                   "--nnodes=2"], proc.stderr
+
+
 def test_script_asks_for_what_the_job_needs():
     text = render_sbatch(GOLDEN["gpu-2x4"])
     for line in ["#SBATCH --nodes=2", "#SBATCH --gpus-per-node=4", "#SBATCH --cpus-per-task=32",
@@ -206,9 +222,11 @@ dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)
 a = detect_slurm_allocation()
-print("RESULT " + json.dumps({{"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
-      "group_rank": int(os.environ["GROUP_RANK"]), "node_id": a.node_id, "nnodes": a.nnodes, "in_step": a.in_step,
-      "job_id": a.job_id}}), flush=True)
+# One write per line: the ranks share srun's pipe and torchrun runs them unbuffered (`python -u`),
+# where print() writes the text and the newline separately, so lines could interleave.
+os.write(1, ("RESULT " + json.dumps({{"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
+         "group_rank": int(os.environ["GROUP_RANK"]), "node_id": a.node_id, "nnodes": a.nnodes,
+         "in_step": a.in_step, "job_id": a.job_id}}) + "\n").encode())
 dist.destroy_process_group()
 """
 
@@ -246,6 +264,8 @@ if checkpoint.exists():
     sys.exit(0)
 
 def on_term(signum, frame):
+    # Cancelling the step signals every task and torchrun forwards SIGTERM too: act once.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     checkpoint.write_text(f"step-of-rank-{rank}")
     print(f"rank {rank}: SIGTERM: checkpoint written", flush=True)
     sys.exit(75)
@@ -275,7 +295,7 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), output
     assert "USR1: asking the workers to checkpoint" in output
-    assert output.count("SIGTERM: checkpoint written") == 2, output
+    assert sorted(re.findall(r"rank (\d): SIGTERM: checkpoint written", output)) == ["0", "1"], output
     assert f"requeueing job {job_id}" in output and "(restart 1)" in output
     assert sorted(re.findall(r"rank (\d): resumed from step-of-rank-\1", output)) == ["0", "1"], output
 

@@ -56,15 +56,18 @@ def test_hostfile_empty_or_missing(tmp_path):
 
 def test_node_commands_put_the_rendezvous_on_the_first_host():
     hosts = [Host("a", 2, 1), Host("b", 4, 2)]
-    cmds = node_commands(hosts, python="/venv/bin/python", rdzv_endpoint="10.0.0.1:29400", rdzv_id="r1",
+    cmds = node_commands(hosts, python="/venv/bin/python", addresses=["10.0.0.1", "10.0.0.2"],
+                         rdzv_endpoint="10.0.0.1:29400", rdzv_id="r1",
                          program=["-m", "orchestrate.worker", "/runs/x/plan.json"], torchrun_args=["--max-restarts=0"])
     assert [(c.host, c.rank) for c in cmds] == [("a", 0), ("b", 1)]
     assert cmds[1].argv == ("/venv/bin/python", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4",
                             "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:29400", "--rdzv-id=r1",
-                            "--rdzv-conf=is_host=0", "--max-restarts=0", "-m", "orchestrate.worker", "/runs/x/plan.json")
-    assert "--rdzv-conf=is_host=1" in cmds[0].argv and "--nproc-per-node=2" in cmds[0].argv
+                            "--rdzv-conf=is_host=0", "--local-addr=10.0.0.2", "--max-restarts=0",
+                            "-m", "orchestrate.worker", "/runs/x/plan.json")
+    assert {"--rdzv-conf=is_host=1", "--nproc-per-node=2", "--local-addr=10.0.0.1"} <= set(cmds[0].argv)
     with pytest.raises(UserError, match="absolute interpreter"):
-        node_commands(hosts, python="python3", rdzv_endpoint="x:1", rdzv_id="r", program=["a.py"])
+        node_commands(hosts, python="python3", addresses=["x", "y"], rdzv_endpoint="x:1", rdzv_id="r",
+                      program=["a.py"])
 
 
 def test_remote_command_reports_its_process_group_and_becomes_the_command(tmp_path):
@@ -176,7 +179,8 @@ time.sleep(300)
 def _sleepers(sshd, tmp_path, marker):
     """Both hosts run torchrun with a worker that sleeps; each worker records its pid by host."""
     (tmp_path / "sleeper.py").write_text(SLEEPER)
-    cmds = node_commands(_hosts(sshd), python=PYTHON, rdzv_endpoint=f"127.0.0.1:{_free_port()}",
+    cmds = node_commands(_hosts(sshd), python=PYTHON, addresses=["127.0.0.1"] * len(sshd.aliases),
+                         rdzv_endpoint=f"127.0.0.1:{_free_port()}",
                          rdzv_id=uuid.uuid4().hex[:8], program=[str(tmp_path / "sleeper.py"), str(tmp_path), marker])
     return [dataclasses.replace(c, argv=(*c.argv, c.host)) for c in cmds]
 

@@ -197,10 +197,17 @@ def _environment(env: dict[str, str]):
 def launch_env(plan: Plan, plan_path: Path) -> dict[str, str]:
     """The plan's worker environment plus torchrun's own shutdown settings: on SIGTERM (or SIGUSR1)
     torchrun forwards the signal to the workers and waits `train.preemption_grace_s` for their
-    checkpoint before SIGKILL (its default is 30 s)."""
+    checkpoint before SIGKILL (its default is 30 s).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default the workers' process group shares torchrun's
+    rendezvous TCPStore, whose keys outlive a restart, so after `--max-restarts` kicks in the new
+    group can read the dead group's addresses and fail ("Gloo connectFullMesh ... connection
+    refused") or hang in init_process_group (pytorch/pytorch#135712; seen here with torch 2.13).
+    With it, each attempt's rank 0 hosts a fresh store."""
     return {**read_run_info(plan_path).get("env", {}),
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(plan.config.train.preemption_grace_s),
-            "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"}
+            "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
 def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, messages: list[str]) -> int:

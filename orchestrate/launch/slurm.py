@@ -51,8 +51,12 @@ _MEM = re.compile(r"^\d+[KMGT]?$")
 _JOB_NAME = re.compile(r"^[\w.+-]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Each node's one task: host the rendezvous store on node 0 (explicitly: the hostname heuristic
-# fails when NodeAddr is an address the node does not know as its own), then exec torchrun.
-_NODE_SHELL = 'exec "$0" -m torch.distributed.run --rdzv-conf="is_host=$((SLURM_NODEID == 0))" "$@"'
+# fails when NodeAddr is an address the node does not know as its own), give torchrun the node's
+# NodeAddr as its address (the workers' store lives there when the node is the rendezvous' rank 0,
+# launcher.launch_env; the FQDN guess can be unreachable), then exec torchrun.
+_NODE_SHELL = ('a=$(scontrol show node -o "$SLURMD_NODENAME" 2>/dev/null); '
+               'case $a in *NodeAddr=*) a=${a#*NodeAddr=}; a=${a%% *};; *) a=$SLURMD_NODENAME;; esac; '
+               'exec "$0" -m torch.distributed.run --local-addr="$a" --rdzv-conf="is_host=$((SLURM_NODEID == 0))" "$@"')
 
 
 class Sh(str):

@@ -44,19 +44,23 @@ class NodeCommand:
     """Environment added on the host (unless set there already)."""
 
 
-def node_commands(hosts: Sequence[Host], *, python: str, rdzv_endpoint: str, rdzv_id: str,
-                  program: Sequence[str], torchrun_args: Sequence[str] = (),
+def node_commands(hosts: Sequence[Host], *, python: str, addresses: Sequence[str], rdzv_endpoint: str,
+                  rdzv_id: str, program: Sequence[str], torchrun_args: Sequence[str] = (),
                   env: Mapping[str, str] | None = None) -> list[NodeCommand]:
-    """torchrun on every host, as many processes as the host has slots."""
+    """torchrun on every host, as many processes as the host has slots. `addresses`: each host's
+    address as the launcher resolved it (the ssh config's HostName), which the other hosts reach."""
     if not Path(python).is_absolute():
         raise UserError("remote commands need an absolute interpreter path", [Problem(
             "--python", f"{python!r}", "give the full path of the python that has orchestrate installed")])
     return [NodeCommand(host.name, rank, (
         python, "-m", "torch.distributed.run", f"--nnodes={len(hosts)}",
         f"--nproc-per-node={host.slots}", "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint}",
-        f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(rank == 0)}", *torchrun_args, *program),
+        f"--rdzv-id={rdzv_id}", f"--rdzv-conf=is_host={int(rank == 0)}",
+        # Where the workers' store lives when this host is the rendezvous' rank 0
+        # (launcher.launch_env), rather than the host's own FQDN guess.
+        f"--local-addr={address}", *torchrun_args, *program),
         tuple(sorted((env or {}).items())))
-        for rank, host in enumerate(hosts)]
+        for rank, (host, address) in enumerate(zip(hosts, addresses, strict=True))]
 
 
 def remote_command(argv: Sequence[str], env: Sequence[tuple[str, str]] = ()) -> str:

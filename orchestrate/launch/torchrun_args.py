@@ -46,7 +46,8 @@ def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: 
     if nnodes == 1 and not options.rdzv_endpoint and not options.master_addr:
         # One node: a c10d store on a free local port, so concurrent runs never collide on 29500.
         port = options.master_port or free_port()
-        argv += ["--rdzv-backend", options.rdzv_backend or "c10d",
+        # --local-addr: where rank 0 hosts the workers' store (launcher.launch_env), not the FQDN.
+        argv += ["--rdzv-backend", options.rdzv_backend or "c10d", "--local-addr", "127.0.0.1",
                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", options.rdzv_id or plan_path.parent.name]
     elif options.rdzv_endpoint:
         argv += ["--rdzv-backend", options.rdzv_backend or "c10d", "--rdzv-endpoint", options.rdzv_endpoint,

@@ -226,7 +226,7 @@ a = detect_slurm_allocation()
 # where print() writes the text and the newline separately, so lines could interleave.
 os.write(1, ("RESULT " + json.dumps({{"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(),
          "group_rank": int(os.environ["GROUP_RANK"]), "node_id": a.node_id, "nnodes": a.nnodes,
-         "in_step": a.in_step, "job_id": a.job_id}}) + "\n").encode())
+         "in_step": a.in_step, "job_id": a.job_id}}) + "\\n").encode())
 dist.destroy_process_group()
 """
 

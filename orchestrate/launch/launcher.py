@@ -67,10 +67,12 @@ class LaunchResult:
     """None for a dry run."""
 
 
-def _say(console: Console | None, messages: list[str], text: str) -> None:
+def say(console: Console | None, messages: list[str], text: str, *, soft_wrap: bool = False) -> None:
+    """Record `text` in `messages` and print it verbatim (no markup) on `console`; `soft_wrap`
+    leaves long lines unbroken (the multi-node launchers print commands and host output)."""
     messages.append(text)
     if console is not None:
-        console.print(text, markup=False, highlight=False)
+        console.print(text, markup=False, highlight=False, soft_wrap=soft_wrap)
 
 
 def build_plan(config: RunConfig, hardware: HardwareProfile) -> Plan:
@@ -82,10 +84,10 @@ def build_plan(config: RunConfig, hardware: HardwareProfile) -> Plan:
     return plan
 
 
-def _write_launch_script(run_dir: Path, command: str) -> None:
+def write_launch_script(run_dir: Path, comment: str, body: str) -> None:
+    """RUN_DIR/launch.sh: what was run, as an executable shell script."""
     path = run_dir / LAUNCH_SCRIPT
-    path.write_text(f"#!/bin/sh\n# The exact command `orchestrate launch` ran for this run.\n"
-                    f"cd {shlex.quote(os.getcwd())}\n{command}\n")
+    path.write_text(f"#!/bin/sh\n# {comment}\n{body}\n")
     path.chmod(0o755)
 
 
@@ -119,7 +121,7 @@ def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: st
                        resume: bool = False, console: Console | None = None) -> LaunchResult:
     messages: list[str] = []
     plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume,
-                                    lambda text: _say(console, messages, text),
+                                    lambda text: say(console, messages, text),
                                     check=None if dry_run else _require_devices)
     options = LaunchOptions(max_restarts=max_restarts, master_addr=master_addr, master_port=master_port,
                             rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
@@ -132,7 +134,7 @@ def launch_from_config(config: RunConfig, hardware: HardwareProfile, *, name: st
         # collective timeout while a large corpus is tokenised).
         from orchestrate.data.pipeline import prepare_for_plan
 
-        _say(console, messages, prepare_for_plan(plan, run_dir, progress=console is not None))
+        say(console, messages, prepare_for_plan(plan, run_dir, progress=console is not None))
         result.exit_code = _run(plan, plan_path, argv, console, messages)
     return result
 
@@ -171,14 +173,15 @@ def _announce(plan: Plan, plan_path: Path, options: LaunchOptions, console: Cons
     env = launch_env(plan, plan_path)
     if not plan.hardware.has_gpu:
         n = plan.hardware.ranks_per_node
-        _say(console, messages, f"No GPU on this machine: running {n} CPU process{'es' if n != 1 else ''} per node "
+        say(console, messages, f"No GPU on this machine: running {n} CPU process{'es' if n != 1 else ''} per node "
                                 "with the gloo backend (slow; meant for trying things out and tests).")
     for note in info.get("env_notes", []):
-        _say(console, messages, f"NCCL: {note}")
+        say(console, messages, f"NCCL: {note}")
     command = format_command(argv, env)
-    _write_launch_script(run_dir, command)
-    _say(console, messages, f"strategy {plan.chosen.name}; run directory {run_dir}")
-    _say(console, messages, f"command: {command}")
+    write_launch_script(run_dir, "The exact command `orchestrate launch` ran for this run.",
+                        f"cd {shlex.quote(os.getcwd())}\n{command}")
+    say(console, messages, f"strategy {plan.chosen.name}; run directory {run_dir}")
+    say(console, messages, f"command: {command}")
     return argv, command
 
 
@@ -220,7 +223,7 @@ def _run(plan: Plan, plan_path: Path, argv: list[str], console: Console | None, 
     requeue = read_requeue(run_dir)
     if requeue is not None:
         # torchrun shows a stopped worker as exit 1 (or its own signal): the marker is the truth.
-        _say(console, messages, f"checkpointed at step {requeue.get('step', '?')} after {requeue.get('signal')}; "
+        say(console, messages, f"checkpointed at step {requeue.get('step', '?')} after {requeue.get('signal')}; "
                                 f"continue with `orchestrate launch CONFIG --resume --run-dir {run_dir}` "
                                 f"(exit {EX_TEMPFAIL}: requeue)")
         return EX_TEMPFAIL
@@ -239,11 +242,11 @@ def _run_torchrun(argv: list[str], plan_path: Path, console: Console | None, mes
         own = [kv for kv in exc.failures.items() if kv[1].exitcode > 0] or list(exc.failures.items())
         rank, failure = min(own, key=lambda kv: (kv[1].timestamp, kv[0]))
         logs = Path(failure.error_file).parent if failure.error_file else plan_path.parent / LOG_DIR
-        _say(console, messages, f"worker rank {rank} failed with exit code {failure.exitcode}; "
+        say(console, messages, f"worker rank {rank} failed with exit code {failure.exitcode}; "
                                 f"its output: {logs}")
         return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
-        _say(console, messages, f"stopped by signal {exc.sigval.name}; partial results in {plan_path.parent}")
+        say(console, messages, f"stopped by signal {exc.sigval.name}; partial results in {plan_path.parent}")
         return 128 + int(exc.sigval)
     return 0
 

@@ -43,7 +43,14 @@ from typing import TYPE_CHECKING
 from orchestrate.errors import Problem, UserError
 from orchestrate.launch import slurm, slurm_cluster, ssh, ssh_commands
 from orchestrate.launch.hostfile import Host
-from orchestrate.launch.launcher import LAUNCH_SCRIPT, LaunchResult, launch_env, prepare_run_dir
+from orchestrate.launch.launcher import (
+    LAUNCH_SCRIPT,
+    LaunchResult,
+    launch_env,
+    prepare_run_dir,
+    say,
+    write_launch_script,
+)
 from orchestrate.launch.rundir import LOG_DIR, PLAN_FILE
 from orchestrate.launch.slurm import SlurmJob
 from orchestrate.launch.slurm_cluster import SlurmAllocation
@@ -141,21 +148,13 @@ def _requeue_code(run_dir: Path, code: int, console: Console | None, messages: l
 
 
 def _say(console: Console | None, messages: list[str], text: str) -> None:
-    messages.append(text)
-    if console is not None:
-        console.print(text, markup=False, highlight=False, soft_wrap=True)
+    say(console, messages, text, soft_wrap=True)  # commands and host lines stay copyable
 
 
 def _describe(plan: Plan) -> str:
     hw = plan.hardware
     what = f"{hw.gpus_per_node} GPU(s)" if hw.has_gpu else f"{hw.cpu_processes} CPU process(es) (gloo)"
     return f"{hw.nodes} node(s) x {what}: {plan.world_size} ranks; strategy {plan.chosen.name}"
-
-
-def _write_launch_script(run_dir: Path, comment: str, body: str) -> None:
-    path = run_dir / LAUNCH_SCRIPT
-    path.write_text(f"#!/bin/sh\n# {comment}\n{body}\n")
-    path.chmod(0o755)
 
 
 # --- SLURM batch job ------------------------------------------------------------------------------
@@ -256,7 +255,7 @@ def launch_in_allocation(config: RunConfig, flags: HardwareFlags, alloc: SlurmAl
     argv = slurm_cluster.srun_argv_in_allocation(job, alloc)
     env = launch_env(plan, plan_path)
     command = " ".join([*(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items())), shlex.join(argv)])
-    _write_launch_script(run_dir, f"The exact command `orchestrate launch` ran inside SLURM job {alloc.job_id}.",
+    write_launch_script(run_dir, f"The exact command `orchestrate launch` ran inside SLURM job {alloc.job_id}.",
                          f"cd {shlex.quote(os.getcwd())}\n{command}")
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir}")
     _say(console, messages, f"command: {command}")
@@ -328,7 +327,7 @@ def launch_over_ssh(config: RunConfig, flags: HardwareFlags, hosts: Sequence[Hos
                                  rdzv_id=run_dir.name, env=env, probe_port=not dry_run)
     lines = [ssh_commands.ssh_command_line(c, options) + " &" for c in commands]
     command = "\n".join([*lines, "wait"])
-    _write_launch_script(run_dir, "What `orchestrate launch --hosts` ran: one torchrun per host over SSH "
+    write_launch_script(run_dir, "What `orchestrate launch --hosts` ran: one torchrun per host over SSH "
                                   "(by hand, nothing stops the others when one fails).", command)
     endpoint = next(a.split("=", 1)[1] for a in commands[0].argv if a.startswith("--rdzv-endpoint="))
     _say(console, messages, f"{_describe(plan)}; run directory {run_dir} (every host must see it at this path)")

@@ -11,18 +11,15 @@ import sys
 
 def main() -> int:
     try:
-        import deepspeed.ops
-        from deepspeed.accelerator import get_accelerator
+        from deepspeed.comm.torch import build_shm_op
         from deepspeed.ops.op_builder import CPUAdamBuilder
     except ImportError:
         print("deepspeed not installed; skipping the prebuild of its extensions", file=sys.stderr)
         return 0
     CPUAdamBuilder().load(verbose=False)
     print("DeepSpeed CPU Adam extension ready")
-    # What deepspeed.comm.torch.build_shm_op loads: only the CPU accelerator has this builder.
-    shm = get_accelerator().create_op_builder("ShareMemCommBuilder")
-    if shm is not None and deepspeed.ops.__compatible_ops__.get(shm.NAME, False):
-        shm.load(verbose=False)
+    # The very call deepspeed.comm makes at start-up: None where the accelerator has no such op (GPUs).
+    if build_shm_op() is not None:
         print("DeepSpeed shared-memory collectives extension ready")
     return 0
 

@@ -106,7 +106,8 @@ def _rank_main(model: str, backend: str, ranks: int, work: str) -> dict:
     import torch
     import torch.distributed as dist
 
-    from orchestrate.backends.base import WorkerContext, get_backend
+    from orchestrate.backends.base import WorkerContext
+    from orchestrate.backends.registry import get_backend
     from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
     from orchestrate.model.init_weights import build_initial_model
     from orchestrate.worker.checkpointing import Checkpointer, latest_checkpoint
@@ -150,7 +151,7 @@ def _rank_main(model: str, backend: str, ranks: int, work: str) -> dict:
 def measure(model: str, backend: str, ranks: int, scratch: Path) -> dict:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from orchestrate.launch.ports import free_port
+    from orchestrate.ports import free_port
 
     work = scratch / f"{model}-{backend}-{ranks}"
     work.mkdir(parents=True)

@@ -28,7 +28,8 @@ from orchestrate.hardware.presets import load_preset  # noqa: E402
 from orchestrate.hardware.profile import HardwareProfile  # noqa: E402
 from orchestrate.model.meta import shape_for  # noqa: E402
 from orchestrate.model.shape import ModelShape  # noqa: E402
-from orchestrate.planner.search import make_plan, require_feasible  # noqa: E402
+from orchestrate.planner.remedies import require_feasible
+from orchestrate.planner.search import make_plan  # noqa: E402
 
 TARGET_S = 0.5
 TARGET_MODEL = "70B"

@@ -1,52 +1,244 @@
-"""The Python API behind every CLI command: config -> hardware -> shape -> plan.
+"""The Python API behind every CLI command: plan, config, prepare, launch, slurm, export, profile.
 
 `cli.py` only parses flags, calls these functions and prints. Everything here is callable and
-testable without a subprocess.
+testable without a subprocess. Importing this module is cheap (`orchestrate --help` stays fast):
+each function imports what it needs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from orchestrate.config.load import load_config
-from orchestrate.config.schema import RunConfig
-from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.planner.plan import Plan
+from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.layout import LOG_DIR, PLAN_FILE
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from orchestrate.config.schema import RunConfig
+    from orchestrate.hardware.profile import HardwareProfile
+    from orchestrate.launch.session import LaunchRequest, LaunchResult, Transport
+    from orchestrate.launch.slurm_job import PreparedJob, SlurmOptions
+    from orchestrate.launch.ssh_options import SshOptions
+    from orchestrate.planner.plan import Plan
+
+__all__ = ["EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
+           "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
+           "profile", "profile_table", "profile_yaml", "render_plan", "require_feasible", "slurm_options",
+           "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config"]
 
 
-@dataclass(frozen=True)
-class HardwareFlags:
-    """The hardware flags every command shares (`--gpus 2 --gpu-mem 8GiB ...`); None = not given."""
+# --- plan and config -----------------------------------------------------------------------------
 
-    profile: str | None = None
-    gpus: int | None = None
-    gpu_mem: str | None = None
-    cpu_mem: str | None = None
-    nodes: int | None = None
-    nvme: str | None = None
-    gpus_per_node: int | None = None
-    """Always GPUs, also from a machine without (see `resolve_hardware`); `gpus` is ranks per node."""
 
-    def resolve(self) -> HardwareProfile:
-        from orchestrate.hardware.resolve import resolve_hardware
+def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Load, override (`dotted.path=value`) and validate a model.yaml; UserError listing every problem."""
+    from orchestrate.config.load import load_config as load
 
-        return resolve_hardware(profile=self.profile, gpus=self.gpus, gpu_mem=self.gpu_mem,
-                                cpu_mem=self.cpu_mem, nodes=self.nodes, nvme=self.nvme,
-                                gpus_per_node=self.gpus_per_node)
+    return load(path, list(overrides))
 
 
 def plan_for(config: RunConfig, hardware: HardwareProfile) -> Plan:
-    """Plan a validated config on a hardware profile (no I/O beyond reading the model's config.json)."""
-    from orchestrate.model.meta import shape_for
-    from orchestrate.planner.search import make_plan
+    """Plan a validated config on a hardware profile; `chosen` is None when nothing fits."""
+    from orchestrate.planning import plan_for as plan
 
-    return make_plan(config, hardware, shape_for(config))
+    return plan(config, hardware)
 
 
-def plan_from_file(config_path: str | Path, overrides: tuple[str, ...] | list[str] = (),
+def plan_from_file(config_path: str | Path, overrides: Sequence[str] = (),
                    hardware: HardwareFlags | HardwareProfile = HardwareFlags()) -> Plan:
     """`orchestrate plan` without the printing: load + override + validate, resolve hardware, plan."""
+    from orchestrate.hardware.profile import HardwareProfile
+
     config = load_config(config_path, overrides)
     profile = hardware if isinstance(hardware, HardwareProfile) else hardware.resolve()
     return plan_for(config, profile)
+
+
+def require_feasible(plan: Plan) -> None:
+    """UserError (what does not fit, by how much, what would) unless the plan chose a strategy."""
+    from orchestrate.planner.remedies import require_feasible as require
+
+    require(plan)
+
+
+def render_plan(plan: Plan, console: Console | None = None) -> dict[str, Any]:
+    """The plan as plan.json's public JSON (docs/plan-json.md); with `console`, also printed as tables."""
+    from orchestrate.planner.report import plan_json, print_plan
+
+    if console is not None:
+        print_plan(plan, console)
+    return plan_json(plan)
+
+
+def verify(plan: Plan) -> str:
+    """`plan --simulate`: the chosen plan run on fake tensors, set against the analytical estimate."""
+    from orchestrate.simulate import verify_plan
+
+    return verify_plan(plan).summary()
+
+
+def write_config(config: RunConfig, hardware: HardwareFlags | HardwareProfile, out: Path,
+                 name: str = "run") -> Plan:
+    """`orchestrate config`: the run directory `launch` would write (the same plan, data and
+    existing-checkpoint checks), without starting anything. Returns the plan with its files."""
+    from orchestrate.hardware.profile import HardwareProfile
+    from orchestrate.launch.rundir import prepare_run_dir
+
+    profile = hardware if isinstance(hardware, HardwareProfile) else hardware.resolve()
+    plan, _ = prepare_run_dir(config, profile, name, Path(out), resume=False, say=lambda _text: None)
+    return plan
+
+
+def prepare(config: RunConfig, *, force: bool = False, progress: bool = True) -> str:
+    """`orchestrate prepare`: tokenise the config's data into the shared cache; a summary line."""
+    from orchestrate.data.pipeline import prepare_from_config
+
+    return prepare_from_config(config, progress=progress, force=force)
+
+
+def train_tokenizer(config: RunConfig, vocab_size: int, out: Path) -> tuple[Path, int]:
+    from orchestrate.data.tokenizer_train import train_tokenizer as train
+
+    return train(config, vocab_size, Path(out))
+
+
+# --- launch --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """torchrun's rendezvous flags for a hand-made multi-node launch; None: orchestrate's default."""
+
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_backend: str | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    node_rank: int | None = None
+
+    @property
+    def explicit(self) -> bool:
+        """A rendezvous was given beyond the port (a hand-made multi-node launch)."""
+        return any(v is not None for k, v in self.__dict__.items() if k != "master_port")
+
+
+def ssh_options(**kwargs: Any) -> SshOptions:
+    from orchestrate.launch.ssh_options import SshOptions
+
+    return SshOptions(**kwargs)
+
+
+def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None,
+                     rendezvous: Rendezvous = Rendezvous(), python: str | None = None,
+                     name: str = "orchestrate") -> Transport:
+    """Where the workers start: over SSH on the hostfile's hosts; else with srun inside a SLURM
+    allocation (unless a rendezvous was given, or this is already a job step); else here."""
+    import sys
+
+    python = python or sys.executable
+    if hosts is not None:
+        from orchestrate.launch.hostfile import load_hostfile
+        from orchestrate.launch.ssh_transport import SshHosts, reject_with_hosts
+
+        reject_with_hosts(**{k: v for k, v in rendezvous.__dict__.items() if k != "master_port"})
+        return SshHosts(load_hostfile(Path(hosts)), ssh or ssh_options(), python, rendezvous.master_port)
+    from orchestrate.launch.allocation import SrunInAllocation, allocation_to_use
+
+    alloc = allocation_to_use(explicit_rendezvous=rendezvous.explicit)
+    if alloc is not None:
+        return SrunInAllocation(alloc, python, name)
+    from orchestrate.launch.local import LocalTorchrun
+    from orchestrate.launch.torchrun_args import LaunchOptions
+
+    return LocalTorchrun(LaunchOptions(**rendezvous.__dict__))
+
+
+def launch(request: LaunchRequest, transport: Transport | None = None, console: Console | None = None
+           ) -> LaunchResult:
+    """Plan, write the run directory and run the workers (default: torchrun here) until they end."""
+    from orchestrate.launch.local import LocalTorchrun
+    from orchestrate.launch.session import launch as run
+
+    return run(request, transport or LocalTorchrun(), console)
+
+
+def launch_request(config: RunConfig, hardware: HardwareFlags | HardwareProfile = HardwareFlags(),
+                   **kwargs: Any) -> LaunchRequest:
+    """A LaunchRequest (name, run_dir, resume, dry_run, max_restarts as keywords)."""
+    from orchestrate.launch.session import LaunchRequest
+
+    return LaunchRequest(config, hardware, **kwargs)
+
+
+# --- SLURM batch jobs ----------------------------------------------------------------------------
+
+
+def slurm_options(**kwargs: Any) -> SlurmOptions:
+    from orchestrate.launch.slurm_job import SlurmOptions
+
+    return SlurmOptions(**kwargs)
+
+
+def prepare_slurm(config: RunConfig, flags: HardwareFlags, *, console: Console | None = None,
+                  **kwargs: Any) -> PreparedJob:
+    """`orchestrate slurm`: plan, write the run directory and RUN_DIR/job.sbatch; submit nothing."""
+    from orchestrate.launch.slurm_job import prepare_slurm_job
+
+    return prepare_slurm_job(config, flags, console=console, **kwargs)
+
+
+def slurm_test_only(script: Path) -> str:
+    from orchestrate.launch import slurm_cluster
+
+    return slurm_cluster.test_only(script)
+
+
+def slurm_submit(script: Path) -> str:
+    from orchestrate.launch import slurm_cluster
+
+    return slurm_cluster.submit(script)
+
+
+# --- export, profile, schema ---------------------------------------------------------------------
+
+
+def export(run_dir: Path, out: Path, step: int | None = None) -> Path:
+    """A consolidated Hugging Face model from a run's checkpoint; returns the checkpoint used."""
+    from orchestrate.export import export_checkpoint
+
+    return export_checkpoint(Path(run_dir), Path(out), step)
+
+
+def profile(flags: HardwareFlags) -> HardwareProfile:
+    """The hardware profile plans use: detected, a preset, or the flags."""
+    return flags.resolve()
+
+
+def profile_yaml(profile: HardwareProfile) -> str:
+    from orchestrate.hardware.resolve import profile_to_yaml
+
+    return profile_to_yaml(profile)
+
+
+def profile_table(profile: HardwareProfile) -> Any:
+    """A rich table of the profile."""
+    from orchestrate.hardware.describe import profile_table as table
+
+    return table(profile)
+
+
+def hardware_presets() -> list[str]:
+    from orchestrate.hardware.presets import list_presets
+
+    return list_presets()
+
+
+def describe_schema() -> str:
+    from orchestrate.config.describe import describe_schema as describe
+
+    return describe()

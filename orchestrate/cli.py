@@ -1,4 +1,4 @@
-"""The `orchestrate` command: parse flags, call `orchestrate.api` and friends, print. Nothing else.
+"""The `orchestrate` command: parse flags, call `orchestrate.api`, print. Nothing else.
 
 Every user-fixable problem surfaces as a `UserError`: printed as one message listing every
 problem, exit code 2, no traceback.
@@ -14,9 +14,9 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from orchestrate.api import HardwareFlags, plan_from_file
+from orchestrate import api
+from orchestrate.api import EX_TEMPFAIL, LOG_DIR, PLAN_FILE, HardwareFlags
 from orchestrate.errors import EXIT_USER_ERROR, UserError
-from orchestrate.launch.slurm import EX_TEMPFAIL
 
 # Candidate names are long; never wrap them on narrow terminals or pipes.
 console = Console(width=max(160, Console().width))
@@ -71,14 +71,12 @@ def ssh_options(fn):
 
 
 def _ssh_options(kwargs):
-    from orchestrate.launch.ssh import SshOptions
-
     values = {k: kwargs.pop(k) for k in ("ssh_user", "ssh_port", "ssh_key", "ssh_config", "known_hosts",
                                          "trust_new_hosts")}
-    return SshOptions(user=values["ssh_user"], port=values["ssh_port"], key_filename=values["ssh_key"],
-                      ssh_config=Path(values["ssh_config"]) if values["ssh_config"] else None,
-                      known_hosts=Path(values["known_hosts"]) if values["known_hosts"] else None,
-                      trust_on_first_use=values["trust_new_hosts"])
+    return api.ssh_options(user=values["ssh_user"], port=values["ssh_port"], key_filename=values["ssh_key"],
+                           ssh_config=Path(values["ssh_config"]) if values["ssh_config"] else None,
+                           known_hosts=Path(values["known_hosts"]) if values["known_hosts"] else None,
+                           trust_on_first_use=values["trust_new_hosts"])
 
 
 def _flags(kwargs) -> HardwareFlags:
@@ -106,22 +104,17 @@ def cli():
 @_user_errors_exit_2
 def plan(config, overrides, as_json, out, simulate, **kwargs):
     """Predict memory and speed of every strategy and choose the fastest that fits."""
-    from orchestrate.planner.report import plan_json, print_plan
-    from orchestrate.planner.search import require_feasible
-
-    the_plan = plan_from_file(config, overrides, _flags(kwargs))
+    the_plan = api.plan_from_file(config, overrides, _flags(kwargs))
     if out:
-        the_plan.write(Path(out) / "plan.json")
+        the_plan.write(Path(out) / PLAN_FILE)
     if as_json:
-        click.echo(json.dumps(plan_json(the_plan), indent=2))
+        click.echo(json.dumps(api.render_plan(the_plan), indent=2))
     else:
-        print_plan(the_plan, console)
+        api.render_plan(the_plan, console)
     if simulate and the_plan.chosen is not None:
-        from orchestrate.simulate import verify_plan
-
         console.print("simulating the chosen plan (real model code on fake tensors)...")
-        console.print(verify_plan(the_plan).summary(), markup=False, highlight=False, soft_wrap=True)
-    require_feasible(the_plan)
+        console.print(api.verify(the_plan), markup=False, highlight=False, soft_wrap=True)
+    api.require_feasible(the_plan)
 
 
 @cli.command("config")
@@ -132,18 +125,15 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
               help="Directory for plan.json and the rendered DeepSpeed/FSDP/Accelerate files.")
 @_user_errors_exit_2
 def config_cmd(config_path, overrides, out, **kwargs):
-    """Plan and write plan.json plus the rendered backend configs, without launching."""
-    from orchestrate.config.load import load_config
-    from orchestrate.launch.launcher import build_plan
-    from orchestrate.launch.rundir import prepare_run
-
-    config = load_config(config_path, overrides)
-    written = prepare_run(build_plan(config, _flags(kwargs).resolve()), Path(out))
+    """Plan and write plan.json plus the rendered backend configs, without launching (the checks of
+    `launch` included: data, existing checkpoints)."""
+    written = api.write_config(api.load_config(config_path, overrides), _flags(kwargs), Path(out),
+                               name=Path(config_path).stem)
     console.print(f"chosen: [bold]{written.chosen.name}[/]")
     for role, name in written.files.items():
         if (Path(out) / name).is_file():
             console.print(f"  {role:<20} {Path(out) / name}")
-    console.print(f"  {'plan':<20} {Path(out) / 'plan.json'}")
+    console.print(f"  {'plan':<20} {Path(out) / PLAN_FILE}")
 
 
 @cli.command()
@@ -172,34 +162,21 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
     """Plan, write the run directory and train with torchrun workers.
 
     Here, on the hosts of --hosts over SSH, or, inside a SLURM allocation, on its nodes with srun."""
-    from orchestrate.config.load import load_config
-    from orchestrate.launch import multinode
-    from orchestrate.launch.launcher import launch_from_config
-
-    config = load_config(config_path, overrides)
-    ssh_opts, flags = _ssh_options(kwargs), _flags(kwargs)
-    common = dict(name=Path(config_path).stem, run_dir=Path(run_dir) if run_dir else None, dry_run=dry_run,
-                  max_restarts=max_restarts, resume=resume, console=console, python=python or sys.executable)
-    rendezvous = dict(master_addr=master_addr, rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint,
-                      rdzv_id=rdzv_id, node_rank=node_rank)
-    if hosts:
-        from orchestrate.launch.hostfile import load_hostfile
-
-        multinode.reject_with_hosts(**rendezvous)
-        result = multinode.launch_over_ssh(config, flags, load_hostfile(Path(hosts)), options=ssh_opts,
-                                           rdzv_port=master_port, **common)
-    elif (alloc := multinode.allocation_to_use(
-            explicit_rendezvous=any(v is not None for v in rendezvous.values()))) is not None:
-        result = multinode.launch_in_allocation(config, flags, alloc, **common)
-    else:
-        del common["python"]
-        result = launch_from_config(config, flags.resolve(), master_port=master_port, **rendezvous, **common)
+    config = api.load_config(config_path, overrides)
+    name = Path(config_path).stem
+    transport = api.choose_transport(
+        hosts=Path(hosts) if hosts else None, ssh=_ssh_options(kwargs), python=python, name=name,
+        rendezvous=api.Rendezvous(master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
+                                  rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank))
+    request = api.launch_request(config, _flags(kwargs), name=name, run_dir=Path(run_dir) if run_dir else None,
+                                 dry_run=dry_run, max_restarts=max_restarts, resume=resume)
+    result = api.launch(request, transport, console)
     if result.exit_code == EX_TEMPFAIL:
         err_console.print(f"[bold yellow]stopped early, checkpointed[/] (exit {EX_TEMPFAIL}: requeue); "
                           f"continue with: orchestrate launch {config_path} --resume --run-dir {result.run_dir}",
                           soft_wrap=True)
     elif result.exit_code:
-        err_console.print(f"[bold red]training failed[/] (exit {result.exit_code}); logs: {result.run_dir / 'logs'}")
+        err_console.print(f"[bold red]training failed[/] (exit {result.exit_code}); logs: {result.run_dir / LOG_DIR}")
     sys.exit(result.exit_code or 0)
 
 
@@ -211,9 +188,7 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
 def export_cmd(run_dir, out, step):
     """Write a consolidated Hugging Face model (safetensors + config.json + tokenizer) from a run's
     checkpoint, offline on the CPU, whatever backend and world size wrote it."""
-    from orchestrate.export import export_checkpoint
-
-    ckpt = export_checkpoint(Path(run_dir), Path(out), step)
+    ckpt = api.export(Path(run_dir), Path(out), step)
     console.print(f"exported {ckpt} -> {out}", markup=False, highlight=False)
 
 
@@ -248,22 +223,19 @@ def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_
 
     The job checkpoints and requeues itself on USR1 (sent --signal-lead seconds before the time
     limit, or by `scancel -s USR1 -b JOB`) and resumes from the run directory."""
-    from orchestrate.config.load import load_config
-    from orchestrate.launch import slurm_cluster
-    from orchestrate.launch.multinode import SlurmOptions, prepare_slurm_job
-
-    options = SlurmOptions(partition=partition, time=time_limit, account=account, mem=mem,
-                           cpus_per_task=cpus_per_task, job_name=job_name, signal_lead_s=signal_lead,
-                           requeue=not no_requeue, python=python or sys.executable, extra_sbatch=tuple(extra_sbatch))
-    prepared = prepare_slurm_job(load_config(config_path, overrides), _flags(kwargs), name=Path(config_path).stem,
+    options = api.slurm_options(partition=partition, time=time_limit, account=account, mem=mem,
+                                cpus_per_task=cpus_per_task, job_name=job_name, signal_lead_s=signal_lead,
+                                requeue=not no_requeue, python=python or sys.executable,
+                                extra_sbatch=tuple(extra_sbatch))
+    prepared = api.prepare_slurm(api.load_config(config_path, overrides), _flags(kwargs), name=Path(config_path).stem,
                                  run_dir=Path(run_dir) if run_dir else None, options=options,
                                  max_restarts=max_restarts, resume=resume, console=console)
     if test_only:
-        console.print(f"sbatch --test-only: {slurm_cluster.test_only(prepared.script)}", markup=False, highlight=False)
+        console.print(f"sbatch --test-only: {api.slurm_test_only(prepared.script)}", markup=False, highlight=False)
     if not submit:
         console.print(f"submit with: sbatch {prepared.script}", markup=False, highlight=False)
         return
-    job_id = slurm_cluster.submit(prepared.script)
+    job_id = api.slurm_submit(prepared.script)
     click.echo(f"submitted job {job_id}")
     console.print(f"  output:     {prepared.run_dir / f'slurm-{job_id}.out'}\n"
                   f"  checkpoint and requeue: scancel --signal=USR1 --batch {job_id}\n"
@@ -278,22 +250,17 @@ def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_
 @_user_errors_exit_2
 def profile(out, as_yaml, list_presets, **kwargs):
     """Show the hardware profile orchestrate plans for (detected, preset or flags)."""
-    from orchestrate.hardware.presets import list_presets as presets
-    from orchestrate.hardware.resolve import profile_to_yaml
-
     if list_presets:
-        for name in presets():
+        for name in api.hardware_presets():
             click.echo(name)
         return
-    from orchestrate.hardware.describe import profile_table
-
-    found = _flags(kwargs).resolve()
+    found = api.profile(_flags(kwargs))
     if as_yaml:
-        click.echo(profile_to_yaml(found), nl=False)
+        click.echo(api.profile_yaml(found), nl=False)
         return
-    console.print(profile_table(found))
+    console.print(api.profile_table(found))
     if out:
-        Path(out).write_text(profile_to_yaml(found))
+        Path(out).write_text(api.profile_yaml(found))
         console.print(f"wrote {out} (use it with --profile {out})")
 
 
@@ -304,11 +271,7 @@ def profile(out, as_yaml, list_presets, **kwargs):
 @_user_errors_exit_2
 def prepare(config_path, overrides, force):
     """Tokenise the config's data into the shared cache (data.cache_dir), so launches start at once."""
-    from orchestrate.config.load import load_config
-    from orchestrate.data.pipeline import prepare_from_config
-
-    console.print(prepare_from_config(load_config(config_path, overrides), progress=True, force=force),
-                  markup=False, highlight=False)
+    console.print(api.prepare(api.load_config(config_path, overrides), force=force), markup=False, highlight=False)
 
 
 @cli.group()
@@ -324,10 +287,7 @@ def tokenizer():
 @_user_errors_exit_2
 def tokenizer_train(config_path, overrides, vocab_size, out):
     """Train a byte-level BPE tokenizer on the config's training data (Hugging Face format)."""
-    from orchestrate.config.load import load_config
-    from orchestrate.data.tokenizer_train import train_tokenizer
-
-    out_dir, size = train_tokenizer(load_config(config_path, overrides), vocab_size, Path(out))
+    out_dir, size = api.train_tokenizer(api.load_config(config_path, overrides), vocab_size, Path(out))
     console.print(f"wrote {out_dir} ({size:,} ids); use it with data.tokenizer: {out_dir} and a model "
                   f"vocab_size of at least {size}", markup=False, highlight=False)
 
@@ -335,9 +295,7 @@ def tokenizer_train(config_path, overrides, vocab_size, out):
 @cli.command()
 def schema():
     """List every model.yaml key with its type, default and meaning."""
-    from orchestrate.config.describe import describe_schema
-
-    click.echo(describe_schema())
+    click.echo(api.describe_schema())
 
 
 def main() -> None:

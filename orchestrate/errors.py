@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-EXIT_USER_ERROR = 2
+from orchestrate.run.exit_codes import EXIT_USER_ERROR
+
+__all__ = ["EXIT_USER_ERROR", "Problem", "UserError"]
 
 
 @dataclass(frozen=True)

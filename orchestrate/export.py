@@ -2,68 +2,32 @@
 (model.safetensors + config.json, plus the tokenizer files when the run used a tokenizer directory)
 from any checkpoint of a run, offline, in this one process on the CPU: no process group, no GPU.
 
-- DeepSpeed ZeRO 1-3: zero_to_fp32's `get_fp32_state_dict_from_zero_checkpoint` (the fp32 master
-  weights, also for bf16/fp16 training); stage 0: the module weights DeepSpeed saved.
-- FSDP2: the "model" entries of the DCP checkpoint, read in one process (optimizer shards untouched).
-- DDP: trainer_state.pt's "model" (memory-mapped: the optimizer state is never read).
-Every file is read with weights_only=True (orchestrate.backends.safe_load).
+Each backend reads its own checkpoints (`Backend.full_state_dict`: DeepSpeed's zero_to_fp32, the
+model entries of FSDP2's DCP shards, DDP's trainer_state.pt), every file with weights_only=True
+(orchestrate.backends.safe_load).
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.worker.checkpointing import HF_CONFIG, PLAN_COPY, find_checkpoint, read_meta
+from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, find_checkpoint, read_meta
 
-
-def _deepspeed_state(ckpt: Path, zero_stage: int) -> dict[str, torch.Tensor]:
-    from orchestrate.backends.deepspeed_backend import _CKPT_TAG
-    from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
-
-    with weights_only_loads(deepspeed_checkpoint_classes()):
-        if zero_stage == 0:  # no ZeRO partitions: the module's own (fp32 or 16-bit) weights
-            return torch.load(ckpt / _CKPT_TAG / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-
-        with contextlib.redirect_stdout(io.StringIO()):
-            return get_fp32_state_dict_from_zero_checkpoint(str(ckpt), tag=_CKPT_TAG)
-
-
-def _fsdp_state(ckpt: Path) -> dict[str, torch.Tensor]:
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    reader = dcp.FileSystemReader(str(ckpt))
-    prefix = "model."  # FSDPEngine.save_checkpoint saves {"model": ..., "optim": ...}
-    state = {key[len(prefix):]: torch.empty(md.size, dtype=md.properties.dtype)
-             for key, md in reader.read_metadata().state_dict_metadata.items()
-             if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
-    dcp.load({"model": state}, storage_reader=reader, no_dist=True)
-    return state
-
-
-def _ddp_state(ckpt: Path) -> dict[str, torch.Tensor]:
-    from orchestrate.backends.ddp import TRAINER_STATE_FILE
-
-    return torch.load(ckpt / TRAINER_STATE_FILE, map_location="cpu", weights_only=True, mmap=True)["model"]
+if TYPE_CHECKING:
+    import torch
 
 
 def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
     """The full, unsharded model state dict of a checkpoint directory, on the CPU."""
+    from orchestrate.backends.registry import backend_names, get_backend
+
     meta = read_meta(ckpt)
-    backend = meta["backend"]
-    if backend == "deepspeed":
-        return _deepspeed_state(ckpt, meta["strategy"]["zero_stage"])
-    if backend == "fsdp":
-        return _fsdp_state(ckpt)
-    if backend == "ddp":
-        return _ddp_state(ckpt)
-    raise UserError("cannot export this checkpoint", [Problem(str(ckpt), f"unknown backend {backend!r}")])
+    if meta.backend not in backend_names():
+        raise UserError("cannot export this checkpoint", [Problem(
+            str(ckpt), f"unknown backend {meta.backend!r}", "export it where that backend is installed")])
+    return get_backend(meta.backend).full_state_dict(ckpt, meta)
 
 
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
@@ -72,9 +36,9 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout, save_hf_dir
+    from orchestrate.data.tokenizer import copy_tokenizer
     from orchestrate.model.meta import build_meta_model
     from orchestrate.planner.plan import Plan
-    from orchestrate.worker.main import _copy_tokenizer
 
     ckpt = find_checkpoint(Path(run_dir), step)
     plan = Plan.read(ckpt / PLAN_COPY)
@@ -92,5 +56,5 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     save_hf_dir(wanted, hf_config, out_dir, layout)
     tokenizer = plan.config.data.tokenizer
     if tokenizer and plan.config.resolve_path(tokenizer).is_dir():
-        _copy_tokenizer(plan.config.resolve_path(tokenizer), out_dir)
+        copy_tokenizer(plan.config.resolve_path(tokenizer), out_dir)
     return ckpt

@@ -49,10 +49,11 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     (a path relative to the repository, so the bytes do not depend on where the repo lives)."""
     from orchestrate.api import plan_for
     from orchestrate.backends.accelerate_export import render_accelerate_config
-    from orchestrate.backends.base import get_backend
+    from orchestrate.backends.registry import get_backend
     from orchestrate.config.load import load_config
     from orchestrate.hardware.resolve import resolve_hardware
-    from orchestrate.planner.search import require_feasible
+    from orchestrate.hardware.units import GiB, format_bytes
+    from orchestrate.planner.remedies import require_feasible
 
     overrides = [f"{k}={v}" for k, v in preset.pins.items()]
     config = load_config(REPO / "examples" / preset.example, overrides)
@@ -66,11 +67,11 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
         "generated_by": "python -m orchestrate.presets",
         "model": f"examples/{preset.example}",
         "hardware": f"{preset.gpus} x {hardware.gpu.name} ({preset.profile}), "
-                    f"{hardware.cpu_memory_bytes / 2**30:.0f} GiB RAM",
+                    f"{format_bytes(hardware.cpu_memory_bytes, digits=0)} RAM",
         "strategy": chosen.name,
         "gradient_accumulation": chosen.gradient_accumulation,
-        "predicted_gpu_gib_per_rank": round(chosen.memory.gpu_total / 2**30, 2),
-        "predicted_cpu_gib_per_node": round(chosen.memory.cpu_total / 2**30, 2),
+        "predicted_gpu_gib_per_rank": round(chosen.memory.gpu_total / GiB, 2),
+        "predicted_cpu_gib_per_node": round(chosen.memory.cpu_total / GiB, 2),
         "seq_len": config.train.seq_len,
         "global_batch_size": config.train.global_batch_size,
     }

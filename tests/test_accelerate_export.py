@@ -14,8 +14,8 @@ import torch
 
 from orchestrate.backends.accelerate_export import render_accelerate_config
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
-from orchestrate.launch.ports import free_port
 from orchestrate.planner.strategy import Strategy
+from orchestrate.ports import free_port
 from tests.helpers.plans import make_plan
 
 FSDP_FULL = Strategy("fsdp", 3, "none", "none", "bf16", True, 2)

@@ -166,11 +166,18 @@ def test_nvme_offload_without_a_directory_is_a_user_error():
     assert err.value.problems[0].where == "strategy.nvme_path"
 
 
-@pytest.mark.parametrize("strategy", [_ds(2, "cpu", "cpu"), _ds(0, "cpu"),
-                                      Strategy("fsdp", 3, "none", "none", "bf16", False, 1)], ids=lambda s: s.name)
-def test_impossible_strategies_are_refused(strategy):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("strategy", [_ds(2, "cpu", "cpu"), _ds(0, "cpu")], ids=lambda s: s.name)
+def test_impossible_strategies_are_user_errors_from_the_backends_rules(strategy):
+    from orchestrate.backends.registry import get_backend
+
+    with pytest.raises(UserError) as err:
         render(_plan(strategy))
+    assert err.value.problems == get_backend("deepspeed").problems(strategy.sharding)
+
+
+def test_another_backends_strategy_is_a_programming_error():
+    with pytest.raises(ValueError):
+        render(_plan(Strategy("fsdp", 3, "none", "none", "bf16", False, 1)))
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -183,7 +190,7 @@ def test_rendering_matches_golden_file(name):
 
 
 def test_backend_is_registered():
-    from orchestrate.backends.base import get_backend
+    from orchestrate.backends.registry import get_backend
 
     backend = get_backend("deepspeed")
     plan = _plan(_ds(2, "cpu"))
@@ -205,7 +212,7 @@ class _FakeDeepSpeedEngine:
         self.accumulation = plan.chosen.gradient_accumulation
         self.overflow_on, self.micro_steps, self.global_steps, self.skipped_steps = overflow_on, 0, 0, 0
 
-    def __call__(self, input_ids, labels):
+    def __call__(self, input_ids, labels, use_cache=None):
         return dataclasses.make_dataclass("Out", ["loss"])((self.weight * input_ids.float()).mean())
 
     def backward(self, loss):

@@ -18,6 +18,9 @@ import torch
 from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
+from orchestrate.run import checkpoints as rc
+from orchestrate.run.checkpoints import CheckpointMeta
+from orchestrate.run.resume_rules import resume_problems
 from orchestrate.worker import checkpointing as ck
 from tests.helpers.plans import make_plan
 
@@ -70,11 +73,11 @@ def test_saves_publish_atomically_keep_the_last_k_and_restore_everything(single,
     for step in (1, 2, 3, 4):
         _save(checkpointer, engine, step)
     assert _names(run_dir) == ["latest", "step-00000003", "step-00000004"]
-    latest = ck.latest_checkpoint(run_dir)
+    latest = rc.latest_checkpoint(run_dir)
     assert latest.name == "step-00000004"
-    meta = ck.read_meta(latest)
-    assert (meta["step"], meta["world_size"], meta["backend"]) == (4, 1, "fsdp")
-    assert meta["sampler"]["position"] == 32
+    meta = rc.read_meta(latest)
+    assert (meta.step, meta.world_size, meta.backend) == (4, 1, "fsdp")
+    assert meta.sampler["position"] == 32
     assert json.loads((latest / "plan.json").read_text())["chosen"] == plan.chosen.name
 
     expected = (torch.rand(3), random.random())
@@ -96,7 +99,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(single, tmp_path):
     with pytest.raises(RuntimeError, match="injected"):
         _save(checkpointer, engine, 5)
     assert _names(run_dir) == [".tmp-step-00000005", "latest", "step-00000004"]
-    assert checkpointer.load(ck.latest_checkpoint(run_dir))["step"] == 4
+    assert checkpointer.load(rc.latest_checkpoint(run_dir))["step"] == 4
     assert torch.equal(engine.weights, torch.full((4,), 4.0))
     engine.fail_save = False
     _save(checkpointer, engine, 5)  # the next save clears what the crash left
@@ -115,12 +118,12 @@ def test_a_crash_between_rename_and_latest_keeps_latest_on_the_previous(single, 
     with pytest.raises(KeyboardInterrupt):
         _save(checkpointer, engine, 8)
     assert (run_dir / "checkpoints" / "step-00000008").is_dir()  # complete, but not named by latest
-    assert ck.latest_checkpoint(run_dir).name == "step-00000004"
+    assert rc.latest_checkpoint(run_dir).name == "step-00000004"
     monkeypatch.undo()
-    assert checkpointer.load(ck.latest_checkpoint(run_dir))["step"] == 4
+    assert checkpointer.load(rc.latest_checkpoint(run_dir))["step"] == 4
     _save(checkpointer, engine, 8)  # the resumed run writes step 8 again over the stale copy
-    assert ck.latest_checkpoint(run_dir).name == "step-00000008"
-    assert checkpointer.load(ck.latest_checkpoint(run_dir))["step"] == 8
+    assert rc.latest_checkpoint(run_dir).name == "step-00000008"
+    assert checkpointer.load(rc.latest_checkpoint(run_dir))["step"] == 8
 
 
 def test_a_run_directory_other_nodes_cannot_see_is_refused_at_the_first_save(single, tmp_path):
@@ -129,28 +132,28 @@ def test_a_run_directory_other_nodes_cannot_see_is_refused_at_the_first_save(sin
     checkpointer.ctx = WorkerContext(0, 0, 2, torch.device("cpu"), tmp_path / "run", checkpointer.ctx.model_dir)
     with pytest.raises(UserError, match="shared file system"):
         _save(checkpointer, engine, 1)
-    assert ck.latest_checkpoint(tmp_path / "run") is None
+    assert rc.latest_checkpoint(tmp_path / "run") is None
 
 
 def test_missing_checkpoints_are_clear_errors(single, tmp_path):
     _, engine, checkpointer = single
     run_dir = tmp_path / "run"
-    assert ck.latest_checkpoint(run_dir) is None
+    assert rc.latest_checkpoint(run_dir) is None
     with pytest.raises(UserError, match="no checkpoint to use"):
-        ck.find_checkpoint(run_dir)
+        rc.find_checkpoint(run_dir)
     _save(checkpointer, engine, 2)
     with pytest.raises(UserError, match="steps: 2"):
-        ck.find_checkpoint(run_dir, step=3)
+        rc.find_checkpoint(run_dir, step=3)
     (run_dir / "checkpoints" / "latest").write_text("step-00000009\n")
     with pytest.raises(UserError, match="step-00000009"):
-        ck.latest_checkpoint(run_dir)
+        rc.latest_checkpoint(run_dir)
 
 
 def test_resume_problems_name_what_differs():
     base = make_plan(FSDP, ranks=2)
-    meta = ck.make_meta(base, 4, 2, {})
-    assert ck.resume_problems(meta, base) == []
-    assert ck.resume_problems(meta, make_plan(FSDP, ranks=1)) == []  # a new world size reshards
+    meta = CheckpointMeta.of(base, 4, 2, {}, torch.__version__)
+    assert resume_problems(meta, base) == []
+    assert resume_problems(meta, make_plan(FSDP, ranks=1)) == []  # a new world size reshards
     cases = {
         "train.seq_len": make_plan(FSDP, config={"train": {"seq_len": 16}}),
         "train.global_batch_size": make_plan(FSDP, config={"train": {"global_batch_size": 16}}),
@@ -161,12 +164,12 @@ def test_resume_problems_name_what_differs():
             "model_type": "gpt2", "n_embd": 64, "n_layer": 3, "n_head": 4, "n_positions": 64, "vocab_size": 257}}}),
     }
     for where, plan in cases.items():
-        problems = ck.resume_problems(meta, plan)
+        problems = resume_problems(meta, plan)
         assert [p.where for p in problems] == [where], (where, problems)
-    stage = ck.resume_problems(ck.make_meta(make_plan(DEEPSPEED), 4, 2, {}),
+    stage = resume_problems(CheckpointMeta.of(make_plan(DEEPSPEED), 4, 2, {}, torch.__version__),
                                make_plan(Strategy("deepspeed", 3, "none", "none", "fp32", False, 2)))
     assert [p.where for p in stage] == ["strategy.zero_stage"]
-    assert "num_layers 2 -> 3" in ck.resume_problems(meta, cases["model"])[0].message
+    assert "num_layers 2 -> 3" in resume_problems(meta, cases["model"])[0].message
 
 
 def test_metrics_writer_keeps_steps_up_to_the_resumed_one(tmp_path):
@@ -216,8 +219,8 @@ def test_ddp_checkpoint_with_foreign_code_is_refused(tmp_path):
 
 
 def test_stop_request_signal_marker_and_grace(single, tmp_path):
-    from orchestrate.worker.main import _stop_early
-    from orchestrate.worker.signals import StopRequest, clear_requeue, read_requeue
+    from orchestrate.run.requeue import clear_requeue, read_requeue
+    from orchestrate.worker.signals import StopRequest
 
     plan, engine, checkpointer = single
     run_dir = tmp_path / "run"
@@ -237,14 +240,26 @@ def test_stop_request_signal_marker_and_grace(single, tmp_path):
     _save(checkpointer, engine, 4)
     grace = plan.config.train.preemption_grace_s
     # Writing would outlast the grace period: no new checkpoint, resume from step 4.
-    record = _stop_early(checkpointer, _Data(), 6, False, grace - 1.0, 5.0, stop, run_dir)
+    record = _stop_early(plan, checkpointer, 6, grace - 1.0, 5.0, stop, run_dir)
     assert record["step"] == 4 and record["stopped_at"] == 6
-    assert read_requeue(run_dir)["step"] == 4 and ck.latest_checkpoint(run_dir).name == "step-00000004"
+    assert read_requeue(run_dir)["step"] == 4 and rc.latest_checkpoint(run_dir).name == "step-00000004"
     # It fits: checkpoint at the step the ranks agreed on.
-    record = _stop_early(checkpointer, _Data(), 7, False, 1.0, 5.0, stop, run_dir)
-    assert record["step"] == 7 == ck.read_meta(ck.latest_checkpoint(run_dir))["step"]
+    record = _stop_early(plan, checkpointer, 7, 1.0, 5.0, stop, run_dir)
+    assert record["step"] == 7 == rc.read_meta(rc.latest_checkpoint(run_dir)).step
     clear_requeue(run_dir)
     assert read_requeue(run_dir) is None
+
+
+def _stop_early(plan, checkpointer, step, waited_s, save_s, stop, run_dir):
+    """The stop-signal callback at a step without a checkpoint of its own, as the loop calls it."""
+    from orchestrate.worker.callbacks import RunInfo, StepEnd
+    from orchestrate.worker.step_callbacks import StopOnSignal
+
+    callback = StopOnSignal(stop, checkpointer, _Data())
+    end = StepEnd(step, final=False, stopping=True, record={}, signal_waited_s=waited_s, slowest_save_s=save_s)
+    callback.on_step_end(RunInfo(plan, run_dir, rank=0, world_size=1, start_step=0), end)
+    assert end.stop
+    return callback.record
 
 
 class _Data:
@@ -323,7 +338,7 @@ def _crash_while_writing(model_dir: str, run_dir: str, phase: str) -> dict:
         engine.save_checkpoint = dies_half_way
         checkpointer.save(3, {"position": 3})
         return {}
-    restored = checkpointer.load(ck.latest_checkpoint(Path(run_dir)))
+    restored = checkpointer.load(rc.latest_checkpoint(Path(run_dir)))
     weights = full()
     checkpointer.save(3, restored["sampler"])
     return {"restored": restored, "weights": weights if rank == 0 else None}
@@ -344,7 +359,7 @@ def test_a_rank_dying_while_fsdp_writes_leaves_the_previous_checkpoint_loadable(
     run_dir = tmp_path / "run"
     with pytest.raises(ChildFailedError):
         run_on_ranks(_crash_while_writing, 2, str(tmp_path / "init"), str(run_dir), "crash")
-    assert ck.latest_checkpoint(run_dir).name == "step-00000002"
+    assert rc.latest_checkpoint(run_dir).name == "step-00000002"
     assert (run_dir / "checkpoints" / ".tmp-step-00000003").is_dir()  # the half-written one, unpublished
 
     out = run_on_ranks(_crash_while_writing, 2, str(tmp_path / "init"), str(run_dir), "resume")

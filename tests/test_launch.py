@@ -8,14 +8,15 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate import api
 from orchestrate.config.load import load_config
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
-from orchestrate.launch.launcher import launch_from_config
 from orchestrate.launch.nccl import nccl_env, nccl_rules
-from orchestrate.launch.rundir import PLAN_FILE, default_run_dir, read_run_info, worker_env
+from orchestrate.launch.rundir import default_run_dir, worker_env
 from orchestrate.launch.torchrun_args import LaunchOptions, torchrun_argv
 from orchestrate.planner.plan import Plan
+from orchestrate.run.layout import PLAN_FILE
 from tests.helpers.plans import cpu_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,6 +25,10 @@ TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 
 def _tiny(*overrides: str):
     return load_config(TINY, list(overrides))
+
+
+def launch_from_config(config, hardware: HardwareProfile, **kwargs):
+    return api.launch(api.launch_request(config, hardware, **kwargs))
 
 
 def _dry_run(tmp_path: Path, *overrides: str, hardware: HardwareProfile | None = None, **kwargs):
@@ -58,8 +63,8 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     result = _dry_run(tmp_path, run_dir=tmp_path / "exact")
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
-    assert read_run_info(result.plan_path)["env"] == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
-    # torchrun's own shutdown settings (launcher.launch_env): wait train.preemption_grace_s for
+    assert Plan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    # torchrun's own shutdown settings (session.launch_env): wait train.preemption_grace_s for
     # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too; a fresh store per restart.
     assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
                    "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",

@@ -25,20 +25,17 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from orchestrate import api
 from orchestrate.api import HardwareFlags
 from orchestrate.cli import cli
 from orchestrate.config.load import load_config
 from orchestrate.errors import UserError
 from orchestrate.launch import slurm_cluster
+from orchestrate.launch.allocation import allocation_to_use, hardware_for_allocation
 from orchestrate.launch.hostfile import Host
-from orchestrate.launch.multinode import (
-    allocation_to_use,
-    hardware_for_allocation,
-    hardware_for_hosts,
-    launch_over_ssh,
-)
 from orchestrate.launch.slurm_cluster import detect_slurm_allocation
 from orchestrate.launch.ssh import SshOptions
+from orchestrate.launch.ssh_transport import SshHosts, hardware_for_hosts
 from orchestrate.planner.plan import Plan
 from tests.daemons import require_slurm, require_sshd
 
@@ -47,11 +44,16 @@ TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 # Small enough for 4 gloo processes on 2 shared cores; global batch 8 divides by 2 and 4 ranks.
 SHORT = ("train.eval_every=0", "train.seq_len=64", "train.global_batch_size=8")
 # What every node's torchrun gets: the plan's worker environment (2 cores / 2 ranks) and the
-# checkpoint-on-signal settings of a local launch (launcher.launch_env).
+# checkpoint-on-signal settings of a local launch (session.launch_env).
 ENV = {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 SLURM_STEPS = 12
 """Long enough that a USR1 sent after step 2 lands before the end (about 0.5 s a step here)."""
+
+
+def launch_over_ssh(config, hosts, options, run_dir, out):
+    transport = SshHosts(hosts, options, out=out)
+    return api.launch(api.launch_request(config, HardwareFlags(), name="tiny-gpt2", run_dir=run_dir), transport)
 
 
 def _sets(*overrides: str) -> list[str]:
@@ -381,8 +383,7 @@ def test_ssh_launch_trains_on_two_hosts(sshd, run_dir):
     hosts = [Host(alias, 2, i + 1) for i, alias in enumerate(sshd.aliases)]
     out = io.StringIO()
     config = load_config(TINY, [*SHORT, "train.max_steps=4", f"train.output_dir={run_dir.parent}"])
-    result = launch_over_ssh(config, HardwareFlags(), hosts, options=SshOptions(ssh_config=sshd.ssh_config,
-                             stop_grace_s=5), name="tiny-gpt2", run_dir=run_dir, out=out)
+    result = launch_over_ssh(config, hosts, SshOptions(ssh_config=sshd.ssh_config, stop_grace_s=5), run_dir, out)
     text = out.getvalue()
     assert result.exit_code == 0, text
     assert [r["step"] for r in _metrics(run_dir)] == [1, 2, 3, 4] and (run_dir / "model" / "config.json").is_file()
@@ -402,8 +403,8 @@ def test_killing_one_hosts_workers_stops_the_other(sshd, run_dir):
     out, box = io.StringIO(), {}
 
     def launch():
-        box["result"] = launch_over_ssh(config, HardwareFlags(), hosts, options=SshOptions(
-            ssh_config=sshd.ssh_config, stop_grace_s=5), name="tiny-gpt2", run_dir=run_dir, out=out)
+        box["result"] = launch_over_ssh(config, hosts, SshOptions(ssh_config=sshd.ssh_config, stop_grace_s=5),
+                                        run_dir, out)
 
     thread = threading.Thread(target=launch, daemon=True)
     thread.start()

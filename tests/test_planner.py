@@ -18,8 +18,9 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Plan
+from orchestrate.planner.remedies import require_feasible
 from orchestrate.planner.report import plan_json, print_plan
-from orchestrate.planner.search import make_plan, require_feasible
+from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.planner.strategy import Strategy
 from tests.test_memory_model import (

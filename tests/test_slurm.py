@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrate.errors import UserError
-from orchestrate.launch import slurm, slurm_cluster
+from orchestrate.launch import slurm_cluster
 from orchestrate.launch.slurm import SlurmJob, parse_time_limit, render_sbatch, validate_job
 from orchestrate.launch.slurm_cluster import (
     detect_slurm_allocation,
@@ -117,10 +117,7 @@ def test_invalid_job_lists_every_problem():
     assert [p.where for p in e.value.problems] == ["--signal", "env"]
 
 
-def test_requeue_marker_is_the_workers_and_env_is_exported_unless_set():
-    from orchestrate.worker.signals import EX_TEMPFAIL, REQUEUE_FILE
-
-    assert (slurm.REQUEUE_MARKER, slurm.EX_TEMPFAIL) == (REQUEUE_FILE, EX_TEMPFAIL)
+def test_requeue_marker_is_the_run_contracts_and_env_is_exported_unless_set():
     text = render_sbatch(GOLDEN["cpu-2x2"])
     assert "[ -f /runs/cpu/REQUEUE ]" in text and "export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=90" in text
     # The exports honour what the job's environment already has (sbatch passes the submitter's on).

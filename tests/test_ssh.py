@@ -186,7 +186,7 @@ def _sleepers(sshd, tmp_path, marker):
 
 
 def _free_port() -> int:
-    from orchestrate.launch.ports import free_port
+    from orchestrate.ports import free_port
 
     return free_port()
 

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.launch.launcher import launch
-from orchestrate.launch.rundir import PLAN_FILE, prepare_run
+from orchestrate.launch.local import LocalTorchrun
+from orchestrate.launch.rundir import prepare_run
+from orchestrate.launch.session import start
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 
@@ -29,8 +30,7 @@ def _run(tmp_path: Path, strategy: Strategy, **sections) -> tuple[int, Path]:
         config.setdefault(section, {}).update(values)
     plan = make_plan(strategy, ranks=2, config=config, source_dir=tmp_path)
     run_dir = tmp_path / "run"
-    prepare_run(plan, run_dir)
-    return launch(run_dir / PLAN_FILE), run_dir
+    return start(prepare_run(plan, run_dir), run_dir.resolve(), LocalTorchrun()).exit_code, run_dir
 
 
 @pytest.mark.slow

@@ -6,7 +6,8 @@ A backend has two halves that live in one file:
 - `setup(plan, ctx)`: worker side. Builds the model from `ctx.model_dir` without N full copies in
   CPU RAM, wraps it, creates the optimizer and schedule, and returns a `TrainEngine`.
 
-Adding a backend = one new file that calls `register(...)` plus its tests.
+Adding a backend = one new file defining `BACKEND`, named in `orchestrate.backends.registry`
+(or passed to `register`), plus its tests.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from orchestrate.errors import Problem, UserError
+
 if TYPE_CHECKING:
     import torch
 
     from orchestrate.planner.plan import Plan
+    from orchestrate.planner.strategy import Sharding, Strategy
+    from orchestrate.run.checkpoints import CheckpointMeta
+    from orchestrate.worker.objective import Objective
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class WorkerContext:
     run_dir: Path
     model_dir: Path
     """A Hugging Face model directory (config.json + safetensors) holding the initial weights."""
+    objective: Objective | None = None
+    """What a batch's loss is (orchestrate.worker.objective); None: the causal-LM loss."""
 
 
 @dataclass(frozen=True)
@@ -76,36 +84,51 @@ class TrainEngine(Protocol):
 
 
 class Backend(Protocol):
+    """One training backend. Its launcher-side half is pure and light (no torch at import):
+    `problems`, `render`, `resume_conflicts`; its worker-side half imports what it needs inside
+    `setup` and `full_state_dict`."""
+
     name: str
+    zero_stages: tuple[int, ...]
+    """The ZeRO-style stages it implements, in the planner's search order."""
+
+    def problems(self, sharding: Sharding) -> list[Problem]:
+        """Why it cannot run `sharding` (empty: it can). The one rule set the planner's candidate
+        generation, its pin check and `render` all use. Pure."""
+        ...
 
     def render(self, plan: Plan) -> dict[str, str]:
         """Backend config files for this plan, file name -> content. Pure: no I/O, no devices."""
+        ...
+
+    def process_group(self, plan: Plan) -> str:
+        """The `torch.distributed.init_process_group` backend the worker starts for this plan
+        (e.g. "nccl", "gloo", "cuda:nccl,cpu:gloo"). Pure."""
         ...
 
     def setup(self, plan: Plan, ctx: WorkerContext) -> TrainEngine:
         """Build model, wrapper, optimizer and schedule on this rank. Collective."""
         ...
 
+    def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
+        """Why a checkpoint written under `saved` (its Strategy.to_dict(), same backend) cannot
+        continue under `strategy`, beyond what every backend shares (orchestrate.run.resume_rules)."""
+        ...
 
-_REGISTRY: dict[str, Backend] = {}
-
-
-def register(backend: Backend) -> Backend:
-    _REGISTRY[backend.name] = backend
-    return backend
-
-
-def get_backend(name: str) -> Backend:
-    # Import the built-in backends lazily: deepspeed is heavy and optional.
-    from orchestrate.backends import builtin  # noqa: F401  (registers them)
-
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown backend {name!r}; known: {sorted(_REGISTRY)}") from None
+    def full_state_dict(self, ckpt_dir: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:
+        """The unsharded model state of one of its checkpoints, in this one process on the CPU
+        (no process group): what `orchestrate export` writes."""
+        ...
 
 
-def backend_names() -> list[str]:
-    from orchestrate.backends import builtin  # noqa: F401
+def device_process_group(plan: Plan) -> str:
+    """nccl between GPUs, gloo between CPU processes: what a backend needs that keeps every tensor
+    its collectives touch on the ranks' own devices."""
+    return "nccl" if plan.hardware.has_gpu else "gloo"
 
-    return sorted(_REGISTRY)
+
+def require_runnable(backend: Backend, sharding: Sharding, title: str) -> None:
+    """UserError listing `backend.problems(sharding)`, for renderers handed a strategy by hand."""
+    problems = backend.problems(sharding)
+    if problems:
+        raise UserError(f"unsupported {title} strategy", problems)

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import WorkerContext, register
+from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -25,12 +25,14 @@ from orchestrate.backends.torch_engine import (
     schedule_settings,
     write_client_state,
 )
-from orchestrate.errors import Problem, UserError
+from orchestrate.errors import Problem
 
 if TYPE_CHECKING:
     import torch
 
     from orchestrate.planner.plan import Plan
+    from orchestrate.planner.strategy import Sharding, Strategy
+    from orchestrate.run.checkpoints import CheckpointMeta
 
 TRAINER_STATE_FILE = "trainer_state.pt"
 
@@ -41,11 +43,7 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
 
     cand = chosen_for(plan, "ddp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
-    if s.zero_stage != 0 or s.offload_optimizer != "none" or s.offload_params != "none":
-        raise UserError("unsupported DDP strategy", [Problem(
-            "strategy", f"DDP replicates everything: zero_stage 0 without offload (got stage {s.zero_stage}, "
-                        f"offload {s.offload_optimizer}/{s.offload_params})",
-            "use backend fsdp or deepspeed to shard or offload")])
+    require_runnable(BACKEND, s.sharding, "DDP")
     settings = {
         **run_settings(plan),
         # fp32 weights and optimizer; forward/backward under autocast to the precision's dtype.
@@ -130,6 +128,31 @@ class DDPEngine(TorchEngine):
 
 class DDPBackend:
     name = "ddp"
+    zero_stages = (0,)
+
+    def problems(self, sharding: Sharding) -> list[Problem]:
+        out = []
+        if sharding.zero_stage != 0:
+            out.append(Problem("strategy.zero_stage", f"backend ddp replicates everything (stage 0), not stage "
+                               f"{sharding.zero_stage}", "use backend deepspeed or fsdp for sharding, or zero_stage: 0"))
+        if sharding.offload_optimizer != "none" or sharding.offload_params != "none":
+            out.append(Problem("strategy.offload", "DDP cannot offload", "use backend deepspeed or fsdp"))
+        if sharding.hybrid_shard:
+            out.append(Problem("strategy", "hybrid shard is an FSDP2 mode", "use backend fsdp"))
+        return out
+
+    def process_group(self, plan: Plan) -> str:
+        return device_process_group(plan)
+
+    def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
+        return []  # the full state in trainer_state.pt loads on any world size
+
+    def full_state_dict(self, ckpt_dir: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:
+        import torch
+
+        # Memory-mapped: the optimizer state next to it is never read.
+        return torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
+                          mmap=True)["model"]
 
     def render(self, plan: Plan) -> dict[str, str]:
         return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}
@@ -142,6 +165,7 @@ class DDPBackend:
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.model.transforms import apply_transforms
 
         st = ddp_settings(plan)
         check_world_size(st, ctx)
@@ -153,6 +177,7 @@ class DDPBackend:
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+        model = apply_transforms(model, plan)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, model.config.model_type)
@@ -169,4 +194,4 @@ class DDPBackend:
         return DDPEngine(ddp, optimizer, scheduler, scaler, st, model.config, layout, ctx)
 
 
-register(DDPBackend())
+BACKEND = DDPBackend()

@@ -12,15 +12,21 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, WorkerContext, register
-from orchestrate.backends.deepspeed_render import render, render_config
+from orchestrate.backends.base import StepResult, WorkerContext, device_process_group
+from orchestrate.backends.deepspeed_render import render, render_config, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import make_scheduler
+from orchestrate.backends.torch_engine import default_objective
+from orchestrate.errors import Problem
+from orchestrate.model.transforms import apply_transforms
+from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
     import torch
 
     from orchestrate.planner.plan import Plan
+    from orchestrate.planner.strategy import Sharding, Strategy
+    from orchestrate.run.checkpoints import CheckpointMeta
 
 _LOAD_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """Parameter dtype of a replicated (ZeRO-0/1/2) load per training precision."""
@@ -37,6 +43,36 @@ _CLIENT_KEY = "orchestrate"
 
 class DeepSpeedBackend:
     name = "deepspeed"
+    zero_stages = (1, 2, 3)
+
+    def problems(self, sharding: Sharding) -> list[Problem]:
+        return sharding_problems(sharding)
+
+    def process_group(self, plan: Plan) -> str:
+        return device_process_group(plan)
+
+    def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
+        # Partitions of another data-parallel size convert (universal checkpoint); another stage's do not.
+        if saved["zero_stage"] == strategy.zero_stage:
+            return []
+        return [Problem("strategy.zero_stage", f"the checkpoint is ZeRO stage {saved['zero_stage']}, this plan uses "
+                        f"stage {strategy.zero_stage}", f"set strategy.zero_stage: {saved['zero_stage']}, {EXPORT_FIX}")]
+
+    def full_state_dict(self, ckpt_dir: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:
+        """zero_to_fp32's fp32 master weights (also for bf16/fp16 training); stage 0: the module's own."""
+        import contextlib
+        import io
+
+        import torch
+
+        with weights_only_loads(deepspeed_checkpoint_classes()):
+            if meta.strategy["zero_stage"] == 0:
+                return torch.load(Path(ckpt_dir) / _CKPT_TAG / "mp_rank_00_model_states.pt",
+                                  map_location="cpu")["module"]
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            with contextlib.redirect_stdout(io.StringIO()):  # a line per tensor group
+                return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=_CKPT_TAG)
 
     def render(self, plan: Plan) -> dict[str, str]:
         return render(plan)
@@ -77,6 +113,7 @@ class DeepSpeedBackend:
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
+        model = apply_transforms(model, plan)
         if strategy.activation_checkpointing:
             # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no input grads.
             kwargs = {"use_reentrant": False}
@@ -118,6 +155,10 @@ class DeepSpeedTrainEngine:
         # (engine._take_model_step reads optimizer._global_grad_norm); plain fp32 without ZeRO does not.
         self._own_grad_norm = strategy.zero_stage == 0 and strategy.precision == "fp32"
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
+        self.objective = ctx.objective or default_objective()
+
+    def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self.objective.loss(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
         import torch
@@ -132,7 +173,7 @@ class DeepSpeedTrainEngine:
         losses = []
         grad_norm = math.nan
         for i, batch in enumerate(micro_batches):
-            loss = engine(**{k: v.to(self._ctx.device) for k, v in batch.items()}).loss
+            loss = self._loss(batch)
             losses.append(loss.detach())  # unscaled; engine.backward divides by the accumulation itself
             engine.backward(loss)
             if self._own_grad_norm and i == len(micro_batches) - 1:
@@ -159,7 +200,7 @@ class DeepSpeedTrainEngine:
         self.engine.eval()
         try:
             with torch.no_grad():
-                loss = self.engine(**{k: v.to(self._ctx.device) for k, v in batch.items()}).loss
+                loss = self._loss(batch)
             return float(loss)
         finally:
             self.engine.train(was_training)
@@ -243,4 +284,4 @@ def _convert_to_universal(ckpt_dir: Path, out_dir: Path) -> None:
           flush=True)
 
 
-register(DeepSpeedBackend())
+BACKEND = DeepSpeedBackend()

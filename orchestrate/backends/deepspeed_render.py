@@ -20,6 +20,7 @@ from orchestrate.planner.constants import DS_SUB_GROUP_SIZE  # the planner's mem
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
+    from orchestrate.planner.strategy import Sharding
 
 CONFIG_FILE = "deepspeed.json"
 
@@ -49,10 +50,9 @@ def render_config(plan: Plan) -> dict[str, Any]:
     strategy = plan.chosen.strategy
     if strategy.backend != "deepspeed":
         raise ValueError(f"strategy {strategy.name} is not a deepspeed strategy")
-    if strategy.offload_params != "none" and strategy.zero_stage != 3:
-        raise ValueError(f"strategy {strategy.name}: parameter offload needs ZeRO stage 3")
-    if strategy.zero_stage == 0 and strategy.offload_optimizer != "none":
-        raise ValueError(f"strategy {strategy.name}: optimizer offload needs ZeRO stage 1-3")
+    problems = sharding_problems(strategy.sharding)
+    if problems:
+        raise UserError("unsupported DeepSpeed strategy", problems)
 
     micro = strategy.micro_batch_size
     accumulation = plan.chosen.gradient_accumulation
@@ -71,6 +71,19 @@ def render_config(plan: Plan) -> dict[str, Any]:
     if "nvme" in (strategy.offload_optimizer, strategy.offload_params):
         cfg["aio"] = dict(_AIO)
     return cfg
+
+
+def sharding_problems(sharding: Sharding) -> list[Problem]:
+    """What DeepSpeed's ZeRO cannot do, or orchestrate does not do with it."""
+    out, stage = [], sharding.zero_stage
+    if stage == 0 and sharding.offload_optimizer != "none":
+        out.append(Problem("strategy.offload", "optimizer offload needs ZeRO stage 1-3", "set zero_stage: 1, 2 or 3"))
+    if sharding.offload_params != "none" and stage != 3:
+        out.append(Problem("strategy.offload_params", f"only ZeRO-3 / FSDP full shard offload parameters, "
+                           f"not stage {stage}", "set zero_stage: 3"))
+    if sharding.hybrid_shard:
+        out.append(Problem("strategy", "hybrid shard is an FSDP2 mode", "use backend fsdp"))
+    return out
 
 
 def render(plan: Plan) -> dict[str, str]:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import WorkerContext, register
+from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.planner.plan import Plan
+    from orchestrate.planner.strategy import Sharding, Strategy
+    from orchestrate.run.checkpoints import CheckpointMeta
 
 ENGINE_STATE_FILE = "engine_state.json"
 
@@ -42,15 +44,7 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
 
     cand = chosen_for(plan, "fsdp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
-    if s.zero_stage not in (2, 3):
-        raise UserError("unsupported FSDP strategy", [Problem(
-            "strategy.zero_stage", f"FSDP2 implements stage 3 (full shard) and 2 (shard grads/optimizer), not {s.zero_stage}",
-            "set strategy.zero_stage to 2 or 3, or use backend ddp for stage 0")])
-    if (s.offload_params, s.offload_optimizer) not in (("none", "none"), ("cpu", "cpu")):
-        raise UserError("unsupported FSDP offload", [Problem(
-            "strategy.offload", f"FSDP2's CPUOffloadPolicy moves parameters, gradients and optimizer state to the CPU "
-                                f"together; got offload={s.offload_optimizer}, offload_params={s.offload_params}",
-            "use offload: cpu with offload_params: true, or offload: none, or backend deepspeed for other mixes")])
+    require_runnable(BACKEND, s.sharding, "FSDP")
     if s.hybrid_shard:
         mesh = {"shape": [hw.nodes, hw.ranks_per_node], "dim_names": ["replicate", "shard"]}
     else:
@@ -201,6 +195,52 @@ def check_device(settings: dict[str, Any], device: torch.device) -> None:
 
 class FSDPBackend:
     name = "fsdp"
+    zero_stages = (2, 3)
+
+    def problems(self, sharding: Sharding) -> list[Problem]:
+        out, stage = [], sharding.zero_stage
+        if stage not in (2, 3):
+            out.append(Problem("strategy.zero_stage", f"FSDP2 has no stage {stage}: it implements 3 (full shard) "
+                               "and 2 (shard grads/optimizer)", "use zero_stage 3 (full shard) or 2 (shard-grad-op)"))
+        offload = (sharding.offload_optimizer, sharding.offload_params)
+        if "nvme" in offload:
+            out.append(Problem("strategy.offload", "FSDP2 offloads to CPU only", "use offload: cpu, or backend deepspeed"))
+        elif offload not in (("none", "none"), ("cpu", "cpu")):
+            out.append(Problem("strategy.offload_params", "FSDP2's CPUOffloadPolicy offloads parameters, gradients "
+                               f"and optimizer state together; got offload={offload[0]}, offload_params={offload[1]}",
+                               "set offload: cpu with offload_params: true (or auto), or offload: none, or use "
+                               "backend deepspeed for other mixes"))
+        elif offload == ("cpu", "cpu") and stage != 3:
+            out.append(Problem("strategy.offload_params", "only FSDP full shard (stage 3) offloads parameters",
+                               "set zero_stage: 3"))
+        if sharding.hybrid_shard and stage != 3:
+            out.append(Problem("strategy.zero_stage", "hybrid shard is full sharding inside a node", "set zero_stage: 3"))
+        return out
+
+    def process_group(self, plan: Plan) -> str:
+        strategy = plan.chosen.strategy
+        if plan.hardware.has_gpu and strategy.offload_params == "cpu":
+            # Offloaded shards, gradients and the clip norm are CPU tensors: their collectives need
+            # a CPU backend next to nccl (torchtitan and accelerate do the same).
+            return "cuda:nccl,cpu:gloo"
+        return device_process_group(plan)
+
+    def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
+        return []  # DCP reshards to any world size and sharding layout natively
+
+    def full_state_dict(self, ckpt_dir: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:
+        """The "model" entries of the DCP checkpoint, read in one process (optimizer shards untouched)."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+        reader = dcp.FileSystemReader(str(ckpt_dir))
+        prefix = "model."  # FSDPEngine.save_checkpoint saves {"model": ..., "optim": ...}
+        state = {key[len(prefix):]: torch.empty(md.size, dtype=md.properties.dtype)
+                 for key, md in reader.read_metadata().state_dict_metadata.items()
+                 if key.startswith(prefix) and isinstance(md, TensorStorageMetadata)}
+        dcp.load({"model": state}, storage_reader=reader, no_dist=True)
+        return state
 
     def render(self, plan: Plan) -> dict[str, str]:
         return {"fsdp.json": json.dumps(fsdp_settings(plan), indent=2) + "\n"}
@@ -216,19 +256,19 @@ class FSDPBackend:
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.loading import load_sharded
         from orchestrate.model.meta import build_meta_model
+        from orchestrate.model.transforms import apply_transforms
 
         st = fsdp_settings(plan)
         check_device(st, ctx.device)
         if st["cpu_offload"] and "gloo" not in str(dist.get_backend()):
-            # Offloaded shards, gradients and the clip norm are CPU tensors: their collectives need
-            # a CPU backend next to nccl (torchtitan and accelerate do the same).
+            # process_group() asked the worker for a gloo part; a process group made elsewhere may lack it.
             raise RuntimeError("FSDP CPU offload needs the process group initialised as 'cuda:nccl,cpu:gloo', "
                                f"not {dist.get_backend()!r}")
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-        model = build_meta_model(hf_config, trust_remote_code=trust)
+        model = apply_transforms(build_meta_model(hf_config, trust_remote_code=trust), plan)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         classes = st["fully_shard"]["block_classes"] or hf_io.model_block_class_names(model, hf_config.model_type)
         if st["activation_checkpointing"]:
@@ -273,4 +313,4 @@ class FSDPBackend:
         return FSDPEngine(model, optimizer, scheduler, scaler, st, hf_config, layout, ctx)
 
 
-register(FSDPBackend())
+BACKEND = FSDPBackend()

@@ -57,6 +57,12 @@ def check_world_size(settings: dict[str, Any], ctx: WorkerContext) -> None:
         raise RuntimeError(f"plan is for {settings['world_size']} ranks, this job has {ctx.world_size}")
 
 
+def default_objective():
+    from orchestrate.worker.objective import CausalLMObjective
+
+    return CausalLMObjective()
+
+
 def write_client_state(ckpt_dir: Path, client_state: dict[str, Any]) -> None:
     (Path(ckpt_dir) / CLIENT_STATE_FILE).write_text(json.dumps(client_state, indent=1))
 
@@ -77,12 +83,13 @@ class TorchEngine:
         self.hf_config = hf_config
         self.layout = layout
         self.ctx = ctx
+        self.objective = ctx.objective or default_objective()
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.model(**self._to_device(batch), use_cache=False).loss
+        return self.objective.loss(self.model, self._to_device(batch))
 
     def _gradient_sync(self, index: int, count: int) -> contextlib.AbstractContextManager:
         """Context for micro-batch `index` of `count`: by default every backward syncs gradients."""

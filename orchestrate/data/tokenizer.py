@@ -114,3 +114,10 @@ def load_tokenizer(tokenizer_dir: Path | None) -> Tokenizer:
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned dtype that holds every id: uint16 below 65,536 ids, else uint32."""
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """Keep a trained model usable as is: its tokenizer files go next to the weights."""
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dst))

@@ -10,10 +10,11 @@ import re
 
 from orchestrate.errors import Problem, UserError
 
+KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40
 _UNITS = {
     "b": 1,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kib": KiB, "mib": MiB, "gib": GiB, "tib": TiB,
 }
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$", re.IGNORECASE)
 _EXAMPLES = "e.g. 8GiB, 8GB, 512MiB or a byte count such as 8589934592"
@@ -42,12 +43,21 @@ def parse_size(value: str | int, where: str) -> int:
     return round(float(number) * _UNITS[unit])
 
 
-def format_bytes(n: int | float) -> str:
-    """`n` bytes in the largest binary unit that keeps the number >= 1: "7.45 GiB", "512 B"."""
-    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+def format_bytes(n: int | float, digits: int = 2, in_gib: bool = False) -> str:
+    """The one way bytes are printed. By default in the largest binary unit that keeps the number
+    >= 1 ("7.45 GiB", "512 B"); `in_gib`: always GiB, so a table's column compares at a glance,
+    except MiB below 0.1 GiB, so small amounts (an overflow of 30 MiB) do not read "+0.0 GiB"."""
+    if in_gib:
+        return f"{n / MiB:.0f} MiB" if abs(n) < 0.1 * GiB else f"{n / GiB:.{digits}f} GiB"
+    for unit, scale in (("TiB", TiB), ("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
         if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
+            return f"{n / scale:.{digits}f} {unit}"
     return f"{n:.0f} B"
+
+
+def gib(n: float) -> str:
+    """Bytes for the planner's tables and messages: "12.6 GiB" (format_bytes in GiB, 1 digit)."""
+    return format_bytes(n, digits=1, in_gib=True)
 
 
 def _bad(where: str, message: str, fix: str = _EXAMPLES) -> UserError:

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch.rundir import PLAN_FILE
 from orchestrate.planner.plan import Plan
-from orchestrate.worker.checkpointing import check_resumable, latest_checkpoint, read_meta
+from orchestrate.run.checkpoints import CheckpointMeta, latest_checkpoint, read_meta
+from orchestrate.run.layout import PLAN_FILE
+from orchestrate.run.resume_rules import check_resumable
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
@@ -48,13 +49,19 @@ def run_to_resume(config: RunConfig, name: str, run_dir: Path | None) -> Path:
     return max(runs)[1]
 
 
-def _pinned(config: RunConfig, meta: dict[str, Any]) -> RunConfig:
-    """`config` with what the checkpoint's optimizer state depends on fixed where it says "auto"."""
+def _pinned(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
+    """`config` with what the checkpoint's optimizer state depends on fixed where it says "auto":
+    the backend, the ZeRO stage where the backend cannot change it on resume, the precision."""
+    from orchestrate.backends.registry import get_backend
+    from orchestrate.planner.strategy import Strategy
+
     config = config.model_copy(deep=True)
-    saved = meta["strategy"]
+    saved = meta.strategy
     if config.strategy.backend == "auto":
         config.strategy.backend = saved["backend"]
-    if config.strategy.zero_stage == "auto" and saved["backend"] == "deepspeed":
+    other_stage = {**saved, "zero_stage": -1}
+    if (config.strategy.zero_stage == "auto" and config.strategy.backend == saved["backend"]
+            and get_backend(saved["backend"]).resume_conflicts(saved, Strategy.from_dict(other_stage))):
         config.strategy.zero_stage = saved["zero_stage"]
     if config.train.precision == "auto":
         config.train.precision = saved["precision"]
@@ -64,7 +71,7 @@ def _pinned(config: RunConfig, meta: dict[str, Any]) -> RunConfig:
 def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[Plan, bool]:
     """(plan, True when it is the run's own plan.json unchanged). UserError when the latest
     checkpoint cannot continue under it."""
-    from orchestrate.launch.launcher import build_plan
+    from orchestrate.planning import feasible_plan
 
     old = Plan.read(run_dir / PLAN_FILE)
     ckpt = latest_checkpoint(run_dir)
@@ -74,7 +81,7 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
     if unchanged:
         plan = old
     else:
-        plan = build_plan(_pinned(config, read_meta(ckpt)) if ckpt else config, hardware)
+        plan = feasible_plan(_pinned(config, read_meta(ckpt)) if ckpt else config, hardware)
     if ckpt is not None:
         check_resumable(ckpt, plan)
     return plan, unchanged
@@ -87,7 +94,7 @@ def resume_notice(run_dir: Path, reused: bool) -> str:
     meta = read_meta(ckpt)
     how = ("with its own plan" if reused else
            f"with a new plan (config or world size changed; the checkpoint's plan is {ckpt / PLAN_FILE})")
-    return f"resuming {run_dir} from step {meta['step']} ({meta['world_size']} rank(s), {meta['strategy_name']}) {how}"
+    return f"resuming {run_dir} from step {meta.step} ({meta.world_size} rank(s), {meta.strategy_name}) {how}"
 
 
 def refuse_checkpointed(run_dir: Path) -> None:
@@ -95,5 +102,5 @@ def refuse_checkpointed(run_dir: Path) -> None:
     ckpt = latest_checkpoint(run_dir)
     if ckpt is not None:
         raise UserError("the run directory already holds checkpoints", [Problem(
-            "--run-dir", f"{run_dir} has a checkpoint of step {read_meta(ckpt)['step']}",
+            "--run-dir", f"{run_dir} has the checkpoint {ckpt.name}",
             "add --resume to continue that run, or choose another --run-dir")])

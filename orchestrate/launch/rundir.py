@@ -1,35 +1,29 @@
-"""The run directory: everything a run is, readable and reusable by hand.
-
-    RUN_DIR/
-      config.yaml        the validated config, paths made absolute
-      plan.json          the plan (Plan.write) plus a `run` section: worker environment and why
-      <backend files>    what `get_backend(name).render(plan)` returned, e.g. deepspeed.json
-      accelerate.yaml    the equivalent `accelerate launch` config, where the backend offers one
-      data/              the generated demo corpus, when the config asks for it
-      logs/              torchrun's per-rank stdout/stderr/error files
-      launch.sh          the exact torchrun command (written at launch)
-      metrics.jsonl      one JSON object per step (written by rank 0)
-      init_model/        the seeded initial weights (written by the workers when training from scratch)
-      model/             the trained Hugging Face model
-"""
+"""Writing a run directory (its layout is the contract in `orchestrate.run`): plan or resume,
+check, then write config.yaml, the rendered backend configs, accelerate.yaml, the demo corpus and
+plan.json (with its run section) last."""
 
 from __future__ import annotations
 
-import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from orchestrate.config.schema import RunConfig
+from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
-from orchestrate.planner.plan import Plan
-
-PLAN_FILE = "plan.json"
-CONFIG_FILE = "config.yaml"
-LOG_DIR = "logs"
-DEMO_CORPUS_FILE = "data/demo_corpus.txt"
+from orchestrate.planner.plan import Plan, RunSection
+from orchestrate.run.layout import (
+    ACCELERATE_FILE,
+    CONFIG_FILE,
+    DEMO_CORPUS_FILE,
+    LOG_DIR,
+    METRICS_FILE,
+    MODEL_DIR,
+    PLAN_FILE,
+)
 
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
@@ -77,37 +71,20 @@ def worker_env(plan: Plan) -> tuple[dict[str, str], list[str]]:
     return env, notes
 
 
-def write_plan(plan: Plan, path: Path, run_info: dict[str, Any]) -> Path:
-    """Plan.write's file plus the `run` section (Plan.read ignores it; `read_run_info` returns it)."""
-    data = plan.to_dict()
-    data["run"] = run_info
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)  # atomic, as Plan.write
-    return path
-
-
-def read_run_info(plan_path: Path) -> dict[str, Any]:
-    return json.loads(Path(plan_path).read_text()).get("run", {})
-
-
-ACCELERATE_FILE = "accelerate.yaml"
-
-
 def prepare_run(plan: Plan, run_dir: Path) -> Plan:
-    """Write the run directory for a feasible plan; returns the plan with `files` filled in."""
+    """Write the run directory for a feasible plan; returns the plan with `files` and `run` filled in."""
     from orchestrate.backends.accelerate_export import render_accelerate_config
-    from orchestrate.backends.base import get_backend
+    from orchestrate.backends.registry import get_backend
     from orchestrate.data.corpus import write_demo_corpus
     from orchestrate.data.pipeline import DEMO_CORPUS_ROLE
 
-    if plan.chosen is None:  # callers check feasibility first (planner.search.require_feasible)
+    if plan.chosen is None:  # callers check feasibility first (planner.remedies.require_feasible)
         raise ValueError("prepare_run needs a plan with a chosen strategy")
     run_dir = run_dir.resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOG_DIR).mkdir(exist_ok=True)
     config = plan.config
-    files: dict[str, str] = {"config": CONFIG_FILE, "logs": LOG_DIR, "metrics": "metrics.jsonl", "model_out": "model"}
+    files: dict[str, str] = {"config": CONFIG_FILE, "logs": LOG_DIR, "metrics": METRICS_FILE, "model_out": MODEL_DIR}
 
     header = (f"# The validated config of this run (paths made absolute; originally from "
               f"{config.source_dir or 'an in-memory config'}).\n")
@@ -126,6 +103,32 @@ def prepare_run(plan: Plan, run_dir: Path) -> Plan:
 
     plan.files = files
     env, notes = worker_env(plan)
-    write_plan(plan, run_dir / PLAN_FILE, {"created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                                           "env": env, "env_notes": notes})
+    plan.run = RunSection(created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), env=env, env_notes=notes)
+    plan.write(run_dir / PLAN_FILE)
     return plan
+
+
+def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
+                    say: Callable[[str], None], check: Callable[[Plan], None] | None = None) -> tuple[Plan, Path]:
+    """Plan (UserError when nothing fits), check the data, run `check` on the plan, then write the
+    run directory; notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest
+    run of `name`) keeps its own plan when it still fits and is not written again
+    (`orchestrate.launch.resume`); otherwise a `run_dir` that already holds checkpoints is
+    refused. Every command that writes a run directory (config, launch, slurm) comes through here.
+    Returns the plan and the run directory."""
+    from orchestrate.data.pipeline import check_data_config
+    from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
+    from orchestrate.planning import feasible_plan
+
+    if resume:
+        run_dir = run_to_resume(config, name, run_dir)
+        plan, reused = plan_for_resume(config, hardware, run_dir)
+        say(resume_notice(run_dir, reused))
+    else:
+        plan, reused = feasible_plan(config, hardware), False
+        run_dir = (run_dir or default_run_dir(config, name)).resolve()
+        refuse_checkpointed(run_dir)
+    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    if check is not None:
+        check(plan)
+    return (plan if reused else prepare_run(plan, run_dir)), run_dir

@@ -34,13 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.layout import PLAN_FILE, REQUEUE_FILE, worker_program
 
-EX_TEMPFAIL = 75
-"""The exit status a worker uses for "checkpointed, please requeue" (BSD sysexits.h)."""
-REQUEUE_MARKER = "REQUEUE"
-"""RUN_DIR/REQUEUE: left by workers that checkpointed on a stop signal (worker.signals.REQUEUE_FILE)."""
-
-SCRIPT_NAME = "job.sbatch"
 DEFAULT_SIGNAL_LEAD_S = 120
 _PORT_BASE, _PORT_SPAN = 20000, 20000
 """Default rendezvous port: 20000 + job id % 20000, the same on every node of a job and different
@@ -114,7 +110,7 @@ class SlurmJob:
 
     @property
     def payload(self) -> tuple[str, ...]:
-        return self.program or ("-m", "orchestrate.worker", str(self.run_dir / "plan.json"))
+        return self.program or worker_program(self.run_dir / PLAN_FILE)
 
 
 def parse_time_limit(text: str) -> int:
@@ -242,7 +238,7 @@ def render_sbatch(job: SlurmJob) -> str:
     srun = " \\\n    ".join(_sh_join(group) for group in _srun_groups(
         job, nnodes=Sh("$SLURM_NNODES"), rdzv_endpoint=Sh("$head_addr:$rdzv_port"), rdzv_id=Sh("$SLURM_JOB_ID")))
     grace = job.shutdown_grace_s or job.signal_lead_s or 30
-    marker = shlex.quote(str(job.run_dir / REQUEUE_MARKER))
+    marker = shlex.quote(str(job.run_dir / REQUEUE_FILE))
     if job.requeue:
         requeue = f"""\
 # Requeue when the step did not finish and was asked to stop (USR1 here), or the workers checkpointed

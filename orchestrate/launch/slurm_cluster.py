@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch.slurm import SCRIPT_NAME, SlurmJob, default_rdzv_port, render_sbatch, srun_argv
+from orchestrate.launch.slurm import SlurmJob, default_rdzv_port, render_sbatch, srun_argv
+from orchestrate.run.layout import SBATCH_SCRIPT
 
 TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -135,7 +136,7 @@ def _run(argv: list[str], what: str, timeout: float = 60) -> subprocess.Complete
 
 def write_sbatch(job: SlurmJob, path: Path | None = None) -> Path:
     """Render the script into RUN_DIR/job.sbatch (or `path`); returns the path."""
-    path = path or job.run_dir / SCRIPT_NAME
+    path = path or job.run_dir / SBATCH_SCRIPT
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_sbatch(job))
     path.chmod(0o755)

@@ -45,6 +45,7 @@ from orchestrate.launch.ssh_commands import (
     node_commands,
     remote_command,
 )
+from orchestrate.launch.ssh_options import SshOptions
 
 # Runs remotely with the same interpreter: stop a process group and everything it started.
 _STOP = r"""
@@ -94,21 +95,6 @@ print(f"stopped process group {pgid}" + (f" (killed {len(left)} that outlived th
 """
 DEFAULT_STOP_GRACE_S = 30
 _FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-
-
-@dataclass(frozen=True)
-class SshOptions:
-    user: str | None = None
-    port: int | None = None
-    key_filename: str | None = None
-    ssh_config: Path | None = None
-    """An ssh_config file to use instead of ~/.ssh/config and /etc/ssh/ssh_config."""
-    known_hosts: Path | None = None
-    """Trusted host keys in addition to ~/.ssh/known_hosts and the ssh config's UserKnownHostsFile."""
-    trust_on_first_use: bool = False
-    connect_timeout: float = 15
-    stop_grace_s: float | None = None
-    """SIGTERM to SIGKILL when stopping a host's command; None: DEFAULT_STOP_GRACE_S."""
 
 
 @dataclass

@@ -17,7 +17,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.launch.hostfile import Host
 
 if TYPE_CHECKING:
-    from orchestrate.launch.ssh import SshOptions
+    from orchestrate.launch.ssh_options import SshOptions
 
 PGID_TAG = "__orchestrate_pgid__"
 # Runs remotely (through the login shell) with the command's own interpreter: add the environment

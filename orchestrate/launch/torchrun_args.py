@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch.ports import free_port
 from orchestrate.planner.plan import Plan
+from orchestrate.ports import free_port
+from orchestrate.run.layout import LOG_DIR, worker_program
 
-WORKER_MODULE = "orchestrate.worker"
 _DEFAULT_MULTINODE_RDZV_ID = "orchestrate"
 
 
@@ -66,8 +66,16 @@ def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: 
         argv += ["--node-rank", str(options.node_rank)]
     argv += ["--max-restarts", str(options.max_restarts),
              "--log-dir", str(log_dir), "--redirects", "3", "--tee", "0:3",
-             "-m", WORKER_MODULE, str(plan_path)]
+             *worker_program(plan_path)]
     return argv
+
+
+def worker_torchrun_args(run_dir: Path, max_restarts: int = 0) -> tuple[str, ...]:
+    """torchrun options every node of a multi-node job gets: per-rank logs under RUN_DIR/logs (each
+    node's torchrun makes its own subdirectory), local rank 0's output echoed (the `--tee` of a
+    local launch)."""
+    return ("--max-restarts", str(max_restarts), "--log-dir", str(run_dir / LOG_DIR),
+            "--redirects", "3", "--tee", "0:3")
 
 
 def format_command(argv: list[str], env: dict[str, str] | None = None) -> str:

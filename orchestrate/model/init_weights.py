@@ -17,8 +17,8 @@ import torch
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
+from orchestrate.run.layout import INIT_MODEL_DIR
 
-INIT_MODEL_DIR = "init_model"
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
 
 

@@ -12,8 +12,7 @@ was planned; change both together.
 
 from __future__ import annotations
 
-GiB = 2**30
-MiB = 2**20
+from orchestrate.hardware.units import GiB, MiB
 
 # --------------------------------------------------------------------------------------------------
 # Activations and logits (per rank, at the backward-start peak)

@@ -60,6 +60,24 @@ class Candidate:
         )
 
 
+@dataclass(frozen=True)
+class RunSection:
+    """plan.json's `run` section, written by the launcher with the run directory: the environment
+    the libraries under the workers need (never orchestrate settings) and why."""
+
+    created: str
+    env: dict[str, str] = field(default_factory=dict)
+    env_notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"created": self.created, "env": dict(self.env), "env_notes": list(self.env_notes)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunSection:
+        return cls(created=data.get("created", ""), env=dict(data.get("env", {})),
+                   env_notes=list(data.get("env_notes", [])))
+
+
 @dataclass
 class Plan:
     config: RunConfig
@@ -70,6 +88,8 @@ class Plan:
     files: dict[str, str] = field(default_factory=dict)
     """Files the launcher wrote for this plan, by role ("backend_config", "model_dir", ...),
     as paths relative to the plan file's directory."""
+    run: RunSection | None = None
+    """Set when the plan belongs to a run directory (see RunSection)."""
 
     @property
     def world_size(self) -> int:
@@ -87,6 +107,7 @@ class Plan:
             "chosen": self.chosen.name if self.chosen else None,
             "chosen_candidate": self.chosen.to_dict() if self.chosen else None,
             "files": dict(self.files),
+            **({"run": self.run.to_dict()} if self.run is not None else {}),
         }
 
     @classmethod
@@ -102,6 +123,7 @@ class Plan:
             candidates=[Candidate.from_dict(c) for c in data["candidates"]],
             chosen=chosen,
             files=dict(data.get("files", {})),
+            run=RunSection.from_dict(data["run"]) if "run" in data else None,
         )
 
     def write(self, path: Path) -> Path:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.units import GiB, gib
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
-from orchestrate.planner.search import GiB, Limits, describe_hardware, gib, make_plan, nvme_available
+from orchestrate.planner.search import Limits, describe_hardware, make_plan, nvme_available
 
 _CLOSEST = 3
 _UNLIMITED = 2**62
@@ -112,3 +113,11 @@ def infeasible_error(plan: Plan) -> UserError:
                 f"{plan.config.train.seq_len} on {describe_hardware(hw)}; the closest, {best.name}, "
                 f"overflows {over}")
     return UserError(headline, _remedies(plan, limits), "\n".join(lines))
+
+
+def require_feasible(plan: Plan) -> Candidate:
+    """The chosen candidate, or a `UserError` (exit 2) naming the closest candidates, by how much
+    each overflows, and concrete remedies. Call it before launching."""
+    if plan.chosen is not None:
+        return plan.chosen
+    raise infeasible_error(plan)

@@ -11,9 +11,10 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.units import gib
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
-from orchestrate.planner.search import Limits, describe_hardware, gib
+from orchestrate.planner.search import Limits, describe_hardware
 
 
 def _count(parameters: int) -> str:

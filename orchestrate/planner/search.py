@@ -4,14 +4,13 @@ Pure: no I/O, no devices. Two entry points:
 - `make_plan(config, hw, shape) -> Plan`: every candidate weighed; `chosen` is None when nothing
   fits, so `orchestrate plan` can still print the table. Raises `UserError` only for inputs that
   cannot be planned at all (batch not divisible by the world size, contradictory pins).
-- `require_feasible(plan) -> Candidate`: the chosen candidate, or a `UserError` (exit 2) listing the
-  closest candidates, by how much each overflows, and remedies computed by re-planning variations
-  (NVMe, more RAM, more GPUs or nodes, shorter seq_len, unpinned strategy; `planner.remedies`).
-  Call it before launching.
+- `planner.remedies.require_feasible(plan) -> Candidate`: the chosen candidate, or a `UserError`
+  (exit 2) listing the closest candidates and remedies computed by re-planning variations.
 
 Search space: backend x ZeRO stage x offload x activation checkpointing x micro-batch, at one
 precision (pinned, or "auto": bf16 where the GPU has it, fp16 on Turing, fp32 on CPU-only), minus
-what cannot help or cannot run: no offload on CPU-only profiles; NVMe only for ZeRO-3 (ZeRO-1/2 keep
+what a backend cannot run (each backend's `problems`, the rules its renderer applies too) and what
+cannot help: no offload on CPU-only profiles; NVMe only for ZeRO-3 (ZeRO-1/2 keep
 "nvme" states in RAM) and only with an NVMe directory; FSDP hybrid shard only across nodes; ZeRO-1
 not on a single rank (nothing to partition; ZeRO-2 stands for it). User pins narrow the space.
 Micro-batches are the divisors of global_batch_size / world_size. `candidates` keeps, per strategy
@@ -25,29 +24,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.speed import estimate_speed
-from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.strategy import Sharding, Strategy
 
-GiB = 2**30
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
-
-
-@dataclass(frozen=True)
-class _Base:
-    """A strategy without precision, activation checkpointing and micro-batch."""
-
-    backend: str
-    zero_stage: int
-    offload_optimizer: str = "none"
-    offload_params: str = "none"
-    hybrid_shard: bool = False
+_OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),
+             ("cpu", "nvme"), ("nvme", "nvme"))
+"""(optimizer, parameters) offload targets, in search order."""
+_STAGES = (0, 1, 2, 3)
 
 
 @dataclass(frozen=True)
@@ -79,13 +72,6 @@ class Limits:
         return out
 
 
-def gib(n: float) -> str:
-    """Bytes as GiB for messages and tables (MiB below 0.1 GiB, so small overflows do not read +0.0)."""
-    if abs(n) < 0.1 * GiB:
-        return f"{n / 2**20:.0f} MiB"
-    return f"{n / GiB:.1f} GiB"
-
-
 def describe_hardware(hw: HardwareProfile) -> str:
     ram = f"{gib(hw.cpu_memory_bytes)} RAM per node"
     nodes = f"{hw.nodes} nodes x " if hw.nodes > 1 else ""
@@ -108,73 +94,72 @@ def nvme_available(config: RunConfig, hw: HardwareProfile) -> bool:
     return bool(hw.nvme_path or config.strategy.nvme_path)
 
 
-def _all_bases(hw: HardwareProfile, nvme: bool, zero1: bool) -> list[_Base]:
-    bases = [_Base("ddp", 0)]
-    offloads = [("none", "none")]
-    if hw.has_gpu:  # offload moves state off a device; on CPU-only ranks there is none
-        offloads += [("cpu", "none")]
-    for stage in ((1, 2) if zero1 else (2,)):
-        bases += [_Base("deepspeed", stage, opt, "none") for opt, _ in offloads]
-    z3 = list(offloads)
-    if hw.has_gpu:
-        z3 += [("cpu", "cpu")]
-        if nvme:  # ZeRO-Infinity (stage 3 only: stage_1_and_2.py has no NVMe swapper)
-            z3 += [("nvme", "none"), ("nvme", "cpu"), ("cpu", "nvme"), ("nvme", "nvme")]
-    bases += [_Base("deepspeed", 3, opt, par) for opt, par in z3]
-    fsdp_offloads = [("none", "none")] + ([("cpu", "cpu")] if hw.has_gpu else [])
-    bases.append(_Base("fsdp", 2))
-    bases += [_Base("fsdp", 3, opt, par) for opt, par in fsdp_offloads]
-    if hw.nodes > 1:
-        bases += [_Base("fsdp", 3, opt, par, hybrid_shard=True) for opt, par in fsdp_offloads]
-    return bases
+def _space(hw: HardwareProfile) -> list[Sharding]:
+    """Every sharding the planner could name, valid or not, in search order."""
+    return [Sharding(name, stage, opt, par, hybrid)
+            for name in backend_names() for hybrid in (False, True) for stage in _STAGES
+            for opt, par in _OFFLOADS]
 
 
-def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
-    """Pins that contradict each other or the hardware, with the fix."""
-    s, problems = config.strategy, []
-    stage, backend = s.zero_stage, s.backend
-    if backend == "ddp" and stage not in ("auto", 0):
-        problems.append(Problem("strategy.zero_stage", f"backend ddp replicates everything (stage 0), not stage {stage}",
-                                "use backend deepspeed or fsdp for sharding, or zero_stage: 0"))
-    if backend == "deepspeed" and stage == 0:
-        problems.append(Problem("strategy.zero_stage", "stage 0 with deepspeed is not planned",
-                                "use backend ddp (same memory), or zero_stage 1-3"))
-    if backend == "fsdp" and stage in (0, 1):
-        problems.append(Problem("strategy.zero_stage", f"FSDP2 has no stage {stage}",
-                                "use zero_stage 3 (full shard) or 2 (shard-grad-op)"))
-    if s.offload in ("cpu", "nvme"):
-        if not hw.has_gpu:
-            problems.append(Problem("strategy.offload", "offload moves state off a GPU; this profile has none",
-                                    "set offload: none (or auto)"))
-        if backend == "ddp":
-            problems.append(Problem("strategy.offload", "DDP cannot offload", "use backend deepspeed or fsdp"))
-    if s.offload == "nvme":
-        if not nvme_available(config, hw):
-            problems.append(Problem("strategy.offload", "NVMe offload needs a directory on an NVMe disk",
-                                    "set strategy.nvme_path or pass --nvme PATH"))
-        if backend == "fsdp":
-            problems.append(Problem("strategy.offload", "FSDP2 offloads to CPU only",
-                                    "use offload: cpu, or backend deepspeed"))
-        if stage in (1, 2):
-            problems.append(Problem("strategy.offload",
-                                    f"DeepSpeed ZeRO-{stage} keeps 'nvme'-offloaded states in CPU RAM "
-                                    "(only ZeRO-3 swaps to NVMe)", "use zero_stage: 3, or offload: cpu"))
-    if s.offload_params is True:
-        if s.offload == "none":
-            problems.append(Problem("strategy.offload_params", "offloading parameters needs an offload target",
-                                    "set offload: cpu or nvme"))
-        if stage in (0, 1, 2):
-            problems.append(Problem("strategy.offload_params",
-                                    f"only ZeRO-3 / FSDP full shard offload parameters, not stage {stage}",
-                                    "set zero_stage: 3"))
-    if s.offload_params is False and backend == "fsdp" and s.offload == "cpu":
-        problems.append(Problem("strategy.offload_params",
-                                "FSDP2's CPUOffloadPolicy offloads parameters, gradients and optimizer together",
-                                "set offload_params: true (or auto), or use backend deepspeed"))
+def _searched(s: Sharding, hw: HardwareProfile, nvme: bool, zero1: bool) -> bool:
+    """What the search leaves out although a backend could run it: offload where there is no device
+    to offload from, NVMe without a directory, hybrid shard on one node, ZeRO-1 on one rank."""
+    offloads = s.offload_optimizer != "none" or s.offload_params != "none"
+    return ((hw.has_gpu or not offloads) and (nvme or "nvme" not in (s.offload_optimizer, s.offload_params))
+            and (hw.nodes > 1 or not s.hybrid_shard) and (zero1 or s.zero_stage != 1))
+
+
+def _judge(s: Sharding) -> list[Problem]:
+    """Why the planner does not consider `s`: the backend's own rules (what it cannot run), then
+    what could run but cannot help: a stage the backend is not planned with, "nvme" where it would
+    stay in RAM, parameters offloaded while their optimizer states stay on the GPU."""
+    backend = get_backend(s.backend)
+    problems = backend.problems(s)
+    if problems:
+        return problems
+    if "nvme" in (s.offload_optimizer, s.offload_params) and s.zero_stage in (1, 2):
+        # DeepSpeed's stage_1_and_2.py has no NVMe swapper: "nvme" offload keeps the states in CPU RAM.
+        problems.append(Problem("strategy.offload", f"DeepSpeed ZeRO-{s.zero_stage} keeps 'nvme'-offloaded states "
+                                "in CPU RAM (only ZeRO-3 swaps to NVMe)", "use zero_stage: 3, or offload: cpu"))
+    if s.offload_params != "none" and s.offload_optimizer == "none":
+        problems.append(Problem("strategy.offload_params", "parameter offload without optimizer offload is not "
+                                "planned (the fp32 optimizer states would stay on the GPU)", "set offload: cpu or nvme"))
+    if s.zero_stage not in backend.zero_stages and not any(p.where == "strategy.zero_stage" for p in problems):
+        stages = ", ".join(map(str, backend.zero_stages))
+        problems.append(Problem("strategy.zero_stage", f"stage {s.zero_stage} with {s.backend} is not planned",
+                                f"use zero_stage {stages}" + (", or backend ddp (same memory)" if s.zero_stage == 0
+                                                              else "")))
     return problems
 
 
-def _matches_pins(base: _Base, config: RunConfig) -> bool:
+def _all_bases(hw: HardwareProfile, nvme: bool, zero1: bool) -> list[Sharding]:
+    return [s for s in _space(hw) if _searched(s, hw, nvme, zero1) and not _judge(s)]
+
+
+def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
+    """Pins that contradict each other or the hardware, with the fix. What a backend cannot do is
+    its own `problems`: reported when every sharding the pins allow has some."""
+    s, problems = config.strategy, []
+    if s.offload in ("cpu", "nvme") and not hw.has_gpu:
+        problems.append(Problem("strategy.offload", "offload moves state off a GPU; this profile has none",
+                                "set offload: none (or auto)"))
+    if s.offload == "nvme" and not nvme_available(config, hw):
+        problems.append(Problem("strategy.offload", "NVMe offload needs a directory on an NVMe disk",
+                                "set strategy.nvme_path or pass --nvme PATH"))
+    if s.offload_params is True and s.offload == "none":
+        problems.append(Problem("strategy.offload_params", "offloading parameters needs an offload target",
+                                "set offload: cpu or nvme"))
+    if problems:
+        return problems
+    pinned = [b for b in _space(hw) if _matches_pins(b, config)]
+    judged = [_judge(b) for b in pinned]
+    if pinned and all(judged):
+        for found in judged:
+            problems += [p for p in found if p not in problems]
+    return problems
+
+
+def _matches_pins(base: Sharding, config: RunConfig) -> bool:
     s = config.strategy
     if s.backend != "auto" and base.backend != s.backend:
         return False
@@ -290,12 +275,3 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
                 chosen=fitting[0] if fitting else None)
-
-
-def require_feasible(plan: Plan) -> Candidate:
-    """The chosen candidate, or a `UserError` naming the closest candidates and concrete remedies."""
-    from orchestrate.planner.remedies import infeasible_error  # remedies re-plan: they import this module
-
-    if plan.chosen is not None:
-        return plan.chosen
-    raise infeasible_error(plan)

@@ -15,6 +15,18 @@ Precision = Literal["bf16", "fp16", "fp32"]
 
 
 @dataclass(frozen=True)
+class Sharding:
+    """Where a strategy keeps the model states: a Strategy without precision, activation
+    checkpointing and micro-batch. What backends judge (`Backend.problems`)."""
+
+    backend: str
+    zero_stage: int
+    offload_optimizer: Offload = "none"
+    offload_params: Offload = "none"
+    hybrid_shard: bool = False
+
+
+@dataclass(frozen=True)
 class Strategy:
     backend: Backend
     """ddp = torch DistributedDataParallel; deepspeed = ZeRO engine; fsdp = FSDP2 `fully_shard`."""
@@ -47,6 +59,11 @@ class Strategy:
             parts.append("ac")
         parts.append(f"mb{self.micro_batch_size}")
         return "-".join(parts)
+
+    @property
+    def sharding(self) -> Sharding:
+        return Sharding(self.backend, self.zero_stage, self.offload_optimizer, self.offload_params,
+                        self.hybrid_shard)
 
     def to_dict(self) -> dict:
         return asdict(self)

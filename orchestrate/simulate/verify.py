@@ -10,12 +10,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrate.hardware.units import format_bytes
 from orchestrate.planner.plan import Plan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
 from orchestrate.simulate.spec import OFFLOAD_NOTE
-
-_GiB = 2**30
 
 
 @dataclass(frozen=True)
@@ -40,9 +39,9 @@ class VerificationReport:
         return asdict(self)
 
     def summary(self) -> str:
-        line = (f"{self.strategy}: simulated {self.simulated_total / _GiB:.2f} GiB per rank "
-                f"({self.simulated_bytes / _GiB:.2f} GiB of tensors + {sum(self.unseen_bytes.values()) / _GiB:.2f} "
-                f"GiB not visible to a simulation), analytical {self.analytical_total / _GiB:.2f} GiB, "
+        line = (f"{self.strategy}: simulated {format_bytes(self.simulated_total, in_gib=True)} per rank "
+                f"({format_bytes(self.simulated_bytes, in_gib=True)} of tensors + {format_bytes(sum(self.unseen_bytes.values()), in_gib=True)} "
+                f"not visible to a simulation), analytical {format_bytes(self.analytical_total, in_gib=True)}, "
                 f"ratio analytical/simulated {self.analytical_over_simulated:.2f}")
         return "\n".join([line, *(f"  note: {n}" for n in self.notes)])
 

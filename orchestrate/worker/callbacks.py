@@ -1,12 +1,14 @@
 """Step callbacks: what happens around each optimizer step besides the step itself.
 
 The step loop (`orchestrate.worker.loop`) calls every callback of the run in order, on every rank:
-`on_train_start` once, `on_step_end` after each optimizer step with that step's record (the line
+`on_train_start` once, `on_step_end` after each optimizer step with a `StepEnd` (the step, whether
+it is the last one, whether some rank got a stop signal, and the step's record: the line
 metrics.jsonl gets: step, loss, lr, grad_norm, tokens, tokens_per_s, step_time_s, memory measured
-and predicted, eval_loss on evaluation steps), `on_train_end` once when the loop ends (done or
-stopped early). Callbacks that only observe (metrics file, trackers, progress) act on rank 0 and
+and predicted, eval_loss on evaluation steps), `on_train_end` once when the loop ends (done, stopped
+early or failed). Callbacks that only observe (metrics file, trackers, progress) act on rank 0 and
 return at once elsewhere; collective ones (evaluation, checkpoints, stop signals) act on every rank
-alike. A callback that wants the loop to stop returns True from `on_step_end`.
+alike, so every rank decides the same. Earlier callbacks may add to the record (evaluation adds
+eval_loss) and set `checkpointed`; a callback that ends the loop sets `stop`.
 
 Adding one = a class in one file with these three methods, plus its tests.
 """
@@ -37,11 +39,30 @@ class RunInfo:
         return self.rank == 0
 
 
+@dataclass
+class StepEnd:
+    """One finished optimizer step, as the callbacks see it."""
+
+    step: int
+    final: bool
+    """The plan's last step (train.max_steps)."""
+    stopping: bool
+    """Some rank got a stop signal (agreed by all ranks)."""
+    record: dict[str, Any]
+    """This step's metrics (see the module docstring); callbacks may add to it."""
+    signal_waited_s: float = 0.0
+    """Seconds since the earliest rank's stop signal."""
+    slowest_save_s: float | None = None
+    """The slowest rank's last checkpoint write (what the grace period is weighed against)."""
+    checkpointed: bool = False
+    """Set by the checkpoint callback when it saved this step."""
+    stop: bool = False
+    """Set by a callback that ends the loop after this step."""
+
+
 class StepCallback(Protocol):
     def on_train_start(self, run: RunInfo) -> None: ...
 
-    def on_step_end(self, run: RunInfo, record: dict[str, Any]) -> bool | None:
-        """`record`: this step's metrics (see the module docstring); True asks the loop to stop."""
-        ...
+    def on_step_end(self, run: RunInfo, end: StepEnd) -> None: ...
 
     def on_train_end(self, run: RunInfo, stopped_early: bool) -> None: ...

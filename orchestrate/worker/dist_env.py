@@ -36,15 +36,16 @@ def rank_info() -> RankInfo:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in env:
-            from orchestrate.launch.ports import free_port
+            from orchestrate.ports import free_port
 
             env["MASTER_PORT"] = str(free_port())
     return RankInfo(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]),
                     int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
 
 
-def init_distributed(plan: Plan, info: RankInfo) -> torch.device:
-    """Initialise the default process group (nccl on GPUs, gloo on CPU); returns this rank's device."""
+def init_distributed(plan: Plan, info: RankInfo, backend: str) -> torch.device:
+    """Initialise the default process group with `backend` (what the plan's training backend asks
+    for: `Backend.process_group`); returns this rank's device."""
     import torch.distributed as dist
 
     if info.world_size != plan.world_size:
@@ -59,9 +60,8 @@ def init_distributed(plan: Plan, info: RankInfo) -> torch.device:
                 "run it on the machine it was planned for, or re-plan for CPU processes")])
         torch.cuda.set_device(info.local_rank)
         device = torch.device("cuda", info.local_rank)
-        backend = "nccl"
     else:
-        device, backend = torch.device("cpu"), "gloo"
+        device = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group(backend)
     return device

@@ -20,7 +20,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-METRICS_FILE = "metrics.jsonl"
 _STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node")
 
 

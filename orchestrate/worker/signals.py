@@ -1,4 +1,4 @@
-"""Stop requests (SIGTERM, SIGUSR1) and the REQUEUE marker.
+"""Stop requests (SIGTERM, SIGUSR1).
 
 A signal only sets a flag: the worker finishes the step it is in (a collective cannot be left
 half-way), then every rank learns of any rank's signal through one all-reduce, so all of them
@@ -7,27 +7,18 @@ before the time limit); torchrun forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT (and wha
 TORCHELASTIC_SIGNALS_TO_HANDLE adds, e.g. SIGUSR1) to its workers and SIGKILLs them after
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds.
 
-The worker then exits 75 (EX_TEMPFAIL) and leaves RUN_DIR/REQUEUE. torchrun reports any failed
-worker as exit 1, so the marker file is what callers read: `orchestrate launch` exits 75 when it
-is there, and a batch script can test `[ -f RUN_DIR/REQUEUE ]`. A worker that starts removes it.
+The worker then exits EX_TEMPFAIL (75) and leaves RUN_DIR/REQUEUE (`orchestrate.run.requeue`).
 """
 
 from __future__ import annotations
 
-import json
 import signal
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from orchestrate.launch.slurm import EX_TEMPFAIL
-
-REQUEUE_FILE = "REQUEUE"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-__all__ = ["EX_TEMPFAIL", "REQUEUE_FILE", "StopRequest", "clear_requeue", "read_requeue", "write_requeue"]
 
 
 class StopRequest:
@@ -65,25 +56,3 @@ class StopRequest:
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
         longest, slowest = t.tolist()
         return longest >= 0, max(0.0, longest), None if slowest < 0 else slowest
-
-
-def write_requeue(run_dir: Path, record: dict[str, Any]) -> Path:
-    path = Path(run_dir) / REQUEUE_FILE
-    tmp = path.with_name(REQUEUE_FILE + ".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    tmp.replace(path)
-    return path
-
-
-def read_requeue(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / REQUEUE_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except json.JSONDecodeError:
-        return {}  # present but unreadable: still a request to requeue
-
-
-def clear_requeue(run_dir: Path) -> None:
-    (Path(run_dir) / REQUEUE_FILE).unlink(missing_ok=True)

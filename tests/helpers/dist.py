@@ -9,7 +9,7 @@ from typing import Any
 
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from orchestrate.launch.ports import free_port
+from orchestrate.ports import free_port
 
 
 def run_on_ranks(fn: Callable[..., Any], nprocs: int, *args: Any) -> dict[int, Any]:

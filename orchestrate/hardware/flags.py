@@ -1,0 +1,28 @@
+"""The hardware flags every command shares (`--gpus 2 --gpu-mem 8GiB ...`), before resolution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrate.hardware.profile import HardwareProfile
+
+
+@dataclass(frozen=True)
+class HardwareFlags:
+    """The hardware flags every command shares (`--gpus 2 --gpu-mem 8GiB ...`); None = not given."""
+
+    profile: str | None = None
+    gpus: int | None = None
+    gpu_mem: str | None = None
+    cpu_mem: str | None = None
+    nodes: int | None = None
+    nvme: str | None = None
+    gpus_per_node: int | None = None
+    """Always GPUs, also from a machine without (see `resolve_hardware`); `gpus` is ranks per node."""
+
+    def resolve(self) -> HardwareProfile:
+        from orchestrate.hardware.resolve import resolve_hardware
+
+        return resolve_hardware(profile=self.profile, gpus=self.gpus, gpu_mem=self.gpu_mem,
+                                cpu_mem=self.cpu_mem, nodes=self.nodes, nvme=self.nvme,
+                                gpus_per_node=self.gpus_per_node)

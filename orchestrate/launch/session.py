@@ -1,0 +1,194 @@
+"""The one launch sequence, whatever starts the workers:
+
+    plan (or resume) and check -> write the run directory -> the workers' environment ->
+    launch.sh -> tokenise the data once into the shared cache -> clear REQUEUE -> run -> exit code
+    (EX_TEMPFAIL when the workers checkpointed on a stop signal).
+
+A `Transport` supplies only what differs between starting torchrun here, with srun inside a SLURM
+allocation, or over SSH on the hosts of a hostfile: the hardware shape it gives the plan, a check
+before anything is written, the commands (and launch.sh), and how to run and stop them.
+
+The workers get nothing but the plan file's path: no orchestrate settings in the environment.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.launch.rundir import prepare_run_dir
+from orchestrate.planner.plan import Plan
+from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE
+from orchestrate.run.requeue import clear_requeue, read_requeue
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rich.console import Console
+
+    from orchestrate.config.schema import RunConfig
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    """What the user asked for; the transport decides where it runs."""
+
+    config: RunConfig
+    hardware: HardwareFlags | HardwareProfile = HardwareFlags()
+    """Flags are shaped by the transport (a hostfile's hosts and slots, an allocation's nodes); a
+    resolved profile is used as it is."""
+    name: str = "run"
+    """The YAML file's stem: run directories are `<train.output_dir>/<name>-<timestamp>`."""
+    run_dir: Path | None = None
+    resume: bool = False
+    dry_run: bool = False
+    max_restarts: int = 0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A transport's commands for one run directory."""
+
+    command: str
+    """The exact equivalent command, with the environment it adds."""
+    script: str
+    """The body of launch.sh."""
+    script_comment: str
+    notices: list[str] = field(default_factory=list)
+    """Printed after the run directory is written, before anything runs."""
+
+
+class Transport(Protocol):
+    def hardware(self, flags: HardwareFlags) -> HardwareFlags:
+        """The flags with the shape this transport runs on (nodes, ranks per node)."""
+        ...
+
+    def intro(self) -> list[str]:
+        """Lines printed before planning."""
+        ...
+
+    def check(self, plan: Plan) -> None:
+        """UserError when the plan cannot run this way; called before the run directory is written
+        (not for dry runs)."""
+        ...
+
+    def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
+                dry_run: bool) -> Prepared:
+        ...
+
+    def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
+        """Start the workers of the last `prepare` and wait; returns their exit code."""
+        ...
+
+
+@dataclass
+class LaunchResult:
+    plan: Plan
+    run_dir: Path
+    plan_path: Path
+    command: str
+    """The exact equivalent command (with the environment it adds), as in launch.sh."""
+    messages: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    """None for a dry run."""
+
+
+def say(console: Console | None, messages: list[str], text: str) -> None:
+    """Record `text` in `messages` and print it verbatim (no markup, long lines unbroken so
+    commands stay copyable) on `console`."""
+    messages.append(text)
+    if console is not None:
+        console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def write_launch_script(run_dir: Path, comment: str, body: str) -> None:
+    """RUN_DIR/launch.sh: what was run, as an executable shell script."""
+    path = run_dir / LAUNCH_SCRIPT
+    path.write_text(f"#!/bin/sh\n# {comment}\n{body}\n")
+    path.chmod(0o755)
+
+
+def launch_env(plan: Plan) -> dict[str, str]:
+    """The plan's worker environment plus torchrun's own shutdown settings: on SIGTERM (or SIGUSR1)
+    torchrun forwards the signal to the workers and waits `train.preemption_grace_s` for their
+    checkpoint before SIGKILL (its default is 30 s).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default the workers' process group shares torchrun's
+    rendezvous TCPStore, whose keys outlive a restart, so after `--max-restarts` kicks in the new
+    group can read the dead group's addresses and fail ("Gloo connectFullMesh ... connection
+    refused") or hang in init_process_group (pytorch/pytorch#135712; seen here with torch 2.13).
+    With it, each attempt's rank 0 hosts a fresh store."""
+    return {**(plan.run.env if plan.run else {}),
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(plan.config.train.preemption_grace_s),
+            "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+def env_prefix(env: dict[str, str]) -> str:
+    """`K=V ...` for a shell command line, sorted."""
+    return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
+
+
+def describe(plan: Plan) -> str:
+    hw = plan.hardware
+    what = f"{hw.gpus_per_node} GPU(s)" if hw.has_gpu else f"{hw.cpu_processes} CPU process(es) (gloo)"
+    return f"{hw.nodes} node(s) x {what}: {plan.world_size} ranks; strategy {plan.chosen.name}"
+
+
+def requeue_code(run_dir: Path, code: int, say: Callable[[str], None]) -> int:
+    """EX_TEMPFAIL when the workers checkpointed on a stop signal (RUN_DIR/REQUEUE), else `code`:
+    torchrun shows a stopped worker as exit 1 (or its own signal), the marker is the truth."""
+    requeue = read_requeue(run_dir)
+    if requeue is None:
+        return code
+    say(f"checkpointed at step {requeue.get('step', '?')} after {requeue.get('signal')}; continue with "
+        f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")
+    return EX_TEMPFAIL
+
+
+def launch(request: LaunchRequest, transport: Transport, console: Console | None = None) -> LaunchResult:
+    """Run the sequence of the module docstring; UserError before anything is written when the plan
+    cannot run (nothing fits, bad data, no device, a checkpointed run directory without --resume)."""
+    messages: list[str] = []
+
+    def tell(text: str) -> None:
+        say(console, messages, text)
+
+    for line in transport.intro():
+        tell(line)
+    hw = request.hardware
+    hardware = hw if isinstance(hw, HardwareProfile) else transport.hardware(hw).resolve()
+    plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
+                                    tell, check=None if request.dry_run else transport.check)
+    return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
+
+
+def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,
+          console: Console | None = None, messages: list[str] | None = None) -> LaunchResult:
+    """The second half of `launch`, for a run directory written already (by `launch`'s first half
+    or by `orchestrate config`): launch.sh, the data, and the workers until they end."""
+    messages = [] if messages is None else messages
+
+    def tell(text: str) -> None:
+        say(console, messages, text)
+
+    prepared = transport.prepare(plan, run_dir, launch_env(plan), max_restarts, dry_run)
+    write_launch_script(run_dir, prepared.script_comment, prepared.script)
+    for line in prepared.notices:
+        tell(line)
+    result = LaunchResult(plan, run_dir, run_dir / PLAN_FILE, prepared.command, messages)
+    if dry_run:
+        return result
+    from orchestrate.data.pipeline import prepare_for_plan
+
+    # Tokenise once, here, into the shared cache: the workers (on every node) then only map it (no
+    # race between nodes, no collective timeout while a large corpus is tokenised).
+    tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+    clear_requeue(run_dir)
+    result.exit_code = requeue_code(run_dir, transport.run(plan, run_dir, tell, console), tell)
+    return result

@@ -1,0 +1,63 @@
+"""The step loop: one optimizer step, its record, the agreed stop flag, then every callback."""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.worker.callbacks import RunInfo, StepCallback, StepEnd
+from orchestrate.worker.metrics import gather_step_stats
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.backends.base import StepResult, TrainEngine
+    from orchestrate.data.pipeline import TrainData
+    from orchestrate.worker.checkpointing import Checkpointer
+    from orchestrate.worker.signals import StopRequest
+
+
+def step_record(run: RunInfo, step: int, result: StepResult, step_time: float, node: int,
+                device: torch.device) -> dict[str, Any]:
+    """The step's metrics.jsonl line. Collective: the loss and memory peaks are gathered over ranks."""
+    chosen = run.plan.chosen
+    tokens = (chosen.strategy.micro_batch_size * chosen.gradient_accumulation * run.world_size
+              * run.plan.config.train.seq_len)
+    stats = gather_step_stats(result.loss, node, device)
+    return {"step": step, "loss": stats["loss"], "lr": result.lr, "grad_norm": result.grad_norm,
+            "skipped": result.skipped, "tokens": tokens, "tokens_per_s": tokens / step_time,
+            "step_time_s": step_time, "time": time.time(), **{k: v for k, v in stats.items() if k != "loss"},
+            "predicted_gpu_bytes_per_rank": chosen.memory.gpu_total,
+            "predicted_cpu_bytes_per_node": chosen.memory.cpu_total}
+
+
+def run_loop(run: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
+             callbacks: list[StepCallback], node: int, device: torch.device) -> bool:
+    """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early."""
+    import torch
+
+    micro = run.plan.chosen.strategy.micro_batch_size
+    accumulation = run.plan.chosen.gradient_accumulation
+    max_steps = run.plan.config.train.max_steps
+    for callback in callbacks:
+        callback.on_train_start(run)
+    stopped = False
+    try:
+        for step in range(run.start_step + 1, max_steps + 1):
+            start = time.perf_counter()
+            result = engine.train_step([{k: v.to(device, non_blocking=True) for k, v in data.micro_batch(micro).items()}
+                                        for _ in range(accumulation)])
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            record = step_record(run, step, result, time.perf_counter() - start, node, device)
+            stopping, waited_s, save_s = stop.agreed(device, checkpointer.last_save_s)
+            end = StepEnd(step, step == max_steps, stopping, record, waited_s, save_s)
+            for callback in callbacks:
+                callback.on_step_end(run, end)
+            if end.stop:
+                stopped = True
+                break
+    finally:
+        for callback in callbacks:
+            callback.on_train_end(run, stopped)
+    return stopped

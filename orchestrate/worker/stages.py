@@ -1,0 +1,147 @@
+"""The stages of the worker's recipe (`orchestrate.worker.main.train`), each a small unit."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from orchestrate.backends.base import WorkerContext
+from orchestrate.errors import UserError
+from orchestrate.planner.plan import Plan
+from orchestrate.run.checkpoints import latest_checkpoint
+from orchestrate.run.layout import RunDir
+from orchestrate.run.requeue import clear_requeue
+from orchestrate.run.resume_rules import check_resumable
+from orchestrate.worker.callbacks import RunInfo, StepCallback
+
+if TYPE_CHECKING:
+    from orchestrate.backends.base import TrainEngine
+    from orchestrate.data.pipeline import TrainData
+    from orchestrate.worker.checkpointing import Checkpointer
+    from orchestrate.worker.dist_env import RankInfo
+    from orchestrate.worker.signals import StopRequest
+
+
+@dataclass(frozen=True)
+class Worker:
+    """This process: its ranks, its device, its node."""
+
+    ranks: RankInfo
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.ranks.rank == 0
+
+    @property
+    def node(self) -> int:
+        return self.ranks.rank // max(1, self.ranks.local_world_size)
+
+
+def read_plan(plan_path: Path) -> tuple[Plan, RunDir]:
+    """The plan, with the library settings of its run section put in the environment (NCCL reads
+    them at communicator creation, after this); the user's own values win."""
+    plan_path = plan_path.resolve()
+    plan = Plan.read(plan_path)
+    if plan.chosen is None:
+        raise UserError(f"{plan_path} has no feasible strategy to run; see `orchestrate plan`")
+    for key, value in (plan.run.env if plan.run else {}).items():
+        os.environ.setdefault(key, value)
+    return plan, RunDir(plan_path.parent)
+
+
+def start_process_group(plan: Plan, run: RunDir) -> Worker:
+    """The process group the plan's backend asks for; the seed every rank starts from."""
+    from orchestrate.backends.registry import get_backend
+    from orchestrate.worker.dist_env import init_distributed, rank_info
+
+    ranks = rank_info()
+    device = init_distributed(plan, ranks, get_backend(plan.chosen.strategy.backend).process_group(plan))
+    torch.manual_seed(plan.config.train.seed)
+    return Worker(ranks, device)
+
+
+def checkpoint_to_resume(plan: Plan, run: RunDir, worker: Worker) -> Path | None:
+    """The run's latest checkpoint, checked against the plan before anything is built (a mismatch
+    fails fast); a starting worker also clears an old REQUEUE marker."""
+    resume_from = latest_checkpoint(run.path)
+    if resume_from is not None:
+        check_resumable(resume_from, plan)
+    if worker.is_main:
+        clear_requeue(run.path)
+    return resume_from
+
+
+def build_engine(plan: Plan, run: RunDir, worker: Worker) -> tuple[TrainEngine, WorkerContext]:
+    """Initial weights -> the backend's model (with the plan's model transforms), wrapper,
+    optimizer and schedule, training the task's objective."""
+    from transformers.utils import logging as hf_logging
+
+    from orchestrate.backends.registry import get_backend
+    from orchestrate.model.init_weights import ensure_initial_weights
+    from orchestrate.worker.objective import objective_for
+
+    hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
+    ranks = worker.ranks
+    model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank)
+    ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
+                        device=worker.device, run_dir=run.path, model_dir=model_dir, objective=objective_for(plan))
+    return get_backend(plan.chosen.strategy.backend).setup(plan, ctx), ctx
+
+
+def data_and_resume(plan: Plan, ctx: WorkerContext, engine: TrainEngine,
+                    resume_from: Path | None) -> tuple[TrainData, Checkpointer, int]:
+    """This rank's data, and the engine, optimizer, schedule, scaler, RNG and sampler restored
+    from `resume_from`; returns the data, the checkpointer and the step to continue after."""
+    from orchestrate.data import build_data
+    from orchestrate.worker.checkpointing import Checkpointer
+
+    data = build_data(plan, ctx.run_dir, ctx.rank, ctx.world_size, local_rank=ctx.local_rank)
+    # Dropout differs per rank (different data), reproducibly.
+    torch.manual_seed(plan.config.train.seed + ctx.rank)
+    checkpointer = Checkpointer(plan, engine, ctx)
+    if resume_from is None:
+        return data, checkpointer, 0
+    restored = checkpointer.load(resume_from)
+    data.sampler.load_state_dict(restored["sampler"])
+    return data, checkpointer, restored["step"]
+
+
+def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInfo:
+    return RunInfo(plan=plan, run_dir=run.path, rank=worker.ranks.rank, world_size=worker.ranks.world_size,
+                   start_step=start_step)
+
+
+def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
+              worker: Worker, resume_from: Path | None) -> list[StepCallback]:
+    """Evaluation first (it adds eval_loss to the record the others see), stop signals last."""
+    from orchestrate.worker.step_callbacks import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
+
+    plan, chosen = info.plan, info.plan.chosen
+    tokens = chosen.strategy.micro_batch_size * chosen.gradient_accumulation * info.world_size * plan.config.train.seq_len
+    intro = [f"training {chosen.name} on {info.world_size} rank(s): {plan.config.train.max_steps} steps "
+             f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
+    if resume_from is not None:
+        intro.append(f"resumed from {resume_from} (step {info.start_step})")
+    return [Evaluation(engine, data, worker.device), MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
+            Checkpoints(checkpointer, data), StopOnSignal(stop, checkpointer, data)]
+
+
+def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, worker: Worker) -> None:
+    """The consolidated Hugging Face model (collective), with the tokenizer next to it."""
+    from orchestrate.data.tokenizer import copy_tokenizer
+
+    engine.save_hf_model(run.model)
+    if not worker.is_main:
+        return
+    if data.tokenizer_dir is not None:
+        copy_tokenizer(data.tokenizer_dir, run.model)
+    names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]
+    print(f"done. model:   {run.model}\n"
+          f"      metrics: {run.metrics}\n"
+          f"      configs: {run.path} (plan.json, config.yaml{''.join(f', {n}' for n in names)})\n"
+          f"      logs:    {run.logs}", flush=True)

@@ -62,6 +62,8 @@ class Family:
     head_dim_null_ok: bool = True
     """Whether an explicit `head_dim: null` means hidden // heads (llama and mistral __post_init__;
     gpt2 and bert modules never read it); qwen2/phi3 modules would use the null, gemma's class rejects it."""
+    rope: bool = True
+    """Rotary positions: transformers refuses an odd head_dim > 4 (modeling_rope_utils.validate_rope)."""
     unsupported: tuple[str, ...] = ()
     """Truthy keys that change the layout in a way not modelled here: fall back to the meta build."""
 
@@ -148,7 +150,7 @@ FAMILIES: dict[str, Family] = {
                   "n_inner": None, "tie_word_embeddings": True, "head_dim": None},
         aliases={"hidden_size": "n_embd", "max_position_embeddings": "n_positions",
                  "num_attention_heads": "n_head", "num_hidden_layers": "n_layer"},
-        layout=_gpt2, unsupported=("add_cross_attention",)),
+        layout=_gpt2, rope=False, unsupported=("add_cross_attention",)),
     "llama": Family(
         defaults={**_DECODER, "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
                   "num_hidden_layers": 32, "num_attention_heads": 32, "max_position_embeddings": 2048,
@@ -181,7 +183,7 @@ FAMILIES: dict[str, Family] = {
         defaults={"vocab_size": 30522, "hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12,
                   "intermediate_size": 3072, "max_position_embeddings": 512, "type_vocab_size": 2,
                   "tie_word_embeddings": True, "head_dim": None, "pad_token_id": 0},
-        aliases={}, layout=_bert, unsupported=("add_cross_attention",)),
+        aliases={}, layout=_bert, rope=False, unsupported=("add_cross_attention",)),
 }
 _INTS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "max_position_embeddings",
          "intermediate_size", "num_key_value_heads", "head_dim", "type_vocab_size", "n_inner")
@@ -223,11 +225,14 @@ def _dims(family: Family, c: dict, config: dict) -> Dims | None:
         return None
     if hidden % heads:
         return None  # llama's config refuses it, gpt2/bert modules split hidden by heads: the meta build reports it
+    head_dim = head_dim or hidden // heads
+    if family.rope and head_dim > 4 and head_dim % 2:
+        return None  # odd rotary dimension (partial_rotary_factor aside): the config class refuses it
     kv = c.get("num_key_value_heads") or heads
     if intermediate is None or c.get("max_position_embeddings") is None:
         return None
     return Dims(hidden=hidden, layers=c["num_hidden_layers"], heads=heads, kv_heads=kv,
-                head_dim=head_dim or hidden // heads, intermediate=intermediate, vocab=c["vocab_size"],
+                head_dim=head_dim, intermediate=intermediate, vocab=c["vocab_size"],
                 positions=c["max_position_embeddings"], tied=c["tie_word_embeddings"])
 
 

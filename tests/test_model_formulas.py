@@ -8,10 +8,7 @@ subprocess tests at the end check that `orchestrate plan` never imports them).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from dataclasses import asdict
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,8 +18,8 @@ from transformers import AutoConfig
 from orchestrate.config.load import config_from_dict
 from orchestrate.model.formulas import FAMILIES, shape_from_dict
 from orchestrate.model.meta import shape_for, shape_from_config
+from tests.helpers.imports import ROOT, run_cli
 
-ROOT = Path(__file__).resolve().parent.parent
 TRAIN = {"seq_len": 16, "global_batch_size": 8}
 SMALL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=96, vocab_size=300,
              max_position_embeddings=128)
@@ -142,36 +139,15 @@ def test_shape_for_reads_a_local_config_json(tmp_path):
     assert asdict(shape_for(run)) == _meta(arch)
 
 
-HEAVY = ("torch", "transformers", "deepspeed", "datasets")
-_IMPORTED = f"""
-import json, sys
-from orchestrate.cli import cli
-try:
-    cli(prog_name="orchestrate", args=sys.argv[1:])
-except SystemExit as exc:
-    code = exc.code
-print(json.dumps({{"code": code, "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
-"""
-
-
-def run_cli_listing_heavy_imports(*args: str, cwd: Path = ROOT) -> dict:
-    """Run the CLI in a fresh interpreter; its exit code and which of HEAVY it imported."""
-    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(cwd)}
-    out = subprocess.run([sys.executable, "-c", _IMPORTED, *args], cwd=cwd, env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def test_plan_cli_imports_no_torch():
-    result = run_cli_listing_heavy_imports("plan", "--gpus", "2", str(ROOT / "examples" / "tiny-gpt2.yaml"))
-    assert result == {"code": 0, "heavy": []}
+    run = run_cli("plan", "--gpus", "2", str(ROOT / "examples" / "tiny-gpt2.yaml"))
+    assert (run.code, run.heavy) == (0, []), run.output
 
 
 def test_plan_cli_from_a_config_json_imports_no_torch(tmp_path):
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text(json.dumps(dict(model_type="llama", **SMALL)))
     (tmp_path / "model.yaml").write_text("model: {name_or_path: m}\ntrain: {seq_len: 64, global_batch_size: 8}\n")
-    result = run_cli_listing_heavy_imports("plan", "--gpus", "1", "--gpu-mem", "8GiB", "--cpu-mem", "16GiB",
-                                           str(tmp_path / "model.yaml"), cwd=tmp_path)
-    assert result == {"code": 0, "heavy": []}
+    run = run_cli("plan", "--gpus", "1", "--gpu-mem", "8GiB", "--cpu-mem", "16GiB", str(tmp_path / "model.yaml"),
+                  cwd=tmp_path)
+    assert (run.code, run.heavy) == (0, []), run.output

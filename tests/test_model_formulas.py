@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from transformers import AutoConfig
 
@@ -104,7 +104,7 @@ def small_arch(draw, model_type: str) -> dict:
 
 
 @pytest.mark.parametrize("model_type", sorted(FAMILIES))
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_random_small_shapes(model_type, data):
     _same(data.draw(small_arch(model_type)))
@@ -121,6 +121,7 @@ def test_random_small_shapes(model_type, data):
     dict(model_type="phi3", **SMALL),  # default pad_token_id 32000 is outside vocab_size 300
     dict(model_type="llama", **SMALL, tie_word_embeddings="yes"),
     {"hidden_size": 64},  # no model_type
+    {"model_type": ["llama"], **SMALL},  # not a name
 ])
 def test_not_covered_falls_back(arch):
     assert shape_from_dict(arch) is None

@@ -239,7 +239,8 @@ def _dims(family: Family, c: dict, config: dict) -> Dims | None:
 def shape_from_dict(config: dict) -> ModelShape | None:
     """The `ModelShape` of a config.json dict (or a model.architecture mapping), or None when this
     module does not cover it and the meta-device build must measure it."""
-    family = FAMILIES.get(config.get("model_type"))
+    model_type = config.get("model_type")
+    family = FAMILIES.get(model_type) if isinstance(model_type, str) else None
     if family is None or config.get("auto_map") or any(config.get(k) for k in family.unsupported):
         return None
     c = _resolve(family, config)

@@ -15,10 +15,14 @@ in O(held-out) memory (no index array of every block).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from orchestrate.data.cache import TokenStream
+
+if TYPE_CHECKING:  # torch is imported where a batch is made: planning and cache hits never need it
+    import torch
 
 IGNORE_INDEX = -100
 """Label value the Hugging Face causal-LM loss skips (CrossEntropyLoss ignore_index)."""
@@ -71,6 +75,8 @@ class PackedBlocks:
         return len(self.subset)
 
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        import torch
+
         ids = torch.from_numpy(self._blocks[self.subset.ids(positions)].astype(np.int64))
         return {"input_ids": ids, "labels": ids.clone()}
 
@@ -98,6 +104,8 @@ class PaddedDocuments:
         return int(np.count_nonzero(np.diff(self._offsets) > self.seq_len))
 
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        import torch
+
         docs = self.subset.ids(positions)
         ids = np.full((len(docs), self.seq_len), self._pad, dtype=np.int64)
         mask = np.zeros((len(docs), self.seq_len), dtype=np.int64)

@@ -16,8 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import torch
-
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.blocks import PackedBlocks, PaddedDocuments, Subset, split_ids
 from orchestrate.data.cache import TokenStream, cache_dir_of
@@ -28,12 +26,16 @@ from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entrie
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.errors import Problem, UserError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
+    import torch
+
     from orchestrate.planner.plan import Plan
 
 __all__ = ["DEMO_CORPUS_ROLE", "PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
 
 Samples = PackedBlocks | PaddedDocuments
+TOKENIZER_MEMO_SUBDIR = "tokenizers"
+"""Under the data cache: each HF tokenizer's vocab_size and EOS id by file hash (`HFTokenizer`)."""
 
 
 @dataclass
@@ -97,7 +99,8 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
 def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tokenizer, Path | None]:
     """The configured tokenizer, checked against the model's vocabulary when `vocab_size` is given."""
     tokenizer_dir = config.resolve_path(config.data.tokenizer) if config.data.tokenizer else None
-    tokenizer = load_tokenizer(tokenizer_dir)
+    # The memo lets a cache hit skip loading an HF tokenizer (and importing transformers).
+    tokenizer = load_tokenizer(tokenizer_dir, cache_dir_of(config) / TOKENIZER_MEMO_SUBDIR)
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise UserError("the tokenizer does not fit the model", [Problem(
             "data.tokenizer", f"tokenizer has {tokenizer.vocab_size} ids, the model's vocab_size is {vocab_size}",

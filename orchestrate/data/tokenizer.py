@@ -5,6 +5,8 @@ Hugging Face tokenizer directory. Both expose `encode`, `encode_batch`, `decode`
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 from pathlib import Path
 from typing import Protocol
 
@@ -50,49 +52,92 @@ class ByteTokenizer:
 
 
 class HFTokenizer:
-    """A local `AutoTokenizer` directory (tokenizer.json etc.); documents end with its EOS token."""
+    """A local `AutoTokenizer` directory (tokenizer.json etc.); documents end with its EOS token.
 
-    def __init__(self, directory: Path):
-        from transformers import AutoTokenizer
+    Loading it imports transformers and tokenizers (seconds), yet a data-cache hit needs only its
+    `fingerprint`, `vocab_size` and `eos_id`. With `memo_dir` those two numbers are remembered there
+    under a content hash of the tokenizer files, so the next run computes the fingerprint from the
+    files alone and loads the tokenizer only when it first encodes or decodes."""
 
+    def __init__(self, directory: Path, memo_dir: Path | None = None):
         if not directory.is_dir():
             raise UserError(f"tokenizer directory {directory} not found",
                             [Problem("data.tokenizer", f"{directory} is not a directory",
                                      "point it at a local Hugging Face tokenizer directory (`orchestrate tokenizer "
                                      "train` makes one), or remove it to use the built-in byte-level tokenizer")])
         self.directory = directory
+        self._tok = None
+        self._memo = memo_dir / f"{self._files_hash()}.json" if memo_dir is not None else None
+        remembered = self._remembered()
+        if remembered is None:
+            self._load()
+        else:
+            self.eos_id, self.vocab_size = remembered
+
+    def _files(self) -> list[Path]:
+        return sorted(p for p in self.directory.iterdir() if p.is_file() and _is_tokenizer_file(p.name))
+
+    def _files_hash(self) -> str:
+        h = hashlib.blake2b(b"tokenizer-memo-v1", digest_size=16)
+        for path in self._files():
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+        return h.hexdigest()
+
+    def _remembered(self) -> tuple[int, int] | None:
         try:
-            self._tok = AutoTokenizer.from_pretrained(str(directory))
+            memo = json.loads(self._memo.read_text()) if self._memo is not None else None
+            return (int(memo["eos_id"]), int(memo["vocab_size"])) if memo else None
+        except (OSError, ValueError, KeyError, TypeError):  # absent or damaged: load and rewrite it
+            return None
+
+    def _load(self):
+        from transformers import AutoTokenizer
+
+        try:
+            tok = AutoTokenizer.from_pretrained(str(self.directory))
         except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load the tokenizer in {directory}",
+            raise UserError(f"cannot load the tokenizer in {self.directory}",
                             [Problem("data.tokenizer", str(exc).splitlines()[0],
                                      "the directory needs tokenizer.json or tokenizer_config.json")]) from None
-        eos = self._tok.eos_token_id if self._tok.eos_token_id is not None else self._tok.sep_token_id
+        eos = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
         if eos is None:
-            raise UserError(f"the tokenizer in {directory} has no end-of-text token",
+            raise UserError(f"the tokenizer in {self.directory} has no end-of-text token",
                             [Problem("data.tokenizer", "neither eos_token nor sep_token is set",
                                      "set eos_token in tokenizer_config.json")])
-        self.eos_id = int(eos)
         # Whole documents are encoded and then packed, so a document longer than the model's context
         # is normal here; without this the tokenizer warns about every one of them.
-        self._tok.model_max_length = 2**62
-        self.vocab_size = len(self._tok)
+        tok.model_max_length = 2**62
+        self._tok, self.eos_id, self.vocab_size = tok, int(eos), len(tok)
+        if self._memo is not None:
+            try:  # written whole then renamed: concurrent ranks never read half a file
+                self._memo.parent.mkdir(parents=True, exist_ok=True)
+                tmp = self._memo.with_name(f".{self._memo.name}.{os.getpid()}")
+                tmp.write_text(json.dumps({"eos_id": self.eos_id, "vocab_size": self.vocab_size}))
+                os.replace(tmp, self._memo)
+            except OSError:  # a read-only cache only costs the next run a tokenizer load
+                pass
+        return tok
+
+    @property
+    def tok(self):
+        """The loaded transformers tokenizer (loaded here on first use)."""
+        return self._tok if self._tok is not None else self._load()
 
     def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False)
+        return self.tok.encode(text, add_special_tokens=False)
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         # One call per batch: fast tokenizers encode the batch in Rust, in parallel.
-        return self._tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
+        return self.tok(texts, add_special_tokens=False, return_attention_mask=False)["input_ids"]
 
     def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids)
+        return self.tok.decode(ids)
 
     def fingerprint(self) -> str:
         """Content hash of the tokenizer's files (not of model weights that may share the directory):
         the same files give the same ids wherever they live."""
         h = hashlib.blake2b(f"{self.vocab_size}/{self.eos_id}".encode(), digest_size=16)
-        for path in sorted(p for p in self.directory.iterdir() if p.is_file() and _is_tokenizer_file(p.name)):
+        for path in self._files():
             h.update(path.name.encode() + b"\0")
             h.update(path.read_bytes())
         return f"hf-{h.hexdigest()}"
@@ -107,8 +152,9 @@ def _is_tokenizer_file(name: str) -> bool:
     return name.startswith(_TOKENIZER_FILES) or name.endswith((".model", ".tiktoken"))
 
 
-def load_tokenizer(tokenizer_dir: Path | None) -> Tokenizer:
-    return ByteTokenizer() if tokenizer_dir is None else HFTokenizer(tokenizer_dir)
+def load_tokenizer(tokenizer_dir: Path | None, memo_dir: Path | None = None) -> Tokenizer:
+    """The byte tokenizer for None, else the directory's; `memo_dir`: see `HFTokenizer`."""
+    return ByteTokenizer() if tokenizer_dir is None else HFTokenizer(tokenizer_dir, memo_dir)
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

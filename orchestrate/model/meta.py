@@ -1,27 +1,37 @@
-"""Measure a model's shape without weights: build it on the meta device and count.
+"""A model's shape without weights: family formulas when they cover the config, else a meta build.
 
-The meta device allocates no memory, so even a 70B model is built and counted in a fraction of a
-second; the counts are exact because they come from the real transformers modules, not a formula.
+`shape_for` first tries `orchestrate.model.formulas` on the config.json dict (no torch, no
+transformers: `orchestrate plan` stays well under a second). Other models are built on the meta
+device and counted: the meta device allocates no memory, so even a 70B model is built and counted in
+a fraction of a second, and the counts are exact because they come from the real transformers
+modules. torch and transformers are imported inside the functions that build, never at import time.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
-
-import torch
-from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
-from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+from typing import TYPE_CHECKING
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
+from orchestrate.model.formulas import shape_from_dict
 from orchestrate.model.shape import ModelShape
 
-try:  # transformers 5 validates config fields through huggingface_hub's strict dataclasses
-    from huggingface_hub.errors import StrictDataclassError
-except ImportError:  # huggingface_hub < 0.32 (transformers 4.x), which never raises it
-    StrictDataclassError = ValueError
+if TYPE_CHECKING:
+    from torch import nn
+    from transformers import PretrainedConfig
+
+
+def _config_errors() -> tuple[type[Exception], ...]:
+    """What transformers raises for a bad config value (imported late: it pulls huggingface_hub)."""
+    try:  # transformers 5 validates config fields through huggingface_hub's strict dataclasses
+        from huggingface_hub.errors import StrictDataclassError
+    except ImportError:  # huggingface_hub < 0.32 (transformers 4.x), which never raises it
+        return (ValueError,)
+    return (ValueError, StrictDataclassError)
+
 
 # A Hub repo id: "name" or "org/name" (huggingface_hub's validate_repo_id allows [\w.-]).
 _HUB_NAME = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -34,6 +44,9 @@ def _first_line(exc: Exception) -> str:
 
 def _from_architecture(arch: dict) -> PretrainedConfig:
     # Built-in model types only (checked below), so no remote code is involved here.
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
     where = "model.architecture"
     model_type = arch["model_type"]  # the schema guarantees the key
     if model_type not in CONFIG_MAPPING:
@@ -44,12 +57,14 @@ def _from_architecture(arch: dict) -> PretrainedConfig:
     kwargs = {k: v for k, v in arch.items() if k != "model_type"}
     try:
         return AutoConfig.for_model(model_type, **kwargs)
-    except (ValueError, TypeError, StrictDataclassError) as exc:
+    except (TypeError, *_config_errors()) as exc:
         raise UserError("invalid model architecture", [Problem(
             where, " ".join(str(exc).split()), "fix the value named above")]) from None
 
 
 def _from_name_or_path(config: RunConfig) -> PretrainedConfig:
+    from transformers import AutoConfig
+
     where = "model.name_or_path"
     name = config.model.name_or_path
     assert name is not None  # internal invariant: the schema requires name_or_path or architecture
@@ -77,7 +92,7 @@ def _from_name_or_path(config: RunConfig) -> PretrainedConfig:
         else:
             message, fix = f"cannot read {path / 'config.json'}: {_first_line(exc)}", "repair or replace the file"
         raise UserError("cannot load the model config", [Problem(where, message, fix)]) from None
-    except (ValueError, StrictDataclassError) as exc:
+    except _config_errors() as exc:
         # Unknown model_type, custom code without trust_remote_code, or an invalid field value.
         raise UserError("cannot load the model config", [Problem(
             where, _first_line(exc),
@@ -97,10 +112,13 @@ def build_meta_model(hf_config: PretrainedConfig, *, trust_remote_code: bool = F
     # Not accelerate's `init_empty_weights`: under transformers 5 it breaks weight tying (GPT-2
     # counts 163,037,184 parameters instead of 124,439,808, lm_head no longer *is* wte); the
     # torch.device("meta") context keeps tied parameters one object.
+    import torch
+    from transformers import AutoModelForCausalLM
+
     try:
         with torch.device("meta"):
             return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
-    except (ValueError, StrictDataclassError) as exc:
+    except _config_errors() as exc:
         # No causal-LM class for this model_type (e.g. t5), or the modules reject a dimension.
         raise UserError("cannot build the model", [Problem(
             "model", _first_line(exc), f"orchestrate trains decoder-only causal LMs ({_FAMILIES}, ...)")]) from None
@@ -117,6 +135,8 @@ def _params(module: nn.Module) -> dict[int, nn.Parameter]:
 
 def _blocks(model: nn.Module, num_layers: int, model_type: str) -> nn.ModuleList:
     """The stack of transformer blocks (gpt2: transformer.h, llama/mistral/qwen2/phi3: model.layers)."""
+    from torch import nn
+
     stacks = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) == num_layers]
     if not stacks:
         raise UserError("unsupported model layout", [Problem(
@@ -144,6 +164,8 @@ def shape_from_config(hf_config: PretrainedConfig, *, trust_remote_code: bool = 
 
     in_blocks = _params(blocks)
     embedding: dict[int, nn.Parameter] = {}
+    from torch import nn
+
     for m in model.modules():  # token embedding plus learned positions (gpt2's wpe), outside the blocks
         if isinstance(m, nn.Embedding):
             embedding.update({k: p for k, p in _params(m).items() if k not in in_blocks})
@@ -176,6 +198,24 @@ def shape_from_config(hf_config: PretrainedConfig, *, trust_remote_code: bool = 
     )
 
 
+def _config_dict(config: RunConfig) -> dict | None:
+    """The config.json mapping when it is at hand without transformers: `model.architecture` or a
+    local directory's config.json. None otherwise (Hub names, missing or unreadable files: the
+    transformers path reports those)."""
+    if config.model.architecture is not None:
+        return dict(config.model.architecture)
+    path = config.resolve_path(config.model.name_or_path) / "config.json"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
 def shape_for(config: RunConfig) -> ModelShape:
     """The shape of the model `config` describes (reads at most a config.json; never weights)."""
+    data = _config_dict(config)
+    shape = shape_from_dict(data) if data is not None else None
+    if shape is not None:
+        return shape
     return shape_from_config(load_model_config(config), trust_remote_code=config.model.trust_remote_code)

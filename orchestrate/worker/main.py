@@ -93,6 +93,7 @@ def train(plan_path: Path) -> int:
                     data.eval_batches(micro, train_cfg.eval_batches, info.rank, info.world_size)]
     writer = MetricsWriter(run_dir / METRICS_FILE, resume_step=start_step) if is_main else None
     progress = ProgressDisplay(train_cfg.max_steps, enabled=is_main)
+    callbacks, run_info = _observers(plan, run_dir, info, start_step)  # trackers-branch hook
     if is_main:
         progress.message(f"training {plan.chosen.name} on {info.world_size} rank(s): {train_cfg.max_steps} steps "
                          f"of {tokens_per_step:,} tokens ({data.train.shape[0]} train / "
@@ -124,6 +125,8 @@ def train(plan_path: Path) -> int:
                 if eval_loss is not None:
                     record["eval_loss"] = eval_loss
                 writer.write(record)
+                for cb in callbacks:
+                    cb.on_step_end(run_info, record)
             progress.update(step, stats["loss"], tokens_per_step / step_time, eval_loss)
             periodic = bool(train_cfg.checkpoint_every) and step % train_cfg.checkpoint_every == 0
             if periodic or final:
@@ -135,6 +138,8 @@ def train(plan_path: Path) -> int:
         progress.close()
         if writer is not None:
             writer.close()
+        for cb in callbacks:
+            cb.on_train_end(run_info, stopped is not None)
 
     if stopped is not None:
         if is_main:
@@ -176,6 +181,20 @@ def _stop_early(checkpointer, data, step: int, saved: bool, waited_s: float, sav
     if checkpointer.ctx.rank == 0:
         write_requeue(run_dir, record)
     return record
+
+
+def _observers(plan: Plan, run_dir: Path, info, start_step: int):
+    """The trackers of train.report_to and the memory verdict, started; until the step loop calls
+    callbacks itself (orchestrate/worker/callbacks.py)."""
+    from orchestrate.worker.callbacks import RunInfo
+    from orchestrate.worker.trackers import build_trackers
+    from orchestrate.worker.verdict_callback import MemoryVerdictPrinter
+
+    run = RunInfo(plan=plan, run_dir=run_dir, rank=info.rank, world_size=info.world_size, start_step=start_step)
+    callbacks = [*build_trackers(plan), MemoryVerdictPrinter()]
+    for cb in callbacks:
+        cb.on_train_start(run)
+    return callbacks, run
 
 
 def _rendered(plan: Plan) -> str:

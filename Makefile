@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast demo plan launch config slurm lint bench clean services-start services-stop
+.PHONY: install test test-fast demo plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -47,6 +47,16 @@ launch: install
 
 slurm: install
 	$(ORCH) slurm $(CONFIG) $(ARGS)
+
+# make report RUN="runs/a runs/b" [OUT=dir]: overlaid plots + summary.md (default OUT: first RUN/report).
+report: install
+	$(ORCH) report $(RUN) --out $(or $(OUT),$(firstword $(RUN))/report)
+
+# examples/report.png (the README's picture): a 30-step demo run on 2 CPU ranks, its loss plot.
+example-report: install
+	$(ORCH) launch --gpus 2 $(CONFIG) --run-dir runs/example-report --set train.max_steps=30 --set train.eval_every=10
+	$(ORCH) report runs/example-report --out runs/example-report/report
+	cp runs/example-report/report/loss.png examples/report.png
 
 services-start:
 	bash .ci/services/slurm.sh start && bash .ci/services/sshd.sh start

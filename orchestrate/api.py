@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
-           "profile", "profile_table", "profile_yaml", "render_plan", "require_feasible", "slurm_options",
+           "profile", "profile_table", "profile_yaml", "render_plan", "report", "require_feasible", "slurm_options",
            "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config"]
 
 
@@ -202,6 +202,13 @@ def slurm_submit(script: Path) -> str:
     from orchestrate.launch import slurm_cluster
 
     return slurm_cluster.submit(script)
+
+
+def report(run_dirs: Sequence[Path], out: Path | None = None) -> Any:
+    """`orchestrate report`: PNG plots and summary.md for one or more runs, overlaid."""
+    from orchestrate.report.summary import write_report
+
+    return write_report([Path(d) for d in run_dirs], out)
 
 
 # --- export, profile, schema ---------------------------------------------------------------------

@@ -192,6 +192,17 @@ def export_cmd(run_dir, out, step):
     console.print(f"exported {ckpt} -> {out}", markup=False, highlight=False)
 
 
+@cli.command("report")
+@click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", type=click.Path(file_okay=False), help="Directory for the PNGs and summary.md (default: RUN_DIR/report).")
+@_user_errors_exit_2
+def report_cmd(run_dirs, out):
+    """Plots (loss, throughput/MFU, lr/grad norm, memory) and summary.md for one or more runs, overlaid."""
+    report = api.report([Path(d) for d in run_dirs], Path(out) if out else None)
+    for path in [*report.images, report.summary]:
+        console.print(str(path), markup=False, highlight=False)
+
+
 @cli.command("slurm")
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
 @hardware_options

@@ -118,6 +118,9 @@ def test_rendered_config_is_complete_and_deepspeed_accepts_it(strategy, gpu, mon
         "steps_per_print": parsed.steps_per_print == cfg["steps_per_print"],
         "wall_clock_breakdown": parsed.wall_clock_breakdown is False,
         "aio": "aio" not in cfg or parsed.aio_config == {**cfg["aio"], "use_gds": False},
+        # DeepSpeed lower-cases the optimizer name (runtime/config.py get_optimizer_name).
+        "optimizer": parsed.optimizer_name == "adamw" and parsed.optimizer_params == cfg["optimizer"]["params"],
+        "scheduler": parsed.scheduler_name == "WarmupCosineLR" and parsed.scheduler_params == cfg["scheduler"]["params"],
     }
     assert set(cfg) <= set(checks), f"unchecked keys: {set(cfg) - set(checks)}"
     assert all(checks[k] for k in cfg), {k: checks[k] for k in cfg}

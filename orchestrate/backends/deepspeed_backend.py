@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import StepResult, WorkerContext, device_process_group
-from orchestrate.backends.deepspeed_render import render, render_config, sharding_problems
+from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import make_scheduler
 from orchestrate.backends.torch_engine import default_objective
@@ -84,7 +84,8 @@ class DeepSpeedBackend:
 
         from orchestrate.model.loading import has_safetensors, load_replicated
 
-        config = render_config(plan)  # refuses a plan without a deepspeed strategy
+        # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
+        config = engine_config(plan)  # refuses a plan without a deepspeed strategy
         strategy = plan.chosen.strategy
         # gloo on CPU, nccl on GPU. If the worker already called init_process_group, DeepSpeed
         # wraps that group instead of creating a second one.

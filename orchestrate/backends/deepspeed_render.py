@@ -3,11 +3,20 @@
 Pure (no I/O, no devices, no deepspeed import) so the launcher can write it for the user to read,
 diff and reuse, and the worker passes the very same dict to `deepspeed.initialize`.
 
-Deliberately absent: the "optimizer" and "scheduler" sections. The worker hands DeepSpeed its own
-AdamW (DeepSpeedCPUAdam when offloaded) and the LambdaLR of `orchestrate/backends/schedule.py`, so
-DeepSpeed, FSDP2 and DDP runs follow the very same learning-rate curve; DeepSpeed's WarmupCosineLR
-has a different warm-up shape (log by default) and floor, and DeepSpeed refuses a config optimizer
-together with a client one.
+The file carries "optimizer" (AdamW) and "scheduler" (WarmupCosineLR) blocks so it runs as it is
+under a stock DeepSpeed script. The orchestrate backend strips both (`engine_config`) and hands
+DeepSpeed its own AdamW (DeepSpeedCPUAdam when offloaded) and the LambdaLR of
+`orchestrate/backends/schedule.py`, so DeepSpeed, FSDP2 and DDP runs follow the very same curve.
+
+How close WarmupCosineLR comes (deepspeed/runtime/lr_schedules.py, read in the installed 0.18):
+DeepSpeed sets lr = ratio(i) x lr where i = the number of scheduler steps so far, starting at -1
+(ratio 0 at construction, "before it has started"); linear warm-up ratio(i) = i / W for i < W,
+then cosine with progress (i - W + 1) / (T - W) clamped to 1, floor cos_min_ratio. The optimizer
+step k (0-based) therefore runs at ratio(k - 1). orchestrate's schedule runs step k at (k+1)/W in
+warm-up, then the cosine of (k - W) / (T - W). Both end on the same cosine, floor included, from
+step W+1 on (identical values); during warm-up DeepSpeed lags two steps (steps 0..W run at
+0, 0, 1/W, ..., (W-1)/W instead of 1/W, ..., 1) and no setting of WarmupCosineLR or WarmupDecayLR
+(linear decay) removes the lag. WarmupCosineLR also needs warmup_num_steps >= 1 (and uses at least 2).
 """
 
 from __future__ import annotations
@@ -70,6 +79,8 @@ def render_config(plan: Plan) -> dict[str, Any]:
     }
     if "nvme" in (strategy.offload_optimizer, strategy.offload_params):
         cfg["aio"] = dict(_AIO)
+    cfg["optimizer"] = _optimizer(plan)
+    cfg["scheduler"] = _scheduler(plan)
     return cfg
 
 
@@ -84,6 +95,35 @@ def sharding_problems(sharding: Sharding) -> list[Problem]:
     if sharding.hybrid_shard:
         out.append(Problem("strategy", "hybrid shard is an FSDP2 mode", "use backend fsdp"))
     return out
+
+
+def engine_config(plan: Plan) -> dict[str, Any]:
+    """What the orchestrate backend passes to `deepspeed.initialize`: the file without "optimizer" and
+    "scheduler". DeepSpeed would use the client optimizer and scheduler anyway (engine.py
+    `_configure_optimizer`, `_configure_lr_scheduler`), but stripping them keeps the dict free of
+    a second, unused optimizer description and the run identical to one from before the blocks existed."""
+    cfg = render_config(plan)
+    del cfg["optimizer"], cfg["scheduler"]
+    return cfg
+
+
+def _optimizer(plan: Plan) -> dict[str, Any]:
+    # DeepSpeed builds torch.optim.AdamW, or DeepSpeedCPUAdam(adamw_mode=True) under optimizer offload
+    # (engine.py `_configure_basic_optimizer`): the same optimizers the orchestrate backend creates.
+    opt = plan.config.train.optimizer
+    return {"type": "AdamW", "params": {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+                                        "weight_decay": opt.weight_decay}}
+
+
+def _scheduler(plan: Plan) -> dict[str, Any]:
+    train = plan.config.train
+    return {"type": "WarmupCosineLR", "params": {
+        "total_num_steps": train.max_steps,
+        "warmup_num_steps": max(1, train.schedule.warmup_steps),  # DeepSpeed requires >= 1
+        "warmup_min_ratio": 0.0,
+        "warmup_type": "linear",
+        "cos_min_ratio": train.schedule.min_lr_ratio,
+    }}
 
 
 def render(plan: Plan) -> dict[str, str]:

@@ -199,6 +199,18 @@ class TrainSection(_Section):
     (the previous checkpoint stays); `orchestrate launch` gives torchrun this long before SIGKILL.
     Match it to SLURM's `--signal` lead time."""
 
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
+        default_factory=lambda: ["tensorboard"])
+    """Experiment trackers rank 0 logs every step to, under the run directory: tensorboard (RUN_DIR/tb),
+    wandb (offline, RUN_DIR/wandb), mlflow (local file store, RUN_DIR/mlruns); ["none"] for none."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, v: list[str]) -> list[str]:
+        from orchestrate.worker.tracker_deps import check_trackers
+
+        return check_trackers(v)  # a missing library fails here, at plan time, not inside the worker
+
 
 class StrategySection(_Section):
     backend: Literal["auto", "deepspeed", "fsdp", "ddp"] = "auto"

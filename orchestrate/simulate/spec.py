@@ -114,9 +114,9 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         blocks = settings["fully_shard"]["block_classes"]
         sync_last = settings["gradient_sync"] == "last_micro_batch"
     elif strategy.backend == "deepspeed":
-        from orchestrate.backends.deepspeed_render import render_config
+        from orchestrate.backends.deepspeed_render import engine_config
 
-        ds_config = render_config(plan1)
+        ds_config = engine_config(plan1)  # what the worker passes to deepspeed.initialize
         # The worker's client AdamW steps DeepSpeed's flat fp32 partition; on a GPU that tensor is
         # on CUDA, where torch's default is the foreach implementation.
         foreach = hw.has_gpu or None

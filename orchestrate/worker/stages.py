@@ -118,8 +118,12 @@ def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInf
 
 def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
               worker: Worker, resume_from: Path | None) -> list[StepCallback]:
-    """Evaluation first (it adds eval_loss to the record the others see), stop signals last."""
+    """Evaluation first (it adds eval_loss to the record the others see), then the observers
+    (metrics file, progress, the trackers of train.report_to, the memory verdict), checkpoints,
+    stop signals last."""
     from orchestrate.worker.step_callbacks import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
+    from orchestrate.worker.trackers import build_trackers
+    from orchestrate.worker.verdict_callback import MemoryVerdictPrinter
 
     plan, chosen = info.plan, info.plan.chosen
     tokens = chosen.strategy.micro_batch_size * chosen.gradient_accumulation * info.world_size * plan.config.train.seq_len
@@ -128,7 +132,8 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {info.start_step})")
     return [Evaluation(engine, data, worker.device), MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
-            Checkpoints(checkpointer, data), StopOnSignal(stop, checkpointer, data)]
+            *build_trackers(plan), MemoryVerdictPrinter(), Checkpoints(checkpointer, data),
+            StopOnSignal(stop, checkpointer, data)]
 
 
 def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, worker: Worker) -> None:

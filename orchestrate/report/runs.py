@@ -1,0 +1,58 @@
+"""Read a finished (or running) run directory: its plan and its metrics.jsonl records."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.planner.plan import Plan
+
+PLAN_FILE = "plan.json"
+METRICS_FILE = "metrics.jsonl"  # orchestrate.worker.metrics.METRICS_FILE, without importing torch here
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    """The run directory's name: the legend label when runs are overlaid."""
+    path: Path
+    plan: Plan
+    records: list[dict[str, Any]]
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The metrics lines; a torn last line (a run still writing, or killed mid-write) is skipped."""
+    records = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return records
+
+
+def load_run(run_dir: Path) -> Run:
+    run_dir = Path(run_dir)
+    plan_path, metrics_path = run_dir / PLAN_FILE, run_dir / METRICS_FILE
+    if not plan_path.is_file():
+        raise UserError(f"{run_dir} is not a run directory", [Problem(
+            str(plan_path), "no plan.json", "give a directory written by `orchestrate launch` (RUN_DIR)")])
+    if not metrics_path.is_file():
+        raise UserError(f"{run_dir} has no metrics", [Problem(
+            str(metrics_path), "metrics.jsonl is missing: the run never finished a step",
+            "report on a run that trained at least one step")])
+    records = read_records(metrics_path)
+    if not records:
+        raise UserError(f"{run_dir} has no metrics", [Problem(
+            str(metrics_path), "metrics.jsonl holds no step records",
+            "report on a run that trained at least one step")])
+    plan = Plan.read(plan_path)
+    if plan.chosen is None:
+        raise UserError(f"{run_dir} has no chosen strategy", [Problem(
+            str(plan_path), "the plan chose no strategy, so nothing ran", "report on a run that trained")])
+    return Run(run_dir.resolve().name, run_dir, plan, records)

@@ -1,0 +1,37 @@
+"""The scalars every tracker logs for one step, named once so TensorBoard, wandb and MLflow agree.
+
+Input: a metrics.jsonl record (see `orchestrate/worker/metrics.py` and the step loop); output: tag ->
+float, absent values (no eval this step, no grad norm from the backend, no MFU on CPU) left out.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.report.mfu import utilisation
+
+if TYPE_CHECKING:
+    from orchestrate.planner.plan import Plan
+
+# record key -> tracker tag
+_DIRECT = {
+    "loss": "train/loss",
+    "eval_loss": "eval/loss",
+    "lr": "train/lr",
+    "grad_norm": "train/grad_norm",
+    "tokens_per_s": "perf/tokens_per_s",
+    "step_time_s": "perf/step_time_s",
+    "gpu_max_allocated_bytes": "memory/gpu_max_allocated_bytes",
+    "gpu_max_reserved_bytes": "memory/gpu_max_reserved_bytes",
+    "rss_peak_bytes_max_rank": "memory/rss_peak_bytes_max_rank",
+    "node_rss_peak_bytes": "memory/node_rss_peak_bytes",
+    "predicted_gpu_bytes_per_rank": "memory/predicted_gpu_bytes_per_rank",
+    "predicted_cpu_bytes_per_node": "memory/predicted_cpu_bytes_per_node",
+}
+
+
+def step_scalars(record: dict[str, Any], plan: Plan) -> dict[str, float]:
+    out = {tag: float(record[key]) for key, tag in _DIRECT.items() if record.get(key) is not None}
+    if record.get("tokens_per_s") is not None:
+        out.update({f"perf/{k}": v for k, v in utilisation(float(record["tokens_per_s"]), plan).items()})
+    return out

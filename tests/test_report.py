@@ -1,0 +1,191 @@
+"""`orchestrate report`, the memory verdict and MFU, on synthetic metrics records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from orchestrate.errors import UserError
+from orchestrate.hardware.profile import GPUSpec, HardwareProfile
+from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.strategy import Strategy
+from orchestrate.report.mfu import utilisation
+from orchestrate.report.plots import GIB, loss_figure, memory_figure, optimizer_figure, throughput_figure
+from orchestrate.report.runs import load_run
+from orchestrate.report.summary import write_report
+from orchestrate.report.verdict import RSS_NOTE, memory_verdict
+from tests.helpers.plans import TINY_GPT2, make_plan
+
+DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
+
+
+def _plan(gpu_pred: int = 400 * 2**20, cpu_pred: int = 3 * GIB, strategy: Strategy = DDP):
+    plan = make_plan(strategy, ranks=2)
+    chosen = dataclasses.replace(plan.chosen, memory=MemoryEstimate({"weights": gpu_pred}, {"runtime": cpu_pred}))
+    return dataclasses.replace(plan, chosen=chosen, candidates=[chosen])
+
+
+def _records(n: int = 6, loss0: float = 5.0, gpu: bool = False) -> list[dict]:
+    out = []
+    for step in range(1, n + 1):
+        r = {"step": step, "loss": loss0 / step, "lr": 1e-3 * step / n, "grad_norm": 2.0 / step,
+             "tokens": 512, "tokens_per_s": 1000.0 + 10 * step, "step_time_s": 0.5, "time": 1e9 + step,
+             "rss_peak_bytes_max_rank": 900 * 2**20 + step * 2**20, "node_rss_peak_bytes": 2 * GIB,
+             "predicted_gpu_bytes_per_rank": 400 * 2**20, "predicted_cpu_bytes_per_node": 3 * GIB}
+        if gpu:
+            r["gpu_max_allocated_bytes"] = 300 * 2**20 + step
+            r["gpu_max_reserved_bytes"] = 350 * 2**20 + step
+        if step % 3 == 0:
+            r["eval_loss"] = 4.5 / step
+        out.append(r)
+    return out
+
+
+def _write_run(path, records, plan=None):
+    path.mkdir(parents=True)
+    (plan or _plan()).write(path / "plan.json")
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+# --- memory verdict -------------------------------------------------------------------------------
+
+def test_cpu_verdict_compares_rss_and_says_what_it_includes():
+    v = memory_verdict(_records(), _plan())
+    per_rank, node = v.checks
+    assert (per_rank.predicted, per_rank.measured) == (400 * 2**20, 906 * 2**20)
+    assert per_rank.ratio == pytest.approx(906 / 400)
+    assert (node.predicted, node.measured) == (3 * GIB, 2 * GIB)
+    assert RSS_NOTE in v.notes
+    assert len(v.warnings) == 1 and "exceeds" in v.warnings[0] and "RSS" in v.warnings[0]
+    assert "2.27" in v.text()
+
+
+def test_gpu_verdict_uses_cuda_peaks_and_no_rss_note():
+    v = memory_verdict(_records(gpu=True), _plan())
+    whats = [c.what for c in v.checks]
+    assert any("allocated" in w for w in whats) and any("reserved" in w for w in whats)
+    assert not any("RSS peak per rank" in w for w in whats)
+    assert RSS_NOTE not in v.notes
+    reserved = next(c for c in v.checks if "reserved" in c.what)
+    assert reserved.measured == 350 * 2**20 + 6 and not reserved.over
+    assert v.warnings == []
+
+
+# --- MFU ------------------------------------------------------------------------------------------
+
+def _gpu_plan(ac: bool):
+    plan = make_plan(Strategy("ddp", 0, "none", "none", "bf16", ac, 2), ranks=2)
+    gpu = GPUSpec(name="test", memory_bytes=8 * GIB, peak_tflops_fp16=100.0, peak_tflops_bf16=80.0,
+                  peak_tflops_fp32=20.0)
+    return dataclasses.replace(plan, hardware=HardwareProfile(gpus_per_node=2, gpu=gpu, cpu_memory_bytes=64 * GIB))
+
+
+def test_mfu_is_palm_appendix_b():
+    plan = _gpu_plan(ac=False)
+    h, layers, s = TINY_GPT2["n_embd"], TINY_GPT2["n_layer"], plan.config.train.seq_len
+    # N: every parameter but the position embedding (the tied token embedding is the LM head's matmul).
+    n = plan.shape.parameters - TINY_GPT2["n_positions"] * h
+    expected = 1e5 * (6 * n + 12 * layers * s * h) / (2 * 80e12)
+    u = utilisation(1e5, plan)
+    assert u["mfu"] == pytest.approx(expected, rel=1e-12)
+    assert u["hfu"] == u["mfu"]
+    with_ac = utilisation(1e5, _gpu_plan(ac=True))
+    assert with_ac["mfu"] == pytest.approx(expected, rel=1e-12)
+    assert with_ac["hfu"] == pytest.approx(expected * 4 / 3, rel=1e-12)  # + one forward: 2N + 4Lsh
+
+
+def test_mfu_left_out_on_cpu():
+    assert utilisation(1e5, _plan()) == {}
+
+
+# --- figures and the report -----------------------------------------------------------------------
+
+def _by_label(ax):
+    return {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in ax.lines}
+
+
+def test_figures_draw_the_metrics_as_they_are(tmp_path):
+    records = _records()
+    run = load_run(_write_run(tmp_path / "run-a", records))
+    by_step, by_tokens = loss_figure([run]).axes
+    steps = [r["step"] for r in records]
+    assert _by_label(by_step)["run-a"] == (steps, [r["loss"] for r in records])
+    evals = [r for r in records if "eval_loss" in r]
+    assert _by_label(by_step)["run-a (eval)"] == ([r["step"] for r in evals], [r["eval_loss"] for r in evals])
+    assert _by_label(by_tokens)["run-a"] == ([512 * s for s in steps], [r["loss"] for r in records])
+    lr, norm = optimizer_figure([run]).axes
+    assert _by_label(lr)["run-a"] == (steps, [r["lr"] for r in records])
+    assert _by_label(norm)["run-a"] == (steps, [r["grad_norm"] for r in records])
+    tps, mfu = throughput_figure([run]).axes
+    assert _by_label(tps)["run-a"] == (steps, [r["tokens_per_s"] for r in records])
+    assert len(mfu.lines) == 0  # CPU: no peak FLOP/s, no MFU line
+    (mem,) = memory_figure([run]).axes
+    lines = _by_label(mem)
+    assert lines["run-a measured (rss_peak_bytes_max_rank)"][1] == [r["rss_peak_bytes_max_rank"] / GIB for r in records]
+    assert lines["run-a predicted"][1] == [400 / 1024] * len(records)
+
+
+def test_gpu_run_has_an_mfu_line(tmp_path):
+    plan = _gpu_plan(ac=False)
+    records = _records(gpu=True)
+    run = load_run(_write_run(tmp_path / "gpu-run", records, plan))
+    mfu = throughput_figure([run]).axes[1]
+    steps, values = _by_label(mfu)["gpu-run"]
+    assert steps == [r["step"] for r in records]
+    assert values == [utilisation(r["tokens_per_s"], plan)["mfu"] for r in records]
+
+
+def test_two_runs_overlay_on_the_same_axes(tmp_path):
+    a = load_run(_write_run(tmp_path / "run-a", _records()))
+    b = load_run(_write_run(tmp_path / "run-b", _records(n=4, loss0=7.0)))
+    by_step = loss_figure([a, b]).axes[0]
+    lines = _by_label(by_step)
+    assert {"run-a", "run-b", "run-a (eval)", "run-b (eval)"} == set(lines)
+    assert lines["run-b"][1] == [7.0 / s for s in range(1, 5)]
+    assert {t.get_text() for t in by_step.get_legend().get_texts()} == set(lines)
+
+
+def test_write_report_files(tmp_path):
+    a = _write_run(tmp_path / "run-a", _records())
+    b = _write_run(tmp_path / "run-b", _records(gpu=True))
+    report = write_report([a, b], tmp_path / "out")
+    assert sorted(p.name for p in report.images) == ["loss.png", "memory.png", "optimizer.png", "throughput.png"]
+    for image in report.images:
+        assert image.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = report.summary.read_text()
+    assert "## run-a" in text and "## run-b" in text
+    assert _plan().chosen.name in text
+    assert "memory verdict" in text and "![loss.png](loss.png)" in text
+    assert "loss 5.0000 -> 0.8333" in text
+
+
+def test_missing_or_empty_metrics_is_a_user_error(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    _plan().write(run / "plan.json")
+    with pytest.raises(UserError, match="no metrics"):
+        write_report([run], tmp_path / "out")
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss"')  # a torn line only
+    with pytest.raises(UserError, match="no metrics"):
+        write_report([run], tmp_path / "out")
+    with pytest.raises(UserError, match="not a run directory"):
+        write_report([tmp_path / "nowhere"], tmp_path / "out")
+
+
+def test_cli_report(tmp_path):
+    from click.testing import CliRunner
+
+    from orchestrate.cli import cli
+
+    a = _write_run(tmp_path / "run-a", _records())
+    result = CliRunner().invoke(cli, ["report", str(a), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "out" / "summary.md").is_file() and "loss.png" in result.output
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    _plan().write(empty / "plan.json")
+    result = CliRunner().invoke(cli, ["report", str(empty)])
+    assert result.exit_code == 2 and "metrics.jsonl" in result.output

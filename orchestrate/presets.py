@@ -54,6 +54,7 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     from orchestrate.hardware.resolve import resolve_hardware
     from orchestrate.hardware.units import GiB, format_bytes
     from orchestrate.planner.remedies import require_feasible
+    from orchestrate.run.layout import ACCELERATE_FILE
 
     overrides = [f"{k}={v}" for k, v in preset.pins.items()]
     config = load_config(REPO / "examples" / preset.example, overrides)
@@ -61,7 +62,7 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     plan = plan_for(config, hardware)
     chosen = require_feasible(plan)
     files = dict(get_backend(chosen.strategy.backend).render(plan))
-    files["accelerate.yaml"] = render_accelerate_config(plan, out_dir_for_links)
+    files[ACCELERATE_FILE] = render_accelerate_config(plan, out_dir_for_links)
     summary = {
         "preset": preset.name,
         "generated_by": "python -m orchestrate.presets",

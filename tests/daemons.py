@@ -12,10 +12,13 @@ import json
 import os
 import socket
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from orchestrate.launch import slurm_cluster
 
 START_HINT = ("start it with `bash .ci/services/{}.sh start` (root), or run the tests through "
               "`bash .ci/services/with-daemons.sh .venv/bin/python -m pytest ...`")
@@ -97,3 +100,17 @@ def require_sshd() -> Sshd:
     return Sshd(host=env["ORCH_SSH_HOST"], port=int(env["ORCH_SSH_PORT"]), user=env["ORCH_SSH_USER"],
                 key=Path(env["ORCH_SSH_KEY"]), known_hosts=Path(env["ORCH_SSH_KNOWN_HOSTS"]),
                 ssh_config=Path(env["ORCH_SSH_CONFIG"]), aliases=tuple(env["ORCH_SSH_ALIASES"].split()))
+
+
+def wait_job(job_id: str, timeout: float, poll_s: float = 0.1) -> dict[str, str]:
+    """Poll `scontrol show job` until the job reaches a final state; returns its record.
+    (`sbatch --wait` polls every 2 s, then 8 s: far too slow for tests and CLI feedback.)"""
+    deadline = time.monotonic() + timeout
+    while True:
+        info = slurm_cluster.job_info(job_id)
+        if info.get("JobState") in slurm_cluster.TERMINAL_STATES:
+            return info
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
+                               f"(reason: {info.get('Reason')})")
+        time.sleep(poll_s)

@@ -111,8 +111,9 @@ def test_cpu_offload_is_refused_on_a_cpu_device():
 def test_read_full_state_dict_fills_tied_aliases_and_reports_mismatch(model_dirs, tmp_path):
     from transformers import AutoConfig
 
-    from orchestrate.backends.hf_io import StateLayout, read_full_state_dict
+    from orchestrate.backends.hf_io import StateLayout
     from orchestrate.model.meta import build_meta_model
+    from tests.helpers.loading import read_full_state_dict
 
     layout = StateLayout.of(build_meta_model(AutoConfig.from_pretrained(model_dirs["gpt2"])))
     assert layout.tie_groups == (("transformer.wte.weight", "lm_head.weight"),)

@@ -175,3 +175,23 @@ def test_real_launch_of_the_demo_config_completes(tmp_path: Path):
     logs = list((tmp_path / "run" / "logs").rglob("stdout.log"))
     assert len(logs) == 2
     assert any("done. model:" in p.read_text() for p in logs)
+
+
+def test_config_runs_the_checks_launch_runs(tmp_path: Path):
+    """`orchestrate config` writes what `launch` would, after the same data and checkpoint checks."""
+    bad = _tiny(f"train.output_dir={tmp_path}", "data.train_files=[missing.txt]", "train.seq_len=512")
+    with pytest.raises(UserError) as config_err:
+        api.write_config(bad, cpu_hardware(2), tmp_path / "out")
+    with pytest.raises(UserError) as launch_err:
+        launch_from_config(bad, cpu_hardware(2), dry_run=True, run_dir=tmp_path / "run")
+    assert config_err.value.problems == launch_err.value.problems
+    assert not (tmp_path / "out").exists()
+
+    out = tmp_path / "written"
+    plan = api.write_config(_tiny(f"train.output_dir={tmp_path}"), cpu_hardware(2), out)
+    assert Plan.read(out / PLAN_FILE).chosen.name == plan.chosen.name
+    (out / "checkpoints" / "step-00000002").mkdir(parents=True)
+    (out / "checkpoints" / "step-00000002" / "meta.json").write_text("{}")
+    (out / "checkpoints" / "latest").write_text("step-00000002")
+    with pytest.raises(UserError, match="--resume"):
+        api.write_config(_tiny(f"train.output_dir={tmp_path}"), cpu_hardware(2), out)

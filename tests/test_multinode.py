@@ -37,7 +37,7 @@ from orchestrate.launch.slurm_cluster import detect_slurm_allocation
 from orchestrate.launch.ssh import SshOptions
 from orchestrate.launch.ssh_transport import SshHosts, hardware_for_hosts
 from orchestrate.planner.plan import Plan
-from tests.daemons import require_slurm, require_sshd
+from tests.daemons import require_slurm, require_sshd, wait_job
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
@@ -253,7 +253,7 @@ def trained_on_slurm(tmp_path_factory):
         cluster = require_slurm(mp)
         run = tmp_path_factory.mktemp("slurm") / "run"
         job_id = _submit(run, cluster.partition)
-        info = slurm_cluster.wait_job(job_id, timeout=300, poll_s=0.5)
+        info = wait_job(job_id, timeout=300, poll_s=0.5)
         yield SlurmRun(run, job_id, info, _slurm_output(run, job_id))
 
 
@@ -305,7 +305,7 @@ def test_usr1_checkpoints_requeues_and_resumes_to_the_same_weights(trained_on_sl
         time.sleep(0.2)
     # What Slurm sends --signal-lead seconds before the time limit, sent now by hand.
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    info = slurm_cluster.wait_job(job_id, timeout=400, poll_s=0.5)
+    info = wait_job(job_id, timeout=400, poll_s=0.5)
     output = _slurm_output(run, job_id)
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), output
     assert "USR1: asking the workers to checkpoint" in output and f"requeueing job {job_id}" in output

@@ -27,7 +27,7 @@ from orchestrate.launch.slurm_cluster import (
     parse_scontrol_record,
     srun_argv_in_allocation,
 )
-from tests.daemons import require_slurm
+from tests.daemons import require_slurm, wait_job
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
 PYTHON = "/opt/venv/bin/python"
@@ -235,7 +235,7 @@ def test_two_node_job_runs_torchrun_allreduce(cluster, tmp_path):
     job = SlurmJob(run_dir=tmp_path, nodes=2, procs_per_node=2, partition=cluster.partition, time="5:00",
                    python=sys.executable, program=(str(tmp_path / "allreduce.py"),))
     job_id = slurm_cluster.submit(slurm_cluster.write_sbatch(job))
-    info = slurm_cluster.wait_job(job_id, timeout=180)
+    info = wait_job(job_id, timeout=180)
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), output
     import json
@@ -288,7 +288,7 @@ def test_usr1_checkpoints_requeues_and_resumes(cluster, tmp_path):
         time.sleep(0.1)
     # What Slurm does before the time limit (--signal=B:USR1@60), sent now by hand.
     subprocess.run(["scancel", "--signal=USR1", "--batch", job_id], check=True)
-    info = slurm_cluster.wait_job(job_id, timeout=180)
+    info = wait_job(job_id, timeout=180)
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), output
     assert "USR1: asking the workers to checkpoint" in output

@@ -20,13 +20,21 @@ import pytest
 from orchestrate.errors import UserError
 from orchestrate.launch import ssh, ssh_commands
 from orchestrate.launch.hostfile import Host, load_hostfile, parse_hostfile
-from orchestrate.launch.ssh import HostFailure, SshOptions, launch_on_hosts, run_on_hosts
+from orchestrate.launch.ssh import HostFailure, SshOptions, plan_commands, run_commands, run_on_hosts
 from orchestrate.launch.ssh_commands import node_commands
 from tests.daemons import require_sshd
 
 PYTHON = sys.executable
 
 # --- Hostfile -------------------------------------------------------------------------------------
+
+
+
+def launch_on_hosts(hosts, program, *, python, options, out=None, **kwargs):
+    """torchrun on every host running `program` (what the SSH transport does with the worker),
+    waiting for all of them; HostFailure when a host fails."""
+    commands = plan_commands(hosts, program, python=python, options=options, **kwargs)
+    return run_commands(commands, options, out)
 
 
 def test_hostfile_with_comments_and_blank_lines():

@@ -9,7 +9,6 @@ Everything keys off the *unwrapped* model built on the meta device
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,34 +156,6 @@ def _match_key(key: str, layout: StateLayout) -> str | None:
     return None
 
 
-def read_full_state_dict(model_dir: Path, layout: StateLayout) -> dict[str, torch.Tensor]:
-    """Every tensor of the model in `model_dir`, on CPU, named and typed as `layout` expects, tied
-    aliases filled in. Meant for rank 0 only: this is the single full copy in CPU RAM."""
-    from safetensors.torch import load_file
-
-    state: dict[str, torch.Tensor] = {}
-    unexpected, wrong_shape = [], []
-    for path in _weight_files(Path(model_dir)):
-        for key, tensor in load_file(str(path)).items():
-            target = _match_key(key, layout)
-            if target is None:
-                if not any(re.search(p, key) for p in layout.ignore_unexpected):
-                    unexpected.append(key)
-                continue
-            shape, dtype = layout.tensors[target]
-            if tuple(tensor.shape) != shape:
-                wrong_shape.append(f"{key}: file {tuple(tensor.shape)}, model {shape}")
-                continue
-            state[target] = tensor.to(dtype) if tensor.is_floating_point() else tensor
-    for group in layout.tie_groups:  # HF writes a tied weight once; every alias needs it for loading
-        present = next((state[k] for k in group if k in state), None)
-        if present is not None:
-            state.update({k: present for k in group})
-    missing = sorted(set(layout.tensors) - set(state))
-    check_weights_match(model_dir, missing, unexpected, wrong_shape)
-    return state
-
-
 def check_weights_match(model_dir: Path, missing: list[str], unexpected: list[str], wrong_shape: list[str]) -> None:
     """One UserError naming up to five keys of each kind of mismatch between files and model; none if all match."""
     problems = []
@@ -208,4 +179,3 @@ def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if k not in aliases}
     save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata={"format": "pt"})
     hf_config.save_pretrained(out_dir)
-

@@ -211,9 +211,7 @@ def _flag(name: str, value: str) -> str:
     return Sh(f'{name}="{value}"') if isinstance(value, Sh) else f"{name}={value}"
 
 
-def render_sbatch(job: SlurmJob) -> str:
-    """The batch script for `job` (validated first). Deterministic: golden-tested."""
-    validate_job(job)
+def _sbatch_header(job: SlurmJob) -> str:
     opts = [f"--job-name={job.job_name}", f"--nodes={job.nodes}", "--ntasks-per-node=1",
             f"--cpus-per-task={_cpus(job)}"]
     if job.gpus_per_node:
@@ -232,15 +230,14 @@ def render_sbatch(job: SlurmJob) -> str:
         opts.append(f"--signal=B:USR1@{job.signal_lead_s}")
     opts.append("--requeue" if job.requeue else "--no-requeue")
     opts += list(job.extra_sbatch)
-    header = "\n".join(f"#SBATCH {o}" for o in opts)
+    return "\n".join(f"#SBATCH {o}" for o in opts)
 
-    port = str(job.rdzv_port) if job.rdzv_port else f"$(({_PORT_BASE} + SLURM_JOB_ID % {_PORT_SPAN}))"
-    srun = " \\\n    ".join(_sh_join(group) for group in _srun_groups(
-        job, nnodes=Sh("$SLURM_NNODES"), rdzv_endpoint=Sh("$head_addr:$rdzv_port"), rdzv_id=Sh("$SLURM_JOB_ID")))
-    grace = job.shutdown_grace_s or job.signal_lead_s or 30
+
+def _requeue_block(job: SlurmJob) -> str:
+    if not job.requeue:
+        return ""
     marker = shlex.quote(str(job.run_dir / REQUEUE_FILE))
-    if job.requeue:
-        requeue = f"""\
+    return f"""\
 # Requeue when the step did not finish and was asked to stop (USR1 here), or the workers checkpointed
 # on a stop signal (they leave REQUEUE), or it exited {EX_TEMPFAIL} (EX_TEMPFAIL).
 if [ "$rc" -ne 0 ] && {{ [ "$signalled" = 1 ] || [ -f {marker} ] || [ "$rc" -eq {EX_TEMPFAIL} ]; }}; then
@@ -252,8 +249,16 @@ if [ "$rc" -ne 0 ] && {{ [ "$signalled" = 1 ] || [ -f {marker} ] || [ "$rc" -eq 
     fi
 fi
 """
-    else:
-        requeue = ""
+
+
+def render_sbatch(job: SlurmJob) -> str:
+    """The batch script for `job` (validated first). Deterministic: golden-tested."""
+    validate_job(job)
+    header, requeue = _sbatch_header(job), _requeue_block(job)
+    port = str(job.rdzv_port) if job.rdzv_port else f"$(({_PORT_BASE} + SLURM_JOB_ID % {_PORT_SPAN}))"
+    srun = " \\\n    ".join(_sh_join(group) for group in _srun_groups(
+        job, nnodes=Sh("$SLURM_NNODES"), rdzv_endpoint=Sh("$head_addr:$rdzv_port"), rdzv_id=Sh("$SLURM_JOB_ID")))
+    grace = job.shutdown_grace_s or job.signal_lead_s or 30
     env = "".join(f'[ -n "${{{name}+set}}" ] || export {name}={shlex.quote(value)}\n' for name, value in job.env)
     if env:
         env = "\n# Library settings from plan.json (run.env) for the workers; values set already win.\n" + env

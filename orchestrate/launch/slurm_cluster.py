@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -172,20 +171,6 @@ def job_info(job_id: str) -> dict[str, str]:
         raise UserError(f"SLURM does not know job {job_id}", [Problem(
             job_id, (proc.stderr or proc.stdout).strip(), "finished jobs are forgotten after MinJobAge")])
     return parse_scontrol_record(proc.stdout)
-
-
-def wait_job(job_id: str, timeout: float, poll_s: float = 0.1) -> dict[str, str]:
-    """Poll `scontrol show job` until the job reaches a final state; returns its record.
-    (`sbatch --wait` polls every 2 s, then 8 s: far too slow for tests and CLI feedback.)"""
-    deadline = time.monotonic() + timeout
-    while True:
-        info = job_info(job_id)
-        if info.get("JobState") in TERMINAL_STATES:
-            return info
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f} s "
-                               f"(reason: {info.get('Reason')})")
-        time.sleep(poll_s)
 
 
 def head_address(node: str) -> str:

@@ -349,20 +349,6 @@ def plan_commands(hosts: Sequence[Host], program: Sequence[str], *, python: str 
                          env=env)
 
 
-def launch_on_hosts(hosts: Sequence[Host], program: Sequence[str], *, python: str = sys.executable,
-                    options: SshOptions = SshOptions(), torchrun_args: Sequence[str] = (),
-                    rdzv_port: int | None = None, rdzv_id: str | None = None,
-                    env: Mapping[str, str] | None = None, out: TextIO | None = None) -> list[HostResult]:
-    """Start torchrun on every host (see the module docstring) and wait for all of them.
-
-    `program` is what torchrun runs (e.g. `-m orchestrate.worker RUN_DIR/plan.json`; paths must
-    exist on every host). Raises UserError before starting anything when the first host cannot
-    serve as the rendezvous, HostFailure when a host fails."""
-    commands = plan_commands(hosts, program, python=python, options=options, torchrun_args=torchrun_args,
-                             rdzv_port=rdzv_port, rdzv_id=rdzv_id, env=env)
-    return run_commands(commands, options, out)
-
-
 def run_commands(commands: Sequence[NodeCommand], options: SshOptions = SshOptions(),
                  out: TextIO | None = None) -> list[HostResult]:
     """`run_on_hosts`, then a closing line with the time it took."""

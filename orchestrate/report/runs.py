@@ -9,9 +9,7 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
-
-PLAN_FILE = "plan.json"
-METRICS_FILE = "metrics.jsonl"  # orchestrate.worker.metrics.METRICS_FILE, without importing torch here
+from orchestrate.run.layout import METRICS_FILE, PLAN_FILE
 
 
 @dataclass(frozen=True)

@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.run.layout import PLAN_FILE
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
 
-CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_DIR = "checkpoints"  # the one name of this module listed in RUN_DIR (orchestrate.run)
 LATEST_FILE = "latest"
 META_FILE = "meta.json"
-PLAN_COPY = "plan.json"
+PLAN_COPY = PLAN_FILE
 HF_CONFIG = "config.json"
 RANKS_DIR = "ranks"
 TMP_PREFIX = ".tmp-"

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from orchestrate.run.layout import CONFIG_FILE, PLAN_FILE
 from orchestrate.worker.scalars import step_scalars
 
 if TYPE_CHECKING:
@@ -153,8 +154,8 @@ class MlflowTracker:
         params = [Param(k[:250], v[:6000]) for k, v in flat_params(run.plan).items()]  # MLflow's limits
         for i in range(0, len(params), 100):  # log_batch takes at most 100 params per call
             self.client.log_batch(self.run_id, params=params[i:i + 100])
-        self.client.log_text(self.run_id, plan_text(run.plan), "plan.json")
-        self.client.log_text(self.run_id, config_text(run.plan), "config.yaml")
+        self.client.log_text(self.run_id, plan_text(run.plan), PLAN_FILE)
+        self.client.log_text(self.run_id, config_text(run.plan), CONFIG_FILE)
 
     def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
         record = end.record

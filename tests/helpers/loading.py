@@ -4,10 +4,12 @@ ranks hold their weights at the same moment, as they do on the way to their GPUs
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
+from orchestrate.backends import hf_io
 from tests.helpers.dist import init_gloo
 from tests.helpers.memory import peak_rss
 
@@ -53,11 +55,10 @@ def rank0_broadcast(model_dir: str) -> int:
     """FSDP2 with rank 0 reading the full state dict and broadcasting it (the previous FSDP path)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
-    from orchestrate.backends import hf_io
 
     model, layout = sharded_meta_model(model_dir)
     rank = torch.distributed.get_rank()
-    full = hf_io.read_full_state_dict(Path(model_dir), layout) if rank == 0 else {}
+    full = read_full_state_dict(Path(model_dir), layout) if rank == 0 else {}
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     return _done()
 
@@ -78,3 +79,32 @@ def replicated(model_dir: str) -> int:
     init_gloo()
     load_replicated(Path(model_dir), torch.device("cpu"), torch.float32)
     return _done()
+
+
+def read_full_state_dict(model_dir: Path, layout: hf_io.StateLayout) -> dict[str, torch.Tensor]:
+    """Every tensor of the model in `model_dir`, on CPU, named and typed as `layout` expects, tied
+    aliases filled in: the naive rank-0 read the loading benchmarks and tests compare against (the
+    backends load tensor by tensor instead, orchestrate.model.loading)."""
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    unexpected, wrong_shape = [], []
+    for path in hf_io._weight_files(Path(model_dir)):
+        for key, tensor in load_file(str(path)).items():
+            target = hf_io._match_key(key, layout)
+            if target is None:
+                if not any(re.search(p, key) for p in layout.ignore_unexpected):
+                    unexpected.append(key)
+                continue
+            shape, dtype = layout.tensors[target]
+            if tuple(tensor.shape) != shape:
+                wrong_shape.append(f"{key}: file {tuple(tensor.shape)}, model {shape}")
+                continue
+            state[target] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    for group in layout.tie_groups:  # HF writes a tied weight once; every alias needs it for loading
+        present = next((state[k] for k in group if k in state), None)
+        if present is not None:
+            state.update({k: present for k in group})
+    missing = sorted(set(layout.tensors) - set(state))
+    hf_io.check_weights_match(model_dir, missing, unexpected, wrong_shape)
+    return state

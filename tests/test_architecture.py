@@ -1,0 +1,155 @@
+"""The shape of the package, read from its source with `ast`: no import cycles, launch/ and worker/
+apart, a thin CLI, every run-directory name and exit code defined once, small files and functions."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "orchestrate"
+RUN_DIR_NAMES = {"plan.json", "config.yaml", "metrics.jsonl", "launch.sh", "job.sbatch", "accelerate.yaml",
+                 "REQUEUE", "init_model", "data/demo_corpus.txt", "orchestrate.worker", "checkpoints"}
+EXIT_CODE_NAMES = {"EX_TEMPFAIL", "EXIT_USER_ERROR"}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _sources() -> dict[str, tuple[Path, ast.Module]]:
+    return {_module_name(p): (p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+SOURCES = _sources()
+
+
+def _imports(tree: ast.Module, module: str) -> set[str]:
+    """Every orchestrate module `module` imports, anywhere in the file (function bodies and
+    TYPE_CHECKING blocks included: a cycle through them is still a knot)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                base = ".".join(module.split(".")[: -node.level] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            # `from orchestrate.launch import ssh` names a module; `from x import func` names x.
+            while name and name not in SOURCES:
+                name = name.rpartition(".")[0]
+            if name and name != module and name != "orchestrate":
+                found.add(name)
+    return found
+
+
+GRAPH = {module: _imports(tree, module) for module, (_, tree) in SOURCES.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_in_the_package():
+    assert _cycles(GRAPH) == []
+
+
+def test_launch_and_worker_never_import_each_other():
+    crossing = [(m, t) for m, targets in GRAPH.items() for t in targets
+                if (m.startswith("orchestrate.launch") and t.startswith("orchestrate.worker"))
+                or (m.startswith("orchestrate.worker") and t.startswith("orchestrate.launch"))]
+    assert crossing == []
+
+
+def test_cli_imports_only_the_api_and_the_errors():
+    assert GRAPH["orchestrate.cli"] <= {"orchestrate.api", "orchestrate.errors"}
+
+
+def _string_constants(tree: ast.Module) -> list[tuple[str, int]]:
+    docstrings = {id(n.body[0].value) for n in ast.walk(tree)
+                  if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    return [(n.value, n.lineno) for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+
+
+def test_every_run_directory_name_is_defined_once_in_the_run_contract():
+    found = {}
+    for path, tree in SOURCES.values():
+        for value, line in _string_constants(tree):
+            if value in RUN_DIR_NAMES:
+                found.setdefault(value, []).append(f"{path.relative_to(PACKAGE)}:{line}")
+    outside = {v: places for v, places in found.items() if any(not p.startswith("run/") for p in places)}
+    assert outside == {}
+    assert all(len(places) == 1 for places in found.values()), found
+
+
+def test_every_exit_code_is_defined_once():
+    defined = []
+    for path, tree in SOURCES.values():
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])
+            for target in targets:
+                if isinstance(target, ast.Name) and target.id in EXIT_CODE_NAMES:
+                    defined.append((target.id, str(path.relative_to(PACKAGE))))
+    assert sorted(defined) == [("EXIT_USER_ERROR", "run/exit_codes.py"), ("EX_TEMPFAIL", "run/exit_codes.py")]
+
+
+@pytest.mark.parametrize("module", sorted(SOURCES))
+def test_files_stay_under_400_lines(module):
+    path, _ = SOURCES[module]
+    assert len(path.read_text().splitlines()) <= 400, path
+
+
+def test_functions_in_launch_and_worker_stay_short():
+    long = []
+    for module, (path, tree) in SOURCES.items():
+        if not module.startswith(("orchestrate.launch", "orchestrate.worker")):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno > 60:
+                long.append(f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name}")
+    assert long == []

@@ -1,0 +1,65 @@
+"""The backend registry and the parts of the Backend protocol every backend shares: one rule set
+for the planner and the renderers, the process group each plan needs, duplicate names refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrate.backends.registry import backend_names, get_backend, register
+from orchestrate.errors import UserError
+from orchestrate.hardware.profile import GPUSpec, HardwareProfile
+from orchestrate.planner.search import make_plan
+from orchestrate.planner.strategy import Strategy
+from tests.helpers.plans import make_plan as pinned_plan
+from tests.test_planner import config, gpt2_xl, gpu_hw
+
+
+def test_builtin_backends_in_planner_order_and_a_taken_name_is_refused():
+    assert backend_names()[:3] == ["ddp", "deepspeed", "fsdp"]
+    for name in backend_names():
+        assert get_backend(name).name == name
+    with pytest.raises(ValueError, match="registered already"):
+        register(get_backend("ddp"))
+    with pytest.raises(KeyError, match="unknown backend"):
+        get_backend("megatron")
+
+
+@pytest.mark.parametrize("hw", [gpu_hw(1), gpu_hw(2), gpu_hw(2, nodes=2)], ids=["1gpu", "2gpu", "2x2gpu"])
+def test_every_candidate_the_planner_weighs_is_one_its_backend_renders(hw):
+    plan = make_plan(config(), hw, gpt2_xl())
+    assert len(plan.candidates) > 5
+    for candidate in plan.candidates:
+        backend = get_backend(candidate.strategy.backend)
+        assert backend.problems(candidate.strategy.sharding) == []
+        assert candidate.strategy.zero_stage in backend.zero_stages
+        plan.chosen = candidate
+        assert backend.render(plan)  # no UserError from the same rules
+
+
+def _gpu(plan):
+    spec = GPUSpec(name="RTX 3070", memory_bytes=8 * 2**30, peak_tflops_fp16=81, peak_tflops_bf16=81,
+                   peak_tflops_fp32=20, compute_capability=(8, 6))
+    plan.hardware = HardwareProfile(gpus_per_node=2, gpu=spec, cpu_memory_bytes=64 * 2**30)
+    return plan
+
+
+@pytest.mark.parametrize(("strategy", "cpu", "gpu"), [
+    (Strategy("ddp", 0, "none", "none", "fp32", False, 2), "gloo", "nccl"),
+    (Strategy("deepspeed", 2, "cpu", "none", "fp32", False, 2), "gloo", "nccl"),
+    (Strategy("deepspeed", 3, "cpu", "cpu", "fp32", False, 2), "gloo", "nccl"),
+    (Strategy("fsdp", 3, "none", "none", "fp32", False, 2), "gloo", "nccl"),
+    # Offloaded FSDP2 shards are CPU tensors: their collectives need gloo beside nccl.
+    (Strategy("fsdp", 3, "cpu", "cpu", "fp32", False, 2), "gloo", "cuda:nccl,cpu:gloo"),
+], ids=lambda v: v.name if isinstance(v, Strategy) else v)
+def test_each_backend_names_the_process_group_its_plan_needs(strategy, cpu, gpu):
+    backend = get_backend(strategy.backend)
+    assert backend.process_group(pinned_plan(strategy)) == cpu
+    assert backend.process_group(_gpu(pinned_plan(strategy))) == gpu
+
+
+def test_renderers_refuse_with_the_backends_own_problems():
+    ddp = Strategy("ddp", 2, "cpu", "none", "fp32", False, 2)
+    with pytest.raises(UserError) as err:
+        get_backend("ddp").render(pinned_plan(ddp))
+    assert err.value.problems == get_backend("ddp").problems(ddp.sharding)
+    assert {p.where for p in err.value.problems} == {"strategy.zero_stage", "strategy.offload"}

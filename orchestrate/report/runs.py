@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
 from orchestrate.run.layout import METRICS_FILE, PLAN_FILE
+from orchestrate.run.metrics_file import read_records
 
 
 @dataclass(frozen=True)
@@ -19,19 +19,6 @@ class Run:
     path: Path
     plan: Plan
     records: list[dict[str, Any]]
-
-
-def read_records(path: Path) -> list[dict[str, Any]]:
-    """The metrics lines; a torn last line (a run still writing, or killed mid-write) is skipped."""
-    records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            records.append(record)
-    return records
 
 
 def load_run(run_dir: Path) -> Run:

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from orchestrate.run.metrics_file import read_records
+
 _STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node")
 
 
@@ -73,14 +75,7 @@ class MetricsWriter:
     def __init__(self, path: Path, resume_step: int = 0):
         self.path = path
         if resume_step > 0 and path.exists():
-            kept = []
-            for line in path.read_text(encoding="utf-8").splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    continue
-                if record.get("step", 0) <= resume_step:
-                    kept.append(line + "\n")
+            kept = [json.dumps(r) + "\n" for r in read_records(path) if r["step"] <= resume_step]
             tmp = path.with_name(path.name + ".tmp")
             tmp.write_text("".join(kept), encoding="utf-8")
             tmp.replace(path)

@@ -14,6 +14,7 @@ import yaml
 from pydantic import ValidationError
 
 from orchestrate.config import safe_yaml
+from orchestrate.config.fixes import fix_for
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 
@@ -74,7 +75,7 @@ def _problems_from_validation(exc: ValidationError, lines: dict[tuple[str, ...],
         where = ".".join(loc) or "(top level)"
         line = lines.get(tuple(loc))
         label = f"{where} (line {line})" if line else where
-        msg, fix = err["msg"], ""
+        msg, fix = err["msg"], fix_for(err)
         if err["type"] == "extra_forbidden":
             msg, fix = "unknown key", "remove it or check the spelling; `orchestrate schema` lists every key"
         elif err["type"] == "missing":

@@ -21,6 +21,7 @@ import torch
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.blocks import PackedBlocks, PaddedDocuments, Subset, split_ids
 from orchestrate.data.cache import TokenStream, cache_dir_of
+from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
@@ -112,6 +113,8 @@ def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, pl
     start = time.perf_counter()
     data = config.data
     cache_dir = cache_dir_of(config)
+    if may_build:  # a file or a read-only directory there: one clear error before any work
+        ensure_cache_dir(cache_dir)
     demo_path = None
     if data.generate_demo_corpus and not (plan_files and DEMO_CORPUS_ROLE in plan_files):
         # Outside a run directory (`orchestrate prepare`): the same text as the run's copy, so the
@@ -191,4 +194,6 @@ def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool
     check_data_config(config, shape.max_position_embeddings, shape.vocab_size)
     tokenizer, _ = tokenizer_for(config, shape.vocab_size)
     prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force)
+    require_training_samples(len(samples_for(prepared, config)[0]), int(prepared.train.meta["tokens"]),
+                             config.train.seq_len, config.data.packing, prepared.sources.train[0].where)
     return describe_prepared(prepared, config)

@@ -27,6 +27,7 @@ from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entries, resolve_sources
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
+from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -84,7 +85,7 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
     if config.train.seq_len > max_positions:
         problems.append(Problem("train.seq_len", f"{config.train.seq_len} is longer than the model's "
                                 f"{max_positions} positions", f"use train.seq_len <= {max_positions}"))
-    if data.tokenizer is None and vocab_size < BYTE_VOCAB:
+    if tokenizer_dir_of(config) is None and vocab_size < BYTE_VOCAB:
         problems.append(Problem("data.tokenizer", f"the built-in byte tokenizer needs {BYTE_VOCAB} ids but the model "
                                 f"has vocab_size {vocab_size}", "set data.tokenizer to the model's tokenizer"))
     try:
@@ -97,7 +98,7 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
 
 def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tokenizer, Path | None]:
     """The configured tokenizer, checked against the model's vocabulary when `vocab_size` is given."""
-    tokenizer_dir = config.resolve_path(config.data.tokenizer) if config.data.tokenizer else None
+    tokenizer_dir = tokenizer_dir_of(config)  # data.tokenizer, else the model directory's own
     tokenizer = load_tokenizer(tokenizer_dir)
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise UserError("the tokenizer does not fit the model", [Problem(

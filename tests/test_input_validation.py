@@ -86,3 +86,16 @@ def test_plan_json_round_trip_still_validates(config_file):
     config = load_config(config_file, ["train.optimizer.betas=[0.8, 0.99]"])
     again = config_from_dict(config.model_dump(mode="json"))
     assert again.train.optimizer.betas == (0.8, 0.99)
+
+
+@pytest.mark.parametrize("override", ["model.architecture.model_type=[]", "model.architecture.n_layer=1000000",
+                                      "model.architecture.n_embd=-4", "model.architecture.n_head=true",
+                                      "model.architecture.vocab_size=2.5"])
+def test_architecture_dimensions_are_bounded(config_file, override):
+    err = refused(config_file, [override])
+    key = override.split("=")[0].split(".")[-1]
+    assert err.problems[0].where.startswith("model") and f"`{key}`" in err.problems[0].message
+
+
+def test_architecture_optional_dimension_may_be_null(config_file):
+    assert load_config(config_file, ["model.architecture.n_inner=null"]).model.architecture["n_inner"] is None

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchestrate.config.architecture import architecture_problems
+
 Auto = Literal["auto"]
 
 MAX_COUNT = 2**31 - 1
@@ -45,6 +47,8 @@ class ModelSection(_Section):
             raise ValueError("give exactly one of `name_or_path` or `architecture`")
         if self.architecture is not None and "model_type" not in self.architecture:
             raise ValueError("`architecture` needs a `model_type` key (gpt2, llama, mistral, qwen2, phi3, ...)")
+        if self.architecture is not None and (problems := architecture_problems(self.architecture)):
+            raise ValueError("; ".join(problems))
         return self
 
 

@@ -39,9 +39,12 @@ class HardwareFlags:
 def plan_for(config: RunConfig, hardware: HardwareProfile) -> Plan:
     """Plan a validated config on a hardware profile (no I/O beyond reading the model's config.json)."""
     from orchestrate.model.meta import shape_for
+    from orchestrate.planner.context import check_seq_len
     from orchestrate.planner.search import make_plan
 
-    return make_plan(config, hardware, shape_for(config))
+    shape = shape_for(config)
+    check_seq_len(config, shape)
+    return make_plan(config, hardware, shape)
 
 
 def plan_from_file(config_path: str | Path, overrides: tuple[str, ...] | list[str] = (),

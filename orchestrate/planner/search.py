@@ -129,16 +129,6 @@ def _all_bases(hw: HardwareProfile, nvme: bool, zero1: bool) -> list[_Base]:
     return bases
 
 
-def _context_problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
-    """A seq_len past the model's position table: learned positions (GPT-2) index out of range,
-    RoPE models leave the lengths they were trained for. The launcher's data check says the same."""
-    limit, seq_len = shape.max_position_embeddings, config.train.seq_len
-    if limit and seq_len > limit:
-        return [Problem("train.seq_len", f"{seq_len} is longer than the model's max_position_embeddings {limit}",
-                        f"use train.seq_len <= {limit}")]
-    return []
-
-
 def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
     """Pins that contradict each other or the hardware, with the fix."""
     s, problems = config.strategy, []
@@ -265,7 +255,7 @@ def _rank_key(c: Candidate) -> tuple:
 
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
-    problems = _pin_problems(config, hw) + _context_problems(config, shape)
+    problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
     precision = resolve_precision(config, hw)

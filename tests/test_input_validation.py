@@ -99,3 +99,14 @@ def test_architecture_dimensions_are_bounded(config_file, override):
 
 def test_architecture_optional_dimension_may_be_null(config_file):
     assert load_config(config_file, ["model.architecture.n_inner=null"]).model.architecture["n_inner"] is None
+
+
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "y", "n"])
+def test_yaml_1_1_boolean_words_are_not_booleans(config_file, word):
+    err = refused(config_file, [f"model.trust_remote_code={word}"])
+    assert "true or false" in err.problems[0].fix
+
+
+def test_value_errors_get_a_specific_fix(config_file):
+    err = refused(config_file, ["train.optimizer.betas=[2, 3]"])
+    assert "[0.9, 0.95]" in err.problems[0].fix

@@ -24,9 +24,22 @@ _BOUNDS = {"greater_than": ("gt", ">"), "greater_than_equal": ("ge", ">="),
            "less_than": ("lt", "<"), "less_than_equal": ("le", "<=")}
 
 
+_BY_KEY = {
+    "betas": "give two numbers from 0 up to (not including) 1, e.g. [0.9, 0.95]",
+    "architecture": "fix the fields named above (transformers' config names, e.g. GPT2Config's n_embd)",
+    "model": "give `name_or_path: DIR` or `architecture: {model_type: ...}`, not both",
+    "micro_batch_size": "give a positive whole number or auto",
+    "num_proc": "give a positive whole number or auto",
+    "zero_stage": "give 0, 1, 2, 3 or auto",
+}
+
+
 def fix_for(err: dict[str, Any]) -> str:
     """The fix line of one entry of `ValidationError.errors()`."""
     kind = err["type"]
+    key = next((str(p) for p in reversed(err["loc"]) if str(p) in _BY_KEY), None)
+    if kind == "value_error" and key is not None:
+        return _BY_KEY[key]
     if kind in _BOUNDS:
         key, op = _BOUNDS[kind]
         return f"use a value {op} {err.get('ctx', {}).get(key)}"

@@ -9,6 +9,7 @@ So the file size is capped before parsing, and while composing we count the expa
 node and the nesting depth and refuse, with the line, past the limits. Duplicate keys, where YAML
 1.1 lets the last silently win, are refused too.
 
+Scalars follow YAML 1.2 where 1.1 surprises: booleans are only true/false (not yes/no/on/off).
 Floats: YAML 1.1 (PyYAML) reads `1e-4` as a string, YAML 1.2 as a float. Users write `lr: 3e-4`;
 with strict schema types the string would be refused, so `1e-4` resolves to a float here
 (YAML 1.2 core schema, https://yaml.org/spec/1.2.2/#10214-floating-point).
@@ -84,6 +85,14 @@ class _BoundedLoader(yaml.SafeLoader):
 
 _BoundedLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"), list("-+0123456789"))
+# Booleans are YAML 1.2's true/false only: YAML 1.1's yes/no/on/off/y/n would make
+# `trust_remote_code: yes` silently true (and `country: no` false). Those stay strings, which
+# the strict schema then refuses for a boolean field, with the fix "write true or false".
+_BoundedLoader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:bool"]
+    for first, resolvers in _BoundedLoader.yaml_implicit_resolvers.items()}
+_BoundedLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:bool", re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:

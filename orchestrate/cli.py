@@ -142,7 +142,7 @@ def config_cmd(config_path, overrides, out, **kwargs):
 @set_option
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default: <train.output_dir>/<name>-<time>).")
 @click.option("--dry-run", is_flag=True, help="Write the run directory and print the torchrun command; start nothing.")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun: restarts of the worker group on failure.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="torchrun: restarts of the worker group on failure.")
 @click.option("--master-addr", help="torchrun: static rendezvous address (multi-node).")
 @click.option("--master-port", type=int, help="torchrun: rendezvous port (default: a free port).")
 @click.option("--rdzv-backend", help="torchrun: rendezvous backend (default c10d).")
@@ -220,7 +220,7 @@ def report_cmd(run_dirs, out):
 @click.option("--sbatch-option", "extra_sbatch", multiple=True, metavar="OPTION",
               help="Another #SBATCH line, verbatim, e.g. --sbatch-option=--exclusive (repeatable).")
 @click.option("--python", "python", help="Absolute interpreter path on the compute nodes (default: this one).")
-@click.option("--max-restarts", type=int, default=0, show_default=True, help="torchrun: restarts of the worker group.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="torchrun: restarts of the worker group.")
 @click.option("--run-dir", type=click.Path(file_okay=False),
               help="Run directory, on a filesystem the nodes share (default: <train.output_dir>/<name>-<time>).")
 @click.option("--test-only", is_flag=True, help="Ask Slurm whether and when it would run the job (sbatch --test-only).")

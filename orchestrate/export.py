@@ -1,5 +1,5 @@
 """`orchestrate export RUN_DIR --out DIR [--step N]`: a consolidated Hugging Face model
-(model.safetensors + config.json, plus the tokenizer files when the run used a tokenizer directory)
+(model.safetensors + config.json + the run's tokenizer, the byte tokenizer as tokenizer.json)
 from any checkpoint of a run, offline, in this one process on the CPU: no process group, no GPU.
 
 Each backend reads its own checkpoints (`Backend.full_state_dict`: DeepSpeed's zero_to_fp32, the
@@ -36,7 +36,8 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout, save_hf_dir
-    from orchestrate.data.tokenizer import copy_tokenizer
+    from orchestrate.data.tokenizer import save_tokenizer
+    from orchestrate.data.tokenizer_choice import tokenizer_dir_of
     from orchestrate.model.meta import build_meta_model
     from orchestrate.planner.plan import Plan
 
@@ -54,7 +55,5 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     wanted = {k: state[k] for k in layout.tensors if k in state}  # drops non-persistent buffers DeepSpeed lists
     out_dir = Path(out_dir)
     save_hf_dir(wanted, hf_config, out_dir, layout)
-    tokenizer = plan.config.data.tokenizer
-    if tokenizer and plan.config.resolve_path(tokenizer).is_dir():
-        copy_tokenizer(plan.config.resolve_path(tokenizer), out_dir)
+    save_tokenizer(tokenizer_dir_of(plan.config), out_dir)  # None: the byte tokenizer
     return ckpt

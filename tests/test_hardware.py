@@ -388,6 +388,7 @@ def test_gpu_flags_on_cpu_only_plan_a_gpu_machine(flags, gpus_per_node, memory):
 
 
 def test_flags_override_a_preset(tmp_path):
+    (tmp_path / "offload" / "not-yet").mkdir(parents=True)  # --nvme must exist (test_hardware_flags.py)
     profile = resolve_hardware(profile="rtx3070", gpus=2, gpu_mem="7GiB", cpu_mem="32GiB", nodes=2,
                                nvme=str(tmp_path / "offload" / "not-yet"), detect=_no_detect)
     assert profile.name == "rtx3070+flags"

@@ -13,6 +13,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from orchestrate.config import safe_yaml
+from orchestrate.config.fixes import fix_for
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 
@@ -42,9 +44,9 @@ def parse_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[list[tuple[
             problems.append(Problem(f"--set {item}", "expected dotted.path=value", "e.g. --set train.seq_len=512"))
             continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
-        except yaml.YAMLError as exc:
-            problems.append(Problem(f"--set {item}", f"value is not valid YAML: {exc}"))
+            value = safe_yaml.parse(raw, f"--set {item}")[0] if raw.strip() else None
+        except UserError as exc:
+            problems += exc.problems
             continue
         parsed.append((key.strip().split("."), value))
     return parsed, problems
@@ -73,7 +75,7 @@ def _problems_from_validation(exc: ValidationError, lines: dict[tuple[str, ...],
         where = ".".join(loc) or "(top level)"
         line = lines.get(tuple(loc))
         label = f"{where} (line {line})" if line else where
-        msg, fix = err["msg"], ""
+        msg, fix = err["msg"], fix_for(err)
         if err["type"] == "extra_forbidden":
             msg, fix = "unknown key", "remove it or check the spelling; `orchestrate schema` lists every key"
         elif err["type"] == "missing":
@@ -95,12 +97,7 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     path = Path(path)
     if not path.is_file():
         raise UserError(f"cannot read config {path}", [Problem(str(path), "file not found", "check the path")])
-    text = path.read_text()
-    try:
-        root = yaml.compose(text)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path} is not valid YAML", [Problem(str(path), str(exc))]) from None
+    data, root = safe_yaml.load_file(path, str(path))
     if data is None:
         data = {}
     if not isinstance(data, dict):

@@ -11,12 +11,22 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from orchestrate.config.architecture import architecture_problems
+
 Auto = Literal["auto"]
+
+MAX_COUNT = 2**31 - 1
+"""Upper bound of counts (tokens, samples, steps): torch and numpy index with int32/int64, and a
+value this large is a typo, not a plan."""
 
 
 class _Section(BaseModel):
     # Unknown keys are an error: a typo such as `seq_length` must not be silently ignored.
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+    # strict: no bool -> int (`seq_len: true` is not 1), no int/str -> bool (`trust_remote_code: "yes"`),
+    # no str -> number; int -> float stays allowed (https://docs.pydantic.dev/latest/concepts/conversion_table/).
+    # allow_inf_nan=False: `.inf` passes `gt=0` but is no learning rate.
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, strict=True,
+                              allow_inf_nan=False)
 
 
 class ModelSection(_Section):
@@ -37,6 +47,8 @@ class ModelSection(_Section):
             raise ValueError("give exactly one of `name_or_path` or `architecture`")
         if self.architecture is not None and "model_type" not in self.architecture:
             raise ValueError("`architecture` needs a `model_type` key (gpt2, llama, mistral, qwen2, phi3, ...)")
+        if self.architecture is not None and (problems := architecture_problems(self.architecture)):
+            raise ValueError("; ".join(problems))
         return self
 
 
@@ -132,14 +144,27 @@ class OptimizerSection(_Section):
     """Decoupled weight decay (AdamW)."""
 
     betas: tuple[float, float] = (0.9, 0.95)
-    """Adam's (beta1, beta2)."""
+    """Adam's (beta1, beta2), each in [0, 1) (torch.optim.AdamW refuses others: torch/optim/adamw.py)."""
 
     eps: float = Field(default=1e-8, gt=0)
     """Adam's epsilon."""
 
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _list_to_tuple(cls, v: Any) -> Any:
+        # YAML and plan.json have lists; strict mode accepts only a tuple for a tuple field.
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"each beta must be in [0, 1), got {list(v)}")
+        return v
+
 
 class ScheduleSection(_Section):
-    warmup_steps: int = Field(default=10, ge=0)
+    warmup_steps: int = Field(default=10, ge=0, le=MAX_COUNT)
     """Linear warm-up from 0 to `optimizer.lr` over this many optimizer steps."""
 
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
@@ -147,10 +172,10 @@ class ScheduleSection(_Section):
 
 
 class TrainSection(_Section):
-    seq_len: int = Field(gt=0)
+    seq_len: int = Field(gt=0, le=MAX_COUNT)
     """Tokens per sample (packed block length)."""
 
-    global_batch_size: int = Field(gt=0)
+    global_batch_size: int = Field(gt=0, le=MAX_COUNT)
     """Samples per optimizer step over all ranks: micro_batch_size x grad accumulation x world size."""
 
     micro_batch_size: int | Auto = "auto"
@@ -169,31 +194,39 @@ class TrainSection(_Section):
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
     """Learning-rate schedule: linear warm-up then cosine decay."""
 
-    max_steps: int = Field(default=100, gt=0)
+    max_steps: int = Field(default=100, gt=0, le=MAX_COUNT)
     """Optimizer steps to train."""
 
     grad_clip: float = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value; 0 disables clipping."""
 
-    seed: int = 0
-    """Seed for weights, data order and dropout; the same seed reproduces the same losses."""
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Seed for weights, data order and dropout; the same seed reproduces the same losses (0 to 2**32-1,
+    the range numpy's seeding accepts)."""
 
     output_dir: str = "runs"
     """Where run directories are created (relative to the YAML file's directory)."""
 
-    eval_every: int = Field(default=0, ge=0)
+    @field_validator("micro_batch_size")
+    @classmethod
+    def _positive_micro_batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 < v <= MAX_COUNT:
+            raise ValueError("micro_batch_size must be a positive integer or auto")
+        return v
+
+    eval_every: int = Field(default=0, ge=0, le=MAX_COUNT)
     """Evaluate every N steps (0: only at the end)."""
 
-    eval_batches: int = Field(default=4, gt=0)
+    eval_batches: int = Field(default=4, gt=0, le=MAX_COUNT)
     """Micro-batches per evaluation."""
 
-    checkpoint_every: int = Field(default=0, ge=0)
+    checkpoint_every: int = Field(default=0, ge=0, le=MAX_COUNT)
     """Write a resumable checkpoint every N steps (0: only at the end)."""
 
-    keep_checkpoints: int = Field(default=2, gt=0)
+    keep_checkpoints: int = Field(default=2, gt=0, le=MAX_COUNT)
     """How many of the latest checkpoints to keep."""
 
-    preemption_grace_s: int = Field(default=120, gt=0)
+    preemption_grace_s: int = Field(default=120, gt=0, le=7 * 24 * 3600)
     """Seconds between SIGTERM/SIGUSR1 (preemption, time limit) and the kill. The workers finish the
     current step and checkpoint when the last checkpoint's write time says it fits, else exit at once
     (the previous checkpoint stays); `orchestrate launch` gives torchrun this long before SIGKILL.

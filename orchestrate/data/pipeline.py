@@ -19,11 +19,13 @@ from typing import TYPE_CHECKING
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.blocks import PackedBlocks, PaddedDocuments, Subset, split_ids
 from orchestrate.data.cache import TokenStream, cache_dir_of
+from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entries, resolve_sources
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
+from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
@@ -85,7 +87,7 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
     if config.train.seq_len > max_positions:
         problems.append(Problem("train.seq_len", f"{config.train.seq_len} is longer than the model's "
                                 f"{max_positions} positions", f"use train.seq_len <= {max_positions}"))
-    if data.tokenizer is None and vocab_size < BYTE_VOCAB:
+    if tokenizer_dir_of(config) is None and vocab_size < BYTE_VOCAB:
         problems.append(Problem("data.tokenizer", f"the built-in byte tokenizer needs {BYTE_VOCAB} ids but the model "
                                 f"has vocab_size {vocab_size}", "set data.tokenizer to the model's tokenizer"))
     try:
@@ -98,7 +100,7 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
 
 def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tokenizer, Path | None]:
     """The configured tokenizer, checked against the model's vocabulary when `vocab_size` is given."""
-    tokenizer_dir = config.resolve_path(config.data.tokenizer) if config.data.tokenizer else None
+    tokenizer_dir = tokenizer_dir_of(config)  # data.tokenizer, else the model directory's own
     # The memo lets a cache hit skip loading an HF tokenizer (and importing transformers).
     tokenizer = load_tokenizer(tokenizer_dir, cache_dir_of(config) / TOKENIZER_MEMO_SUBDIR)
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
@@ -115,6 +117,8 @@ def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, pl
     start = time.perf_counter()
     data = config.data
     cache_dir = cache_dir_of(config)
+    if may_build:  # a file or a read-only directory there: one clear error before any work
+        ensure_cache_dir(cache_dir)
     demo_path = None
     if data.generate_demo_corpus and not (plan_files and DEMO_CORPUS_ROLE in plan_files):
         # Outside a run directory (`orchestrate prepare`): the same text as the run's copy, so the
@@ -194,4 +198,6 @@ def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool
     check_data_config(config, shape.max_position_embeddings, shape.vocab_size)
     tokenizer, _ = tokenizer_for(config, shape.vocab_size)
     prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force)
+    require_training_samples(len(samples_for(prepared, config)[0]), int(prepared.train.meta["tokens"]),
+                             config.train.seq_len, config.data.packing, prepared.sources.train[0].where)
     return describe_prepared(prepared, config)

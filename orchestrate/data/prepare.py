@@ -32,6 +32,7 @@ from orchestrate.data.cache import (
     publish,
     temp_dir_for,
 )
+from orchestrate.data.checks import check_num_proc, cpu_cores, ensure_cache_dir
 from orchestrate.data.sources import Source, source_identity, total_bytes
 from orchestrate.data.tokenizer import Tokenizer, token_dtype
 from orchestrate.errors import Problem, UserError
@@ -88,7 +89,7 @@ def ensure_stream(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, c
     if not may_build:
         _wait_for(entry, failed, poll_s)
         return StreamResult(open_entry(entry), built=False)
-    cache_dir.mkdir(parents=True, exist_ok=True)
+    ensure_cache_dir(cache_dir)
     tmp = temp_dir_for(entry)
     try:
         _build(sources, spec, tokenizer, tmp, key, _num_proc(num_proc, sources), progress)
@@ -134,8 +135,8 @@ def _label(sources: list[Source]) -> str:
 
 def _num_proc(setting: int | str, sources: list[Source]) -> int:
     if isinstance(setting, int):
-        return setting
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return check_num_proc(setting)
+    cores = cpu_cores()
     size = total_bytes(sources)
     return cores if size is None or size > AUTO_PARALLEL_BYTES else 1
 

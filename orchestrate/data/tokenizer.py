@@ -162,8 +162,55 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
 
 
-def copy_tokenizer(src: Path, dst: Path) -> None:
-    """Keep a trained model usable as is: its tokenizer files go next to the weights."""
+BYTE_EOS_TOKEN = "<|endoftext|>"
+"""The byte tokenizer's end-of-document token as text (GPT-2's name, as `orchestrate tokenizer train`)."""
+
+
+def byte_tokenizer_fast():
+    """`ByteTokenizer` as a `transformers.PreTrainedTokenizerFast` with the same ids.
+
+    GPT-2's byte-level scheme (tokenizers' ByteLevel pre-tokenizer and decoder) maps each byte to one
+    printable character; a BPE model whose vocabulary is exactly those 256 characters, at the byte's
+    value, and no merges then gives id == byte. `use_regex=False`: no word splitting, which
+    would not change the ids but costs time. The end-of-document token is added at id 256;
+    `split_special_tokens`: the text "<|endoftext|>" encodes as its 13 bytes, as `ByteTokenizer` does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = _bytes_to_unicode()
+    vocab = {alphabet[b]: b for b in range(256)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([BYTE_EOS_TOKEN])
+    assert tokenizer.token_to_id(BYTE_EOS_TOKEN) == BYTE_EOS  # internal invariant: appended after the bytes
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=BYTE_EOS_TOKEN, bos_token=BYTE_EOS_TOKEN,
+                                   unk_token=None, model_max_length=2**62, clean_up_tokenization_spaces=False,
+                                   split_special_tokens=True)
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table (openai/gpt-2 src/encoder.py `bytes_to_unicode`,
+    the same table tokenizers' ByteLevel uses)."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def save_tokenizer(tokenizer_dir: Path | None, out_dir: Path) -> None:
+    """Write the tokenizer a run used next to its model, loadable with `AutoTokenizer.from_pretrained`:
+    a copy of a Hugging Face tokenizer directory, or the byte tokenizer (None) as tokenizer.json."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if tokenizer_dir is None:
+        byte_tokenizer_fast().save_pretrained(str(out_dir))
+        return
     from transformers import AutoTokenizer
 
-    AutoTokenizer.from_pretrained(str(src)).save_pretrained(str(dst))
+    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out_dir))

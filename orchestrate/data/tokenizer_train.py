@@ -13,6 +13,7 @@ from pathlib import Path
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.cache import cache_dir_of, temp_dir_for
+from orchestrate.data.checks import check_vocab_size, ensure_cache_dir
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
 from orchestrate.data.sources import resolve_sources
@@ -36,12 +37,14 @@ def train_tokenizer(config: RunConfig, vocab_size: int, out_dir: Path, *, progre
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} is not empty", [Problem("--out", "refusing to overwrite files",
                                                             "choose a new directory")])
+    ensure_cache_dir(cache_dir_of(config))
     demo = None
     if config.data.generate_demo_corpus:
         demo = cache_dir_of(config) / "demo" / f"demo_corpus_seed{config.train.seed}.txt"
         if not demo.is_file():
             write_demo_corpus(demo, config.train.seed)
     sources = resolve_sources(config, demo_path=demo).train
+    check_vocab_size(vocab_size, sources, MIN_VOCAB)  # before the trainer allocates for it
     spec = TextSpec(config.data.text_field, config.data.template)
 
     tokenizer = Tokenizer(models.BPE())

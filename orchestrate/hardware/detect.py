@@ -287,14 +287,18 @@ def detect_hardware(
 
 
 def free_space(path: str, where: str) -> tuple[str, int]:
-    """The absolute form of `path` and the free bytes on its disk. The directory may not exist yet
-    (the offload writer creates it): its nearest existing parent is measured."""
+    """The absolute form of `path` and the free bytes on its disk. The directory must exist and be
+    writable: a missing one would report the free space of whatever disk its parent is on (`/`), and
+    DeepSpeed's swapper would find out only at the first offload, mid-run."""
     target = Path(path).expanduser().absolute()
+    fix = "pass an existing directory on an NVMe disk that you can write to (mkdir -p it first)"
     try:
-        existing = next((p for p in (target, *target.parents) if p.exists()), None)
-        if existing is None or not existing.is_dir():
-            message = "no part of this path exists" if existing is None else f"{existing} is not a directory"
-            raise UserError("invalid NVMe path", [Problem(where, message, "pass a directory on an NVMe disk")])
-        return str(target), shutil.disk_usage(existing).free
+        if not target.exists():
+            raise UserError("invalid NVMe path", [Problem(where, f"{target} does not exist", fix)])
+        if not target.is_dir():
+            raise UserError("invalid NVMe path", [Problem(where, f"{target} is not a directory", fix)])
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise UserError("invalid NVMe path", [Problem(where, f"{target} is not writable by this user", fix)])
+        return str(target), shutil.disk_usage(target).free
     except OSError as exc:  # e.g. a parent this user may not list
-        raise UserError("invalid NVMe path", [Problem(where, f"{exc.strerror}: {exc.filename}")]) from exc
+        raise UserError("invalid NVMe path", [Problem(where, f"{exc.strerror}: {exc.filename}", fix)]) from exc

@@ -21,9 +21,9 @@ import difflib
 import re
 from pathlib import Path
 
-import yaml
 from pydantic import ValidationError
 
+from orchestrate.config import safe_yaml
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 
@@ -57,19 +57,16 @@ def load_profile(spec: str) -> HardwareProfile:
 def load_profile_file(path: Path, where: str, default_name: str) -> HardwareProfile:
     """A `HardwareProfile` YAML file; without a `name:` key the profile is called `default_name`."""
     label = f"{where} {path}"
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise UserError("cannot read hardware profile", [Problem(label, exc.strerror or str(exc))]) from exc
-    except yaml.YAMLError as exc:
-        raise UserError("hardware profile is not valid YAML", [Problem(label, str(exc))]) from exc
+    data, _ = safe_yaml.load_file(path, label)  # size, depth, alias, duplicate-key and UTF-8 checks
     if not isinstance(data, dict):
-        raise UserError("invalid hardware profile", [Problem(label, "expected a mapping of profile fields")])
+        raise UserError("invalid hardware profile", [Problem(label, "expected a mapping of profile fields",
+                                                             "`orchestrate profile --yaml` prints one of the right shape")])
     data.setdefault("name", default_name)
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        problems = [Problem(f"{label}: {'.'.join(str(p) for p in err['loc']) or '(top level)'}", err["msg"])
+        problems = [Problem(f"{label}: {'.'.join(str(p) for p in err['loc']) or '(top level)'}", err["msg"],
+                            "compare with a preset file in launch_configs/profiles/")
                     for err in exc.errors()]
         raise UserError("invalid hardware profile", problems) from exc
 

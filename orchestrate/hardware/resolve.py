@@ -39,7 +39,7 @@ def resolve_hardware(
     cpu_mem_bytes = _memory(cpu_mem, "--cpu-mem", problems)
     for value, flag in ((gpus, "--gpus"), (gpus_per_node, "--gpus-per-node"), (nodes, "--nodes")):
         if value is not None and value < 1:
-            problems.append(Problem(flag, f"must be at least 1, got {value}"))
+            problems.append(Problem(flag, f"must be at least 1, got {value}", f"pass {flag} 1 or more"))
     if gpus is not None and gpus_per_node is not None and gpus != gpus_per_node:
         problems.append(Problem("--gpus-per-node", f"{gpus_per_node} contradicts --gpus {gpus}",
                                 "give only one of them"))
@@ -87,7 +87,9 @@ def _memory(text: str | None, flag: str, problems: list[Problem]) -> int | None:
     size = _collect(lambda: parse_size(text, flag), problems)
     if size is not None and size < _MIN_MEMORY:
         digits = str(text).strip()
-        fix = f"sizes without a unit are bytes: write {digits}GiB?" if digits.isdigit() else "give at least 1GiB"
+        # Suggest "<n>GiB" only where that is itself accepted: "0GiB" is not.
+        fix = (f"sizes without a unit are bytes: write {int(digits)}GiB?" if digits.isdigit() and int(digits) >= 1
+               else "give at least 1GiB")
         problems.append(Problem(flag, f"{text!r} is only {format_bytes(size)}", fix))
         return None
     return size

@@ -138,13 +138,12 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
 
 def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, worker: Worker) -> None:
     """The consolidated Hugging Face model (collective), with the tokenizer next to it."""
-    from orchestrate.data.tokenizer import copy_tokenizer
+    from orchestrate.data.tokenizer import save_tokenizer
 
     engine.save_hf_model(run.model)
     if not worker.is_main:
         return
-    if data.tokenizer_dir is not None:
-        copy_tokenizer(data.tokenizer_dir, run.model)
+    save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
     names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]
     print(f"done. model:   {run.model}\n"
           f"      metrics: {run.metrics}\n"

@@ -11,6 +11,7 @@ import torch
 from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
+from orchestrate.planner.plan import Plan
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 
@@ -60,8 +61,18 @@ def test_worker_trains_logs_metrics_and_saves_a_loadable_model(tmp_path: Path, s
 
 @pytest.mark.slow
 def test_worker_reports_a_data_error_and_exits_2(tmp_path: Path):
+    from orchestrate.errors import UserError
+    from orchestrate.launch.session import launch_env
+
     (tmp_path / "docs.jsonl").write_text(json.dumps({"body": "no text field here"}) + "\n")
-    code, run_dir = _run(tmp_path, FSDP, data={"train_files": ["docs.jsonl"], "generate_demo_corpus": False})
+    with pytest.raises(UserError, match="'text'"):  # the launcher tokenises first and says so
+        _run(tmp_path, FSDP, data={"train_files": ["docs.jsonl"], "generate_demo_corpus": False})
+    # Workers started on the run directory directly (as a hand-run launch.sh does) say it too.
+    run_dir = (tmp_path / "run").resolve()
+    plan = Plan.read(run_dir / "plan.json")
+    transport = LocalTorchrun()
+    transport.prepare(plan, run_dir, launch_env(plan), max_restarts=0, dry_run=False)
+    code = transport.run(plan, run_dir, print, None)
     assert code == 2
     stderr = "".join(p.read_text() for p in (run_dir / "logs").rglob("stderr.log"))
     assert "docs.jsonl" in stderr and "'text'" in stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, find_checkpoint, read_meta
+from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,7 +32,7 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
             str(ckpt), f"unknown backend {meta.backend!r}", "export it where that backend is installed")])
     try:
         return get_backend(meta.backend).full_state_dict(ckpt, meta)
-    except Exception as exc:  # the boundary: whatever the backend's reader raises on damaged files
+    except engine_errors() as exc:  # the boundary: whatever the backend's reader raises on damaged files
         raise UserError(f"the checkpoint {ckpt} passed its checks but cannot be read", [Problem(
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
 

@@ -266,3 +266,65 @@ def test_an_engine_that_fails_to_load_a_verified_checkpoint_is_a_user_error(run)
     engine.load_error = KeyError("step")
     with pytest.raises(UserError, match="cannot be loaded"):
         checkpointer.load(ckpt)
+
+
+# --- real DCP files: FSDP2 on one gloo rank in this process ---------------------------------------
+
+
+@pytest.fixture
+def fsdp_run(tmp_path):
+    """A run with FSDP2 checkpoints of steps 1 and 2 (real .distcp shards), made on one gloo rank."""
+    import torch.distributed as dist
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from orchestrate.backends.fsdp import FSDPBackend
+    from tests.helpers.plans import TINY_GPT2
+
+    arch = dict(TINY_GPT2)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(arch.pop("model_type"), **arch)).save_pretrained(
+        tmp_path / "init")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plan = make_plan(FSDP, ranks=1)
+        ctx = WorkerContext(0, 0, 1, torch.device("cpu"), tmp_path / "run", tmp_path / "init")
+        engine = FSDPBackend().setup(plan, ctx)
+        checkpointer = ck.Checkpointer(plan, engine, ctx)
+        ids = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(0))
+        for step in (1, 2):
+            engine.train_step([{"input_ids": ids, "labels": ids}] * plan.chosen.gradient_accumulation)
+            checkpointer.save(step, dict(SAMPLER))
+        yield tmp_path / "run"
+    finally:
+        dist.destroy_process_group()
+
+
+def test_export_skips_a_truncated_distcp_and_a_verified_but_unreadable_one_is_a_user_error(fsdp_run, tmp_path):
+    from orchestrate.export import export_checkpoint
+
+    newest = fsdp_run / "checkpoints" / "step-00000002"
+    shard = sorted(newest.rglob("*.distcp"))[0]
+    _truncate(shard)
+    said: list[str] = []
+    used = export_checkpoint(fsdp_run, tmp_path / "out", say=said.append)
+    assert used.name == "step-00000001" and (tmp_path / "out" / "model.safetensors").is_file()
+    assert any("step-00000002 is damaged" in s and shard.name in s for s in said)
+    with pytest.raises(UserError, match="step 2 is damaged"):
+        export_checkpoint(fsdp_run, tmp_path / "out2", step=2)
+    # Damage the manifest agrees with (as if the write itself had been wrong): DCP fails to read it.
+    shard.write_bytes(shard.read_bytes()[:64])
+    write_manifest(newest)
+    with pytest.raises(UserError, match="passed its checks but cannot be read") as err:
+        export_checkpoint(fsdp_run, tmp_path / "out3")
+    assert "--step N" in str(err.value)
+
+
+def test_disk_full_inside_dcp_is_recognised_through_its_checkpoint_exception(run):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    _, engine, checkpointer, run_dir = run
+    _save(checkpointer, engine, 20)
+    engine.save_error = CheckpointException("write_data", {0: OSError(errno.ENOSPC, "No space left on device")})
+    with pytest.raises(UserError, match="no space left on device"):
+        _save(checkpointer, engine, 30)
+    assert _steps(run_dir) == ["step-00000020"]

@@ -89,6 +89,14 @@ class CheckpointMeta:
         return cls(**{n: data[n] for n in names})
 
 
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """What writing or reading engine files can raise: any Exception, and DCP's
+    CheckpointException, which derives from BaseException (torch/distributed/checkpoint/api.py)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 

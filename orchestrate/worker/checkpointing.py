@@ -38,6 +38,7 @@ from orchestrate.run.checkpoints import (
     CheckpointMeta,
     CheckpointStatus,
     checkpoint_root,
+    engine_errors,
     inspect_checkpoint,
     list_checkpoints,
     newest_checkpoint,
@@ -137,7 +138,7 @@ class Checkpointer:
         rank = self.ctx.rank
         try:
             self._write(step, tmp, sampler_state)
-        except Exception as exc:  # only an OSError inside it becomes a UserError
+        except engine_errors() as exc:  # only an OSError inside it becomes a UserError
             raise self._write_failed(step, tmp, exc) from exc
         self._barrier()  # every rank's files are written
         final = self.root / name
@@ -218,7 +219,7 @@ class Checkpointer:
             client = self.engine.load_checkpoint(ckpt_dir)
             own = json.loads(rank_file(ckpt_dir, self.ctx.rank).read_text()) if meta.world_size == self.ctx.world_size \
                 else None
-        except Exception as exc:  # the boundary: whatever the engine raises
+        except engine_errors() as exc:  # the boundary: whatever the engine raises
             raise _unloadable(ckpt_dir, f"{type(exc).__name__}: {exc}") from exc
         if int(client.get("step", -1)) != meta.step:
             raise _unloadable(ckpt_dir, f"the engine state is of step {client.get('step')}, meta.json says {meta.step}")

@@ -9,13 +9,16 @@ model entries of FSDP2's DCP shards, DDP's trainer_state.pt), every file with we
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, find_checkpoint, read_meta
+from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
 
 
@@ -27,12 +30,22 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
     if meta.backend not in backend_names():
         raise UserError("cannot export this checkpoint", [Problem(
             str(ckpt), f"unknown backend {meta.backend!r}", "export it where that backend is installed")])
-    return get_backend(meta.backend).full_state_dict(ckpt, meta)
+    try:
+        return get_backend(meta.backend).full_state_dict(ckpt, meta)
+    except engine_errors() as exc:  # the boundary: whatever the backend's reader raises on damaged files
+        raise UserError(f"the checkpoint {ckpt} passed its checks but cannot be read", [Problem(
+            str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
 
 
-def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
-    """Write the HF model of `run_dir`'s latest checkpoint (or of `step`) to `out_dir`; returns the
-    checkpoint directory it came from."""
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
+                      say: Callable[[str], None] = _stderr) -> Path:
+    """Write the HF model of `run_dir`'s newest intact checkpoint (or of `step`) to `out_dir`;
+    returns the checkpoint directory it came from. Damaged newer checkpoints are named to `say`
+    and skipped."""
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout, save_hf_dir
@@ -41,11 +54,18 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     from orchestrate.model.meta import build_meta_model
     from orchestrate.planner.plan import Plan
 
-    ckpt = find_checkpoint(Path(run_dir), step)
-    plan = Plan.read(ckpt / PLAN_COPY)
-    trust = plan.config.model.trust_remote_code
-    hf_config = AutoConfig.from_pretrained(ckpt / HF_CONFIG, trust_remote_code=trust)
-    layout = StateLayout.of(build_meta_model(hf_config, trust_remote_code=trust))
+    found = find_checkpoint(Path(run_dir), step)
+    for line in found.notices():
+        say(line)
+    ckpt = found.chosen.path
+    try:
+        plan = Plan.read(ckpt / PLAN_COPY)
+        trust = plan.config.model.trust_remote_code
+        hf_config = AutoConfig.from_pretrained(ckpt / HF_CONFIG, trust_remote_code=trust)
+        layout = StateLayout.of(build_meta_model(hf_config, trust_remote_code=trust))
+    except Exception as exc:  # a checkpoint without a manifest may hold any damage
+        raise UserError(f"the checkpoint {ckpt} cannot be read", [Problem(
+            str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
     state = read_model_state(ckpt)
     missing = sorted(set(layout.tensors) - layout.aliases - set(state))
     if missing:

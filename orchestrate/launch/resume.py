@@ -6,8 +6,10 @@
   hardware, with the checkpoint's backend, ZeRO stage and precision pinned where the config leaves
   them "auto" (a new world size reshards: FSDP2 and DDP natively, DeepSpeed ZeRO through a
   universal checkpoint). The checkpoint keeps the plan that wrote it (step-N/plan.json).
-- Either way the latest checkpoint is checked against the plan before any worker starts. The
-  workers themselves resume from RUN_DIR/checkpoints/latest whenever it exists (worker/main.py).
+- Either way the newest intact checkpoint (every step-* directory is verified against its
+  manifest, newest first; damaged ones are named and skipped) is checked against the plan before
+  any worker starts. The workers themselves resume from the newest intact checkpoint whenever
+  there is one (worker/stages.py: checkpoint_to_resume), so they continue from the same one.
 """
 
 from __future__ import annotations
@@ -18,13 +20,16 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
-from orchestrate.run.checkpoints import CheckpointMeta, latest_checkpoint, read_meta
+from orchestrate.run.checkpoints import CheckpointMeta, Discovery, list_checkpoints, newest_checkpoint
 from orchestrate.run.layout import PLAN_FILE
 from orchestrate.run.resume_rules import check_resumable
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.hardware.profile import HardwareProfile
+
+LOW_DISK_BYTES = 1 << 30
+"""Below this much free space a failed run's notice mentions it even before the first checkpoint."""
 
 
 def run_to_resume(config: RunConfig, name: str, run_dir: Path | None) -> Path:
@@ -68,39 +73,67 @@ def _pinned(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
     return config
 
 
-def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[Plan, bool]:
-    """(plan, True when it is the run's own plan.json unchanged). UserError when the latest
-    checkpoint cannot continue under it."""
+def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[Plan, bool, Discovery]:
+    """(plan, True when it is the run's own plan.json unchanged, the checkpoint it continues).
+    UserError when the newest intact checkpoint cannot continue under it, or when the run has
+    checkpoints but none is intact (starting from step 0 would replace them)."""
     from orchestrate.planning import feasible_plan
 
     old = Plan.read(run_dir / PLAN_FILE)
-    ckpt = latest_checkpoint(run_dir)
+    found = newest_checkpoint(run_dir, full=True)
+    ckpt = found.chosen.path if found.chosen else None
     unchanged = (old.chosen is not None and old.hardware.nodes == hardware.nodes
                  and old.world_size == hardware.world_size
                  and old.config.model_dump(mode="json") == config.model_dump(mode="json"))
     if unchanged:
         plan = old
     else:
-        plan = feasible_plan(_pinned(config, read_meta(ckpt)) if ckpt else config, hardware)
+        plan = feasible_plan(_pinned(config, found.chosen.meta) if ckpt else config, hardware)
     if ckpt is not None:
         check_resumable(ckpt, plan)
-    return plan, unchanged
+    return plan, unchanged, found
 
 
-def resume_notice(run_dir: Path, reused: bool) -> str:
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is None:
+def resume_notice(run_dir: Path, reused: bool, found: Discovery) -> str:
+    if found.chosen is None:
         return f"resuming {run_dir}: no checkpoint yet, training starts from step 0"
-    meta = read_meta(ckpt)
+    ckpt, meta = found.chosen.path, found.chosen.meta
     how = ("with its own plan" if reused else
            f"with a new plan (config or world size changed; the checkpoint's plan is {ckpt / PLAN_FILE})")
-    return f"resuming {run_dir} from step {meta.step} ({meta.world_size} rank(s), {meta.strategy_name}) {how}"
+    lines = [*found.notices(), f"resuming {run_dir} from step {meta.step} ({meta.world_size} rank(s), "
+             f"{meta.strategy_name}) {how}"]
+    return "\n".join(lines)
 
 
 def refuse_checkpointed(run_dir: Path) -> None:
-    """A new launch must not silently continue (or clobber) a run that has checkpoints."""
-    ckpt = latest_checkpoint(run_dir)
-    if ckpt is not None:
+    """A new launch must not silently continue (or clobber) a run that has checkpoints, whatever
+    `latest` says and whether or not they are intact."""
+    ckpts = list_checkpoints(run_dir)
+    if ckpts:
         raise UserError("the run directory already holds checkpoints", [Problem(
-            "--run-dir", f"{run_dir} has the checkpoint {ckpt.name}",
+            "--run-dir", f"{run_dir} has the checkpoint(s) {', '.join(p.name for p in ckpts[-3:])}",
             "add --resume to continue that run, or choose another --run-dir")])
+
+
+def failure_notice(run_dir: Path) -> str:
+    """After the workers failed: which checkpoint a resume continues from, and the free space of
+    the run directory's file system when it is low (on a full disk the workers' own message may
+    not have reached their log files, which are on that disk)."""
+    import shutil
+
+    try:
+        found = newest_checkpoint(run_dir, full=False)
+    except UserError as exc:
+        return f"no intact checkpoint in {run_dir}: {exc}"
+    if found.chosen is None:
+        text = f"no checkpoint in {run_dir} yet"
+    else:
+        text = f"the newest intact checkpoint is {found.chosen.path} (step {found.chosen.meta.step}): --resume continues from it"
+    free = shutil.disk_usage(run_dir).free
+    newest = found.chosen.path if found.chosen else None
+    needed = sum(f.stat().st_size for f in newest.rglob("*") if f.is_file()) if newest else 0
+    if free < max(needed, LOW_DISK_BYTES):
+        text += (f"; only {free / 2**20:,.0f} MiB are free on the file system of {run_dir}"
+                 f"{f' (a checkpoint takes {needed / 2**20:,.0f} MiB)' if needed else ''}: "
+                 "writes there fail with 'No space left on device'")
+    return text

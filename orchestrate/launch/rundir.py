@@ -122,8 +122,8 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
 
     if resume:
         run_dir = run_to_resume(config, name, run_dir)
-        plan, reused = plan_for_resume(config, hardware, run_dir)
-        say(resume_notice(run_dir, reused))
+        plan, reused, found = plan_for_resume(config, hardware, run_dir)
+        say(resume_notice(run_dir, reused, found))
     else:
         plan, reused = feasible_plan(config, hardware), False
         run_dir = (run_dir or default_run_dir(config, name)).resolve()

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.launch.resume import failure_notice
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.planner.plan import Plan
 from orchestrate.run.exit_codes import EX_TEMPFAIL
@@ -191,4 +192,6 @@ def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0
     tell(prepare_for_plan(plan, run_dir, progress=console is not None))
     clear_requeue(run_dir)
     result.exit_code = requeue_code(run_dir, transport.run(plan, run_dir, tell, console), tell)
+    if result.exit_code not in (0, EX_TEMPFAIL):
+        tell(failure_notice(run_dir))
     return result

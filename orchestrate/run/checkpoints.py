@@ -1,17 +1,20 @@
 """The checkpoints of a run: their layout, their typed metadata and how they are found.
 
     RUN_DIR/checkpoints/
-      latest                    "step-00000040": the newest complete checkpoint (replaced last)
+      latest                    "step-00000040": the last one published (a hint; discovery scans step-*)
       step-00000040/
         meta.json               CheckpointMeta: step, world size, strategy, model shape, sampler
         plan.json               the plan that wrote it
         config.json             the Hugging Face model config (for `orchestrate export`)
         ranks/rank-00000.json   per rank: RNG states and sampler state
         <engine files>          whatever the backend's engine writes
+        manifest.json           every other file's size and checksum, written last (orchestrate.run.manifest)
       .tmp-step-00000050/       a checkpoint being written (a crash leaves it; the next save removes it)
 
 The write protocol is the workers' (`orchestrate.worker.checkpointing.Checkpointer`); reading is
-shared by the workers, the launcher (`--resume`) and `orchestrate export`.
+shared by the workers, the launcher (`--resume`) and `orchestrate export`. Readers do not trust
+`latest`: they scan the step-* directories newest first and take the first intact one (meta.json,
+every rank file and the manifest check out), naming each newer damaged one they skip.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.layout import PLAN_FILE
+from orchestrate.run.manifest import MANIFEST_FILE, has_manifest, manifest_problem
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
@@ -85,6 +89,14 @@ class CheckpointMeta:
         return cls(**{n: data[n] for n in names})
 
 
+def engine_errors() -> tuple[type[BaseException], ...]:
+    """What writing or reading engine files can raise: any Exception, and DCP's
+    CheckpointException, which derives from BaseException (torch/distributed/checkpoint/api.py)."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return (Exception, CheckpointException)
+
+
 def step_dir_name(step: int) -> str:
     return f"step-{step:08d}"
 
@@ -113,40 +125,117 @@ def rank_file(ckpt_dir: Path, rank: int) -> Path:
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The checkpoint `latest` names, or None before the first one is complete."""
-    root = checkpoint_root(run_dir)
-    pointer = root / LATEST_FILE
+    """The checkpoint `latest` names when it has a meta.json (None otherwise). Only a hint, e.g. for
+    what was saved last: resuming and exporting discover checkpoints (`newest_checkpoint`)."""
+    pointer = checkpoint_root(run_dir) / LATEST_FILE
     if not pointer.is_file():
         return None
-    ckpt = root / pointer.read_text().strip()
-    if not (ckpt / META_FILE).is_file():
-        # Never written by the protocol above: someone removed or edited checkpoints by hand.
-        raise UserError("the latest checkpoint is missing", [Problem(
-            str(pointer), f"names {ckpt.name}, which has no {META_FILE}",
-            f"point {pointer} at a complete step-* directory, or delete {pointer} to start from step 0")])
-    return ckpt
+    ckpt = checkpoint_root(run_dir) / pointer.read_text().strip()
+    return ckpt if ckpt.name.startswith("step-") and (ckpt / META_FILE).is_file() else None
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Complete checkpoints (renamed into place), oldest first."""
+    """Every step-* directory (renamed into place, intact or not: see `inspect_checkpoint`), oldest first."""
     root = checkpoint_root(run_dir)
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step-*") if (p / META_FILE).is_file())
+    return sorted(p for p in root.glob("step-*") if p.is_dir())
 
 
-def find_checkpoint(run_dir: Path, step: int | None = None) -> Path:
-    """The latest checkpoint, or the one of `step`; UserError when there is none."""
+@dataclass(frozen=True)
+class CheckpointStatus:
+    path: Path
+    meta: CheckpointMeta | None
+    problem: str | None
+    """Why it cannot be used (None: it can)."""
+    verified: bool
+    """It has a manifest and matches it (False for a checkpoint written before manifests existed)."""
+
+    @property
+    def intact(self) -> bool:
+        return self.problem is None
+
+
+def inspect_checkpoint(ckpt: Path, full: bool = True) -> CheckpointStatus:
+    """Is `ckpt` complete? Its meta.json, every rank file of its world size, and its manifest
+    (sizes; checksums too with `full`)."""
+    try:
+        meta = read_meta(ckpt)
+    except UserError as exc:
+        return CheckpointStatus(ckpt, None, "; ".join(p.message for p in exc.problems) or str(exc), False)
+    for rank in range(meta.world_size):
+        try:
+            json.loads(rank_file(ckpt, rank).read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            return CheckpointStatus(ckpt, meta, f"{RANKS_DIR}/{rank_file(ckpt, rank).name} cannot be read "
+                                    f"({type(exc).__name__}: {exc})", False)
+    if not has_manifest(ckpt):
+        return CheckpointStatus(ckpt, meta, None, False)
+    return CheckpointStatus(ckpt, meta, manifest_problem(ckpt, full), True)
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """The checkpoint to use, and the newer ones skipped because they are damaged."""
+
+    chosen: CheckpointStatus | None
+    skipped: list[CheckpointStatus]
+
+    def notices(self) -> list[str]:
+        lines = [f"checkpoint {s.path} is damaged, skipped: {s.problem}" for s in self.skipped]
+        if self.chosen is not None and self.skipped:
+            lines.append(f"falling back to {self.chosen.path.name}, the newest intact checkpoint")
+        if self.chosen is not None and not self.chosen.verified:
+            lines.append(f"{self.chosen.path} has no {MANIFEST_FILE} (written before checkpoints had one): "
+                         "it is used unverified")
+        return lines
+
+
+def _statuses(run_dir: Path, full: bool) -> list[CheckpointStatus]:
+    """Every step-* checkpoint, newest first. One without a manifest that is newer than one with a
+    manifest was not written by this protocol's end (the manifest goes in before the rename)."""
+    statuses = [inspect_checkpoint(ckpt, full) for ckpt in reversed(list_checkpoints(run_dir))]
+    for i, s in enumerate(statuses):
+        if s.intact and not s.verified and any(o.verified for o in statuses[i + 1:]):
+            statuses[i] = CheckpointStatus(s.path, s.meta, f"no {MANIFEST_FILE} although older checkpoints have "
+                                           "one: its write did not finish or the manifest was removed", False)
+    return statuses
+
+
+def _none_intact(run_dir: Path, statuses: list[CheckpointStatus]) -> UserError:
+    return UserError("no intact checkpoint", [
+        Problem(str(s.path), s.problem or "", "restore it from a copy, or move it out of "
+                f"{checkpoint_root(run_dir)} (training then starts from step 0)") for s in statuses])
+
+
+def newest_checkpoint(run_dir: Path, full: bool = True) -> Discovery:
+    """The newest intact checkpoint (chosen None when the run has no step-* checkpoint at all);
+    UserError when there are checkpoints but none is intact: starting from step 0 would replace them."""
+    statuses = _statuses(run_dir, full)
+    for i, status in enumerate(statuses):
+        if status.intact:
+            return Discovery(status, statuses[:i])
+    if statuses:
+        raise _none_intact(run_dir, statuses)
+    return Discovery(None, [])
+
+
+def find_checkpoint(run_dir: Path, step: int | None = None, full: bool = True) -> Discovery:
+    """The newest intact checkpoint, or the one of `step`; UserError when there is none."""
     if step is None:
-        found = latest_checkpoint(run_dir)
-        if found is None:
+        found = newest_checkpoint(run_dir, full)
+        if found.chosen is None:
             raise UserError("no checkpoint to use", [Problem(
                 str(run_dir), f"{checkpoint_root(run_dir)} has no complete checkpoint",
                 "train with train.checkpoint_every > 0, or until the end (a checkpoint is written there)")])
         return found
-    ckpt = checkpoint_root(run_dir) / step_dir_name(step)
-    if not (ckpt / META_FILE).is_file():
-        steps = ", ".join(str(read_meta(p).step) for p in list_checkpoints(run_dir)) or "none"
+    statuses = _statuses(run_dir, full)
+    intact = ", ".join(str(s.meta.step) for s in reversed(statuses) if s.intact) or "none"
+    wanted = [s for s in statuses if s.path.name == step_dir_name(step)]
+    if not wanted:
         raise UserError(f"no checkpoint of step {step}", [Problem(
-            "--step", f"{run_dir} has checkpoints of steps: {steps}", "pick one of those")])
-    return ckpt
+            "--step", f"{run_dir} has intact checkpoints of steps: {intact}", "pick one of those")])
+    if not wanted[0].intact:
+        raise UserError(f"the checkpoint of step {step} is damaged", [Problem(
+            str(wanted[0].path), wanted[0].problem or "", f"pick another --step (intact: {intact})")])
+    return Discovery(wanted[0], [])

@@ -5,15 +5,18 @@ backend's (DeepSpeed: deepspeed/; FSDP2: DCP shards + engine_state.json; DDP: tr
 
 Write protocol (`Checkpointer.save`, collective): everything goes into `.tmp-step-N`; a barrier
 waits for every rank; rank 0 checks that every rank's file is visible (a run directory that is not
-one shared file system across nodes fails here, loudly), renames the directory into place, then
-points `latest` at it with an atomic `os.replace`, then prunes all but the newest
-`train.keep_checkpoints`. A crash at any point leaves `latest` naming a complete checkpoint (or
-nothing). Files are not fsynced: atomic against process crashes, not against losing the machine.
+one shared file system across nodes fails here, loudly), writes manifest.json (every file's size
+and checksum) last, renames the directory into place, then points `latest` at it with an atomic
+`os.replace`, then prunes (never an intact checkpoint unless `train.keep_checkpoints` newer intact
+ones remain). A crash at any point leaves every earlier checkpoint in place; a file-system error
+(disk full) removes the partial directory and is a UserError naming the checkpoint kept. Files
+are not fsynced: atomic against process crashes, not against losing the machine.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import json
 import os
 import random
@@ -33,13 +36,18 @@ from orchestrate.run.checkpoints import (
     TMP_PREFIX,
     TRASH_PREFIX,
     CheckpointMeta,
+    CheckpointStatus,
     checkpoint_root,
+    engine_errors,
+    inspect_checkpoint,
     list_checkpoints,
+    newest_checkpoint,
     rank_file,
     read_meta,
     step_dir_name,
     write_meta,
 )
+from orchestrate.run.manifest import write_manifest
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine, WorkerContext
@@ -128,6 +136,27 @@ class Checkpointer:
         name = step_dir_name(step)
         tmp = self.root / (TMP_PREFIX + name)
         rank = self.ctx.rank
+        try:
+            self._write(step, tmp, sampler_state)
+        except engine_errors() as exc:  # only an OSError inside it becomes a UserError
+            raise self._write_failed(step, tmp, exc) from exc
+        self._barrier()  # every rank's files are written
+        final = self.root / name
+        if rank == 0:
+            self._require_shared(tmp)
+            try:
+                write_manifest(tmp)  # last: a directory with a manifest is complete
+            except OSError as exc:
+                raise self._write_failed(step, tmp, exc) from exc
+            _publish(tmp, final)
+            _point_latest(self.root, name)
+            self._prune()
+        self._barrier()  # nobody goes on (or exits) before the checkpoint is published
+        self.last_save_s = time.perf_counter() - start
+        return final
+
+    def _write(self, step: int, tmp: Path, sampler_state: dict[str, Any]) -> None:
+        rank = self.ctx.rank
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # what a crash during an earlier save left
             (tmp / RANKS_DIR).mkdir(parents=True)
@@ -139,16 +168,24 @@ class Checkpointer:
             write_meta(tmp, CheckpointMeta.of(self.plan, step, self.ctx.world_size, sampler_state, torch.__version__))
             _write_json(tmp / PLAN_COPY, self.plan.to_dict())
             shutil.copyfile(self.ctx.model_dir / HF_CONFIG, tmp / HF_CONFIG)
-        self._barrier()  # every rank's files are written
-        final = self.root / name
-        if rank == 0:
-            self._require_shared(tmp)
-            _publish(tmp, final)
-            _point_latest(self.root, name)
-            self._prune(final)
-        self._barrier()  # nobody goes on (or exits) before the checkpoint is published
-        self.last_save_s = time.perf_counter() - start
-        return final
+
+    def _write_failed(self, step: int, tmp: Path, exc: BaseException) -> BaseException:
+        """A write that failed on the file system (disk full, quota, permissions) becomes a
+        UserError naming the checkpoint that is kept; anything else propagates unchanged. The
+        partial directory goes first: on a full disk that makes room for this very message in
+        the logs (which are on the same disk)."""
+        error = _os_error(exc)
+        if error is None:
+            return exc
+        shutil.rmtree(tmp, ignore_errors=True)
+        kept = newest_intact(self.ctx.run_dir)
+        what = "no space left on device" if error.errno in (errno.ENOSPC, errno.EDQUOT) else error.strerror
+        keeps = (f"the previous checkpoint {kept.path} (step {kept.meta.step}) is kept, intact: --resume continues "
+                 "from it" if kept else "there is no earlier checkpoint to resume from")
+        return UserError(f"the checkpoint of step {step} could not be written: {what}", [Problem(
+            str(self.root), f"{error}; the partial {tmp.name} was removed and {keeps}",
+            f"free space where {self.ctx.run_dir} is (df -h {self.root}) or lower train.keep_checkpoints, then "
+            f"`orchestrate launch CONFIG --resume --run-dir {self.ctx.run_dir}`")])
 
     def _require_shared(self, tmp: Path) -> None:
         missing = [r for r in range(self.ctx.world_size) if not rank_file(tmp, r).is_file()]
@@ -158,33 +195,76 @@ class Checkpointer:
                 "see it: the run directory is not on a file system shared by all nodes",
                 "put train.output_dir (the run directory) on a shared file system (NFS, Lustre, ...)")])
 
-    def _prune(self, newest: Path) -> None:
-        complete = list_checkpoints(self.ctx.run_dir)
-        for old in complete[: max(0, len(complete) - self.keep)]:
-            if old != newest:
-                _remove(old)
+    def _prune(self) -> None:
+        """Keep the newest `train.keep_checkpoints` intact checkpoints and whatever is newer than
+        the oldest of them (damaged ones are left for the user to look at); delete only what is
+        older. Sizes are checked, not checksums: the newest was checksummed a moment ago."""
+        intact = 0
+        for ckpt in reversed(list_checkpoints(self.ctx.run_dir)):
+            if intact >= self.keep:
+                _remove(ckpt)
+            else:
+                status = inspect_checkpoint(ckpt, full=False)
+                intact += status.verified and status.intact
         # What crashed saves (.tmp-*) and interrupted deletions (.old-*) left behind.
         for leftover in [*self.root.glob(TMP_PREFIX + "*"), *self.root.glob(TRASH_PREFIX + "*")]:
             shutil.rmtree(leftover, ignore_errors=True)
 
     def load(self, ckpt_dir: Path) -> dict[str, Any]:
         """Restore engine, RNG and returns {"step", "sampler"} for the caller's sampler. The caller
-        has run `check_resumable` already (before building the engine)."""
+        has run `check_resumable` already (before building the engine). A checkpoint that passed
+        verification and still fails to load (the engine raising) is a UserError naming it."""
         meta = read_meta(ckpt_dir)
-        client = self.engine.load_checkpoint(ckpt_dir)
-        if int(client["step"]) != meta.step:
-            raise RuntimeError(f"{ckpt_dir}: engine state is of step {client['step']}, meta.json says {meta.step}")
-        step = meta.step
-        if meta.world_size == self.ctx.world_size:
-            own = json.loads(rank_file(ckpt_dir, self.ctx.rank).read_text())
+        try:
+            client = self.engine.load_checkpoint(ckpt_dir)
+            own = json.loads(rank_file(ckpt_dir, self.ctx.rank).read_text()) if meta.world_size == self.ctx.world_size \
+                else None
+        except engine_errors() as exc:  # the boundary: whatever the engine raises
+            raise _unloadable(ckpt_dir, f"{type(exc).__name__}: {exc}") from exc
+        if int(client.get("step", -1)) != meta.step:
+            raise _unloadable(ckpt_dir, f"the engine state is of step {client.get('step')}, meta.json says {meta.step}")
+        if own is not None:
             set_rng_state(own["rng"], self.ctx.device)
             sampler = own["sampler"]
         else:
             # The sampler's state is world-size independent; rank generators are not, so they restart.
-            reseed(self.plan.config.train.seed, self.ctx.rank, step, self.ctx.device)
+            reseed(self.plan.config.train.seed, self.ctx.rank, meta.step, self.ctx.device)
             sampler = meta.sampler
         self._barrier()
-        return {"step": step, "sampler": sampler}
+        return {"step": meta.step, "sampler": sampler}
+
+
+def newest_intact(run_dir: Path) -> CheckpointStatus | None:
+    """The newest intact checkpoint by sizes (None: none), for messages."""
+    try:
+        return newest_checkpoint(run_dir, full=False).chosen
+    except UserError:
+        return None
+
+
+def _unloadable(ckpt_dir: Path, why: str) -> UserError:
+    step = ckpt_dir.name.removeprefix("step-").lstrip("0") or "0"
+    return UserError(f"the checkpoint {ckpt_dir} passed its checks but cannot be loaded", [Problem(
+        str(ckpt_dir), why, f"export an older one with `orchestrate export RUN_DIR --step N`, or move {ckpt_dir.name} "
+        f"out of {ckpt_dir.parent} and --resume again (it continues from the newest older intact one; this "
+        f"was step {step})")])
+
+
+def _os_error(exc: BaseException | None) -> OSError | None:
+    """The OSError behind `exc`: itself, its cause or context, or one of a DCP CheckpointException's
+    per-rank failures."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            return exc
+        failures = getattr(exc, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
+        for failure in failures.values() if isinstance(failures, dict) else ():
+            found = _os_error(failure) if isinstance(failure, BaseException) else None
+            if found is not None:
+                return found
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _publish(tmp: Path, final: Path) -> None:

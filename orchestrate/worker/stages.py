@@ -12,7 +12,7 @@ import torch
 from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.plan import Plan
-from orchestrate.run.checkpoints import latest_checkpoint
+from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
 from orchestrate.run.layout import RunDir
 from orchestrate.run.requeue import clear_requeue
 from orchestrate.run.resume_rules import check_resumable
@@ -66,9 +66,25 @@ def start_process_group(plan: Plan, run: RunDir) -> Worker:
 
 
 def checkpoint_to_resume(plan: Plan, run: RunDir, worker: Worker) -> Path | None:
-    """The run's latest checkpoint, checked against the plan before anything is built (a mismatch
-    fails fast); a starting worker also clears an old REQUEUE marker."""
-    resume_from = latest_checkpoint(run.path)
+    """The run's newest intact checkpoint, checked against the plan before anything is built (a
+    mismatch fails fast); a starting worker also clears an old REQUEUE marker. Rank 0 verifies
+    (checksums included) and tells the others, so every rank continues from the same one."""
+    import torch.distributed as dist
+
+    answer: list = [None, None]  # [checkpoint name, (headline, problems, details) of a UserError]
+    if worker.is_main:
+        try:
+            found = newest_checkpoint(run.path, full=True)
+            for line in found.notices():
+                print(f"orchestrate: {line}", flush=True)
+            answer = [found.chosen.path.name if found.chosen else None, None]
+        except UserError as exc:
+            answer = [None, (exc.headline, exc.problems, exc.details)]
+    if dist.is_initialized() and worker.ranks.world_size > 1:
+        dist.broadcast_object_list(answer, src=0)
+    if answer[1] is not None:
+        raise UserError(*answer[1])
+    resume_from = checkpoint_root(run.path) / answer[0] if answer[0] else None
     if resume_from is not None:
         check_resumable(resume_from, plan)
     if worker.is_main:

@@ -110,7 +110,8 @@ def _rank_main(model: str, backend: str, ranks: int, work: str) -> dict:
     from orchestrate.backends.registry import get_backend
     from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
     from orchestrate.model.init_weights import build_initial_model
-    from orchestrate.worker.checkpointing import Checkpointer, latest_checkpoint
+    from orchestrate.run.checkpoints import latest_checkpoint
+    from orchestrate.worker.checkpointing import Checkpointer
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()

@@ -190,13 +190,11 @@ def _hand_accelerate(cfg: dict, out: Path) -> None:
 
 def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
     """What `orchestrate launch --gpus N tiny-gpt2.yaml --set ...` does, minus click."""
-    from orchestrate.launch.launcher import launch_from_config
-
-    from orchestrate.config.load import load_config
+    from orchestrate import api
     from orchestrate.hardware.resolve import resolve_hardware
 
-    config = load_config(CONFIG, [f"train.max_steps={steps}", "train.eval_every=0", *PINS[backend]])
-    result = launch_from_config(config, resolve_hardware(gpus=gpus), name="bench", run_dir=run_dir)
+    config = api.load_config(CONFIG, [f"train.max_steps={steps}", "train.eval_every=0", *PINS[backend]])
+    result = api.launch(api.launch_request(config, resolve_hardware(gpus=gpus), name="bench", run_dir=run_dir))
     sys.exit(result.exit_code)
 
 

@@ -1,0 +1,36 @@
+"""Every `from orchestrate... import name` in bench/ (also inside functions) names something that
+exists: the benchmarks run rarely, so a renamed module must fail here, not in a benchmark run."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _imports(path: Path) -> list[tuple[str, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    return [(node.module, alias.name) for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "orchestrate"
+            for alias in node.names]
+
+
+@pytest.mark.parametrize("path", sorted(BENCH.glob("*.py")), ids=lambda p: p.name)
+def test_bench_imports_resolve(path: Path):
+    missing = []
+    for module, name in _imports(path):
+        try:
+            target = importlib.import_module(module)
+        except ImportError as exc:
+            missing.append(f"{module}: {exc}")
+            continue
+        if not hasattr(target, name):
+            try:
+                importlib.import_module(f"{module}.{name}")
+            except ImportError:
+                missing.append(f"{module}.{name}")
+    assert missing == []

@@ -39,7 +39,7 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 
 def ddp_settings(plan: Plan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
-    from orchestrate.backends.hf_io import block_class_names
+    from orchestrate.model.block_classes import block_class_names
 
     cand = chosen_for(plan, "ddp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train

@@ -40,7 +40,7 @@ ENGINE_STATE_FILE = "engine_state.json"
 
 def fsdp_settings(plan: Plan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
-    from orchestrate.backends.hf_io import block_class_names
+    from orchestrate.model.block_classes import block_class_names
 
     cand = chosen_for(plan, "fsdp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train

@@ -16,22 +16,10 @@ import torch
 from torch import nn
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.model.block_classes import block_class_names
 
 SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-
-
-def block_class_names(model_type: str) -> list[str] | None:
-    """The transformer-block classes of a built-in causal LM (its `_no_split_modules`, the list
-    accelerate and HF's device_map use for the same purpose), without building it: pure, for render().
-    None for model types transformers does not ship (custom code): ask the built model instead."""
-    import transformers
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
-    class_name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
-    cls = getattr(transformers, class_name, None) if class_name else None
-    names = getattr(cls, "_no_split_modules", None)
-    return sorted(names) if names else None
 
 
 def model_block_class_names(model: nn.Module, model_type: str) -> list[str]:

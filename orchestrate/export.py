@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, find_checkpoint, read_meta
+from orchestrate.run.layout import EXPORT_MARKER_FILE
+from orchestrate.run.write_errors import os_errors_as_user_errors
 
 if TYPE_CHECKING:
     import torch
@@ -30,6 +32,21 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
     return get_backend(meta.backend).full_state_dict(ckpt, meta)
 
 
+def check_export_dir(out_dir: Path) -> None:
+    """UserError unless `out_dir` is new, empty, or an earlier export (it has EXPORT_MARKER_FILE):
+    export never replaces files it did not write (issue 10)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError("the export directory is a file", [Problem("--out", f"{out_dir} is not a directory",
+                                                                   "give a new directory: --out NEW")])
+    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if entries and EXPORT_MARKER_FILE not in entries:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise UserError("the export directory holds files orchestrate export did not write", [Problem(
+            "--out", f"{out_dir} holds {shown}; config.json, model.safetensors and tokenizer files would replace "
+            "any of the same name", "give a new directory: --out NEW (or empty that one)")])
+
+
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     """Write the HF model of `run_dir`'s latest checkpoint (or of `step`) to `out_dir`; returns the
     checkpoint directory it came from."""
@@ -40,6 +57,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     from orchestrate.model.meta import build_meta_model
     from orchestrate.planner.plan import Plan
 
+    check_export_dir(Path(out_dir))
     ckpt = find_checkpoint(Path(run_dir), step)
     plan = Plan.read(ckpt / PLAN_COPY)
     trust = plan.config.model.trust_remote_code
@@ -53,8 +71,11 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
             "export a checkpoint written by this run's model")])
     wanted = {k: state[k] for k in layout.tensors if k in state}  # drops non-persistent buffers DeepSpeed lists
     out_dir = Path(out_dir)
-    save_hf_dir(wanted, hf_config, out_dir, layout)
-    tokenizer = plan.config.data.tokenizer
-    if tokenizer and plan.config.resolve_path(tokenizer).is_dir():
-        copy_tokenizer(plan.config.resolve_path(tokenizer), out_dir)
+    with os_errors_as_user_errors("--out"):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
+        save_hf_dir(wanted, hf_config, out_dir, layout)
+        tokenizer = plan.config.data.tokenizer
+        if tokenizer and plan.config.resolve_path(tokenizer).is_dir():
+            copy_tokenizer(plan.config.resolve_path(tokenizer), out_dir)
     return ckpt

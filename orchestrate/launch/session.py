@@ -1,12 +1,14 @@
 """The one launch sequence, whatever starts the workers:
 
-    plan (or resume) and check -> write the run directory -> the workers' environment ->
+    plan (or resume) and check -> lock the run directory (held until the workers end) -> write
+    the run directory -> the workers' environment ->
     launch.sh -> tokenise the data once into the shared cache -> clear REQUEUE -> run -> exit code
     (EX_TEMPFAIL when the workers checkpointed on a stop signal).
 
 A `Transport` supplies only what differs between starting torchrun here, with srun inside a SLURM
 allocation, or over SSH on the hosts of a hostfile: the hardware shape it gives the plan, a check
-before anything is written, the commands (and launch.sh), and how to run and stop them.
+before anything is written, the commands (and launch.sh), and how to run and stop them, and
+whether its workers are the launcher's descendants (`remote_workers`: how they check the lock).
 
 The workers get nothing but the plan file's path: no orchestrate settings in the environment.
 """
@@ -14,6 +16,7 @@ The workers get nothing but the plan file's path: no orchestrate settings in the
 from __future__ import annotations
 
 import shlex
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -48,6 +51,9 @@ class LaunchRequest:
     resume: bool = False
     dry_run: bool = False
     max_restarts: int = 0
+    force: bool = False
+    """Write into a non-empty directory that is not a run directory when nothing there would be
+    replaced (orchestrate.run.marker)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +70,10 @@ class Prepared:
 
 
 class Transport(Protocol):
+    remote_workers: bool
+    """True when the workers are not descendants of this process (srun, SSH); a transport without
+    the attribute counts as remote (orchestrate.run.lock)."""
+
     def hardware(self, flags: HardwareFlags) -> HardwareFlags:
         """The flags with the shape this transport runs on (nodes, ranks per node)."""
         ...
@@ -163,9 +173,12 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
         tell(line)
     hw = request.hardware
     hardware = hw if isinstance(hw, HardwareProfile) else transport.hardware(hw).resolve()
-    plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
-                                    tell, check=None if request.dry_run else transport.check)
-    return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
+    with ExitStack() as held:  # the run directory's lock, from before it is written until the workers end
+        plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
+                                        tell, check=None if request.dry_run else transport.check,
+                                        force=request.force, hold=held,
+                                        remote_workers=getattr(transport, "remote_workers", True))
+        return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
 
 
 def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,

@@ -176,7 +176,7 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
                                  dry_run=dry_run, max_restarts=max_restarts, resume=resume, force=force)
     result = api.launch(request, transport, console)
     if result.exit_code == EX_TEMPFAIL:
-        err_console.print(f"[bold yellow]stopped early, checkpointed[/] (exit {EX_TEMPFAIL}: requeue); "
+        err_console.print(f"[bold yellow]stopped early[/] (exit {EX_TEMPFAIL}: requeue); "
                           f"continue with: orchestrate launch {config_path} --resume --run-dir {result.run_dir}",
                           soft_wrap=True)
     elif result.exit_code:

@@ -109,7 +109,8 @@ class RunLock:
 
 
 def _ancestors() -> set[int]:
-    pids, pid = set(), os.getpid()
+    """This process and its ancestors, from /proc (Linux)."""
+    pids, pid = {os.getpid()}, os.getpid()
     while pid > 1:
         try:
             stat = Path(f"/proc/{pid}/stat").read_text()

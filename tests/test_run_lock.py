@@ -107,3 +107,30 @@ def test_workers_refuse_a_run_directory_locked_by_another_launch(tmp_path: Path)
     finally:
         other.kill()
         other.wait()
+
+
+def test_a_refused_resume_leaves_the_run_untouched(tmp_path: Path):
+    """A resume the checkpoint cannot continue under is refused before anything is written."""
+    import torch
+
+    from orchestrate.planner.plan import Plan
+    from orchestrate.run.checkpoints import (
+        LATEST_FILE,
+        CheckpointMeta,
+        checkpoint_root,
+        step_dir_name,
+        write_meta,
+    )
+
+    run_dir = tmp_path / "run"
+    _dry_run(tmp_path, run_dir)
+    plan = Plan.read(run_dir / "plan.json")
+    ckpt = checkpoint_root(run_dir) / step_dir_name(2)
+    ckpt.mkdir(parents=True)
+    write_meta(ckpt, CheckpointMeta.of(plan, 2, 2, {}, torch.__version__))
+    (checkpoint_root(run_dir) / LATEST_FILE).write_text(ckpt.name)
+    before = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()}
+    config = load_config(TINY, [f"train.output_dir={tmp_path / 'runs'}", "train.seq_len=64"])
+    with pytest.raises(UserError, match="train.seq_len"):
+        api.launch(api.launch_request(config, cpu_hardware(2), name="tiny-gpt2", run_dir=run_dir, resume=True))
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file()} == before

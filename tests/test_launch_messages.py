@@ -71,3 +71,31 @@ def test_the_worker_installs_its_guards_before_torch_is_imported(module: str):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=Path(__file__).resolve().parents[1])
     assert out.stdout.strip() == "False"
+
+
+def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path: Path):
+    import os
+
+    from orchestrate import api
+    from orchestrate.config.load import load_config
+    from orchestrate.data import pipeline
+    from orchestrate.launch.local import LocalTorchrun
+    from orchestrate.launch.session import start
+    from tests.helpers.plans import cpu_hardware
+
+    def tokenising(plan, run_dir, progress):
+        os.kill(os.getpid(), signal.SIGTERM)  # what SLURM or the user sends while the data is tokenised
+        return "not reached"
+
+    class NoRun(LocalTorchrun):
+        def run(self, *args, **kwargs):
+            raise AssertionError("the workers must not start")
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt2.yaml",
+                         [f"train.output_dir={tmp_path}"])
+    written = api.launch(api.launch_request(config, cpu_hardware(2), run_dir=tmp_path / "run", dry_run=True))
+    monkeypatch.setattr(pipeline, "prepare_for_plan", tokenising)
+    before = signal.getsignal(signal.SIGTERM)
+    result = start(written.plan, written.run_dir, NoRun())
+    assert result.exit_code == EX_TEMPFAIL and "SIGTERM" in result.messages[-1]
+    assert signal.getsignal(signal.SIGTERM) is before  # put back

@@ -16,7 +16,10 @@ The workers get nothing but the plan file's path: no orchestrate settings in the
 from __future__ import annotations
 
 import shlex
-from contextlib import ExitStack
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -161,6 +164,28 @@ def requeue_code(run_dir: Path, code: int, say: Callable[[str], None]) -> int:
     return EX_TEMPFAIL
 
 
+class StoppedBeforeWorkers(Exception):
+    """A stop signal reached the launcher before torchrun (which handles them itself) started."""
+
+
+@contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGUSR1 raise StoppedBeforeWorkers inside (main thread only: signal.signal's rule),
+    so that a stop at any point is exit 75 (nothing to checkpoint yet: the resume starts at step 0),
+    not the default death by signal (143)."""
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedBeforeWorkers(signal.Signals(signum).name)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def launch(request: LaunchRequest, transport: Transport, console: Console | None = None) -> LaunchResult:
     """Run the sequence of the module docstring; UserError before anything is written when the plan
     cannot run (nothing fits, bad data, no device, a checkpointed run directory without --resume)."""
@@ -199,9 +224,16 @@ def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0
         return result
     from orchestrate.data.pipeline import prepare_for_plan
 
-    # Tokenise once, here, into the shared cache: the workers (on every node) then only map it (no
-    # race between nodes, no collective timeout while a large corpus is tokenised).
-    tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+    try:
+        with stop_signals_raise():
+            # Tokenise once, here, into the shared cache: the workers (on every node) then only map it
+            # (no race between nodes, no collective timeout while a large corpus is tokenised).
+            tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+    except StoppedBeforeWorkers as stopped:
+        tell(f"stopped by {stopped} before the workers started; start it again with "
+             f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")
+        result.exit_code = EX_TEMPFAIL
+        return result
     clear_requeue(run_dir)
     result.exit_code = requeue_code(run_dir, transport.run(plan, run_dir, tell, console), tell)
     return result

@@ -89,14 +89,16 @@ def verify(plan: Plan) -> str:
 
 
 def write_config(config: RunConfig, hardware: HardwareFlags | HardwareProfile, out: Path,
-                 name: str = "run") -> Plan:
-    """`orchestrate config`: the run directory `launch` would write (the same plan, data and
-    existing-checkpoint checks), without starting anything. Returns the plan with its files."""
+                 name: str = "run", force: bool = False) -> Plan:
+    """`orchestrate config`: the run directory `launch` would write (the same plan, data,
+    existing-checkpoint and overwrite checks, the lock), without starting anything. Returns the
+    plan with its files."""
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.launch.rundir import prepare_run_dir
 
     profile = hardware if isinstance(hardware, HardwareProfile) else hardware.resolve()
-    plan, _ = prepare_run_dir(config, profile, name, Path(out), resume=False, say=lambda _text: None)
+    plan, _ = prepare_run_dir(config, profile, name, Path(out), resume=False, say=lambda _text: None,
+                              force=force, where="--out")
     return plan
 
 
@@ -175,7 +177,7 @@ def launch(request: LaunchRequest, transport: Transport | None = None, console: 
 
 def launch_request(config: RunConfig, hardware: HardwareFlags | HardwareProfile = HardwareFlags(),
                    **kwargs: Any) -> LaunchRequest:
-    """A LaunchRequest (name, run_dir, resume, dry_run, max_restarts as keywords)."""
+    """A LaunchRequest (name, run_dir, resume, dry_run, max_restarts, force as keywords)."""
     from orchestrate.launch.session import LaunchRequest
 
     return LaunchRequest(config, hardware, **kwargs)

@@ -123,12 +123,14 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
 @set_option
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="Directory for plan.json and the rendered DeepSpeed/FSDP/Accelerate files.")
+@click.option("--force", is_flag=True,
+              help="Write into a non-empty directory that is not a run directory (nothing there is replaced).")
 @_user_errors_exit_2
-def config_cmd(config_path, overrides, out, **kwargs):
+def config_cmd(config_path, overrides, out, force, **kwargs):
     """Plan and write plan.json plus the rendered backend configs, without launching (the checks of
     `launch` included: data, existing checkpoints)."""
     written = api.write_config(api.load_config(config_path, overrides), _flags(kwargs), Path(out),
-                               name=Path(config_path).stem)
+                               name=Path(config_path).stem, force=force)
     console.print(f"chosen: [bold]{written.chosen.name}[/]")
     for role, name in written.files.items():
         if (Path(out) / name).is_file():
@@ -156,9 +158,11 @@ def config_cmd(config_path, overrides, out, **kwargs):
 @click.option("--resume", is_flag=True,
               help="Continue the newest run of CONFIG (or --run-dir) from its latest checkpoint; its own plan "
                    "when config and world size are unchanged, else re-planned (resharded).")
+@click.option("--force", is_flag=True,
+              help="Write into a non-empty directory that is not a run directory (nothing there is replaced).")
 @_user_errors_exit_2
 def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, master_port, rdzv_backend,
-           rdzv_endpoint, rdzv_id, node_rank, hosts, python, resume, **kwargs):
+           rdzv_endpoint, rdzv_id, node_rank, hosts, python, resume, force, **kwargs):
     """Plan, write the run directory and train with torchrun workers.
 
     Here, on the hosts of --hosts over SSH, or, inside a SLURM allocation, on its nodes with srun."""
@@ -169,10 +173,10 @@ def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, 
         rendezvous=api.Rendezvous(master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
                                   rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank))
     request = api.launch_request(config, _flags(kwargs), name=name, run_dir=Path(run_dir) if run_dir else None,
-                                 dry_run=dry_run, max_restarts=max_restarts, resume=resume)
+                                 dry_run=dry_run, max_restarts=max_restarts, resume=resume, force=force)
     result = api.launch(request, transport, console)
     if result.exit_code == EX_TEMPFAIL:
-        err_console.print(f"[bold yellow]stopped early, checkpointed[/] (exit {EX_TEMPFAIL}: requeue); "
+        err_console.print(f"[bold yellow]stopped early[/] (exit {EX_TEMPFAIL}: requeue); "
                           f"continue with: orchestrate launch {config_path} --resume --run-dir {result.run_dir}",
                           soft_wrap=True)
     elif result.exit_code:

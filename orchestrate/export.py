@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
+from orchestrate.run.layout import EXPORT_MARKER_FILE
+from orchestrate.run.write_errors import os_errors_as_user_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -37,6 +39,21 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
 
 
+def check_export_dir(out_dir: Path) -> None:
+    """UserError unless `out_dir` is new, empty, or an earlier export (it has EXPORT_MARKER_FILE):
+    export never replaces files it did not write (issue 10)."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError("the export directory is a file", [Problem("--out", f"{out_dir} is not a directory",
+                                                                   "give a new directory: --out NEW")])
+    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
+    if entries and EXPORT_MARKER_FILE not in entries:
+        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
+        raise UserError("the export directory holds files orchestrate export did not write", [Problem(
+            "--out", f"{out_dir} holds {shown}; config.json, model.safetensors and tokenizer files would replace "
+            "any of the same name", "give a new directory: --out NEW (or empty that one)")])
+
+
 def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
@@ -54,6 +71,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     from orchestrate.model.meta import build_meta_model
     from orchestrate.planner.plan import Plan
 
+    check_export_dir(Path(out_dir))
     found = find_checkpoint(Path(run_dir), step)
     for line in found.notices():
         say(line)
@@ -74,6 +92,9 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
             "export a checkpoint written by this run's model")])
     wanted = {k: state[k] for k in layout.tensors if k in state}  # drops non-persistent buffers DeepSpeed lists
     out_dir = Path(out_dir)
-    save_hf_dir(wanted, hf_config, out_dir, layout)
-    save_tokenizer(tokenizer_dir_of(plan.config), out_dir)  # None: the byte tokenizer
+    with os_errors_as_user_errors("--out"):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
+        save_hf_dir(wanted, hf_config, out_dir, layout)
+        save_tokenizer(tokenizer_dir_of(plan.config), out_dir)  # None: the byte tokenizer
     return ckpt

@@ -10,7 +10,8 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrate"
 RUN_DIR_NAMES = {"plan.json", "config.yaml", "metrics.jsonl", "launch.sh", "job.sbatch", "accelerate.yaml",
-                 "REQUEUE", "init_model", "data/demo_corpus.txt", "orchestrate.worker", "checkpoints"}
+                 "REQUEUE", "init_model", "data/demo_corpus.txt", "orchestrate.worker", "checkpoints",
+                 ".orchestrate-run", ".lock", ".orchestrate-export"}
 EXIT_CODE_NAMES = {"EX_TEMPFAIL", "EXIT_USER_ERROR"}
 
 

@@ -213,6 +213,8 @@ class DeepSpeedTrainEngine:
         export too); the fp32 masters stay in the checkpoint (zero_to_fp32.py recovers them)."""
         import deepspeed.comm as dist
 
+        from orchestrate.backends.hf_io import follow_umask
+
         if self._zero3:
             # Gathers one module at a time onto rank 0 (None elsewhere), as Accelerate's
             # get_state_dict does for ZeRO-3.
@@ -221,6 +223,7 @@ class DeepSpeedTrainEngine:
             state = self.engine.module.state_dict() if dist.get_rank() == 0 else None
         if dist.get_rank() == 0:
             self.engine.module.save_pretrained(Path(out_dir), state_dict=state)
+            follow_umask(Path(out_dir))
         dist.barrier()  # nobody reads the directory before it is complete
 
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:

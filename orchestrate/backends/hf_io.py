@@ -9,6 +9,7 @@ Everything keys off the *unwrapped* model built on the meta device
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +157,21 @@ def check_weights_match(model_dir: Path, missing: list[str], unexpected: list[st
                         "the safetensors files must come from the model config.json describes")
 
 
+def current_umask() -> int:
+    mask = os.umask(0o022)  # the only way to read it is to set it; put it straight back
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(out_dir: Path) -> None:
+    """Give the model files the user's umask: safetensors' save_file (safetensors 0.4+, also under
+    transformers' save_pretrained) writes through a private temporary file and renames it, so
+    model.safetensors ends up mode 0600 whatever the umask (issue 10)."""
+    mode = 0o666 & ~current_umask()
+    for path in Path(out_dir).glob("*.safetensors"):
+        path.chmod(mode)
+
+
 def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout: StateLayout) -> None:
     """Write `state` (a full CPU state dict) as an HF model directory: model.safetensors + config.json,
     tied aliases dropped (from_pretrained re-ties them)."""
@@ -166,4 +182,5 @@ def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout
     aliases = layout.aliases
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state.items() if k not in aliases}
     save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata={"format": "pt"})
+    follow_umask(out_dir)
     hf_config.save_pretrained(out_dir)

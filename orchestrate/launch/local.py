@@ -17,6 +17,7 @@ from orchestrate.launch.progress_bar import follow_metrics
 from orchestrate.launch.session import Prepared, launch_env
 from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torchrun_argv
 from orchestrate.planner.plan import Plan
+from orchestrate.run.exit_codes import EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE
 
 if TYPE_CHECKING:
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
 
 @dataclass
 class LocalTorchrun:
+    remote_workers = False
+    """torchrun runs in this process: the workers are its children (they check the lock by that)."""
     options: LaunchOptions = field(default_factory=LaunchOptions)
     """torchrun's rendezvous and restart options (a hand-made multi-node launch gives them)."""
     _argv: list[str] = field(default_factory=list, init=False, repr=False)
@@ -79,6 +82,28 @@ def _environment(env: dict[str, str]):
             os.environ.pop(key, None)
 
 
+def blamed_failure(failures: dict) -> tuple[int, object]:
+    """(rank, failure) of the rank that failed first on its own. torchrun SIGTERMs (then SIGKILLs)
+    the others once one fails, so a negative SIGTERM exit code is torchrun's doing: prefer a rank
+    with its own exit code (> 0), then one killed by another signal (kill -9: -9), and only then
+    a SIGTERMed one; earliest first, then the lowest rank."""
+    import signal
+
+    def own(failure) -> int:
+        code = failure.exitcode or 0
+        return 0 if code > 0 else 1 if code != -int(signal.SIGTERM) else 2
+
+    return min(failures.items(), key=lambda kv: (own(kv[1]), kv[1].timestamp, kv[0]))
+
+
+def failure_output(error_file: str | None, run_dir: Path) -> Path:
+    """Where a failed rank's output is: its error file's folder, or the logs folder when it left no
+    error file (torchrun then reports the placeholder "<N/A>")."""
+    if error_file and os.path.isabs(error_file):
+        return Path(error_file).parent
+    return run_dir / LOG_DIR
+
+
 def _run_torchrun(argv: list[str], run_dir: Path, say: Callable[[str], None]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -87,13 +112,12 @@ def _run_torchrun(argv: list[str], run_dir: Path, say: Callable[[str], None]) ->
     try:
         run(parse_args(argv))
     except ChildFailedError as exc:
-        # The first rank to fail with its own exit code, not one torchrun then killed (SIGTERM).
-        own = [kv for kv in exc.failures.items() if kv[1].exitcode > 0] or list(exc.failures.items())
-        rank, failure = min(own, key=lambda kv: (kv[1].timestamp, kv[0]))
-        logs = Path(failure.error_file).parent if failure.error_file else run_dir / LOG_DIR
-        say(f"worker rank {rank} failed with exit code {failure.exitcode}; its output: {logs}")
+        rank, failure = blamed_failure(exc.failures)
+        say(f"worker rank {rank} failed with exit code {failure.exitcode}; its output: "
+            f"{failure_output(failure.error_file, run_dir)}")
         return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
     except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
-        say(f"stopped by signal {exc.sigval.name}; partial results in {run_dir}")
-        return 128 + int(exc.sigval)
+        # A stop signal at any point (even before step 1) means: checkpoint if possible, requeue.
+        say(f"stopped by signal {exc.sigval.name}; resume from the latest checkpoint (or step 0) of {run_dir}")
+        return EX_TEMPFAIL
     return 0

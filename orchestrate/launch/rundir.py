@@ -1,11 +1,13 @@
 """Writing a run directory (its layout is the contract in `orchestrate.run`): plan or resume,
-check, then write config.yaml, the rendered backend configs, accelerate.yaml, the demo corpus and
-plan.json (with its run section) last."""
+check (nothing is written before: a refused launch or resume leaves the directory untouched), take
+the lock, then write the marker first, config.yaml, the rendered backend configs, accelerate.yaml,
+the demo corpus and plan.json (with its run section) last."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +21,15 @@ from orchestrate.run.layout import (
     ACCELERATE_FILE,
     CONFIG_FILE,
     DEMO_CORPUS_FILE,
+    LAUNCH_SCRIPT,
     LOG_DIR,
     METRICS_FILE,
     MODEL_DIR,
     PLAN_FILE,
 )
+from orchestrate.run.lock import RunLock
+from orchestrate.run.marker import check_run_dir_writable, write_marker
+from orchestrate.run.write_errors import os_errors_as_user_errors
 
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
@@ -72,16 +78,24 @@ def worker_env(plan: Plan) -> tuple[dict[str, str], list[str]]:
 
 
 def prepare_run(plan: Plan, run_dir: Path) -> Plan:
-    """Write the run directory for a feasible plan; returns the plan with `files` and `run` filled in."""
+    """Write the run directory for a feasible plan; returns the plan with `files` and `run` filled
+    in. An OS error (read-only directory, full disk) is a UserError naming the path."""
+
+    if plan.chosen is None:  # callers check feasibility first (planner.remedies.require_feasible)
+        raise ValueError("prepare_run needs a plan with a chosen strategy")
+    run_dir = run_dir.resolve()
+    with os_errors_as_user_errors("--run-dir"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_marker(run_dir)
+        return _write_run_files(plan, run_dir)
+
+
+def _write_run_files(plan: Plan, run_dir: Path) -> Plan:
     from orchestrate.backends.accelerate_export import render_accelerate_config
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.corpus import write_demo_corpus
     from orchestrate.data.pipeline import DEMO_CORPUS_ROLE
 
-    if plan.chosen is None:  # callers check feasibility first (planner.remedies.require_feasible)
-        raise ValueError("prepare_run needs a plan with a chosen strategy")
-    run_dir = run_dir.resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / LOG_DIR).mkdir(exist_ok=True)
     config = plan.config
     files: dict[str, str] = {"config": CONFIG_FILE, "logs": LOG_DIR, "metrics": METRICS_FILE, "model_out": MODEL_DIR}
@@ -108,14 +122,33 @@ def prepare_run(plan: Plan, run_dir: Path) -> Plan:
     return plan
 
 
+def run_dir_writes(plan: Plan) -> list[str]:
+    """The names `prepare_run` and the launch write into a run directory."""
+    from orchestrate.backends.registry import get_backend
+
+    names = [CONFIG_FILE, PLAN_FILE, ACCELERATE_FILE, LAUNCH_SCRIPT, LOG_DIR, METRICS_FILE, MODEL_DIR,
+             DEMO_CORPUS_FILE]
+    return names + list(get_backend(plan.chosen.strategy.backend).render(plan))
+
+
+def lock_run_dir(run_dir: Path, what: str, remote_workers: bool = False) -> RunLock:
+    """The run directory's lock (created with the directory); UserError naming the holder."""
+    with os_errors_as_user_errors("--run-dir"):
+        run_dir.mkdir(parents=True, exist_ok=True)
+    return RunLock.acquire(run_dir, what, remote_workers)
+
+
 def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
-                    say: Callable[[str], None], check: Callable[[Plan], None] | None = None) -> tuple[Plan, Path]:
-    """Plan (UserError when nothing fits), check the data, run `check` on the plan, then write the
-    run directory; notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest
-    run of `name`) keeps its own plan when it still fits and is not written again
-    (`orchestrate.launch.resume`); otherwise a `run_dir` that already holds checkpoints is
-    refused. Every command that writes a run directory (config, launch, slurm) comes through here.
-    Returns the plan and the run directory."""
+                    say: Callable[[str], None], check: Callable[[Plan], None] | None = None, *,
+                    force: bool = False, hold: ExitStack | None = None, remote_workers: bool = False,
+                    where: str = "--run-dir") -> tuple[Plan, Path]:
+    """Plan (UserError when nothing fits), check the data, run `check` on the plan, check that the
+    directory may be written (orchestrate.run.marker; `force`), then lock it and write it;
+    notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest run of `name`)
+    keeps its own plan when it still fits and is not written again (`orchestrate.launch.resume`);
+    otherwise a `run_dir` that already holds checkpoints is refused. The lock is kept in `hold`
+    (the caller's, for the whole launch), else released once written. Every command that writes a
+    run directory (config, launch, slurm) comes through here. Returns the plan and the run directory."""
     from orchestrate.data.pipeline import check_data_config
     from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
     from orchestrate.planning import feasible_plan
@@ -123,12 +156,17 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     if resume:
         run_dir = run_to_resume(config, name, run_dir)
         plan, reused, found = plan_for_resume(config, hardware, run_dir)
-        say(resume_notice(run_dir, reused, found))
     else:
         plan, reused = feasible_plan(config, hardware), False
         run_dir = (run_dir or default_run_dir(config, name)).resolve()
+        check_run_dir_writable(run_dir, run_dir_writes(plan), config.source_dir, force, where)
         refuse_checkpointed(run_dir)
     check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     if check is not None:
         check(plan)
-    return (plan if reused else prepare_run(plan, run_dir)), run_dir
+    with ExitStack() as own:
+        lock: AbstractContextManager = lock_run_dir(run_dir, f"orchestrate {name}", remote_workers)
+        (hold if hold is not None else own).enter_context(lock)
+        if resume:
+            say(resume_notice(run_dir, reused, found))
+        return (plan if reused else prepare_run(plan, run_dir)), run_dir

@@ -1,12 +1,14 @@
 """The one launch sequence, whatever starts the workers:
 
-    plan (or resume) and check -> write the run directory -> the workers' environment ->
+    plan (or resume) and check -> lock the run directory (held until the workers end) -> write
+    the run directory -> the workers' environment ->
     launch.sh -> tokenise the data once into the shared cache -> clear REQUEUE -> run -> exit code
     (EX_TEMPFAIL when the workers checkpointed on a stop signal).
 
 A `Transport` supplies only what differs between starting torchrun here, with srun inside a SLURM
 allocation, or over SSH on the hosts of a hostfile: the hardware shape it gives the plan, a check
-before anything is written, the commands (and launch.sh), and how to run and stop them.
+before anything is written, the commands (and launch.sh), and how to run and stop them, and
+whether its workers are the launcher's descendants (`remote_workers`: how they check the lock).
 
 The workers get nothing but the plan file's path: no orchestrate settings in the environment.
 """
@@ -14,6 +16,10 @@ The workers get nothing but the plan file's path: no orchestrate settings in the
 from __future__ import annotations
 
 import shlex
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -49,6 +55,9 @@ class LaunchRequest:
     resume: bool = False
     dry_run: bool = False
     max_restarts: int = 0
+    force: bool = False
+    """Write into a non-empty directory that is not a run directory when nothing there would be
+    replaced (orchestrate.run.marker)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,10 @@ class Prepared:
 
 
 class Transport(Protocol):
+    remote_workers: bool
+    """True when the workers are not descendants of this process (srun, SSH); a transport without
+    the attribute counts as remote (orchestrate.run.lock)."""
+
     def hardware(self, flags: HardwareFlags) -> HardwareFlags:
         """The flags with the shape this transport runs on (nodes, ranks per node)."""
         ...
@@ -152,6 +165,28 @@ def requeue_code(run_dir: Path, code: int, say: Callable[[str], None]) -> int:
     return EX_TEMPFAIL
 
 
+class StoppedBeforeWorkers(Exception):
+    """A stop signal reached the launcher before torchrun (which handles them itself) started."""
+
+
+@contextmanager
+def stop_signals_raise() -> Iterator[None]:
+    """SIGTERM/SIGUSR1 raise StoppedBeforeWorkers inside (main thread only: signal.signal's rule),
+    so that a stop at any point is exit 75 (nothing to checkpoint yet: the resume starts at step 0),
+    not the default death by signal (143)."""
+    def stop(signum: int, frame: object) -> None:
+        raise StoppedBeforeWorkers(signal.Signals(signum).name)
+
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def launch(request: LaunchRequest, transport: Transport, console: Console | None = None) -> LaunchResult:
     """Run the sequence of the module docstring; UserError before anything is written when the plan
     cannot run (nothing fits, bad data, no device, a checkpointed run directory without --resume)."""
@@ -164,9 +199,12 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
         tell(line)
     hw = request.hardware
     hardware = hw if isinstance(hw, HardwareProfile) else transport.hardware(hw).resolve()
-    plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
-                                    tell, check=None if request.dry_run else transport.check)
-    return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
+    with ExitStack() as held:  # the run directory's lock, from before it is written until the workers end
+        plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
+                                        tell, check=None if request.dry_run else transport.check,
+                                        force=request.force, hold=held,
+                                        remote_workers=getattr(transport, "remote_workers", True))
+        return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
 
 
 def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,
@@ -187,9 +225,16 @@ def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0
         return result
     from orchestrate.data.pipeline import prepare_for_plan
 
-    # Tokenise once, here, into the shared cache: the workers (on every node) then only map it (no
-    # race between nodes, no collective timeout while a large corpus is tokenised).
-    tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+    try:
+        with stop_signals_raise():
+            # Tokenise once, here, into the shared cache: the workers (on every node) then only map it
+            # (no race between nodes, no collective timeout while a large corpus is tokenised).
+            tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+    except StoppedBeforeWorkers as stopped:
+        tell(f"stopped by {stopped} before the workers started; start it again with "
+             f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")
+        result.exit_code = EX_TEMPFAIL
+        return result
     clear_requeue(run_dir)
     result.exit_code = requeue_code(run_dir, transport.run(plan, run_dir, tell, console), tell)
     if result.exit_code not in (0, EX_TEMPFAIL):

@@ -15,5 +15,7 @@ directory and the workers (`orchestrate.worker`) that train in it; they never im
       init_model/        the seeded initial weights (written by the workers when training from scratch)
       checkpoints/       resumable checkpoints (`orchestrate.run.checkpoints`)
       model/             the trained Hugging Face model
+      .orchestrate-run   the marker: this directory is an orchestrate run (`orchestrate.run.marker`)
+      .lock              held by the running launcher, names it (`orchestrate.run.lock`)
       REQUEUE            left by workers that checkpointed on a stop signal (`orchestrate.run.requeue`)
 """

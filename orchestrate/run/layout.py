@@ -16,6 +16,12 @@ INIT_MODEL_DIR = "init_model"
 MODEL_DIR = "model"
 DEMO_CORPUS_FILE = "data/demo_corpus.txt"
 REQUEUE_FILE = "REQUEUE"
+MARKER_FILE = ".orchestrate-run"
+"""Written first into every run directory: what makes a directory orchestrate's (`orchestrate.run.marker`)."""
+LOCK_FILE = ".lock"
+"""flock'ed by the launcher for the whole launch; names its holder (`orchestrate.run.lock`)."""
+EXPORT_MARKER_FILE = ".orchestrate-export"
+"""Written by `orchestrate export` into its output directory, so that it may replace its own files."""
 
 WORKER_MODULE = "orchestrate.worker"
 """What torchrun runs on every rank: `python -m orchestrate.worker RUN_DIR/plan.json`."""
@@ -63,3 +69,11 @@ class RunDir:
     @property
     def requeue(self) -> Path:
         return self.path / REQUEUE_FILE
+
+    @property
+    def marker(self) -> Path:
+        return self.path / MARKER_FILE
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK_FILE

@@ -7,7 +7,11 @@
 Fault tolerance (docs/fault-tolerance.md): whenever RUN_DIR/checkpoints/latest names a complete
 checkpoint the worker continues from it, so `orchestrate launch --resume`, a torchrun restart
 (`--max-restarts`) and a SLURM requeue all resume the same way. SIGTERM/SIGUSR1 make every rank
-finish the step, checkpoint at the same step and exit EX_TEMPFAIL (75) with RUN_DIR/REQUEUE.
+finish the step, checkpoint at the same step and exit EX_TEMPFAIL (75) with RUN_DIR/REQUEUE; the
+handler is installed first thing, so a signal during start-up stops at step 1 the same way.
+
+A worker dies with its parent, torchrun's agent (orchestrate.worker.orphans), and refuses to start
+in a run directory locked by another launch (orchestrate.run.lock).
 
 Everything comes from plan.json (the launcher's only channel); the environment supplies only
 torchrun's rank variables and the library settings recorded in the plan's run section (NCCL).
@@ -18,22 +22,25 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
 from orchestrate.run.exit_codes import EX_TEMPFAIL, EXIT_USER_ERROR
 
+if TYPE_CHECKING:
+    from orchestrate.worker.signals import StopRequest
 
-def train(plan_path: Path) -> int:
+
+def train(plan_path: Path, stop: StopRequest) -> int:
     """Run the plan on this rank; returns the exit status: 0 when done, EX_TEMPFAIL when a signal
     stopped it early (RUN_DIR/REQUEUE says from which checkpoint to resume). Collective."""
     import torch.distributed as dist
 
     from orchestrate.worker import stages
     from orchestrate.worker.loop import run_loop
-    from orchestrate.worker.signals import StopRequest
 
     plan, run = stages.read_plan(plan_path)
-    stop = StopRequest().install()  # from here on SIGTERM/SIGUSR1 mean "checkpoint and exit"
+    stages.check_lock(run)
     worker = stages.start_process_group(plan, run)
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
     engine, ctx = stages.build_engine(plan, run, worker)
@@ -49,6 +56,11 @@ def train(plan_path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from orchestrate.worker.orphans import guard_parent
+    from orchestrate.worker.signals import StopRequest
+
+    guard_parent()
+    stop = StopRequest().install()  # from here on SIGTERM/SIGUSR1 mean "checkpoint and exit"
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parser = argparse.ArgumentParser(prog=f"python -m {__package__}",
@@ -60,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     try:
         # @record writes the traceback of an unexpected error to torchrun's per-rank error file.
-        return record(train)(args.plan)
+        return record(train)(args.plan, stop)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR

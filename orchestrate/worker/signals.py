@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import signal
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # imported when needed: the handler is installed before torch loads (worker/main.py)
+    import torch
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
@@ -48,6 +49,7 @@ class StopRequest:
     def agreed(self, device: torch.device, save_s: float | None) -> tuple[bool, float, float | None]:
         """(some rank was signalled, seconds since the earliest signal, the slowest rank's last
         checkpoint write time or None). Collective: one all-reduce, so every rank decides alike."""
+        import torch
         import torch.distributed as dist
 
         elapsed = time.monotonic() - self.received_at if self.received_at is not None else -1.0

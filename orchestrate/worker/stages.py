@@ -54,6 +54,13 @@ def read_plan(plan_path: Path) -> tuple[Plan, RunDir]:
     return plan, RunDir(plan_path.parent)
 
 
+def check_lock(run: RunDir) -> None:
+    """UserError when another launch holds the run directory's lock (orchestrate.run.lock)."""
+    from orchestrate.run.lock import check_worker_may_run
+
+    check_worker_may_run(run.path)
+
+
 def start_process_group(plan: Plan, run: RunDir) -> Worker:
     """The process group the plan's backend asks for; the seed every rank starts from."""
     from orchestrate.backends.registry import get_backend

@@ -1,0 +1,71 @@
+"""The marker that makes a directory an orchestrate run: RUN_DIR/.orchestrate-run, written first
+by `prepare_run`. Only a marked directory (or an empty or new one) is written into as a run
+directory, so a user's own files are never replaced by config.yaml, plan.json, launch.sh, ...
+(issue 10: `--run-dir .` used to overwrite the input YAML itself).
+
+    new or empty directory                -> written, marker first
+    marked run directory                  -> written (only orchestrate's own files are replaced)
+    non-empty, unmarked, none of the
+      names orchestrate writes there      -> refused; --force adds the run (nothing is replaced)
+    non-empty, unmarked, with such names  -> refused, --force or not: those files are the user's
+    the config file's own directory       -> refused: the run's files would sit among the inputs
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.run.layout import MARKER_FILE
+
+
+def write_marker(run_dir: Path) -> Path:
+    path = Path(run_dir) / MARKER_FILE
+    if not path.exists():
+        path.write_text(json.dumps({"orchestrate_run": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    return path
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(p.name for p in path.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _short(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def check_run_dir_writable(run_dir: Path, writes: Iterable[str], config_dir: Path | None = None,
+                           force: bool = False, where: str = "--run-dir") -> None:
+    """UserError unless `run_dir` may be written as a run directory (the table of the module
+    docstring). `writes`: the names (relative paths) the run directory is about to get."""
+    run_dir = Path(run_dir).resolve()
+    if config_dir is not None and Path(config_dir).resolve() == run_dir and not is_run_dir(run_dir):
+        raise UserError("the run directory is the config file's own directory", [Problem(
+            where, f"{run_dir} holds the config and its inputs; the run's config.yaml, plan.json, launch.sh, "
+            "... would be written among (or over) them", f"give a new directory: {where} NEW")])
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError("the run directory is a file", [Problem(where, f"{run_dir} is not a directory",
+                                                                f"give a new directory: {where} NEW")])
+    entries = _entries(run_dir)
+    if not entries or is_run_dir(run_dir):
+        return
+    taken = sorted({w for w in writes if (run_dir / w).exists()})
+    if taken:
+        raise UserError("the directory is not an orchestrate run directory", [Problem(
+            where, f"{run_dir} already holds {_short(taken)}, which orchestrate did not write "
+            f"(no {MARKER_FILE}) and would replace", f"give a new directory: {where} NEW")])
+    if not force:
+        raise UserError("the directory is not empty and not an orchestrate run directory", [Problem(
+            where, f"{run_dir} holds {_short(entries)} (no {MARKER_FILE})",
+            f"give a new directory: {where} NEW, or add --force to put the run there "
+            "(none of those files would be replaced)")])

@@ -1,0 +1,56 @@
+"""Workers never outlive their launcher (issue 10): a worker whose parent dies is killed.
+
+The parent is torchrun's agent: `orchestrate launch` runs torchrun in-process (orchestrate.launch.
+local), so there the agent *is* the launcher, and a SIGKILLed launcher (which cannot forward any
+signal) used to leave both workers running under init, still checkpointing. Under launch.sh,
+srun or SSH the parent is the separate torchrun process, which the same rule ties them to.
+
+Two mechanisms, because each has a gap:
+- PR_SET_PDEATHSIG (Linux prctl(2)): the kernel sends SIGKILL when the parent *thread* that
+  forked us exits; immediate, but fires early if torchrun ever spawned from a short-lived thread
+  and not at all on other systems.
+- a watchdog thread that polls getppid() once a second: re-parenting to init (or a subreaper)
+  means the parent died, whatever thread forked us.
+SIGKILL, not SIGTERM: with the launcher gone nobody would enforce the grace period, and a rank
+stuck in a collective with a dead peer would never get to its checkpoint. The last complete
+checkpoint stays (the write protocol renames into place); `--resume` continues from it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+POLL_S = 1.0
+
+
+def _set_pdeathsig() -> None:
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # the watchdog below still applies
+
+
+def _watch(parent: int) -> None:
+    while True:
+        time.sleep(POLL_S)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def guard_parent() -> None:
+    """Die with the parent process, from now on; exits at once when it died already."""
+    parent = os.getppid()
+    _set_pdeathsig()
+    if os.getppid() != parent:  # died before the prctl took effect
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch, args=(parent,), name="orchestrate-parent-watchdog", daemon=True).start()

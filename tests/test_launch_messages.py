@@ -1,0 +1,101 @@
+"""What the launcher says when workers fail or it is stopped (issue 10 item 7): the rank that
+failed on its own is blamed, its output path is a real path, a stop signal means exit 75."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+from orchestrate.run.exit_codes import EX_TEMPFAIL
+
+
+def _failure(rank: int, exitcode: int, error_file: str = "<N/A>"):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    return ProcessFailure(local_rank=rank, pid=1000 + rank, exitcode=exitcode, error_file=error_file)
+
+
+def _run_with(monkeypatch, tmp_path: Path, exc: BaseException) -> tuple[int, list[str]]:
+    import torch.distributed.run as torchrun
+
+    from orchestrate.launch import local
+
+    def run(args):
+        raise exc
+
+    monkeypatch.setattr(torchrun, "run", run)
+    said: list[str] = []
+    code = local._run_torchrun(["--nproc-per-node", "2", "-m", "orchestrate.worker", "plan.json"], tmp_path,
+                               said.append)
+    return code, said
+
+
+def test_a_rank_killed_by_sigkill_is_blamed_not_the_one_torchrun_terminated(monkeypatch, tmp_path: Path):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    failures = {0: _failure(0, -int(signal.SIGTERM)), 1: _failure(1, -int(signal.SIGKILL))}
+    code, said = _run_with(monkeypatch, tmp_path, ChildFailedError("orchestrate.worker", failures))
+    assert said == [f"worker rank 1 failed with exit code -9; its output: {tmp_path / 'logs'}"]
+    assert code == 1
+
+
+def test_a_rank_with_its_own_exit_code_wins_and_its_error_file_folder_is_shown(tmp_path: Path):
+    from orchestrate.launch.local import blamed_failure, failure_output
+
+    error_file = tmp_path / "logs" / "attempt_0" / "1" / "error.json"
+    error_file.parent.mkdir(parents=True)  # what @record writes (torch.distributed.elastic...errors)
+    error_file.write_text('{"message": {"message": "ValueError: x", "extraInfo": {"py_callstack": "", '
+                          '"timestamp": "1"}}}')
+    failures = {0: _failure(0, -int(signal.SIGKILL)), 1: _failure(1, 3, str(error_file)), 2: _failure(2, -15)}
+    rank, failure = blamed_failure(failures)
+    assert rank == 1 and failure_output(failure.error_file, tmp_path) == error_file.parent
+    assert failure_output("<N/A>", tmp_path) == tmp_path / "logs"
+
+
+def test_a_stop_signal_is_exit_75_whatever_the_workers_had_done(monkeypatch, tmp_path: Path):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    code, said = _run_with(monkeypatch, tmp_path, SignalException("stopped", signal.SIGTERM))
+    assert code == EX_TEMPFAIL and "SIGTERM" in said[0]
+
+
+@pytest.mark.parametrize("module", ["orchestrate.worker.signals", "orchestrate.worker.orphans"])
+def test_the_worker_installs_its_guards_before_torch_is_imported(module: str):
+    """So a SIGTERM during the seconds torch takes to import already means "checkpoint and exit"."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout.strip() == "False"
+
+
+def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path: Path):
+    import os
+
+    from orchestrate import api
+    from orchestrate.config.load import load_config
+    from orchestrate.data import pipeline
+    from orchestrate.launch.local import LocalTorchrun
+    from orchestrate.launch.session import start
+    from tests.helpers.plans import cpu_hardware
+
+    def tokenising(plan, run_dir, progress):
+        os.kill(os.getpid(), signal.SIGTERM)  # what SLURM or the user sends while the data is tokenised
+        return "not reached"
+
+    class NoRun(LocalTorchrun):
+        def run(self, *args, **kwargs):
+            raise AssertionError("the workers must not start")
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt2.yaml",
+                         [f"train.output_dir={tmp_path}"])
+    written = api.launch(api.launch_request(config, cpu_hardware(2), run_dir=tmp_path / "run", dry_run=True))
+    monkeypatch.setattr(pipeline, "prepare_for_plan", tokenising)
+    before = signal.getsignal(signal.SIGTERM)
+    result = start(written.plan, written.run_dir, NoRun())
+    assert result.exit_code == EX_TEMPFAIL and "SIGTERM" in result.messages[-1]
+    assert signal.getsignal(signal.SIGTERM) is before  # put back

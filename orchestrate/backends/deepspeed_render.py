@@ -101,7 +101,8 @@ def _zero(plan: Plan) -> dict[str, Any]:
     zero: dict[str, Any] = {
         "stage": stage,
         # GPU: reduction on a side stream hides behind backward. CPU/gloo: no streams, and the
-        # second ipg buffer would only cost memory (measured: no speed change, 0.99x (0.89-1.34)).
+        # second ipg buffer would only cost memory; measured on gloo (bench/deepspeed_settings.py):
+        # 0.99x (0.89-1.34) with hidden^2 buckets, 0.76x (0.67-1.15) with the whole-model bucket.
         "overlap_comm": ds_buckets.overlap_comm(gpu),
         # Gradients copied into the ipg buffer as they are produced: no fragmentation of the GPU
         # allocator by many small gradient tensors (DeepSpeed docs, "contiguous_gradients"); on CPU it
@@ -114,8 +115,9 @@ def _zero(plan: Plan) -> dict[str, Any]:
         "reduce_bucket_size": bucket,
         "allgather_bucket_size": bucket,
         # reduce_scatter (default true) and round_robin_gradients (default false) are left at
-        # DeepSpeed's defaults: flipping either changed nothing beyond the noise on CPU (0.94x
-        # (0.60-1.64), 0.91x (0.74-1.55)), and both are what DeepSpeed tunes for GPUs.
+        # DeepSpeed's defaults: flipping either stayed within the noise on CPU in two runs of 5
+        # rounds (reduce_scatter=false 0.94x (0.60-1.64), 1.11x (0.79-1.20); round_robin_gradients=true
+        # 0.91x (0.74-1.55), 1.01x (0.82-1.26)), and both are what DeepSpeed tunes for GPUs.
         "sub_group_size": DS_SUB_GROUP_SIZE,  # planned with it: see planner/constants.py
     }
     if strategy.offload_optimizer != "none":

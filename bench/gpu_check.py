@@ -99,12 +99,22 @@ def missing_distributions() -> list[str]:
     return missing
 
 
-def hardware(args, has_cuda: bool):
+# Cards orchestrate has no preset for, whose real throughputs the speed model should be compared with.
+PROFILES_FOR_GPU = {"H200": ROOT / "bench" / "profiles" / "h200.yaml"}
+
+
+def hardware(args, gpu_name: str | None):
+    """The profile to plan for: --profile, else this card's (detected, or bench/profiles/ for cards
+    without a preset), else rtx3070 for a dry run without a GPU; its GPU memory set to --gpu-mem.
+    The measured/planned tokens/s ratio only means something when the throughputs are the real card's."""
     from orchestrate.hardware.resolve import resolve_hardware
 
-    if has_cuda:  # this card's throughputs (or the profile's), its memory set to the planned card's
-        return resolve_hardware(profile=args.profile, gpus=1, gpu_mem=args.gpu_mem)
-    return resolve_hardware(profile=args.profile or "rtx3070", gpus=1, gpu_mem=args.gpu_mem)
+    profile = args.profile
+    if profile is None and gpu_name is not None:
+        profile = next((str(p) for key, p in PROFILES_FOR_GPU.items() if key in gpu_name), None)
+    if profile is None and gpu_name is None:
+        profile = "rtx3070"
+    return resolve_hardware(profile=profile, gpus=1, gpu_mem=args.gpu_mem)
 
 
 def predict(name: str, hw, steps: int, output_dir: Path) -> dict:
@@ -240,9 +250,9 @@ def main() -> int:
         sys.exit("no CUDA GPU here: run with --dry-run, or on a GPU machine")
     work = (args.keep or Path(tempfile.mkdtemp(prefix="orchestrate-gpu-check-"))).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    hw = hardware(args, cuda)
-    result = {"dry_run": args.dry_run, "cuda": cuda, "steps": args.steps,
-              "device": torch.cuda.get_device_name(0) if cuda else None,
+    device = torch.cuda.get_device_name(0) if cuda else None
+    hw = hardware(args, device)
+    result = {"dry_run": args.dry_run, "cuda": cuda, "steps": args.steps, "device": device,
               "torch": torch.__version__, "missing_distributions": missing_distributions(),
               "hardware": json.loads(hw.model_dump_json()), "plans": {}}
     result["gpu_tests"] = {"summary": "not run (dry run)"} if args.dry_run else run_pytest_gpu(

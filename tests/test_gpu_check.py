@@ -90,3 +90,17 @@ def test_a_plan_runs_through_launch_with_the_capping_worker(tmp_path):
     assert f"-m {gpu_check.WORKER_MODULE} " in (run_dir / "launch.sh").read_text()
     m = gpu_check.measured(run_dir)
     assert m["steps"] == 3 and m["tokens_per_s"] > 0
+
+
+def test_the_h200_profile_plans_every_zoo_entry_within_the_cap(tmp_path):
+    """bench/profiles/h200.yaml is what a run on an H200 plans with (its memory set to 8 GiB)."""
+    import argparse
+
+    args = argparse.Namespace(profile=None, gpu_mem="8GiB")
+    hw = gpu_check.hardware(args, "NVIDIA H200")
+    assert hw.gpu.name == "NVIDIA H200" and hw.gpu.memory_bytes == 8 * GiB and hw.gpu.peak_tflops_bf16 > 900
+    assert gpu_check.hardware(args, None).gpu.name == "NVIDIA GeForce RTX 3070"  # a dry run without a GPU
+    for name in gpu_check.ZOO:
+        p = gpu_check.predict(name, hw, 4, tmp_path)
+        assert p["feasible"] and p["gpu_bytes"] <= 8 * GiB, (name, p)
+        assert p["strategy"].startswith(EXPECTED[name])

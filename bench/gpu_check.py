@@ -26,8 +26,8 @@ JIT-built on the GPU machine: ninja and nvcc are needed there):
     .venv/bin/pip wheel --no-deps --no-build-isolation deepspeed -c constraints-ci.txt -w wheels/
 
 and carry it with the other missing ones (`pip download --no-deps --only-binary=:all: NAME==VER`:
-seen missing on one such image: deepspeed, hjson, pydantic, pydantic-core, annotated-types,
-typing-inspection, datasets, fabric and their own requirements); install with
+absent from one such image's package list, not yet confirmed by a run: deepspeed, hjson, pydantic,
+pydantic-core, annotated-types, typing-inspection, datasets, fabric and their own requirements); install with
 `pip install --no-index --no-deps wheels/*.whl`. Wheels are never committed.
 
 Usage: python bench/gpu_check.py [--dry-run] [--json FILE] [--gpu-mem 8GiB] [--profile NAME]

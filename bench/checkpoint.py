@@ -7,13 +7,15 @@ take one optimizer step (so the Adam states exist), then
   - torch.save: every rank saves the very state the engine holds (FSDP2: its model and optimizer
     shards; DeepSpeed: the module on rank 0 and each rank's ZeRO optimizer partition; DDP: model and
     optimizer on rank 0) to one file per rank, then loads it back with torch.load(weights_only=True).
-Times are the slowest rank's, between barriers; sizes are the bytes on disk.
+Times are the slowest rank's, between barriers; sizes are the bytes on disk. Each write runs
+`--repeats` times interleaved with torch.save (then each load with torch.load; bench/repeats.py),
+printed as median (min-max) with the per-round ratio orchestrate / torch.save.
 
 Models: "tiny" is examples/tiny-gpt2.yaml's architecture (the demo); "gpt2-124m" is GPT-2 small's
 shape (768 wide, 12 layers, 50257 vocab), randomly initialised.
 
 Usage: .venv/bin/python bench/checkpoint.py [--models tiny,gpt2-124m] [--backends fsdp,deepspeed,ddp]
-                                            [--ranks 2] [--out bench-checkpoint.json]
+                                            [--ranks 2] [--repeats 3] [--out bench-checkpoint.json]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a plain script from a checkout
     sys.path.insert(0, str(ROOT))
+from bench.repeats import interleave, paired_ratio, spread  # noqa: E402
 
 MODELS = {
     "tiny": None,  # read from examples/tiny-gpt2.yaml
@@ -102,7 +105,7 @@ def _size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-def _rank_main(model: str, backend: str, ranks: int, work: str) -> dict:
+def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) -> dict:
     import torch
     import torch.distributed as dist
 
@@ -128,20 +131,22 @@ def _rank_main(model: str, backend: str, ranks: int, work: str) -> dict:
     checkpointer = Checkpointer(plan, engine, ctx)
     sampler = {"epoch": 0, "position": 0, "seed": 0, "num_blocks": 1}
     out = {"params": plan.shape.parameters}
-    out["ckpt_write_s"] = _timed(lambda: checkpointer.save(1, sampler))
-    out["ckpt_load_s"] = _timed(lambda: checkpointer.load(latest_checkpoint(ctx.run_dir)))
     plain_dir = work_dir / "torch_save"
     plain_dir.mkdir(exist_ok=True)
     target = plain_dir / f"rank{rank}.pt"
     state = _plain_state(engine, backend, rank)
-    out["torch_save_s"] = _timed(lambda: torch.save(state, target))
     allowed = deepspeed_checkpoint_classes() if backend == "deepspeed" else []
+    steps = iter(range(1, 10**9))  # a new step per save: keep_checkpoints rotates the old ones
 
     def load() -> None:
         with weights_only_loads(allowed):
             torch.load(target, map_location="cpu")
 
-    out["torch_load_s"] = _timed(load)
+    # Interleaved (bench/repeats.py): write, torch.save, write, torch.save, ...; then the loads.
+    out.update(interleave({"ckpt_write_s": lambda: _timed(lambda: checkpointer.save(next(steps), sampler)),
+                           "torch_save_s": lambda: _timed(lambda: torch.save(state, target))}, repeats))
+    out.update(interleave({"ckpt_load_s": lambda: _timed(lambda: checkpointer.load(latest_checkpoint(ctx.run_dir))),
+                           "torch_load_s": lambda: _timed(load)}, repeats))
     if rank == 0:
         out["ckpt_bytes"] = _size(latest_checkpoint(ctx.run_dir))
         out["torch_save_bytes"] = _size(plain_dir)
@@ -149,7 +154,7 @@ def _rank_main(model: str, backend: str, ranks: int, work: str) -> dict:
     return out
 
 
-def measure(model: str, backend: str, ranks: int, scratch: Path) -> dict:
+def measure(model: str, backend: str, ranks: int, scratch: Path, repeats: int) -> dict:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from orchestrate.ports import free_port
@@ -159,22 +164,26 @@ def measure(model: str, backend: str, ranks: int, scratch: Path) -> dict:
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=ranks, run_id=str(uuid.uuid4()),
                           rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0,
                           monitor_interval=0.2, start_method="spawn")
-    results = elastic_launch(config, _rank_main)(model, backend, ranks, str(work))
+    results = elastic_launch(config, _rank_main)(model, backend, ranks, str(work), repeats)
     row = {"model": model, "backend": backend, "ranks": ranks, "params": results[0]["params"],
            "ckpt_bytes": results[0]["ckpt_bytes"], "torch_save_bytes": results[0]["torch_save_bytes"]}
-    for key in ("ckpt_write_s", "ckpt_load_s", "torch_save_s", "torch_load_s"):
-        row[key] = max(r[key] for r in results.values())
+    for key in ("ckpt_write_s", "ckpt_load_s", "torch_save_s", "torch_load_s"):  # the slowest rank, per round
+        row[key] = [max(r[key][i] for r in results.values()) for i in range(repeats)]
     shutil.rmtree(work, ignore_errors=True)
     return row
 
 
 def _table(rows: list[dict]) -> str:
+    """Times as median (min-max) over rounds; ratios are orchestrate / torch.save of each round's pair."""
     lines = ["| model | params | backend | ranks | checkpoint write s | load s | size MB | "
-             "torch.save s | torch.load s | size MB |", "|" + "---|" * 10]
+             "torch.save s | torch.load s | size MB | write ratio | load ratio |", "|" + "---|" * 12]
     for r in rows:
+        t = {k: spread(r[k]).format(".2f") for k in ("ckpt_write_s", "ckpt_load_s", "torch_save_s", "torch_load_s")}
         lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['backend']} | {r['ranks']} | "
-                     f"{r['ckpt_write_s']:.2f} | {r['ckpt_load_s']:.2f} | {r['ckpt_bytes'] / 1e6:.1f} | "
-                     f"{r['torch_save_s']:.2f} | {r['torch_load_s']:.2f} | {r['torch_save_bytes'] / 1e6:.1f} |")
+                     f"{t['ckpt_write_s']} | {t['ckpt_load_s']} | {r['ckpt_bytes'] / 1e6:.1f} | "
+                     f"{t['torch_save_s']} | {t['torch_load_s']} | {r['torch_save_bytes'] / 1e6:.1f} | "
+                     f"{paired_ratio(r['ckpt_write_s'], r['torch_save_s']).format('.2f')} | "
+                     f"{paired_ratio(r['ckpt_load_s'], r['torch_load_s']).format('.2f')} |")
     return "\n".join(lines)
 
 
@@ -183,6 +192,7 @@ def main() -> None:
     parser.add_argument("--models", default="tiny,gpt2-124m")
     parser.add_argument("--backends", default="fsdp,deepspeed,ddp")
     parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (bench/repeats.py)")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--scratch", type=Path, help="where checkpoints are written (default: a temporary directory)")
     args = parser.parse_args()
@@ -191,7 +201,7 @@ def main() -> None:
     try:
         for model in args.models.split(","):
             for backend in args.backends.split(","):
-                rows.append(measure(model, backend, args.ranks, scratch))
+                rows.append(measure(model, backend, args.ranks, scratch, args.repeats))
                 print(_table(rows[-1:]).splitlines()[-1], flush=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

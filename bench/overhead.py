@@ -1,4 +1,4 @@
-"""What orchestrate costs over hand-written training, on the tiny demo model, in one run.
+"""What orchestrate costs over hand-written training, on the tiny demo model.
 
 1. Throughput: tokens/s of `orchestrate launch` vs a hand-written DeepSpeed script and a hand-written
    FSDP2 script, same model (orchestrate's seeded init_model), data (the demo corpus, byte tokens,
@@ -14,7 +14,11 @@
    accelerate.yaml (target ratio <= 0.8). On CPU Accelerate runs every config as DDP, so this
    compares orchestrate's DDP plan.
 
-Usage: .venv/bin/python bench/overhead.py [--steps 40] [--gpus 2] [--out DIR]
+Every row runs `--repeats` times, interleaved (one round runs every row once, each hand-written row
+right after the orchestrate run it copies; bench/repeats.py); tables show median (min-max), and each
+ratio is the median (min-max) of the per-round ratios, so load that drifts between rounds cancels.
+
+Usage: .venv/bin/python bench/overhead.py [--steps 40] [--repeats 3] [--gpus 2] [--out DIR] [--json FILE]
 The hand-written scripts live in this file (`_hand_deepspeed`, `_hand_fsdp`, `_hand_accelerate`)
 and run under torchrun / accelerate launch as `bench/overhead.py worker <kind> ...`.
 """
@@ -34,6 +38,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a plain script from a checkout (`make install` also installs it)
     sys.path.insert(0, str(ROOT))
+from bench.repeats import interleave, paired_ratio, spread  # noqa: E402
+
 CONFIG = ROOT / "examples" / "tiny-gpt2.yaml"
 WARMUP = 5
 
@@ -237,64 +243,89 @@ def _read(path: Path) -> list[dict]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of every run (bench/repeats.py)")
     parser.add_argument("--gpus", type=int, default=2, help="ranks (CPU processes without a GPU)")
     parser.add_argument("--out", type=Path, default=None, help="work directory (default: a temp dir)")
+    parser.add_argument("--json", type=Path, default=None, help="also write every measurement and ratio here")
     args = parser.parse_args()
     out = (args.out or Path(tempfile.mkdtemp(prefix="orchestrate-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     me, py = str(Path(__file__).resolve()), sys.executable
     torchrun = [py, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.gpus)]
-    rows: dict[str, tuple[float, float]] = {}
+    latest: dict[str, Path] = {}  # backend -> run directory of this round's orchestrate run
+    rounds = iter(range(10**9))
 
-    def orchestrate(backend: str) -> Path:
-        run_dir = out / f"orchestrate-{backend}"
-        start = _timed([py, me, "orchestrate", str(run_dir), str(args.steps), backend, str(args.gpus)],
-                       out / f"orchestrate-{backend}.log")
-        rows[f"orchestrate {backend}"] = _rates(_read(run_dir / "metrics.jsonl"), start)
-        return run_dir
+    def orchestrate(backend: str):
+        def measure() -> tuple[float, float]:
+            run_dir = out / f"orchestrate-{backend}-{next(rounds)}"  # a fresh directory: no resume
+            start = _timed([py, me, "orchestrate", str(run_dir), str(args.steps), backend, str(args.gpus)],
+                           run_dir.with_suffix(".log"))
+            latest[backend] = run_dir
+            return _rates(_read(run_dir / "metrics.jsonl"), start)
+        return measure
 
-    def hand(kind: str, label: str, cfg: dict, launcher: list[str], env: dict | None = None) -> None:
-        stem = "".join(c if c.isalnum() else "-" for c in label)
-        cfg_path, metrics = out / f"{stem}.json", out / f"{stem}.jsonl"
-        cfg_path.write_text(json.dumps(cfg))
-        start = _timed([*launcher, me, "worker", kind, str(cfg_path), str(metrics)], out / f"{stem}.log", env)
-        rows[label] = _rates(_read(metrics), start)
+    def hand(kind: str, label: str, backend: str, launcher, extra=None, env: dict | None = None):
+        """The hand-written script on the model and corpus of this round's orchestrate `backend` run."""
+        def measure() -> tuple[float, float]:
+            run_dir = latest[backend]
+            stem = run_dir.name + "-" + "".join(c if c.isalnum() else "-" for c in label)
+            cfg = {**_hand_cfg(run_dir, args.steps), **(extra(run_dir) if extra else {})}
+            cfg_path, metrics = out / f"{stem}.json", out / f"{stem}.jsonl"
+            cfg_path.write_text(json.dumps(cfg))
+            start = _timed([*launcher(run_dir), me, "worker", kind, str(cfg_path), str(metrics)], out / f"{stem}.log", env)
+            return _rates(_read(metrics), start)
+        return measure
 
-    run_dir = orchestrate("deepspeed")
-    cfg = _hand_cfg(run_dir, args.steps)
-    hand("deepspeed", "hand-written deepspeed", {**cfg, "deepspeed_config": str(run_dir / "deepspeed.json")}, torchrun)
-    hand("deepspeed", "hand-written deepspeed (DeepSpeed defaults)", cfg, torchrun)
-    run_dir = orchestrate("fsdp")
-    hand("fsdp", "hand-written fsdp", _hand_cfg(run_dir, args.steps), torchrun)
+    def accelerate(run_dir: Path) -> list[str]:
+        return [py, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml")]
+
+    # One round runs every row once; each hand-written row follows the orchestrate run it copies.
     # On CPU, Accelerate turns any distributed config into MULTI_CPU DDP (use_cpu), so the start-up
     # comparison is against orchestrate's DDP plan and its exported accelerate.yaml.
-    run_dir = orchestrate("ddp")
-    accelerate = [py, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml")]
-    hand("accelerate", "accelerate launch (ddp)", _hand_cfg(run_dir, args.steps), accelerate,
-         env={"ACCELERATE_USE_CPU": "true"})
+    arms = {
+        "orchestrate deepspeed": orchestrate("deepspeed"),
+        "hand-written deepspeed": hand("deepspeed", "hand-written deepspeed", "deepspeed", lambda _: torchrun,
+                                       lambda run_dir: {"deepspeed_config": str(run_dir / "deepspeed.json")}),
+        "hand-written deepspeed (DeepSpeed defaults)": hand("deepspeed", "defaults", "deepspeed", lambda _: torchrun),
+        "orchestrate fsdp": orchestrate("fsdp"),
+        "hand-written fsdp": hand("fsdp", "hand-written fsdp", "fsdp", lambda _: torchrun),
+        "orchestrate ddp": orchestrate("ddp"),
+        "accelerate launch (ddp)": hand("accelerate", "accelerate", "ddp", accelerate, env={"ACCELERATE_USE_CPU": "true"}),
+    }
+    rows = interleave(arms, args.repeats,
+                      on_result=lambda r, name, v: print(f"round {r + 1}/{args.repeats} {name}: "
+                                                         f"{v[0]:,.0f} tokens/s, {v[1]:.1f} s to step 1", flush=True))
+    tps = {name: [v[0] for v in values] for name, values in rows.items()}
+    first = {name: [v[1] for v in values] for name, values in rows.items()}
 
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"orchestrate overhead: tiny GPT-2, {args.gpus} ranks, {args.steps} steps ({out})")
+    table = Table(title=f"orchestrate overhead: tiny GPT-2, {args.gpus} ranks, {args.steps} steps, "
+                        f"median (min-max) of {args.repeats} interleaved rounds ({out})")
     for col in ("run", "tokens/s (after warm-up)", "command -> end of step 1 (s)"):
         table.add_column(col, justify="right" if col != "run" else "left")
-    for name, (tps, first) in rows.items():
-        table.add_row(name, f"{tps:,.0f}", f"{first:.1f}")
-    checks = [
-        ("throughput vs hand-written DeepSpeed", rows["orchestrate deepspeed"][0] / rows["hand-written deepspeed"][0], ">= 0.98"),
-        ("throughput vs hand-written FSDP2", rows["orchestrate fsdp"][0] / rows["hand-written fsdp"][0], ">= 0.98"),
-        ("start-up vs accelerate launch (ddp)", rows["orchestrate ddp"][1] / rows["accelerate launch (ddp)"][1], "<= 0.8"),
+    for name in rows:
+        table.add_row(name, spread(tps[name]).format(",.0f"), spread(first[name]).format(".1f"))
+    checks = [  # paired: each round's ratio of two runs that ran next to each other
+        ("throughput vs hand-written DeepSpeed", paired_ratio(tps["orchestrate deepspeed"], tps["hand-written deepspeed"]), ">= 0.98"),
+        ("throughput vs hand-written FSDP2", paired_ratio(tps["orchestrate fsdp"], tps["hand-written fsdp"]), ">= 0.98"),
+        ("start-up vs accelerate launch (ddp)", paired_ratio(first["orchestrate ddp"], first["accelerate launch (ddp)"]), "<= 0.8"),
+        ("rendered deepspeed.json vs DeepSpeed defaults (hand-written)",
+         paired_ratio(tps["hand-written deepspeed"], tps["hand-written deepspeed (DeepSpeed defaults)"]), "-"),
     ]
-    ratios = Table(title="ratios")
-    for col in ("comparison", "ratio", "target", "met"):
+    ratios = Table(title="ratios (median of per-round ratios, min-max)")
+    for col in ("comparison", "ratio", "target", "median met"):
         ratios.add_column(col)
     for name, ratio, target in checks:
-        met = ratio >= 0.98 if target.startswith(">=") else ratio <= 0.8
-        ratios.add_row(name, f"{ratio:.3f}", target, "yes" if met else "no")
+        met = "-" if target == "-" else ("yes" if (ratio.median >= 0.98 if target.startswith(">=") else ratio.median <= 0.8) else "no")
+        ratios.add_row(name, ratio.format(), target, met)
     console = Console()
     console.print(table)
     console.print(ratios)
+    if args.json:
+        args.json.write_text(json.dumps({"tokens_per_s": tps, "first_step_s": first,
+                                         "ratios": {name: r.as_dict() for name, r, _ in checks}}, indent=2))
     return 0
 
 

@@ -84,8 +84,8 @@ processes x params x 4 B for replicated strategies)."""
 # --------------------------------------------------------------------------------------------------
 
 DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
-"""reduce_bucket_size = allgather_bucket_size = hidden^2 elements, as Accelerate fills DeepSpeed's
-"auto" (accelerate/utils/deepspeed.py). DeepSpeed's own default, 5e8 elements, would cost 2 GB of
+"""GPU plans: reduce_bucket_size = allgather_bucket_size = hidden^2 elements, as Accelerate fills DeepSpeed's
+"auto" (accelerate/utils/deepspeed.py); CPU plans use one whole-model bucket (planner/ds_buckets.py). DeepSpeed's own default, 5e8 elements, would cost 2 GB of
 16-bit ipg buffers with overlap_comm on an 8 GB card."""
 
 DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED = 0.9

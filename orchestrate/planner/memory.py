@@ -30,6 +30,7 @@ from __future__ import annotations
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
+from orchestrate.planner import ds_buckets
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
 
@@ -241,9 +242,9 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
         out = _deepspeed(shape, strategy, n, accumulation)
         if hw.world_size > 1:
             # ipg reduce buckets (x2 with overlap_comm) + the all-gather bucket; ZeRO-3: + the
-            # prefetch bucket. Sizes are the rendering contract in constants.
+            # prefetch bucket. Sizes are the rendering contract in planner/ds_buckets.py.
             h2, c = shape.hidden_size ** 2, compute_bytes(strategy)
-            buckets = 3 * k.DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED * h2
+            buckets = (ds_buckets.reduce_buffers(hw.has_gpu) + 1) * ds_buckets.bucket_elements(shape, hw.has_gpu)
             if strategy.zero_stage == 3:
                 buckets += k.DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED * h2
             out.gpu["comm_buckets"] += c * buckets

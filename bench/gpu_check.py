@@ -1,0 +1,298 @@
+"""The GPU check: gpu-marked tests plus a zoo of offload plans run capped at an 8 GiB card (< 8 min).
+
+On one CUDA GPU:
+1. `pytest -m gpu tests/` (the tests that skip on CPU-only machines);
+2. for each plan of the zoo (FSDP2 full shard with CPU offload, ZeRO-2 optimizer offload, ZeRO-3
+   parameter + optimizer offload; QLoRA once orchestrate supports it), planned for this GPU with
+   its memory set to `--gpu-mem` (8 GiB: an RTX 3070-class card; or `--profile rtx3070` for the
+   preset's throughputs too), a few real steps through orchestrate's own launch API
+   (`orchestrate.launch.launcher.launch_from_config`), each plan in its own process group.
+   The workers run `bench/gpu_worker.py`, which caps the CUDA allocator at the planned card's
+   memory with `torch.cuda.set_per_process_memory_fraction` and then calls the unchanged worker
+   (why there: see its docstring; the plan file is the only channel to the workers);
+3. measured `max_memory_allocated` / `max_memory_reserved` (max over ranks and steps, from the run's
+   metrics.jsonl) against the planned per-rank GPU bytes, and tokens/s (median of the steps after
+   the first two) against the speed model's estimate; one JSON (`--json`) and a table.
+
+`--dry-run` (any machine, CPU is enough): imports everything the real run needs, plans every zoo
+entry (for `--profile`, default rtx3070, when there is no GPU) and prints the predictions, running
+no steps. tests/test_gpu_check.py runs it in CI.
+
+A bare GPU machine (PyTorch with CUDA, transformers, accelerate, ...; no network) lacks some
+wheels; the JSON's "missing_distributions" lists what this interpreter cannot find. DeepSpeed ships
+only as an sdist; build a pure-Python wheel on a machine with the network (its CUDA ops are then
+JIT-built on the GPU machine: ninja and nvcc are needed there):
+
+    .venv/bin/pip wheel --no-deps --no-build-isolation deepspeed -c constraints-ci.txt -w wheels/
+
+and carry it with the other missing ones (`pip download --no-deps --only-binary=:all: NAME==VER`:
+absent from one such image's package list, not yet confirmed by a run: deepspeed, hjson, pydantic,
+pydantic-core, annotated-types, typing-inspection, datasets, fabric and their own requirements); install with
+`pip install --no-index --no-deps wheels/*.whl`. Wheels are never committed.
+
+Usage: python bench/gpu_check.py [--dry-run] [--json FILE] [--gpu-mem 8GiB] [--profile NAME]
+                                 [--steps 6] [--budget-s 480] [--keep DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+WORKER_MODULE = "bench.gpu_worker"
+WARMUP_STEPS = 2  # first steps: CUDA/NCCL initialisation, allocator growth, DeepSpeed's lazy buffers
+
+# A GPT-2 shape of 0.47B parameters with the built-in byte tokenizer (vocab 257, no download): its
+# mixed-precision model states (16 B/param, 7.5 GB) do not fit an 8 GiB card, so every entry needs
+# its offload, and its checkpoints stay small enough to write within the time budget.
+BASE = {
+    "model": {"architecture": {"model_type": "gpt2", "n_embd": 1280, "n_layer": 24, "n_head": 20,
+                               "n_positions": 1024, "vocab_size": 257, "bos_token_id": 256,
+                               "eos_token_id": 256}},
+    "train": {"seq_len": 512, "global_batch_size": 8, "eval_every": 0, "eval_batches": 1,
+              "schedule": {"warmup_steps": 1}},
+    "data": {"generate_demo_corpus": True},
+}
+ZOO: dict[str, dict] = {  # name -> strategy pins
+    "fsdp2-full-shard-cpu-offload": {"backend": "fsdp", "zero_stage": 3, "offload": "cpu", "offload_params": True},
+    "zero2-optimizer-offload": {"backend": "deepspeed", "zero_stage": 2, "offload": "cpu", "offload_params": False},
+    "zero3-parameter-offload": {"backend": "deepspeed", "zero_stage": 3, "offload": "cpu", "offload_params": True},
+    # QLoRA: orchestrate has no LoRA yet (README, Known gaps); add the entry when it has.
+}
+# What the real run imports (worker, backends, the cap wrapper): --dry-run imports them too.
+IMPORTS = ["torch", "transformers", "accelerate", "deepspeed", "orchestrate.worker.main",
+           "orchestrate.backends.deepspeed_backend", "orchestrate.backends.fsdp", "bench.gpu_worker"]
+# Distributions the real run needs: orchestrate's own (pyproject.toml) and DeepSpeed's requirements.
+DISTRIBUTIONS = ["torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "pydantic",
+                 "pyyaml", "click", "rich", "psutil", "numpy", "fabric", "deepspeed", "hjson", "ninja",
+                 "py-cpuinfo", "msgpack", "einops", "nvidia-ml-py", "packaging", "tqdm", "pytest"]
+
+
+def config_for(name: str, steps: int, output_dir: Path) -> dict:
+    cfg = json.loads(json.dumps(BASE))
+    cfg["train"].update(max_steps=steps, output_dir=str(output_dir))
+    cfg["strategy"] = dict(ZOO[name])
+    return cfg
+
+
+def missing_distributions() -> list[str]:
+    missing = []
+    for name in DISTRIBUTIONS:
+        try:
+            importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(name)
+    return missing
+
+
+# Cards orchestrate has no preset for, whose real throughputs the speed model should be compared with.
+PROFILES_FOR_GPU = {"H200": ROOT / "bench" / "profiles" / "h200.yaml"}
+
+
+def hardware(args, gpu_name: str | None):
+    """The profile to plan for: --profile, else this card's (detected, or bench/profiles/ for cards
+    without a preset), else rtx3070 for a dry run without a GPU; its GPU memory set to --gpu-mem.
+    The measured/planned tokens/s ratio only means something when the throughputs are the real card's."""
+    from orchestrate.hardware.resolve import resolve_hardware
+
+    profile = args.profile
+    if profile is None and gpu_name is not None:
+        profile = next((str(p) for key, p in PROFILES_FOR_GPU.items() if key in gpu_name), None)
+    if profile is None and gpu_name is None:
+        profile = "rtx3070"
+    return resolve_hardware(profile=profile, gpus=1, gpu_mem=args.gpu_mem)
+
+
+def predict(name: str, hw, steps: int, output_dir: Path) -> dict:
+    """The plan orchestrate makes for zoo entry `name` (pins honoured), as the JSON row's prediction."""
+    from orchestrate.api import plan_for
+    from orchestrate.config.load import config_from_dict
+    from orchestrate.errors import UserError
+
+    try:
+        plan = plan_for(config_from_dict(config_for(name, steps, output_dir), ROOT), hw)
+    except UserError as exc:
+        return {"feasible": False, "error": str(exc)}
+    mem = plan.chosen.memory
+    return {"feasible": True, "strategy": plan.chosen.name, "micro_batch": plan.chosen.strategy.micro_batch_size,
+            "accumulation": plan.chosen.gradient_accumulation, "gpu_bytes": mem.gpu_total,
+            # The part the caching allocator serves, i.e. comparable with max_memory_reserved.
+            "gpu_allocator_bytes": mem.gpu_total - mem.gpu.get("cuda_context", 0),
+            "gpu_breakdown": dict(mem.gpu), "cpu_bytes": mem.cpu_total,
+            "tokens_per_s": plan.chosen.speed.tokens_per_s, "step_time_s": plan.chosen.speed.step_time_s,
+            "gpu_capacity_bytes": plan.hardware.gpu.memory_bytes if plan.hardware.gpu else None}
+
+
+def measured(run_dir: Path) -> dict:
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    steady = records[WARMUP_STEPS:] or records
+    return {"steps": len(records),
+            "gpu_max_allocated_bytes": max((r.get("gpu_max_allocated_bytes", 0) for r in records), default=0),
+            "gpu_max_reserved_bytes": max((r.get("gpu_max_reserved_bytes", 0) for r in records), default=0),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady) if steady else None,
+            "loss_first_last": [records[0]["loss"], records[-1]["loss"]] if records else None}
+
+
+def run_pytest_gpu(timeout_s: float) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests/"]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return {"rc": None, "summary": f"timed out after {timeout_s:.0f} s", "seconds": timeout_s}
+    lines = [line for line in proc.stdout.splitlines() if line.strip()]
+    return {"rc": proc.returncode, "summary": lines[-1] if lines else "", "seconds": time.monotonic() - start,
+            "tail": "\n".join(lines[-30:])}
+
+
+def run_plan(config: dict, hw, run_dir: Path, timeout_s: float) -> dict:
+    """One config through `launch_from_config` in a child process group (killed whole on timeout)."""
+    hw_file, config_file = run_dir.with_suffix(".hardware.json"), run_dir.with_suffix(".config.json")
+    hw_file.write_text(hw.model_dump_json())
+    config_file.write_text(json.dumps(config))
+    cmd = [sys.executable, str(Path(__file__).resolve()), "_launch", str(config_file), str(hw_file), str(run_dir)]
+    log = run_dir.with_suffix(".log")
+    start = time.monotonic()
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers are in the same group
+            proc.wait()
+            rc = None
+    return {"rc": rc, "seconds": time.monotonic() - start, "log": str(log),
+            "log_tail": log.read_text(errors="replace")[-3000:]}
+
+
+def _launch(config_file: Path, hw_file: Path, run_dir: Path) -> int:
+    """In the child: orchestrate's launch API with the workers started as bench.gpu_worker."""
+    from orchestrate.config.load import config_from_dict
+    from orchestrate.hardware.profile import HardwareProfile
+    from orchestrate.launch import torchrun_args
+    from orchestrate.launch.launcher import launch_from_config
+
+    # The one bench-only change to the launch: torchrun runs `-m bench.gpu_worker plan.json` instead
+    # of `-m orchestrate.worker plan.json` (bench/gpu_worker.py caps the GPU, then calls the worker).
+    torchrun_args.WORKER_MODULE = WORKER_MODULE
+    hw = HardwareProfile.model_validate_json(hw_file.read_text())
+    config = config_from_dict(json.loads(config_file.read_text()), ROOT)
+    result = launch_from_config(config, hw, name=run_dir.name, run_dir=run_dir)
+    if f"-m {WORKER_MODULE} " not in result.command:
+        # The launcher stopped reading torchrun_args.WORKER_MODULE: the run was not capped.
+        print(f"error: the workers did not run {WORKER_MODULE}: {result.command}", file=sys.stderr)
+        return 3
+    return result.exit_code or 0
+
+
+def _gib(n) -> str:
+    return "-" if not n else f"{n / 2**30:.2f}"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}" if a and b else "-"
+
+
+def print_table(rows: dict, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("plan", "strategy", "status", "GPU GiB planned (allocator)", "max alloc GiB", "max reserved GiB",
+                "reserved/planned", "tokens/s planned", "tokens/s", "measured/planned"):
+        table.add_column(col, no_wrap=col in ("plan", "strategy"))  # names whole, also in a log file
+    for name, row in rows.items():
+        p, m = row["prediction"], row.get("measured", {})
+        table.add_row(name, p.get("strategy", "-"), row["status"],
+                      f"{_gib(p.get('gpu_bytes'))} ({_gib(p.get('gpu_allocator_bytes'))})",
+                      _gib(m.get("gpu_max_allocated_bytes")), _gib(m.get("gpu_max_reserved_bytes")),
+                      _ratio(m.get("gpu_max_reserved_bytes"), p.get("gpu_allocator_bytes")),
+                      f"{p['tokens_per_s']:,.0f}" if p.get("tokens_per_s") else "-",
+                      f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "-",
+                      _ratio(m.get("tokens_per_s"), p.get("tokens_per_s")))
+    Console(width=220).print(table)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dry-run", action="store_true", help="import and plan only; no GPU needed")
+    parser.add_argument("--json", type=Path, default=None, help="write the results here (default: in the work dir)")
+    parser.add_argument("--gpu-mem", default="8GiB", help="the planned card's memory, the cap of the real one")
+    parser.add_argument("--profile", default=None, help="plan for this hardware preset instead of the detected GPU")
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--budget-s", type=float, default=480, help="the whole check's time budget")
+    parser.add_argument("--keep", type=Path, default=None, help="keep run directories here (default: deleted)")
+    args = parser.parse_args()
+    deadline = time.monotonic() + args.budget_s
+    for module in IMPORTS:
+        importlib.import_module(module)
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if not cuda and not args.dry_run:
+        sys.exit("no CUDA GPU here: run with --dry-run, or on a GPU machine")
+    work = (args.keep or Path(tempfile.mkdtemp(prefix="orchestrate-gpu-check-"))).resolve()
+    work.mkdir(parents=True, exist_ok=True)
+    device = torch.cuda.get_device_name(0) if cuda else None
+    hw = hardware(args, device)
+    result = {"dry_run": args.dry_run, "cuda": cuda, "steps": args.steps, "device": device,
+              "torch": torch.__version__, "missing_distributions": missing_distributions(),
+              "hardware": json.loads(hw.model_dump_json()), "plans": {}}
+    result["gpu_tests"] = {"summary": "not run (dry run)"} if args.dry_run else run_pytest_gpu(
+        min(150.0, deadline - time.monotonic() - 60))
+    if not args.dry_run:
+        # DeepSpeed JIT-compiles CPU Adam (the offload plans' optimizer) on first use, about a minute
+        # on a fresh machine: here, once, rather than inside the first plan's steps and timeout.
+        from orchestrate.backends import prebuild
+
+        start = time.monotonic()
+        prebuild.main()
+        result["prebuild_s"] = time.monotonic() - start
+    for i, name in enumerate(ZOO):
+        row = {"prediction": predict(name, hw, args.steps, work), "status": "planned"}
+        if not row["prediction"]["feasible"]:
+            row["status"] = "infeasible"
+        elif not args.dry_run:
+            left = deadline - time.monotonic()
+            if left < 45:
+                row["status"] = "skipped: out of time budget"
+            else:
+                run_dir = work / name
+                row["run"] = run_plan(config_for(name, args.steps, work), hw, run_dir, left / (len(ZOO) - i))
+                row["measured"] = measured(run_dir)
+                row["status"] = "ok" if row["run"]["rc"] == 0 else f"failed (rc {row['run']['rc']})"
+                if args.keep is None:
+                    subprocess.run(["rm", "-rf", str(run_dir)], check=False)  # checkpoints: GBs each
+        result["plans"][name] = row
+    out = args.json or work / "gpu_check.json"
+    out.write_text(json.dumps(result, indent=2))
+    print_table(result["plans"], f"GPU check ({'dry run: predictions only' if args.dry_run else result['device']}, "
+                                 f"capped at {args.gpu_mem}, {args.steps} steps)")
+    print(f"gpu tests: {result['gpu_tests']['summary']}")
+    print(f"missing distributions: {', '.join(result['missing_distributions']) or 'none'}")
+    print(f"results: {out}")
+    failed = [n for n, r in result["plans"].items() if r["status"] not in ("ok", "planned")]
+    return 1 if failed or (result["gpu_tests"].get("rc") not in (None, 0, 5)) else 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_launch":
+        sys.exit(_launch(Path(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])))
+    sys.exit(main())

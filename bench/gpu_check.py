@@ -6,7 +6,7 @@ On one CUDA GPU:
    parameter + optimizer offload; QLoRA once orchestrate supports it), planned for this GPU with
    its memory set to `--gpu-mem` (8 GiB: an RTX 3070-class card; or `--profile rtx3070` for the
    preset's throughputs too), a few real steps through orchestrate's own launch API
-   (`orchestrate.launch.launcher.launch_from_config`), each plan in its own process group.
+   (`orchestrate.api.launch` with `LaunchOptions(worker_module=...)`), each plan in its own process group.
    The workers run `bench/gpu_worker.py`, which caps the CUDA allocator at the planned card's
    memory with `torch.cuda.set_per_process_memory_fraction` and then calls the unchanged worker
    (why there: see its docstring; the plan file is the only channel to the workers);
@@ -163,7 +163,7 @@ def run_pytest_gpu(timeout_s: float) -> dict:
 
 
 def run_plan(config: dict, hw, run_dir: Path, timeout_s: float) -> dict:
-    """One config through `launch_from_config` in a child process group (killed whole on timeout)."""
+    """One config through `orchestrate.api.launch` in a child process group (killed whole on timeout)."""
     hw_file, config_file = run_dir.with_suffix(".hardware.json"), run_dir.with_suffix(".config.json")
     hw_file.write_text(hw.model_dump_json())
     config_file.write_text(json.dumps(config))
@@ -184,19 +184,20 @@ def run_plan(config: dict, hw, run_dir: Path, timeout_s: float) -> dict:
 
 def _launch(config_file: Path, hw_file: Path, run_dir: Path) -> int:
     """In the child: orchestrate's launch API with the workers started as bench.gpu_worker."""
+    from orchestrate import api
     from orchestrate.config.load import config_from_dict
     from orchestrate.hardware.profile import HardwareProfile
-    from orchestrate.launch import torchrun_args
-    from orchestrate.launch.launcher import launch_from_config
+    from orchestrate.launch.local import LocalTorchrun
+    from orchestrate.launch.torchrun_args import LaunchOptions
 
     # The one bench-only change to the launch: torchrun runs `-m bench.gpu_worker plan.json` instead
     # of `-m orchestrate.worker plan.json` (bench/gpu_worker.py caps the GPU, then calls the worker).
-    torchrun_args.WORKER_MODULE = WORKER_MODULE
     hw = HardwareProfile.model_validate_json(hw_file.read_text())
     config = config_from_dict(json.loads(config_file.read_text()), ROOT)
-    result = launch_from_config(config, hw, name=run_dir.name, run_dir=run_dir)
+    transport = LocalTorchrun(LaunchOptions(worker_module=WORKER_MODULE))
+    result = api.launch(api.launch_request(config, hw, name=run_dir.name, run_dir=run_dir), transport)
     if f"-m {WORKER_MODULE} " not in result.command:
-        # The launcher stopped reading torchrun_args.WORKER_MODULE: the run was not capped.
+        # The launch ignored LaunchOptions.worker_module: the run was not capped.
         print(f"error: the workers did not run {WORKER_MODULE}: {result.command}", file=sys.stderr)
         return 3
     return result.exit_code or 0

@@ -77,7 +77,7 @@ def test_zoo_configs_pin_the_strategy_and_keep_runs_short(tmp_path):
 
 @pytest.mark.slow
 def test_a_plan_runs_through_launch_with_the_capping_worker(tmp_path):
-    """The real path minus CUDA: launch_from_config starts torchrun with `-m bench.gpu_worker` (no cap
+    """The real path minus CUDA: orchestrate.api.launch starts torchrun with `-m bench.gpu_worker` (no cap
     without a GPU), the unchanged worker trains, and measured() reads its metrics."""
     from orchestrate.config.load import load_config
     from orchestrate.hardware.resolve import resolve_hardware

@@ -14,7 +14,7 @@ from pathlib import Path
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
 from orchestrate.ports import free_port
-from orchestrate.run.layout import LOG_DIR, worker_program
+from orchestrate.run.layout import LOG_DIR, WORKER_MODULE, worker_program
 
 _DEFAULT_MULTINODE_RDZV_ID = "orchestrate"
 
@@ -34,6 +34,8 @@ class LaunchOptions:
     """Default: the plan's node count."""
     node_rank: int | None = None
     """Static (master-addr) rendezvous across nodes only."""
+    worker_module: str = WORKER_MODULE
+    """What torchrun runs with `-m`: the worker, or a wrapper that ends in it (bench/gpu_worker.py)."""
 
 
 def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: Path) -> list[str]:
@@ -66,7 +68,7 @@ def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: 
         argv += ["--node-rank", str(options.node_rank)]
     argv += ["--max-restarts", str(options.max_restarts),
              "--log-dir", str(log_dir), "--redirects", "3", "--tee", "0:3",
-             *worker_program(plan_path)]
+             *worker_program(plan_path, options.worker_module)]
     return argv
 
 

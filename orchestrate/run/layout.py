@@ -27,9 +27,10 @@ WORKER_MODULE = "orchestrate.worker"
 """What torchrun runs on every rank: `python -m orchestrate.worker RUN_DIR/plan.json`."""
 
 
-def worker_program(plan_path: Path) -> tuple[str, ...]:
-    """torchrun's program arguments for the workers of `plan_path`."""
-    return ("-m", WORKER_MODULE, str(plan_path))
+def worker_program(plan_path: Path, module: str = WORKER_MODULE) -> tuple[str, ...]:
+    """torchrun's program arguments for the workers of `plan_path` (`module`: a wrapper that ends in
+    `orchestrate.worker.main.main`, e.g. bench/gpu_worker.py)."""
+    return ("-m", module, str(plan_path))
 
 
 @dataclass(frozen=True)

@@ -195,3 +195,13 @@ def test_config_runs_the_checks_launch_runs(tmp_path: Path):
     (out / "checkpoints" / "latest").write_text("step-00000002")
     with pytest.raises(UserError, match="--resume"):
         api.write_config(_tiny(f"train.output_dir={tmp_path}"), cpu_hardware(2), out)
+
+
+def test_dry_run_and_config_import_no_heavy_library(tmp_path: Path):
+    """What must come before torchrun starts (plan, render, run directory) stays light."""
+    from tests.helpers.imports import run_cli
+
+    dry = run_cli("launch", "--gpus", "2", str(TINY), "--run-dir", str(tmp_path / "run"), "--dry-run")
+    assert (dry.code, dry.heavy) == (0, []), dry.output
+    written = run_cli("config", "--gpus", "2", str(TINY), "--out", str(tmp_path / "cfg"))
+    assert (written.code, written.heavy) == (0, []), written.output

@@ -194,7 +194,7 @@ class DeepSpeedTrainEngine:
         mean_loss = float(torch.stack(losses).float().mean())
         return StepResult(loss=mean_loss, grad_norm=grad_norm, lr=lr, skipped=skipped)
 
-    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+    def eval_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """Collective under ZeRO-3 (the forward gathers parameters): every rank must call it."""
         import torch
 
@@ -202,8 +202,7 @@ class DeepSpeedTrainEngine:
         self.engine.eval()
         try:
             with torch.no_grad():
-                loss = self._loss(batch)
-            return float(loss)
+                return self.objective.eval_sums(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
         finally:
             self.engine.train(was_training)
 

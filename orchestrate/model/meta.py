@@ -207,7 +207,7 @@ def shape_from_config(hf_config: PretrainedConfig, *, task: str = "causal-lm",
     )
 
 
-def _config_dict(config: RunConfig) -> dict | None:
+def config_dict(config: RunConfig) -> dict | None:
     """The config.json mapping when it is at hand without transformers: `model.architecture` or a
     local directory's config.json. None otherwise (Hub names, missing or unreadable files: the
     transformers path reports those)."""
@@ -223,7 +223,7 @@ def _config_dict(config: RunConfig) -> dict | None:
 
 def shape_for(config: RunConfig) -> ModelShape:
     """The shape of the model `config` describes (reads at most a config.json; never weights)."""
-    data = _config_dict(config)
+    data = config_dict(config)
     task = config.model.task
     _check_saved_task(data, task)
     # The formulas describe the causal-LM classes; the other tasks' heads are measured on the meta device.

@@ -80,7 +80,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
         plan = Plan.read(ckpt / PLAN_COPY)
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ckpt / HF_CONFIG, trust_remote_code=trust)
-        layout = StateLayout.of(build_meta_model(hf_config, trust_remote_code=trust))
+        layout = StateLayout.of(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust))
     except Exception as exc:  # a checkpoint without a manifest may hold any damage
         raise UserError(f"the checkpoint {ckpt} cannot be read", [Problem(
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc

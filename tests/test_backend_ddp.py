@@ -89,7 +89,7 @@ def _train_resume_export(model_dir: str, run_dir: str) -> dict:
     client = resumed.load_checkpoint(Path(run_dir) / "ckpt")
     out = {"losses": [r.loss for r in results], "norms": [r.grad_norm for r in results], "client": client,
            "resumed": [resumed.train_step(batches).loss for _ in range(4)],
-           "eval": a.eval_loss(batches[0])}
+           "eval": a.eval_sums(batches[0])["loss"]}
     if rank == 0:
         reloaded = AutoModelForCausalLM.from_pretrained(Path(run_dir) / "hf", dtype=torch.float32).eval()
         a.model.eval()

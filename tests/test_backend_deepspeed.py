@@ -324,7 +324,7 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | N
     out["a"] = _train(engine, plan, rank, RESUME_AT)
     engine.save_checkpoint(work_dir / "ckpt", {"step": RESUME_AT})
     out["a"] += _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
-    out["eval"] = engine.eval_loss(_micro_batches(plan, rank, 0)[0])
+    out["eval"] = engine.eval_sums(_micro_batches(plan, rank, 0)[0])["loss"]
     engine.save_hf_model(work_dir / "hf")
     engine.engine.eval()
     with torch.no_grad():  # every rank runs the forward: ZeRO-3 gathers parameters collectively

@@ -64,8 +64,11 @@ class TrainEngine(Protocol):
         """One optimizer step over the given micro-batches (gradient accumulation inside)."""
         ...
 
-    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
-        """Loss on one batch without gradients (this rank only)."""
+    objective: Objective
+    """What a batch's loss and evaluation metrics are."""
+
+    def eval_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """The objective's evaluation sums of one batch without gradients (this rank only; "loss" among them)."""
         ...
 
     def save_hf_model(self, out_dir: Path) -> None:

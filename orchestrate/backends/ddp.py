@@ -160,23 +160,23 @@ class DDPBackend:
     def setup(self, plan: Plan, ctx: WorkerContext) -> DDPEngine:
         import torch
         from torch.nn.parallel import DistributedDataParallel
-        from transformers import AutoModelForCausalLM
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.model.tasks import auto_class
         from orchestrate.model.transforms import apply_transforms
 
         st = ddp_settings(plan)
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
-        trust = plan.config.model.trust_remote_code
+        trust, task = plan.config.model.trust_remote_code, plan.config.model.task
         if has_safetensors(ctx.model_dir):
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
-            model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust)
+            model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
-            model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+            model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         model = apply_transforms(model, plan)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         if st["activation_checkpointing"]:

@@ -80,9 +80,9 @@ class DeepSpeedBackend:
     def setup(self, plan: Plan, ctx: WorkerContext) -> DeepSpeedTrainEngine:
         import deepspeed
         import torch
-        from transformers import AutoModelForCausalLM
 
         from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.model.tasks import auto_class
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
         config = engine_config(plan)  # refuses a plan without a deepspeed strategy
@@ -91,7 +91,7 @@ class DeepSpeedBackend:
         # wraps that group instead of creating a second one.
         deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
 
-        trust = plan.config.model.trust_remote_code
+        trust, task = plan.config.model.trust_remote_code, plan.config.model.task
         hf_ds_config = None
         if strategy.zero_stage == 3:
             from transformers.integrations import HfDeepSpeedConfig
@@ -103,16 +103,17 @@ class DeepSpeedBackend:
             hf_ds_config = HfDeepSpeedConfig(config)
             # fp32 on purpose: zero.Init casts to bf16/fp16 itself as it partitions, and the fp32
             # master partitions are built from that cast copy (stage3.py), as under the HF Trainer.
-            model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+            model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         elif has_safetensors(ctx.model_dir):
             # Stages 0-2 replicate parameters: allocate them on this rank's device and fill them one
             # tensor at a time (orchestrate/model/loading.py), never a full copy in CPU RAM per rank.
             # In the training dtype: the engine would cast the parameters to it anyway
             # (_cast_module_mixed_precision) and builds the fp32 master from that cast copy
             # (stage_1_and_2.py), so the result is the same and the device holds half the bytes.
-            model = load_replicated(ctx.model_dir, ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision]), trust)
+            model = load_replicated(ctx.model_dir, ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision]), trust,
+                                    task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
-            model = AutoModelForCausalLM.from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+            model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
         model = apply_transforms(model, plan)
         if strategy.activation_checkpointing:
@@ -193,7 +194,7 @@ class DeepSpeedTrainEngine:
         mean_loss = float(torch.stack(losses).float().mean())
         return StepResult(loss=mean_loss, grad_norm=grad_norm, lr=lr, skipped=skipped)
 
-    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+    def eval_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """Collective under ZeRO-3 (the forward gathers parameters): every rank must call it."""
         import torch
 
@@ -201,8 +202,7 @@ class DeepSpeedTrainEngine:
         self.engine.eval()
         try:
             with torch.no_grad():
-                loss = self._loss(batch)
-            return float(loss)
+                return self.objective.eval_sums(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
         finally:
             self.engine.train(was_training)
 

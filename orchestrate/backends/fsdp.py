@@ -268,7 +268,7 @@ class FSDPBackend:
         torch.manual_seed(st["seed"])
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-        model = apply_transforms(build_meta_model(hf_config, trust_remote_code=trust), plan)
+        model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust), plan)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         classes = st["fully_shard"]["block_classes"] or hf_io.model_block_class_names(model, hf_config.model_type)
         if st["activation_checkpointing"]:

@@ -76,7 +76,8 @@ def restore_non_persistent_buffers(model: nn.Module, device: torch.device) -> No
         names = getattr(module, "_non_persistent_buffers_set", set())
         if not names:
             continue
-        config = getattr(module, "config", None)
+        # BertEmbeddings (position_ids, token_type_ids) keeps no config of its own: the model's builds it.
+        config = getattr(module, "config", None) or getattr(model, "config", None)
         if config is None:
             raise UserError("unsupported model", [Problem(
                 "model", f"{type(module).__name__} holds non-checkpointed buffers ({', '.join(sorted(names))}) "

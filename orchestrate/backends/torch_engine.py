@@ -129,11 +129,11 @@ class TorchEngine:
         step_schedule(self.scheduler, skipped)
         return StepResult(loss=torch.stack(losses).mean().item(), grad_norm=float(norm), lr=lr, skipped=skipped)
 
-    def eval_loss(self, batch: dict[str, torch.Tensor]) -> float:
+    def eval_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         import torch
 
         self.model.eval()
         with torch.no_grad():
-            loss = self._forward_loss(batch)
+            sums = self.objective.eval_sums(self.model, self._to_device(batch))
         self.model.train()
-        return loss.float().item()
+        return sums

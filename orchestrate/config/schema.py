@@ -38,6 +38,16 @@ class ModelSection(_Section):
     """An inline transformers config, e.g. `{model_type: llama, hidden_size: 2048, ...}`; the model
     is built from it with freshly initialised weights (pre-training)."""
 
+    task: Literal["causal-lm", "masked-lm", "sequence-classification"] = "causal-lm"
+    """What the model learns: next-token prediction (causal-lm, AutoModelForCausalLM), BERT-style
+    masked tokens (masked-lm, AutoModelForMaskedLM: 15 % of tokens masked, 80/10/10) or one label per
+    document (sequence-classification, AutoModelForSequenceClassification, labels from
+    `data.label_field`). The last two train on padded documents (`data.packing: false`)."""
+
+    num_labels: int | None = Field(default=None, gt=1, le=MAX_COUNT)
+    """sequence-classification only: the number of classes. Null takes it from the data (the distinct
+    values of `data.label_field`); when given it must agree with the data."""
+
     trust_remote_code: bool = False
     """Allow model code from the model directory to run. Off by default: it executes foreign code."""
 
@@ -90,6 +100,11 @@ class DataSection(_Section):
     template: str | None = None
     """Instead of `text_field`: a Python format string over the record's columns that makes one
     document, e.g. "### Question:\\n{prompt}\\n### Answer:\\n{response}" (the loss covers all of it)."""
+
+    label_field: str = "label"
+    """model.task sequence-classification: the column holding each document's label (integers or
+    strings). The label names are its distinct values, sorted; they go into the saved config.json as
+    `id2label` / `label2id`."""
 
     text_unit: Literal["paragraph", "line", "file"] = "paragraph"
     """What one document is in a .txt file: a paragraph (text between blank lines), a line, or the whole file."""
@@ -293,6 +308,19 @@ class RunConfig(_Section):
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""
+
+    @model_validator(mode="after")
+    def _task_data(self) -> RunConfig:
+        # Masked LM and classification see one document per sample (padding and truncation, an
+        # attention mask), never a packed stream that would mix documents and their labels.
+        if self.model.task != "causal-lm":
+            if self.data.packing and "packing" in self.data.model_fields_set:
+                raise ValueError(f"model.task {self.model.task} trains on single documents: set data.packing: false")
+            if self.data.packing:
+                self.data.packing = False
+        if self.model.num_labels is not None and self.model.task != "sequence-classification":
+            raise ValueError("model.num_labels is for model.task sequence-classification only")
+        return self
 
     def resolve_path(self, p: str) -> Path:
         """Resolve a user path relative to the YAML file's directory."""

@@ -117,3 +117,18 @@ class PaddedDocuments:
         input_ids = torch.from_numpy(ids)
         labels = input_ids.masked_fill(torch.from_numpy(mask) == 0, IGNORE_INDEX)
         return {"input_ids": input_ids, "attention_mask": torch.from_numpy(mask), "labels": labels}
+
+
+class LabelledDocuments(PaddedDocuments):
+    """Padded documents whose `labels` are each document's class id (sequence classification)."""
+
+    def __init__(self, stream: TokenStream, seq_len: int, labels: np.ndarray, subset: Subset | None = None):
+        super().__init__(stream, seq_len, subset)
+        self._labels = labels  # class id per document of the stream
+
+    def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        import torch
+
+        out = super().batch(positions)
+        out["labels"] = torch.from_numpy(np.asarray(self._labels[self.subset.ids(positions)], dtype=np.int64))
+        return out

@@ -17,10 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.config.schema import RunConfig
-from orchestrate.data.blocks import PackedBlocks, PaddedDocuments, Subset, split_ids
+from orchestrate.data.blocks import LabelledDocuments, PackedBlocks, PaddedDocuments, Subset, split_ids
 from orchestrate.data.cache import TokenStream, cache_dir_of
 from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
+from orchestrate.data.doc_labels import label_ids, read_labels
+from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entries, resolve_sources
@@ -50,11 +52,17 @@ class TrainData:
     sampler: DistributedBlockSampler
     tokenizer_dir: Path | None = None
     """The Hugging Face tokenizer directory, None for the built-in byte tokenizer."""
+    label_names: list[str] | None = None
+    """sequence-classification: the class names, id i is label_names[i]."""
+    masker: MLMMasker | None = None
+    """masked-lm: masks each batch (orchestrate.data.mlm)."""
 
     def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
         """This rank's next `size` samples: input_ids and labels (the model shifts them), plus
         attention_mask when packing is off. Every rank must call it with the same size."""
-        return self.train.batch(self.sampler.take(size))
+        place = (0, self.sampler.epoch, self.sampler.position, self.sampler.rank)  # before take() moves it
+        batch = self.train.batch(self.sampler.take(size))
+        return self.masker(batch, place) if self.masker else batch
 
     def eval_batches(self, size: int, count: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         """`count` fixed micro-batches of this rank's strided share of the validation samples
@@ -63,7 +71,8 @@ class TrainData:
         if n == 0:
             return []
         order = [(rank + world_size * i) % n for i in range(size * count)]
-        return [self.validation.batch(order[b * size: (b + 1) * size]) for b in range(count)]
+        batches = [self.validation.batch(order[b * size: (b + 1) * size]) for b in range(count)]
+        return [self.masker(b, (1, i, rank)) for i, b in enumerate(batches)] if self.masker else batches
 
 
 @dataclass
@@ -91,7 +100,7 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
         problems.append(Problem("data.tokenizer", f"the built-in byte tokenizer needs {BYTE_VOCAB} ids but the model "
                                 f"has vocab_size {vocab_size}", "set data.tokenizer to the model's tokenizer"))
     try:
-        TextSpec(data.text_field, data.template).fields()
+        text_spec(config).fields()
     except UserError as exc:
         problems += exc.problems
     if problems:
@@ -129,7 +138,7 @@ def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, pl
     sources = resolve_sources(config, plan_files, plan_dir, demo_path)
     if tokenizer is None:
         tokenizer, _ = tokenizer_for(config)
-    spec = TextSpec(data.text_field, data.template)
+    spec = text_spec(config)
     kwargs = {"num_proc": data.num_proc, "progress": progress, "force": force, "may_build": may_build}
     train = ensure_stream(sources.train, spec, tokenizer, cache_dir, **kwargs)
     validation = ensure_stream(sources.validation, spec, tokenizer, cache_dir, **kwargs) if sources.validation else None
@@ -138,17 +147,55 @@ def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, pl
                         time.perf_counter() - start)
 
 
+def text_spec(config: RunConfig) -> TextSpec:
+    labelled = config.model.task == "sequence-classification"
+    return TextSpec(config.data.text_field, config.data.template, config.data.label_field if labelled else None)
+
+
 def samples_for(prepared: PreparedData, config: RunConfig) -> tuple[Samples, Samples]:
     """(train, validation) views: packed blocks or padded documents, split by ratio when no
     validation data is given."""
     seq_len, data = config.train.seq_len, config.data
     view = PackedBlocks if data.packing else PaddedDocuments
+    if config.model.task == "sequence-classification":
+        view = labelled_view(prepared)
     if prepared.validation is not None:
         return view(prepared.train, seq_len), view(prepared.validation, seq_len)
     n = view.count(prepared.train, seq_len)
     held = split_ids(n, data.validation_ratio, config.train.seed)
     return (view(prepared.train, seq_len, Subset(n, held, keep_held_out=False)),
             view(prepared.train, seq_len, Subset(n, held, keep_held_out=True)))
+
+
+def label_names(prepared: PreparedData) -> list[str]:
+    return list(prepared.train.meta["label_names"])
+
+
+def labelled_view(prepared: PreparedData):
+    """A `LabelledDocuments` constructor for either stream, with ids in the training label names."""
+    names = label_names(prepared)
+
+    def view(stream: TokenStream, seq_len: int, subset: Subset | None = None) -> LabelledDocuments:
+        ids = read_labels(stream.directory, stream.num_documents)
+        if stream is not prepared.train:
+            ids = label_ids(ids, stream.meta["label_names"], names, "data.validation_files")
+        return LabelledDocuments(stream, seq_len, ids, subset)
+
+    view.count = PaddedDocuments.count
+    return view
+
+
+def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
+    """The data's label names, checked against a configured num_labels (None for unlabelled tasks)."""
+    if config.model.task != "sequence-classification":
+        return None
+    from orchestrate.model.labels import check_num_labels, configured_num_labels
+    from orchestrate.model.meta import config_dict
+
+    names = label_names(prepared)
+    configured = configured_num_labels(config_dict(config), config.model.num_labels)
+    check_num_labels(names, configured, prepared.sources.train[0].describe())
+    return names
 
 
 def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None) -> TrainData:
@@ -166,7 +213,11 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_ran
             prepared.sources.train[0].where, f"{names} give {len(train)} training {unit}, "
             f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
     sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
-    return TrainData(tokenizer, train, validation, sampler, tokenizer_dir)
+    masker = None
+    if config.model.task == "masked-lm":
+        masker = MLMMasker(mask_token_id(tokenizer, plan.shape.vocab_size), tokenizer.vocab_size,
+                           tokenizer.eos_id, config.train.seed)
+    return TrainData(tokenizer, train, validation, sampler, tokenizer_dir, check_labels(config, prepared), masker)
 
 
 def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
@@ -186,6 +237,7 @@ def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
     """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`."""
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
     prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
+    check_labels(plan.config, prepared)  # before any worker starts
     return describe_prepared(prepared, plan.config)
 
 

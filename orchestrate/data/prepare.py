@@ -33,6 +33,7 @@ from orchestrate.data.cache import (
     temp_dir_for,
 )
 from orchestrate.data.checks import check_num_proc, cpu_cores, ensure_cache_dir
+from orchestrate.data.doc_labels import write_labels
 from orchestrate.data.sources import Source, source_identity, total_bytes
 from orchestrate.data.tokenizer import Tokenizer, token_dtype
 from orchestrate.errors import Problem, UserError
@@ -49,6 +50,8 @@ class TextSpec:
 
     text_field: str = "text"
     template: str | None = None
+    label_field: str | None = None
+    """The label column of a classifier's data (None: no labels)."""
 
     def fields(self) -> list[str]:
         if self.template is None:
@@ -61,7 +64,10 @@ class TextSpec:
                 "data.template", str(exc), 'use {column} for a column and {{ }} for literal braces')]) from None
 
     def identity(self) -> dict:
-        return {"text_field": self.text_field if self.template is None else None, "template": self.template}
+        identity = {"text_field": self.text_field if self.template is None else None, "template": self.template}
+        if self.label_field is not None:  # absent otherwise: unlabelled cache keys stay what they were
+            identity["label_field"] = self.label_field
+        return identity
 
 
 @dataclass
@@ -207,6 +213,10 @@ def _check_columns(ds, source: Source, spec: TextSpec) -> None:
                f"set data.text_field to the column that holds the text (one of {columns})")
         raise UserError(f"{source.describe()} has no field {missing[0]!r}", [Problem(
             where, f"{source.describe()} has no column {', '.join(map(repr, missing))} (it has: {columns})", fix)])
+    if spec.label_field is not None and spec.label_field not in columns:
+        raise UserError(f"{source.describe()} has no label column {spec.label_field!r}", [Problem(
+            "data.label_field", f"{source.describe()} has no column {spec.label_field!r} (it has: {columns})",
+            f"set data.label_field to the column that holds the labels (one of {columns})")])
     if spec.template is None:
         feature = ds.features[spec.text_field]
         if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
@@ -215,7 +225,7 @@ def _check_columns(ds, source: Source, spec: TextSpec) -> None:
                 "point data.text_field at a string column, or use data.template")])
 
 
-def documents(batch: dict, spec: TextSpec, paragraphs: bool) -> list[str]:
+def documents(batch: dict, spec: TextSpec, paragraphs: bool, keep_blank: bool = False) -> list[str]:
     """The documents of a batch of records: one per record (blank ones skipped), or one per
     paragraph when `paragraphs` (blank-line separated, lines of spaces included: datasets' text
     builder splits on "\\n\\n" only)."""
@@ -226,6 +236,9 @@ def documents(batch: dict, spec: TextSpec, paragraphs: bool) -> list[str]:
         texts = batch[spec.text_field]
     docs: list[str] = []
     for text in texts:
+        if keep_blank:  # one entry per record, "" for a blank one (labelled data keeps rows aligned)
+            docs.append(text if text and text.strip() else "")
+            continue
         if not text:
             continue
         if paragraphs:
@@ -236,15 +249,22 @@ def documents(batch: dict, spec: TextSpec, paragraphs: bool) -> list[str]:
 
 
 def tokenize_batch(batch: dict, *, tokenizer: Tokenizer, spec: TextSpec, paragraphs: bool, dtype: str) -> dict:
-    """`Dataset.map` function: records -> documents -> ids, each document followed by EOS."""
-    docs = documents(batch, spec, paragraphs)
+    """`Dataset.map` function: records -> documents -> ids, each document followed by EOS (and, for
+    labelled data, each record's label as text: one document per record, blank ones dropped with it)."""
+    labels = None
+    if spec.label_field is not None:
+        pairs = [(doc, label) for doc, label in zip(documents(batch, spec, False, keep_blank=True),
+                                                    batch[spec.label_field], strict=True) if doc]
+        docs, labels = [d for d, _ in pairs], [str(label) for _, label in pairs]
+    else:
+        docs = documents(batch, spec, paragraphs)
     out = []
     for ids in tokenizer.encode_batch(docs) if docs else []:
         row = np.empty(len(ids) + 1, dtype=dtype)
         row[:-1] = ids
         row[-1] = tokenizer.eos_id
         out.append(row)
-    return {"input_ids": out}
+    return {"input_ids": out} if labels is None else {"input_ids": out, "label": labels}
 
 
 def iter_documents(sources: list[Source], spec: TextSpec, work: Path, batch_size: int = _MAP_BATCH):
@@ -259,7 +279,7 @@ def iter_documents(sources: list[Source], spec: TextSpec, work: Path, batch_size
 
 def _spec_for(source: Source, spec: TextSpec) -> tuple[TextSpec, bool]:
     # The text builder's one column is "text", whatever text_field says about the other files.
-    source_spec = TextSpec("text", spec.template) if source.builder == "text" else spec
+    source_spec = TextSpec("text", spec.template, spec.label_field) if source.builder == "text" else spec
     paragraphs = source.kind == "files" and dict(source.options).get("sample_by") == "paragraph"
     return source_spec, paragraphs
 
@@ -272,6 +292,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
     start = time.perf_counter()
     dtype = token_dtype(tokenizer.vocab_size)
     n_tokens, n_docs = 0, 0
+    labels: list[str] = []
     with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f:
         np.zeros(1, np.int64).tofile(off_f)
         for i, source in enumerate(sources):
@@ -286,6 +307,8 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
                             load_from_cache_file=False, desc=f"tokenising {source.describe()}")
             bar = tqdm(total=len(mapped), desc="writing tokens", unit="doc", disable=not progress)
             for table in mapped.with_format("arrow").iter(batch_size=16 * _MAP_BATCH):
+                if spec.label_field is not None:
+                    labels.extend(table.column("label").to_pylist())
                 for chunk in table.column("input_ids").chunks:
                     lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
                     chunk.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).tofile(tok_f)
@@ -306,4 +329,6 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
             "eos_id": tokenizer.eos_id, "vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.fingerprint(),
             "sources": [s.describe() for s in sources], "text": spec.identity(), "num_proc": num_proc,
             "prepare_seconds": round(time.perf_counter() - start, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if spec.label_field is not None:
+        meta["label_names"] = write_labels(work, labels)
     (work / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")

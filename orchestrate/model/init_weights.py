@@ -46,27 +46,26 @@ def _hub_snapshot(name: str, download: bool) -> Path:
             "download the model into a local directory and point model.name_or_path at it")]) from None
 
 
-def _model_class(hf_config):
-    """The causal-LM class for `hf_config`; resolving it imports the model's modeling code."""
-    from transformers import AutoModelForCausalLM
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    if type(hf_config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-        return MODEL_FOR_CAUSAL_LM_MAPPING[type(hf_config)]
-    return AutoModelForCausalLM  # custom code (trust_remote_code): resolved when building
-
-
-def build_initial_model(plan: Plan, out_dir: Path) -> Path:
-    """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
-    from transformers import AutoModelForCausalLM
-
+def initial_config(plan: Plan, labels: list[str] | None):
+    """The transformers config the initial model is built from, with the data's labels for a classifier."""
+    from orchestrate.model.labels import apply_labels
     from orchestrate.model.meta import load_model_config
 
     hf_config = load_model_config(plan.config)
-    _model_class(hf_config)
+    if labels is not None:
+        apply_labels(hf_config, labels)
+    return hf_config
+
+
+def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = None) -> Path:
+    """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
+    from orchestrate.model.tasks import auto_class
+
+    hf_config = initial_config(plan, labels)
+
     torch.manual_seed(plan.config.train.seed)
-    model = AutoModelForCausalLM.from_config(hf_config, trust_remote_code=plan.config.model.trust_remote_code,
-                                             dtype=torch.float32)
+    model = auto_class(plan.config.model.task).from_config(
+        hf_config, trust_remote_code=plan.config.model.trust_remote_code, dtype=torch.float32)
     # Unique temp name: on a shared file system several nodes may build at once; the first rename wins
     # and the others (identical weights) are discarded.
     tmp = out_dir.with_name(f".{out_dir.name}.{socket.gethostname()}.{os.getpid()}.tmp")
@@ -81,8 +80,9 @@ def build_initial_model(plan: Plan, out_dir: Path) -> Path:
     return out_dir
 
 
-def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int) -> Path:
-    """The model directory to load from; collective when a process group is initialised."""
+def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: list[str] | None = None) -> Path:
+    """The model directory to load from; collective when a process group is initialised. `labels`:
+    a classifier's label names (from the data), which size its head."""
     name = plan.config.model.name_or_path
     if name is not None:
         path = plan.config.resolve_path(name)
@@ -97,12 +97,12 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int) -> Path:
                 return snapshot
     out_dir = run_dir / INIT_MODEL_DIR
     if local_rank == 0 and not has_weights(out_dir):
-        build_initial_model(plan, out_dir)
+        build_initial_model(plan, out_dir, labels)
     else:
         # Import transformers' model code now, in parallel with the building rank, instead of
         # one after the other when the backend loads the model (seconds of start-up on few cores).
-        from orchestrate.model.meta import load_model_config
+        from orchestrate.model.tasks import model_class
 
-        _model_class(load_model_config(plan.config))
+        model_class(initial_config(plan, labels), plan.config.model.task)
     _barrier()
     return out_dir

@@ -88,26 +88,27 @@ def _retie(model: nn.Module, layout: StateLayout) -> None:
             setattr(model.get_submodule(owner), attr, first)
 
 
-def meta_model(model_dir: Path, trust_remote_code: bool = False) -> tuple[nn.Module, object, StateLayout]:
+def meta_model(model_dir: Path, trust_remote_code: bool = False,
+               task: str = "causal-lm") -> tuple[nn.Module, object, StateLayout]:
     """(model on the meta device, its HF config, its StateLayout) for `model_dir/config.json`."""
     from transformers import AutoConfig
 
     from orchestrate.model.meta import build_meta_model
 
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
-    model = build_meta_model(hf_config, trust_remote_code=trust_remote_code)
+    model = build_meta_model(hf_config, task=task, trust_remote_code=trust_remote_code)
     return model, hf_config, StateLayout.of(model)
 
 
 def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype,
-                    trust_remote_code: bool = False) -> nn.Module:
+                    trust_remote_code: bool = False, task: str = "causal-lm") -> nn.Module:
     """The whole model on `device`, floating parameters in `dtype`, filled from `model_dir` one tensor at a time."""
     from safetensors import safe_open
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
 
     model_dir = Path(model_dir)
-    model, _, layout = meta_model(model_dir, trust_remote_code)
+    model, _, layout = meta_model(model_dir, trust_remote_code, task)
     plan = plan_reads(model_dir, layout)  # before allocating anything
     for param in model.parameters():  # on meta: free. Buffers keep their dtype (rotary inv_freq stays
         if param.is_floating_point():  # fp32), as DeepSpeed's own cast of the module does.

@@ -107,21 +107,26 @@ def load_model_config(config: RunConfig) -> PretrainedConfig:
     return _from_name_or_path(config)
 
 
-def build_meta_model(hf_config: PretrainedConfig, *, trust_remote_code: bool = False) -> nn.Module:
-    """The causal LM of `hf_config` with every tensor on the meta device (no memory, no init)."""
+def build_meta_model(hf_config: PretrainedConfig, *, task: str = "causal-lm",
+                     trust_remote_code: bool = False) -> nn.Module:
+    """The model `task` builds for `hf_config` (orchestrate.model.tasks) with every tensor on the
+    meta device (no memory, no init)."""
     # Not accelerate's `init_empty_weights`: under transformers 5 it breaks weight tying (GPT-2
     # counts 163,037,184 parameters instead of 124,439,808, lm_head no longer *is* wte); the
     # torch.device("meta") context keeps tied parameters one object.
     import torch
-    from transformers import AutoModelForCausalLM
+
+    from orchestrate.model.tasks import auto_class
 
     try:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(hf_config, trust_remote_code=trust_remote_code)
+            return auto_class(task).from_config(hf_config, trust_remote_code=trust_remote_code)
     except _config_errors() as exc:
-        # No causal-LM class for this model_type (e.g. t5), or the modules reject a dimension.
+        # No class of this task for this model_type (e.g. t5, or gpt2 for masked-lm), or the
+        # modules reject a dimension.
         raise UserError("cannot build the model", [Problem(
-            "model", _first_line(exc), f"orchestrate trains decoder-only causal LMs ({_FAMILIES}, ...)")]) from None
+            "model", _first_line(exc), f"use a model_type that has a {task} model in transformers "
+            f"({_FAMILIES}, ...; bert for masked-lm), or another model.task")]) from None
 
 
 def _count(params: dict[int, nn.Parameter]) -> int:
@@ -154,9 +159,10 @@ def _attr(cfg: PretrainedConfig, name: str) -> int:
     return int(value)
 
 
-def shape_from_config(hf_config: PretrainedConfig, *, trust_remote_code: bool = False) -> ModelShape:
-    """Exact parameter counts and dimensions of the causal LM `hf_config` describes."""
-    model = build_meta_model(hf_config, trust_remote_code=trust_remote_code)
+def shape_from_config(hf_config: PretrainedConfig, *, task: str = "causal-lm",
+                      trust_remote_code: bool = False) -> ModelShape:
+    """Exact parameter counts and dimensions of the model `task` builds from `hf_config`."""
+    model = build_meta_model(hf_config, task=task, trust_remote_code=trust_remote_code)
     hidden = _attr(hf_config, "hidden_size")
     heads = _attr(hf_config, "num_attention_heads")
     num_layers = _attr(hf_config, "num_hidden_layers")
@@ -169,8 +175,9 @@ def shape_from_config(hf_config: PretrainedConfig, *, trust_remote_code: bool = 
     for m in model.modules():  # token embedding plus learned positions (gpt2's wpe), outside the blocks
         if isinstance(m, nn.Embedding):
             embedding.update({k: p for k, p in _params(m).items() if k not in in_blocks})
+    # A classifier has no output embedding: its head (pooler, classifier) is counted with the rest.
     output = model.get_output_embeddings()
-    lm_head = {k: p for k, p in _params(output).items() if k not in embedding}
+    lm_head = {k: p for k, p in _params(output).items() if k not in embedding} if output is not None else {}
     # DeepSpeed's largest_layer_params: parameters held directly by one module
     # (deepspeed/runtime/zero/stage3.py, model_to_params used by estimate_zero3_model_states_mem_needs_all_live).
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
@@ -194,11 +201,13 @@ def shape_from_config(hf_config: PretrainedConfig, *, trust_remote_code: bool = 
         intermediate_size=intermediate,
         vocab_size=_attr(hf_config, "vocab_size"),
         max_position_embeddings=_attr(hf_config, "max_position_embeddings"),
-        tied_embeddings=output.weight is model.get_input_embeddings().weight,
+        tied_embeddings=output is not None and output.weight is model.get_input_embeddings().weight,
+        task=task,
+        num_labels=int(hf_config.num_labels) if task == "sequence-classification" else 0,
     )
 
 
-def _config_dict(config: RunConfig) -> dict | None:
+def config_dict(config: RunConfig) -> dict | None:
     """The config.json mapping when it is at hand without transformers: `model.architecture` or a
     local directory's config.json. None otherwise (Hub names, missing or unreadable files: the
     transformers path reports those)."""
@@ -214,8 +223,26 @@ def _config_dict(config: RunConfig) -> dict | None:
 
 def shape_for(config: RunConfig) -> ModelShape:
     """The shape of the model `config` describes (reads at most a config.json; never weights)."""
-    data = _config_dict(config)
-    shape = shape_from_dict(data) if data is not None else None
+    data = config_dict(config)
+    task = config.model.task
+    _check_saved_task(data, task)
+    # The formulas describe the causal-LM classes; the other tasks' heads are measured on the meta device.
+    shape = shape_from_dict(data) if data is not None and task == "causal-lm" else None
     if shape is not None:
         return shape
-    return shape_from_config(load_model_config(config), trust_remote_code=config.model.trust_remote_code)
+    hf_config = load_model_config(config)
+    if config.model.num_labels is not None:
+        hf_config.num_labels = config.model.num_labels
+    return shape_from_config(hf_config, task=task, trust_remote_code=config.model.trust_remote_code)
+
+
+def _check_saved_task(data: dict | None, task: str) -> None:
+    """A directory saved by a model of another task (BertForSequenceClassification under the
+    default causal-lm) would be built as the wrong class and fail far from the cause."""
+    from orchestrate.model.tasks import task_of_architectures
+
+    saved = task_of_architectures((data or {}).get("architectures"))
+    if saved is not None and saved != task:
+        raise UserError("the model directory holds a model of another task", [Problem(
+            "model.task", f"its config.json names {', '.join(data['architectures'])} ({saved}), "
+            f"model.task is {task}", f"set model.task: {saved}")])

@@ -32,6 +32,21 @@ class ModelShape:
     vocab_size: int
     max_position_embeddings: int
     tied_embeddings: bool
+    task: str = "causal-lm"
+    """`model.task`; plans written before tasks existed read as causal-lm."""
+    num_labels: int = 0
+    """Classes of a sequence classifier (0 for the LM tasks)."""
+
+    @property
+    def logits_width(self) -> int:
+        """Columns of the head's output: the vocabulary for LM heads, num_labels for a classifier."""
+        return self.num_labels if self.task == "sequence-classification" else self.vocab_size
+
+    @property
+    def logits_per_token(self) -> bool:
+        """LM heads score every position; a classifier scores one pooled vector per sequence
+        (BertForSequenceClassification: pooler -> classifier, modeling_bert.py)."""
+        return self.task != "sequence-classification"
 
     def to_dict(self) -> dict:
         return asdict(self)

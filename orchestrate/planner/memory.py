@@ -78,10 +78,12 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int
 
 
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
-    """LM head output and cross-entropy temporaries (measured, see constants)."""
+    """Head output and cross-entropy temporaries (measured, see constants): per token and vocabulary
+    entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide)."""
     per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
            else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
-    return int(per * strategy.micro_batch_size * seq_len * shape.vocab_size)
+    rows = strategy.micro_batch_size * (seq_len if shape.logits_per_token else 1)
+    return int(per * rows * shape.logits_width)
 
 
 class _Placement:

@@ -43,8 +43,9 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     stages.check_lock(run)
     worker = stages.start_process_group(plan, run)
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
-    engine, ctx = stages.build_engine(plan, run, worker)
-    data, checkpointer, start_step = stages.data_and_resume(plan, ctx, engine, resume_from)
+    data = stages.build_data(plan, run, worker)  # first: a classifier's labels size its head
+    engine, ctx = stages.build_engine(plan, run, worker, data.label_names)
+    checkpointer, start_step = stages.resume(plan, ctx, engine, data, resume_from)
     info = stages.run_info(plan, run, worker, start_step)
     callbacks = stages.callbacks(info, engine, data, stop, checkpointer, worker, resume_from)
     stopped = run_loop(info, engine, data, stop, checkpointer, callbacks, worker.node, worker.device)

@@ -58,12 +58,13 @@ def gather_step_stats(loss: float, node: int, device: torch.device) -> dict[str,
     return out
 
 
-def mean_over_ranks(value: float, device: torch.device) -> float:
-    t = torch.tensor([value], dtype=torch.float64, device=device)
+def sum_over_ranks(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Each value summed over all ranks (every rank passes the same keys, in any order)."""
+    keys = sorted(values)
+    t = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t)
-        t /= dist.get_world_size()
-    return float(t.item())
+    return dict(zip(keys, t.tolist(), strict=True))
 
 
 class MetricsWriter:

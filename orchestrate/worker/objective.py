@@ -1,11 +1,13 @@
-"""Objectives: what a batch's loss is. An engine calls `objective.loss(model, batch)` on every
-micro-batch (training and evaluation) and backpropagates the loss it returns; the metrics go to
-the step's record. Today's objective is the causal-LM loss; masked LM, classification and
-distillation plug in here (one class each, named in `_OBJECTIVES`).
+"""Objectives: what a batch's loss is, and what evaluation measures. An engine calls
+`objective.loss(model, batch)` on every training micro-batch and backpropagates it; evaluation
+calls `eval_sums(model, batch)` per batch (sums that add up over batches and ranks) and the
+Evaluation callback turns their totals into the record's metrics with `metrics(sums, batches)`.
+One class per `model.task`, named in `_OBJECTIVES`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -21,6 +23,14 @@ class Objective(Protocol):
         """The scalar loss of one micro-batch (already on the model's device)."""
         ...
 
+    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Additive evaluation sums of one batch, "loss" among them; the same keys on every rank."""
+        ...
+
+    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
+        """The record's eval_* entries from the sums over `batches` batches of all ranks."""
+        ...
+
 
 class CausalLMObjective:
     """Next-token cross-entropy as the Hugging Face model computes it from `labels` (shifted inside
@@ -32,10 +42,63 @@ class CausalLMObjective:
         # use_cache=False: a KV cache is useless in training and clashes with activation checkpointing.
         return model(**batch, use_cache=False).loss
 
+    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {"loss": float(self.loss(model, batch).float())}
 
-_OBJECTIVES = {"causal-lm": CausalLMObjective}
+    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
+        return {"eval_loss": sums["loss"] / batches}
+
+
+class MaskedLMObjective(CausalLMObjective):
+    """Cross-entropy over the masked positions (labels -100 elsewhere: orchestrate.data.mlm), as
+    `BertForMaskedLM` computes it; evaluation adds perplexity, exp of the mean eval loss."""
+
+    name = "masked-lm"
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(**batch).loss  # encoders have no KV cache to switch off
+
+    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
+        eval_loss = sums["loss"] / batches
+        return {"eval_loss": eval_loss, "eval_perplexity": math.exp(min(eval_loss, 700.0))}  # exp(710) overflows
+
+
+class SequenceClassificationObjective:
+    """Cross-entropy of the document's label (`BertForSequenceClassification` with integer labels:
+    single_label_classification); evaluation adds accuracy and macro-F1 (the unweighted mean of
+    the per-class F1 = 2TP / (2TP + FP + FN), as sklearn's f1_score(average="macro"), classes that
+    never occur in predictions or labels left out)."""
+
+    name = "sequence-classification"
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(**batch).loss
+
+    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        out = model(**batch)
+        predicted, labels = out.logits.argmax(-1), batch["labels"]
+        sums = {"loss": float(out.loss.float()), "correct": float((predicted == labels).sum()),
+                "count": float(labels.numel())}
+        for c in range(out.logits.shape[-1]):
+            sums[f"tp_{c}"] = float(((predicted == c) & (labels == c)).sum())
+            sums[f"fp_{c}"] = float(((predicted == c) & (labels != c)).sum())
+            sums[f"fn_{c}"] = float(((predicted != c) & (labels == c)).sum())
+        return sums
+
+    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
+        classes = sorted({int(k.split("_")[1]) for k in sums if k.startswith("tp_")})
+        f1 = []
+        for c in classes:
+            denominator = 2 * sums[f"tp_{c}"] + sums[f"fp_{c}"] + sums[f"fn_{c}"]
+            if denominator:
+                f1.append(2 * sums[f"tp_{c}"] / denominator)
+        return {"eval_loss": sums["loss"] / batches, "eval_accuracy": sums["correct"] / max(sums["count"], 1.0),
+                "eval_macro_f1": sum(f1) / len(f1) if f1 else 0.0}
+
+
+_OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, SequenceClassificationObjective)}
 
 
 def objective_for(plan: Plan) -> Objective:
-    """The objective of the plan's task (every plan trains a causal LM today)."""
-    return _OBJECTIVES["causal-lm"]()
+    """The objective of the plan's task (model.task)."""
+    return _OBJECTIVES[plan.config.model.task]()

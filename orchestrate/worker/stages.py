@@ -99,7 +99,16 @@ def checkpoint_to_resume(plan: Plan, run: RunDir, worker: Worker) -> Path | None
     return resume_from
 
 
-def build_engine(plan: Plan, run: RunDir, worker: Worker) -> tuple[TrainEngine, WorkerContext]:
+def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
+    """This rank's data (maps the launcher's cache entry, or builds it on local rank 0)."""
+    from orchestrate.data import build_data as build
+
+    ranks = worker.ranks
+    return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)
+
+
+def build_engine(plan: Plan, run: RunDir, worker: Worker,
+                 labels: list[str] | None) -> tuple[TrainEngine, WorkerContext]:
     """Initial weights -> the backend's model (with the plan's model transforms), wrapper,
     optimizer and schedule, training the task's objective."""
     from transformers.utils import logging as hf_logging
@@ -110,28 +119,26 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker) -> tuple[TrainEngine, 
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
     ranks = worker.ranks
-    model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank)
+    model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank, labels)
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
                         device=worker.device, run_dir=run.path, model_dir=model_dir, objective=objective_for(plan))
     return get_backend(plan.chosen.strategy.backend).setup(plan, ctx), ctx
 
 
-def data_and_resume(plan: Plan, ctx: WorkerContext, engine: TrainEngine,
-                    resume_from: Path | None) -> tuple[TrainData, Checkpointer, int]:
-    """This rank's data, and the engine, optimizer, schedule, scaler, RNG and sampler restored
-    from `resume_from`; returns the data, the checkpointer and the step to continue after."""
-    from orchestrate.data import build_data
+def resume(plan: Plan, ctx: WorkerContext, engine: TrainEngine, data: TrainData,
+           resume_from: Path | None) -> tuple[Checkpointer, int]:
+    """The engine, optimizer, schedule, scaler, RNG and sampler restored from `resume_from`;
+    returns the checkpointer and the step to continue after."""
     from orchestrate.worker.checkpointing import Checkpointer
 
-    data = build_data(plan, ctx.run_dir, ctx.rank, ctx.world_size, local_rank=ctx.local_rank)
     # Dropout differs per rank (different data), reproducibly.
     torch.manual_seed(plan.config.train.seed + ctx.rank)
     checkpointer = Checkpointer(plan, engine, ctx)
     if resume_from is None:
-        return data, checkpointer, 0
+        return checkpointer, 0
     restored = checkpointer.load(resume_from)
     data.sampler.load_state_dict(restored["sampler"])
-    return data, checkpointer, restored["step"]
+    return checkpointer, restored["step"]
 
 
 def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInfo:
@@ -167,6 +174,10 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     if not worker.is_main:
         return
     save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
+    if data.label_names is not None:
+        from orchestrate.model.labels import write_labels
+
+        write_labels(run.model, data.label_names)
     names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]
     print(f"done. model:   {run.model}\n"
           f"      metrics: {run.metrics}\n"

@@ -10,7 +10,7 @@ from orchestrate.run.checkpoints import latest_checkpoint, read_meta
 from orchestrate.run.layout import REQUEUE_FILE
 from orchestrate.run.requeue import write_requeue
 from orchestrate.worker.callbacks import RunInfo, StepEnd
-from orchestrate.worker.metrics import MetricsWriter, mean_over_ranks
+from orchestrate.worker.metrics import MetricsWriter, sum_over_ranks
 from orchestrate.worker.progress import ProgressDisplay
 
 if TYPE_CHECKING:
@@ -41,8 +41,14 @@ class Evaluation:
         if not self.batches or (end.stopping and not end.final):
             return
         if (every and end.step % every == 0) or end.final:
-            local = sum(self.engine.eval_loss(b) for b in self.batches) / len(self.batches)
-            end.record["eval_loss"] = mean_over_ranks(local, self.device)
+            sums: dict[str, float] = {}
+            for b in self.batches:
+                for key, value in self.engine.eval_sums(b).items():
+                    sums[key] = sums.get(key, 0.0) + value
+            # Every rank evaluates the same number of batches, so the summed loss over all batches
+            # is the mean of the ranks' means (what eval_loss has always been).
+            total = sum_over_ranks(sums, self.device)
+            end.record.update(self.engine.objective.metrics(total, len(self.batches) * run.world_size))
 
     def on_train_end(self, run: RunInfo, stopped_early: bool) -> None:
         pass

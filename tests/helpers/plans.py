@@ -37,7 +37,7 @@ def make_plan(strategy: Strategy, ranks: int = 2, config: dict | None = None,
     for section, values in (config or {}).items():
         data.setdefault(section, {}).update(values)
     cfg = config_from_dict(data, source_dir)
-    shape = shape_from_config(load_model_config(cfg))
+    shape = shape_from_config(load_model_config(cfg), task=cfg.model.task)
     world = ranks
     accumulation = max(1, cfg.train.global_batch_size // (strategy.micro_batch_size * world))
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), accumulation, fits=True)

@@ -53,6 +53,7 @@ def _save_with_each_backend(root: str) -> None:
                                        Path(root) / "deepspeed")
 
 
+@pytest.mark.slow  # a spawned gloo process (tests/helpers/dist.py)
 @pytest.mark.parametrize("backend", ["fsdp", "ddp", "deepspeed"])
 def test_each_backends_model_dir_has_a_generation_config(tmp_path_factory, backend):
     root = tmp_path_factory.getbasetemp() / "generation-saves"

@@ -71,7 +71,7 @@ def _schedule(cfg: dict):
     def mult(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        progress = min(1.0, (step - warmup + 1) / max(1, steps - warmup))  # orchestrate/backends/schedule.py
         return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
     return mult

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from orchestrate.launch.ssh_options import SshOptions
     from orchestrate.planner.plan import Plan
 
-__all__ = ["EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
+__all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
            "profile", "profile_table", "profile_yaml", "render_plan", "report", "require_feasible", "slurm_options",
            "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config"]
@@ -88,17 +88,38 @@ def verify(plan: Plan) -> str:
     return verify_plan(plan).summary()
 
 
+CONFIG_TARGETS = ("hf-trainer",)
+"""Tools `write_config(..., for_tool=...)` can also write files for (`orchestrate config --for`)."""
+
+
 def write_config(config: RunConfig, hardware: HardwareFlags | HardwareProfile, out: Path,
-                 name: str = "run", force: bool = False) -> Plan:
+                 name: str = "run", force: bool = False, for_tool: str | None = None) -> Plan:
     """`orchestrate config`: the run directory `launch` would write (the same plan, data,
     existing-checkpoint and overwrite checks, the lock), without starting anything. Returns the
-    plan with its files."""
+    plan with its files. With `for_tool="hf-trainer"` also the DeepSpeed config a stock HF Trainer
+    takes as it is and the TrainingArguments values that train like the plan
+    (`orchestrate.backends.hf_trainer_render`); a plan that did not choose DeepSpeed is refused
+    before anything is written."""
+    from orchestrate.errors import Problem, UserError
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.launch.rundir import prepare_run_dir
 
+    if for_tool is not None and for_tool not in CONFIG_TARGETS:
+        raise UserError("unknown --for target", [Problem(
+            "--for", f"{for_tool!r} is not a tool orchestrate writes configs for", f"use one of {', '.join(CONFIG_TARGETS)}")])
+    check = None
+    if for_tool is not None:
+        from orchestrate.backends import hf_trainer_render as target
+
+        check = target.check_plan
     profile = hardware if isinstance(hardware, HardwareProfile) else hardware.resolve()
-    plan, _ = prepare_run_dir(config, profile, name, Path(out), resume=False, say=lambda _text: None,
-                              force=force, where="--out")
+    plan, run_dir = prepare_run_dir(config, profile, name, Path(out), resume=False, say=lambda _text: None,
+                                    check=check, force=force, where="--out")
+    if for_tool is not None:
+        for file_name, text in target.render(plan).items():
+            (run_dir / file_name).write_text(text)
+            plan.files[f"{for_tool}:{file_name}"] = file_name
+        plan.write(run_dir / PLAN_FILE)  # plan.json lists the extra files too
     return plan
 
 

@@ -125,12 +125,15 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
               help="Directory for plan.json and the rendered DeepSpeed/FSDP/Accelerate files.")
 @click.option("--force", is_flag=True,
               help="Write into a non-empty directory that is not a run directory (nothing there is replaced).")
+@click.option("--for", "for_tool", type=click.Choice(api.CONFIG_TARGETS),
+              help="Also write files for this tool: hf-trainer = a DeepSpeed config with \"auto\" values a stock "
+                   "HF Trainer takes, and the TrainingArguments values that train like the plan.")
 @_user_errors_exit_2
-def config_cmd(config_path, overrides, out, force, **kwargs):
+def config_cmd(config_path, overrides, out, force, for_tool, **kwargs):
     """Plan and write plan.json plus the rendered backend configs, without launching (the checks of
     `launch` included: data, existing checkpoints)."""
     written = api.write_config(api.load_config(config_path, overrides), _flags(kwargs), Path(out),
-                               name=Path(config_path).stem, force=force)
+                               name=Path(config_path).stem, force=force, for_tool=for_tool)
     console.print(f"chosen: [bold]{written.chosen.name}[/]")
     for role, name in written.files.items():
         if (Path(out) / name).is_file():

@@ -33,14 +33,14 @@ def _deepspeed_applied_lrs(cfg: dict, steps: int) -> list[float]:
     return out
 
 
-def test_cosine_part_identical_and_warmup_lags_two_steps():
+def test_cosine_part_lags_one_step_and_warmup_two():
     plan = _plan()
     train = plan.config.train
     ds = _deepspeed_applied_lrs(render_config(plan), train.max_steps)
     ours = [2e-3 * lr_multiplier(k, train) for k in range(train.max_steps)]
     warm = train.schedule.warmup_steps
-    # From step W+1 on the same cosine, floor included (the last step: 2e-3 x 0.1 in both).
-    assert ds[warm + 1:] == pytest.approx(ours[warm + 1:], abs=1e-12)
+    # From step W+1 on the same cosine one step later: DeepSpeed's step k runs at orchestrate's k-1.
+    assert ds[warm + 1:] == pytest.approx(ours[warm:-1], abs=1e-12)
     # Warm-up: DeepSpeed runs step k at (k-1)/W (0 for k = 0), orchestrate at (k+1)/W.
     assert ds[:warm + 1] == pytest.approx([0.0] + [2e-3 * (k - 1) / warm for k in range(1, warm + 1)], abs=1e-15)
     assert ours[:warm] == pytest.approx([2e-3 * (k + 1) / warm for k in range(warm)], abs=1e-15)

@@ -231,13 +231,16 @@ def test_one_rank_checkpoint_resumes_on_two_ranks(backend, reference, on_one_ran
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["fsdp", "deepspeed", "ddp"])
 def test_export_writes_the_trained_model_from_any_checkpoint(backend, reference, tmp_path):
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from orchestrate.export import export_checkpoint
 
     _, ref = reference(backend)
     code, out = _finish(_cli("export", ref, "--out", tmp_path / "latest"))
     assert code == 0, out
+    # Both the run's model/ and the export carry what save_pretrained writes, generation config included.
+    assert GenerationConfig.from_pretrained(tmp_path / "latest").to_dict() == \
+        GenerationConfig.from_pretrained(ref / "model").to_dict()
     exported, trained = _weights(tmp_path / "latest"), _weights(ref / "model")
     assert exported.keys() == trained.keys()
     assert all(torch.equal(exported[k], trained[k]) for k in trained)  # fp32: the weights exactly

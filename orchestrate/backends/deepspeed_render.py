@@ -8,15 +8,17 @@ under a stock DeepSpeed script. The orchestrate backend strips both (`engine_con
 DeepSpeed its own AdamW (DeepSpeedCPUAdam when offloaded) and the LambdaLR of
 `orchestrate/backends/schedule.py`, so DeepSpeed, FSDP2 and DDP runs follow the very same curve.
 
-How close WarmupCosineLR comes (deepspeed/runtime/lr_schedules.py, read in the installed 0.18):
+How close WarmupCosineLR comes (deepspeed/runtime/lr_schedules.py, read in the installed 0.19):
 DeepSpeed sets lr = ratio(i) x lr where i = the number of scheduler steps so far, starting at -1
 (ratio 0 at construction, "before it has started"); linear warm-up ratio(i) = i / W for i < W,
 then cosine with progress (i - W + 1) / (T - W) clamped to 1, floor cos_min_ratio. The optimizer
-step k (0-based) therefore runs at ratio(k - 1). orchestrate's schedule runs step k at (k+1)/W in
-warm-up, then the cosine of (k - W) / (T - W). Both end on the same cosine, floor included, from
-step W+1 on (identical values); during warm-up DeepSpeed lags two steps (steps 0..W run at
-0, 0, 1/W, ..., (W-1)/W instead of 1/W, ..., 1) and no setting of WarmupCosineLR or WarmupDecayLR
-(linear decay) removes the lag. WarmupCosineLR also needs warmup_num_steps >= 1 (and uses at least 2).
+step k (0-based) therefore runs at ratio(k - 1). orchestrate's schedule (transformers'
+"cosine_warmup_with_min_lr") runs step k at (k+1)/W in warm-up, then the cosine of
+(k - W + 1) / (T - W). From step W+1 on DeepSpeed follows the same cosine one step late; during
+warm-up it lags two steps (steps 0..W run at 0, 0, 1/W, ..., (W-1)/W instead of 1/W, ..., 1), and
+no setting of WarmupCosineLR or WarmupDecayLR (linear decay) removes the lag: step 0 always runs
+at 0. WarmupCosineLR also needs warmup_num_steps >= 1 (and uses at least 2). The HF Trainer
+variant (`hf_trainer_render.py`) has no scheduler block and lets transformers build the exact one.
 """
 
 from __future__ import annotations

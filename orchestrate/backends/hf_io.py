@@ -12,6 +12,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -105,6 +106,9 @@ class StateLayout:
     """HF's `base_model_prefix` ("transformer", "model"): old checkpoints omit it."""
     ignore_unexpected: tuple[str, ...]
     """HF's `_keys_to_ignore_on_load_unexpected` patterns (old buffers such as GPT-2 `attn.bias`)."""
+    generation_config: Any = None
+    """The model's `GenerationConfig` when it can generate (None otherwise): what `save_pretrained`
+    writes as generation_config.json (transformers modeling_utils.py, `can_generate()`)."""
 
     @classmethod
     def of(cls, model: nn.Module) -> StateLayout:
@@ -116,11 +120,17 @@ class StateLayout:
             tie_groups=tuple(tuple(names) for names in names_by_param.values() if len(names) > 1),
             base_model_prefix=getattr(model, "base_model_prefix", "") or "",
             ignore_unexpected=tuple(getattr(model, "_keys_to_ignore_on_load_unexpected", None) or ()),
+            generation_config=model.generation_config if _can_generate(model) else None,
         )
 
     @property
     def aliases(self) -> set[str]:
         return {name for group in self.tie_groups for name in group[1:]}
+
+
+def _can_generate(model: nn.Module) -> bool:
+    can_generate = getattr(model, "can_generate", None)
+    return bool(can_generate and can_generate() and getattr(model, "generation_config", None) is not None)
 
 
 def _weight_files(model_dir: Path) -> list[Path]:
@@ -174,8 +184,9 @@ def follow_umask(out_dir: Path) -> None:
 
 
 def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout: StateLayout) -> None:
-    """Write `state` (a full CPU state dict) as an HF model directory: model.safetensors + config.json,
-    tied aliases dropped (from_pretrained re-ties them)."""
+    """Write `state` (a full CPU state dict) as an HF model directory: model.safetensors + config.json
+    (+ generation_config.json for a model that generates, as `save_pretrained` does), tied aliases
+    dropped (from_pretrained re-ties them)."""
     from safetensors.torch import save_file
 
     out_dir = Path(out_dir)
@@ -185,3 +196,5 @@ def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout
     save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata={"format": "pt"})
     follow_umask(out_dir)
     hf_config.save_pretrained(out_dir)
+    if layout.generation_config is not None:
+        layout.generation_config.save_pretrained(out_dir)

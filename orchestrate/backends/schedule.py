@@ -3,6 +3,13 @@
 One function for all backends so that DeepSpeed, FSDP2 and DDP runs from the same weights and
 data take identical steps (the cosine-with-warm-up shape of Loshchilov & Hutter 2017, SGDR, as
 used by GPT-3 / Llama training recipes).
+
+It is exactly transformers' "cosine_warmup_with_min_lr" schedule
+(`transformers.optimization.get_cosine_with_min_lr_schedule_with_warmup_lr_rate`, warmup_lr_rate
+unset, num_cycles 0.5), so a stock HF Trainer given `orchestrate config --for hf-trainer`'s
+arguments steps at the very same learning rates (tests/test_schedule.py, tests/test_hf_trainer.py).
+Step k (0-based) runs at (k+1)/W in warm-up, then the cosine of (k - W + 1) / (T - W): the peak
+once (step W-1) and `min_lr_ratio` on the last step T-1, as `train.schedule.min_lr_ratio` promises.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ def lr_multiplier(step: int, train: TrainSection) -> float:
     if warmup and step < warmup:
         return (step + 1) / warmup  # never 0: a zero first step would waste the first batch
     decay_steps = max(1, train.max_steps - warmup)
-    progress = min(1.0, (step - warmup) / decay_steps)
+    # +1: the step after the peak already decays, and the last step (T-1) reaches the floor.
+    progress = min(1.0, (step - warmup + 1) / decay_steps)
     floor = train.schedule.min_lr_ratio
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 

@@ -15,8 +15,10 @@ from orchestrate.model.linears import block_linears, linear_families
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.constants import nf4_bits_per_param
 
-# Backends verified to train each method on 2 gloo ranks (tests/test_lora_train.py); others are refused.
-TRAINABLE_ON = {"lora": ("ddp", "fsdp"), "qlora": ("ddp",)}
+# Backends whose engines train each method, verified on 2 gloo ranks (tests/test_lora_train.py); others
+# are refused. FSDP2 and DeepSpeed build or load the model their own way (meta device, zero.Init) and do
+# not yet map the adapted model's keys: not wired.
+TRAINABLE_ON = {"lora": ("ddp",), "qlora": ("ddp",)}
 
 
 @dataclass(frozen=True)

@@ -101,3 +101,12 @@ def test_ddp_trains_adapters_only_and_merges(method, model_dir, tmp_path):
     assert r0["merge_diff"] < MERGE_TOLERANCE[method], r0["merge_diff"]
     if method == "lora":
         assert r0["adapter_diff"] < MERGE_TOLERANCE[method], r0["adapter_diff"]
+
+
+def test_exporting_an_adapter_checkpoint_is_one_error(tmp_path):
+    from orchestrate.errors import UserError
+
+    torch.save({"model": {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(2, 2)}},
+               tmp_path / "trainer_state.pt")
+    with pytest.raises(UserError, match="adapters only"):
+        DDPBackend().full_state_dict(tmp_path, None)

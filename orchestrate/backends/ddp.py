@@ -26,7 +26,7 @@ from orchestrate.backends.torch_engine import (
     schedule_settings,
     write_client_state,
 )
-from orchestrate.errors import Problem
+from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -169,8 +169,13 @@ class DDPBackend:
         import torch
 
         # Memory-mapped: the optimizer state next to it is never read.
-        return torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
-                          mmap=True)["model"]
+        state = torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
+                           mmap=True)["model"]
+        if any(".lora_" in key for key in state):  # an adapter checkpoint: no base weights to export
+            raise UserError("this checkpoint holds LoRA adapters only", [Problem(
+                str(ckpt_dir), "a LoRA / QLoRA checkpoint keeps the trainable adapters, not the base",
+                "use RUN_DIR/model (merged) and RUN_DIR/adapter (PEFT) that the run writes at its end")])
+        return state
 
     def render(self, plan: Plan) -> dict[str, str]:
         return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}

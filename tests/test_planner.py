@@ -76,9 +76,9 @@ def test_llama2_7b_with_64gb_ram_is_infeasible_and_names_the_cpu_overflow():
     text = str(exc.value)
     assert "overflows CPU RAM by" in exc.value.headline
     assert re.search(r"CPU \d+\.\d GiB > 54\.4 GiB usable \(\+\d+\.\d GiB\)", exc.value.details)
-    # the remedies are concrete: NVMe (with how much space), more RAM (how much), LoRA (honestly: not yet)
-    assert "--nvme" in wheres(exc) and "hardware (RAM)" in wheres(exc) and "model" in wheres(exc)
-    assert "not supported by orchestrate yet" in text
+    # the remedies are concrete: NVMe (with how much space), more RAM (how much), LoRA / QLoRA (predicted)
+    assert "--nvme" in wheres(exc) and "hardware (RAM)" in wheres(exc) and wheres(exc).count("train.method") == 2
+    assert "not supported by orchestrate yet" not in text
     nvme = next(p for p in exc.value.problems if p.where == "--nvme")
     assert "offload_opt_nvme" in nvme.message and re.search(r">= \d+\.\d GiB free", nvme.fix)
 

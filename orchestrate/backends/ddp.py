@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.adapter_io import is_peft, merged_state_dict, save_adapter, trainable_state
 from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
 from orchestrate.backends.torch_engine import (
     DTYPES,
@@ -25,7 +26,7 @@ from orchestrate.backends.torch_engine import (
     schedule_settings,
     write_client_state,
 )
-from orchestrate.errors import Problem
+from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +94,16 @@ class DDPEngine(TorchEngine):
         from orchestrate.backends.hf_io import save_hf_dir
 
         if self.ctx.rank == 0:  # every rank holds the same weights
-            save_hf_dir(self.model.module.state_dict(), self.hf_config, Path(out_dir), self.layout)
+            module = self.model.module
+            state = merged_state_dict(module, self.layout.tensors) if is_peft(module) else module.state_dict()
+            save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
+        dist.barrier()
+
+    def save_adapter(self, out_dir: Path) -> None:
+        import torch.distributed as dist
+
+        if self.ctx.rank == 0:
+            save_adapter(self.model.module, Path(out_dir))
         dist.barrier()
 
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
@@ -103,7 +113,9 @@ class DDPEngine(TorchEngine):
         ckpt_dir = Path(ckpt_dir)
         if self.ctx.rank == 0:  # replicated state: one copy is the whole checkpoint
             ckpt_dir.mkdir(parents=True, exist_ok=True)
-            state = {"model": self.model.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+            module = self.model.module
+            # A LoRA run's base is frozen and re-read from model_dir on resume: only the adapters are saved.
+            state = {"model": trainable_state(module) if is_peft(module) else module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler else None}
             tmp = ckpt_dir / (TRAINER_STATE_FILE + ".tmp")
@@ -118,7 +130,13 @@ class DDPEngine(TorchEngine):
         ckpt_dir = Path(ckpt_dir)
         # weights_only: tensors and plain containers only, nothing a checkpoint file could execute.
         state = torch.load(ckpt_dir / TRAINER_STATE_FILE, map_location=self.ctx.device, weights_only=True)
-        self.model.module.load_state_dict(state["model"])
+        module = self.model.module
+        if is_peft(module):  # the adapters only (see save_checkpoint); every one of them must be there
+            result = module.load_state_dict(state["model"], strict=False)
+            if result.unexpected_keys or set(trainable_state(module)) - set(state["model"]):
+                raise RuntimeError(f"checkpoint adapters do not match the model: {result.unexpected_keys[:3]}")
+        else:
+            module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler and state["scaler"]:
@@ -151,8 +169,13 @@ class DDPBackend:
         import torch
 
         # Memory-mapped: the optimizer state next to it is never read.
-        return torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
-                          mmap=True)["model"]
+        state = torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
+                           mmap=True)["model"]
+        if any(".lora_" in key for key in state):  # an adapter checkpoint: no base weights to export
+            raise UserError("this checkpoint holds LoRA adapters only", [Problem(
+                str(ckpt_dir), "a LoRA / QLoRA checkpoint keeps the trainable adapters, not the base",
+                "use RUN_DIR/model (merged) and RUN_DIR/adapter (PEFT) that the run writes at its end")])
+        return state
 
     def render(self, plan: Plan) -> dict[str, str]:
         return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}
@@ -177,8 +200,8 @@ class DDPBackend:
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+        layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
         model = apply_transforms(model, plan)
-        layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, model.config.model_type)
             hf_io.checkpoint_blocks(model, classes)
@@ -187,7 +210,7 @@ class DDPBackend:
         ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if on_gpu else None)
 
         opt = st["optimizer"]
-        optimizer = torch.optim.AdamW(ddp.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+        optimizer = torch.optim.AdamW([p for p in ddp.parameters() if p.requires_grad], lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                       weight_decay=opt["weight_decay"], fused=opt["fused"] and on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None

@@ -186,6 +186,40 @@ class ScheduleSection(_Section):
     """Cosine decay ends at `lr * min_lr_ratio` on the last step."""
 
 
+class LoraSection(_Section):
+    r: int = Field(default=16, gt=0, le=65536)
+    """Rank of each adapter: A is r x d_in, B is d_out x r (Hu et al. 2021, "LoRA")."""
+
+    alpha: float = Field(default=32.0, gt=0)
+    """Scaling numerator: the adapter's output is multiplied by alpha / r (peft `lora_alpha`)."""
+
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapter's input (peft `lora_dropout`)."""
+
+    target_modules: list[str] | Literal["auto"] = "auto"
+    """Names of the linear layers to adapt (peft `target_modules`, matched against the module
+    name's last part, e.g. [q_proj, v_proj]); "auto": every linear layer of the blocks."""
+
+    @field_validator("target_modules")
+    @classmethod
+    def _non_empty(cls, v: list[str] | str) -> list[str] | str:
+        if isinstance(v, list) and (not v or any(not name for name in v)):
+            raise ValueError('target_modules needs at least one non-empty name, or "auto"')
+        return v
+
+
+class QuantizationSection(_Section):
+    type: Literal["nf4"] = "nf4"
+    """How the frozen base of `method: qlora` is stored: 4-bit NormalFloat (bitsandbytes `Linear4bit`,
+    Dettmers et al. 2023, "QLoRA")."""
+
+    double_quant: bool = True
+    """Quantize the per-block scales too (about 0.127 instead of 0.5 extra bits per parameter)."""
+
+    compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """The dtype the 4-bit weights are dequantized to for each matmul; "auto" is the training precision."""
+
+
 class TrainSection(_Section):
     seq_len: int = Field(gt=0, le=MAX_COUNT)
     """Tokens per sample (packed block length)."""
@@ -202,6 +236,16 @@ class TrainSection(_Section):
 
     activation_checkpointing: bool | Auto = "auto"
     """Recompute each block's activations in backward (costs about one extra forward pass)."""
+
+    method: Literal["full", "lora", "qlora"] = "full"
+    """full: train every weight. lora: freeze the base, train low-rank adapters on its linear layers
+    (peft). qlora: the same on a base stored in 4-bit NF4 (bitsandbytes)."""
+
+    lora: LoraSection = Field(default_factory=LoraSection)
+    """Adapter settings of `method: lora | qlora`."""
+
+    quantization: QuantizationSection = Field(default_factory=QuantizationSection)
+    """How `method: qlora` stores the frozen base."""
 
     optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
     """Optimizer settings."""
@@ -228,6 +272,13 @@ class TrainSection(_Section):
         if isinstance(v, int) and not 0 < v <= MAX_COUNT:
             raise ValueError("micro_batch_size must be a positive integer or auto")
         return v
+
+    @field_validator("method")
+    @classmethod
+    def _adapter_libraries(cls, v: str) -> str:
+        from orchestrate.config.finetune_deps import check_method_libraries
+
+        return check_method_libraries(v)  # a missing library fails at plan time, not inside the worker
 
     eval_every: int = Field(default=0, ge=0, le=MAX_COUNT)
     """Evaluate every N steps (0: only at the end)."""

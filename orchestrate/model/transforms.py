@@ -1,12 +1,14 @@
 """Model transforms: what changes the model after it is built and before the backend wraps it
 (adapters, quantized bases, pruning masks). Each is one class in one file, named in
-`_TRANSFORMS`; `apply_transforms` runs those the plan asks for, in order. None exist yet, so
-every plan trains the model as built.
+`_TRANSFORMS`; `apply_transforms` runs those the plan asks for, in order. lora.py: LoRA / QLoRA
+adapters (`train.method`).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
+
+from orchestrate.model.lora import LoraTransform
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +28,7 @@ class ModelTransform(Protocol):
         ...
 
 
-_TRANSFORMS: tuple[type[ModelTransform], ...] = ()
+_TRANSFORMS: tuple[type[ModelTransform], ...] = (LoraTransform,)
 
 
 def transforms_for(plan: Plan) -> list[ModelTransform]:

@@ -31,6 +31,8 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets
+from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
+from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
 
@@ -236,7 +238,13 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> f
     return hw.ranks_per_node * k.LOAD_BYTES_PER_PARAM * p
 
 
-def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accumulation: int) -> _Placement:
+def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accumulation: int,
+               adapters: Adapters | None = None) -> _Placement:
+    if adapters is not None:  # the adapters' states as a small model, plus the frozen base (adapter_memory.py)
+        out = _placement(trainable_shape(shape, adapters), hw, strategy, accumulation)
+        add_frozen_base(out.gpu, out.cpu, shape, strategy, shard_group_size(hw, strategy), adapters,
+                        compute_bytes(strategy))
+        return out
     n = shard_group_size(hw, strategy)
     if strategy.backend == "ddp":
         return _ddp(shape, strategy, hw.world_size)
@@ -255,9 +263,10 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
 
 
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                    gradient_accumulation: int = 1) -> MemoryEstimate:
-    """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc)."""
-    placed = _placement(shape, hw, strategy, gradient_accumulation)
+                    gradient_accumulation: int = 1, adapters: Adapters | None = None) -> MemoryEstimate:
+    """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
+    `adapters`: a LoRA / QLoRA run (adapter_memory.py)."""
+    placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)

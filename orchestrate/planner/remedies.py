@@ -13,7 +13,7 @@ from orchestrate.hardware.units import GiB, gib
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
-from orchestrate.planner.search import Limits, describe_hardware, make_plan, nvme_available
+from orchestrate.planner.search import Limits, describe_hardware, make_plan, nvme_available, overflow_score
 
 _CLOSEST = 3
 _UNLIMITED = 2**62
@@ -37,6 +37,21 @@ def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
     if c.memory.nvme_bytes:
         parts.append(f"NVMe {gib(c.memory.nvme_bytes)}")
     return f"{c.name} fits ({', '.join(parts)})"
+
+
+def _adapter_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, method: str) -> Problem | None:
+    """What the plan would be with LoRA / QLoRA adapters (default settings) instead of full training."""
+    train = config.train.model_copy(update={"method": method})
+    try:
+        plan = make_plan(config.model_copy(update={"train": train}), hw, shape)
+    except UserError:  # a family LoRA is not planned for, or pins the method cannot train under
+        return None
+    what = "LoRA adapters on a frozen base" if method == "lora" else "LoRA adapters on a frozen NF4 (4-bit) base"
+    if plan.chosen is not None:
+        return Problem("train.method", f"with {what}, {_fit_summary(plan.chosen, hw)}", f"train.method: {method}")
+    closest = min(plan.candidates, key=lambda c: overflow_score(c, Limits.of(config, hw), hw))
+    return Problem("train.method", f"with {what}, the closest, {closest.name}, still overflows: {closest.reason}",
+                   f"train.method: {method}, with one of the other remedies")
 
 
 def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
@@ -92,9 +107,8 @@ def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
         if (c := _replan(free, hw, shape)) is not None:
             out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
                                "set backend, zero_stage, offload and offload_params to auto"))
-    out.append(Problem("model", "LoRA / QLoRA (small trainable adapters on a frozen base) would shrink gradients "
-                                "and optimizer states to a few percent of the model",
-                       "not supported by orchestrate yet: full fine-tuning only"))
+    if config.train.method == "full":
+        out += [p for method in ("lora", "qlora") if (p := _adapter_remedy(config, hw, shape, method))]
     return out
 
 

@@ -30,6 +30,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner.adapters import TRAINABLE_ON, Adapters, adapters_for
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
@@ -215,8 +216,8 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits) -> Candidate:
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation)
+               limits: Limits, adapters: Adapters | None = None) -> Candidate:
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters)
     speed = estimate_speed(shape, hw, strategy, seq_len, accumulation)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
@@ -240,6 +241,7 @@ def _rank_key(c: Candidate) -> tuple:
 
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
+    adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
     problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
@@ -251,7 +253,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
     limits = Limits.of(config, hw)
     # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
     zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1
-    bases = [b for b in _all_bases(hw, nvme_available(config, hw), zero1) if _matches_pins(b, config)]
+    bases = [b for b in _all_bases(hw, nvme_available(config, hw), zero1) if _matches_pins(b, config)
+             and (adapters is None or b.backend in TRAINABLE_ON[adapters.method])]
     if not bases:
         pins = {k: v for k, v in config.strategy.model_dump().items()
                 if k in ("backend", "zero_stage", "offload", "offload_params") and v != "auto"}
@@ -266,7 +269,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
             tried = [_candidate(shape, hw, Strategy(base.backend, base.zero_stage, base.offload_optimizer,
                                                     base.offload_params, precision, checkpointing, micro,
                                                     base.hybrid_shard),
-                                seq_len, per_rank // micro, limits) for micro in micros]
+                                seq_len, per_rank // micro, limits, adapters) for micro in micros]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
                         else min(tried, key=lambda c: overflow_score(c, limits, hw)))

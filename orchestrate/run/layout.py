@@ -14,6 +14,8 @@ SBATCH_SCRIPT = "job.sbatch"
 METRICS_FILE = "metrics.jsonl"
 INIT_MODEL_DIR = "init_model"
 MODEL_DIR = "model"
+ADAPTER_DIR = "adapter"
+"""A LoRA / QLoRA run's adapter in PEFT format (MODEL_DIR holds the merged model)."""
 DEMO_CORPUS_FILE = "data/demo_corpus.txt"
 REQUEUE_FILE = "REQUEUE"
 MARKER_FILE = ".orchestrate-run"
@@ -42,6 +44,10 @@ class RunDir:
     @property
     def plan(self) -> Path:
         return self.path / PLAN_FILE
+
+    @property
+    def adapter(self) -> Path:
+        return self.path / ADAPTER_DIR
 
     @property
     def config(self) -> Path:

@@ -171,6 +171,8 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     from orchestrate.data.tokenizer import save_tokenizer
 
     engine.save_hf_model(run.model)
+    if plan.config.train.method != "full":  # the planner keeps these on backends whose engine saves adapters
+        engine.save_adapter(run.adapter)
     if not worker.is_main:
         return
     save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
@@ -179,7 +181,8 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
 
         write_labels(run.model, data.label_names)
     names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]
-    print(f"done. model:   {run.model}\n"
+    adapter = f"      adapter: {run.adapter}\n" if plan.config.train.method != "full" else ""
+    print(f"done. model:   {run.model}\n{adapter}"
           f"      metrics: {run.metrics}\n"
           f"      configs: {run.path} (plan.json, config.yaml{''.join(f', {n}' for n in names)})\n"
           f"      logs:    {run.logs}", flush=True)

@@ -1,0 +1,70 @@
+"""What a LoRA / QLoRA run writes: the adapter in PEFT format, and the model merged into a
+full-precision base (Hugging Face layout, the keys of the model before the transform).
+
+Merging dequantizes first: a QLoRA base is NF4, and peft's `merge_and_unload` on a 4-bit layer
+re-quantizes the sum (peft/tuners/lora/bnb.py `Linear4bit.merge`), which rounds the merged weight
+again. Here each adapted weight becomes dequantize(W) + B·A·alpha/r in fp32 (`_dense_weight`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+_PEFT_PREFIX = "base_model.model."
+
+
+def is_peft(model) -> bool:
+    return type(model).__module__.startswith("peft.")
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Only what trains: the adapters (a checkpoint needs nothing else; the base is re-read)."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def _dense_weight(layer) -> torch.Tensor:
+    import bitsandbytes as bnb
+
+    weight = layer.weight
+    if isinstance(weight, bnb.nn.Params4bit):
+        return bnb.functional.dequantize_4bit(weight.data, weight.quant_state).float()
+    return weight.detach().float()
+
+
+def merged_state_dict(model, keys) -> dict[str, torch.Tensor]:
+    """The base's state dict under `keys` (the untransformed model's: `StateLayout.tensors`) with every
+    adapter merged in, fp32, on CPU."""
+    from peft.tuners.lora import LoraLayer
+
+    out: dict[str, torch.Tensor] = {}
+    merged: set[str] = set()
+    for name, module in model.named_modules():
+        if isinstance(module, LoraLayer):
+            key = name.removeprefix(_PEFT_PREFIX)
+            base = module.get_base_layer()
+            delta = sum(module.get_delta_weight(a).float() for a in module.active_adapters)
+            out[f"{key}.weight"] = (_dense_weight(base) + delta).cpu()
+            if base.bias is not None:
+                out[f"{key}.bias"] = base.bias.detach().float().cpu()
+            merged.add(f"{key}.")
+    for name, p in model.get_base_model().named_parameters(remove_duplicate=False):
+        key = name.replace(".base_layer.", ".")
+        if "lora_" not in name and not any(key.startswith(m) for m in merged):
+            out[key] = p.detach().float().cpu()
+    for name, b in model.get_base_model().named_buffers():
+        out.setdefault(name, b.detach().cpu())
+    if missing := [k for k in keys if k not in out]:
+        raise RuntimeError(f"merged state dict lacks {missing[:3]} ({len(missing)} keys)")
+    return {k: out[k] for k in keys}
+
+
+def save_adapter(model, out_dir: Path) -> None:
+    """adapter_config.json + adapter_model.safetensors: `PeftModel.from_pretrained(base, out_dir)` loads it."""
+    from orchestrate.backends.hf_io import follow_umask
+
+    model.save_pretrained(str(out_dir), safe_serialization=True)
+    follow_umask(Path(out_dir))

@@ -1,0 +1,84 @@
+"""The LoRA / QLoRA model transform (`train.method: lora | qlora`), with peft and bitsandbytes.
+
+qlora first replaces every linear layer of the blocks by a bitsandbytes `Linear4bit` holding its
+weights in NF4 (the same set of layers `orchestrate.model.linears.block_linears` counts for the
+planner); then peft's `get_peft_model` freezes every base parameter and adds the adapters.
+lora casts the frozen base to the training precision (the planner counts it there; fp32 on CPU).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.planner.plan import Plan
+
+_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def compute_dtype(plan: Plan) -> torch.dtype:
+    import torch
+
+    q = plan.config.train.quantization.compute_dtype
+    return getattr(torch, _DTYPES[plan.chosen.strategy.precision if q == "auto" else q])
+
+
+def target_modules(plan: Plan) -> list[str]:
+    from orchestrate.model.linears import block_linears
+
+    wanted = plan.config.train.lora.target_modules
+    return sorted({name for name, _, _ in block_linears(plan.shape) or []}) if wanted == "auto" else list(wanted)
+
+
+def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
+    """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit` (weights quantized on assignment
+    to a CPU/GPU device; bitsandbytes/nn/modules.py Params4bit)."""
+    import bitsandbytes as bnb
+    import torch
+
+    from orchestrate.backends.hf_io import find_blocks, model_block_class_names
+
+    q = plan.config.train.quantization
+    classes = model_block_class_names(model, plan.shape.model_type)
+    for _, block in find_blocks(model, classes):
+        for parent in list(block.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is not torch.nn.Linear:
+                    continue
+                new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
+                                        compute_dtype=compute_dtype(plan), quant_type=q.type,
+                                        compress_statistics=q.double_quant, device="meta")
+                new.weight = bnb.nn.Params4bit(child.weight.data.to("cpu"), requires_grad=False,
+                                               quant_type=q.type, compress_statistics=q.double_quant)
+                if child.bias is not None:
+                    new.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
+                setattr(parent, name, new.to(child.weight.device))
+
+
+class LoraTransform:
+    name = "lora"
+
+    def applies(self, plan: Plan) -> bool:
+        return plan.config.train.method in ("lora", "qlora")
+
+    def apply(self, model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+        import peft
+
+        lora = plan.config.train.lora
+        if plan.config.train.method == "qlora":
+            _quantize_block_linears(model, plan)
+            # What transformers sets after a bitsandbytes load; peft reads it to wrap Linear4bit layers in
+            # its 4-bit LoRA layer (peft/tuners/lora/bnb.py dispatch_bnb_4bit), not the generic one.
+            model.is_loaded_in_4bit = True
+        else:
+            model.to(compute_dtype(plan))
+        config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                 target_modules=target_modules(plan), task_type="CAUSAL_LM",
+                                 fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
+        model = peft.get_peft_model(model, config)
+        for p in model.parameters():  # adapters train in fp32 (the planner's 16 B/param)
+            if p.requires_grad:
+                p.data = p.data.float()
+        return model

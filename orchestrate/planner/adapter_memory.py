@@ -1,0 +1,64 @@
+"""Memory of a LoRA / QLoRA run's model states: the adapters train like a small model of their own,
+the base is frozen (no gradients, no optimizer states; peft sets requires_grad=False on it).
+
+- Adapters: r·(d_in + d_out) per adapted linear (`Adapters.trainable`), fp32 weights, gradients and
+  Adam m, v: the backend's own full-training terms applied to a model of that many parameters
+  (`trainable_shape`), so DDP's replicated 16 B/param and FSDP2's sharded 16/n B/param hold as for
+  full training.
+- Frozen base: the compute dtype (the LoRA transform casts it there; fp32 on CPU), or NF4 for its
+  block linears under QLoRA (`constants.nf4_bits_per_param`: 4.127 bits with double quantization,
+  Dettmers et al. 2023) with everything else (embeddings, norms, LM head) in the compute dtype.
+  Replicated under DDP, sharded over n ranks under FSDP2 (fully_shard shards frozen parameters too).
+- Activations and logits are the full-training terms: the input gradients of every frozen linear
+  need the same saved inputs (LoRA's own saved tensors, the dropout output and x·A of width r, are
+  below the measurement's resolution for r << hidden).
+
+Pure arithmetic; memory.py calls it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner.adapters import Adapters
+from orchestrate.planner.strategy import Strategy
+
+
+def trainable_shape(shape: ModelShape, adapters: Adapters) -> ModelShape:
+    """The adapters seen as a model: one block of adapters per transformer block, no embeddings."""
+    return replace(shape, parameters=adapters.trainable, largest_layer_parameters=adapters.block_trainable,
+                   embedding_parameters=0, lm_head_parameters=0, block_parameters=adapters.block_trainable,
+                   tied_embeddings=False)
+
+
+def base_bytes(shape: ModelShape, adapters: Adapters, c: int) -> tuple[float, float, float]:
+    """(whole base, one block, the root: embeddings + final norm + LM head) in bytes as stored."""
+    bits = adapters.base_bits_quantized
+    whole = (shape.parameters - adapters.quantized) * c + adapters.quantized * bits / 8
+    block = (shape.block_parameters - adapters.block_quantized) * c + adapters.block_quantized * bits / 8
+    root = max(0, shape.parameters - shape.num_layers * shape.block_parameters) * c
+    return whole, block, root
+
+
+def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy, n: int, adapters: Adapters,
+                    c: int) -> None:
+    """Add the frozen base's bytes to a placement of the adapters' states (`gpu`, `cpu` per rank)."""
+    whole, block, root = base_bytes(shape, adapters, c)
+    sharded = strategy.backend == "fsdp" or (strategy.backend == "deepspeed" and strategy.zero_stage == 3)
+    per_rank = whole / n if sharded else whole
+    if sharded and strategy.offload_params != "none":
+        cpu["offloaded_params"] += per_rank
+    else:
+        gpu["weights"] += per_rank
+    if strategy.backend == "fsdp":
+        # As for full training (memory._fsdp): the root stays unsharded, two blocks gathered at once
+        # (prefetch); shard-grad-op keeps every unsharded parameter after forward.
+        gpu["gathered_params"] += (root + 2 * block) if strategy.zero_stage == 3 else whole
+    elif sharded:
+        gpu["gathered_params"] += c * shape.largest_layer_parameters  # no gradient for a frozen layer
+    if adapters.quantized:
+        # bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (forward, and
+        # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
+        # MatMul4Bit).
+        gpu["gathered_params"] += c * adapters.largest_linear

@@ -1,0 +1,86 @@
+"""What `train.method: lora | qlora` changes in the model states, from the config and the shape alone:
+the adapted linears, the trainable adapter parameters and how the frozen base is stored. Pure.
+
+The memory terms that use it are in `adapter_memory.py`; the model transform that does it is
+`orchestrate/model/lora.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.model.linears import block_linears, linear_families
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner.constants import nf4_bits_per_param
+
+# Backends whose engines train each method, verified on 2 gloo ranks (tests/test_lora_train.py); others
+# are refused. FSDP2 and DeepSpeed build or load the model their own way (meta device, zero.Init) and do
+# not yet map the adapted model's keys: not wired.
+TRAINABLE_ON = {"lora": ("ddp",), "qlora": ("ddp",)}
+
+
+@dataclass(frozen=True)
+class Adapters:
+    method: str
+    """lora or qlora."""
+    trainable: int
+    """Adapter parameters: r * (d_in + d_out) per adapted linear (A: r x d_in, B: d_out x r; Hu et al.
+    2021), over every block."""
+    quantized: int
+    """Base parameters stored in NF4 (the weights of every block linear; 0 for lora)."""
+    base_bits_quantized: float
+    """Bits per quantized weight (constants included)."""
+    largest_linear: int
+    """Weights of the largest block linear: what QLoRA dequantizes at once for its matmul."""
+    block_trainable: int
+    block_quantized: int
+
+
+def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
+    train = config.train
+    out = []
+    if train.method == "full" and "lora" in train.model_fields_set:
+        out.append(Problem("train.lora", "is set but train.method is full: the adapters would be ignored",
+                           "set train.method: lora (or qlora), or remove train.lora"))
+    if train.method != "qlora" and "quantization" in train.model_fields_set:
+        out.append(Problem("train.quantization", f"is set but train.method is {train.method}: only qlora "
+                           "quantizes the base", "set train.method: qlora, or remove train.quantization"))
+    if train.method == "full" or out:
+        return out
+    linears = block_linears(shape)
+    if linears is None:
+        out.append(Problem("train.method", f"LoRA is planned for the {', '.join(linear_families())} families, "
+                           f"not {shape.model_type}", "use method: full"))
+        return out
+    names = sorted({name for name, _, _ in linears})
+    wanted = train.lora.target_modules
+    if wanted != "auto" and (unknown := [n for n in wanted if n not in names]):
+        out.append(Problem("train.lora.target_modules", f"{', '.join(unknown)} match(es) no linear layer of a "
+                           f"{shape.model_type} block", f"use some of {', '.join(names)}, or auto"))
+    backend = config.strategy.backend
+    if backend != "auto" and backend not in TRAINABLE_ON[train.method]:
+        out.append(Problem("strategy.backend", f"{train.method} is not verified to train under {backend}",
+                           f"use backend {' or '.join(TRAINABLE_ON[train.method])}, or auto"))
+    return out
+
+
+def adapters_for(config: RunConfig, shape: ModelShape) -> Adapters | None:
+    """The adapters a plan trains (None for full fine-tuning), or the UserError naming bad settings."""
+    if problems := _problems(config, shape):
+        raise UserError("Cannot plan this run: the fine-tuning settings do not fit the model", problems)
+    train = config.train
+    if train.method == "full":
+        return None
+    linears = block_linears(shape) or []
+    wanted = train.lora.target_modules
+    adapted = [(n, i, o) for n, i, o in linears if wanted == "auto" or n in wanted]
+    block_trainable = sum(train.lora.r * (i + o) for _, i, o in adapted)
+    block_weights = sum(i * o for _, i, o in linears)
+    qlora = train.method == "qlora"
+    return Adapters(method=train.method, trainable=shape.num_layers * block_trainable,
+                    quantized=shape.num_layers * block_weights if qlora else 0,
+                    base_bits_quantized=nf4_bits_per_param(train.quantization.double_quant) if qlora else 0.0,
+                    largest_linear=max(i * o for _, i, o in linears),
+                    block_trainable=block_trainable, block_quantized=block_weights if qlora else 0)

@@ -9,14 +9,7 @@ import pytest
 from orchestrate.config.describe import describe_schema
 from orchestrate.config.load import load_config, parse_overrides
 from orchestrate.errors import UserError
-
-MINIMAL = """\
-model:
-  architecture: {model_type: gpt2, n_embd: 64, n_layer: 2, n_head: 4}
-train:
-  seq_len: 128
-  global_batch_size: 8
-"""
+from tests.helpers.configs import MINIMAL
 
 
 def write(tmp_path, text, name="model.yaml"):

@@ -6,14 +6,7 @@ import pytest
 
 from orchestrate.config.load import config_from_dict, load_config
 from orchestrate.errors import UserError
-
-MINIMAL = """\
-model:
-  architecture: {model_type: gpt2, n_embd: 64, n_layer: 2, n_head: 4}
-train:
-  seq_len: 128
-  global_batch_size: 8
-"""
+from tests.helpers.configs import MINIMAL
 
 
 @pytest.fixture

@@ -189,3 +189,30 @@ def test_cli_report(tmp_path):
     _plan().write(empty / "plan.json")
     result = CliRunner().invoke(cli, ["report", str(empty)])
     assert result.exit_code == 2 and "metrics.jsonl" in result.output
+
+
+def test_progress_lines_show_memory_against_the_plan_and_mfu_where_known():
+    from orchestrate.report.progress_text import memory_and_mfu
+
+    plan = _plan_for_progress(gpu=False)
+    record = {"tokens_per_s": 1000.0, "rss_peak_bytes_max_rank": 3 * 2**30, "predicted_gpu_bytes_per_rank": 2**30}
+    assert memory_and_mfu(record, plan) == "mem 3.00 GiB/1.00 GiB"  # CPU: no peak FLOP/s, no MFU
+    gpu = _plan_for_progress(gpu=True)
+    record = {"tokens_per_s": 1000.0, "gpu_max_allocated_bytes": 5 * 2**30, "predicted_gpu_bytes_per_rank": 6 * 2**30}
+    text = memory_and_mfu(record, gpu)
+    from orchestrate.report.mfu import utilisation
+
+    assert text == f"mem 5.00 GiB/6.00 GiB  MFU {100 * utilisation(1000.0, gpu)['mfu']:.1f}%"
+
+
+def _plan_for_progress(gpu: bool):
+    from orchestrate.hardware.profile import GPUSpec, HardwareProfile
+    from orchestrate.planner.strategy import Strategy
+    from tests.helpers.plans import make_plan
+
+    plan = make_plan(Strategy("ddp", 0, "none", "none", "bf16" if gpu else "fp32", False, 2))
+    if gpu:
+        spec = GPUSpec(name="RTX 3070", memory_bytes=8 * 2**30, peak_tflops_fp16=81, peak_tflops_bf16=81,
+                       peak_tflops_fp32=20, compute_capability=(8, 6))
+        plan.hardware = HardwareProfile(gpus_per_node=2, gpu=spec, cpu_memory_bytes=64 * 2**30)
+    return plan

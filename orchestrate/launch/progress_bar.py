@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.planner.plan import Plan
+from orchestrate.report.progress_text import memory_and_mfu
 from orchestrate.run.layout import METRICS_FILE
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def follow_metrics(plan: Plan, run_dir: Path, console: Console | None):
             offset += len(complete)
             for line in complete.decode().splitlines():
                 rec = json.loads(line)
-                status = f"loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s"
+                status = f"loss {rec['loss']:.4f}  {rec['tokens_per_s']:,.0f} tok/s  {memory_and_mfu(rec, plan)}"
                 bar.update(task, completed=rec["step"], status=status)
 
     thread = threading.Thread(target=poll, name="orchestrate-progress", daemon=True)

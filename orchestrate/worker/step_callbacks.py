@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.report.progress_text import memory_and_mfu
 from orchestrate.run.checkpoints import latest_checkpoint, read_meta
 from orchestrate.run.layout import REQUEUE_FILE
 from orchestrate.run.requeue import write_requeue
@@ -88,7 +89,7 @@ class Progress:
 
     def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
         r = end.record
-        self.display.update(end.step, r["loss"], r["tokens_per_s"], r.get("eval_loss"))
+        self.display.update(end.step, r["loss"], r["tokens_per_s"], r.get("eval_loss"), memory_and_mfu(r, run.plan))
 
     def on_train_end(self, run: RunInfo, stopped_early: bool) -> None:
         if self.display is not None:

@@ -73,7 +73,7 @@ def test_qlora_base_is_nf4_for_block_linears_and_16_bit_elsewhere():
 @pytest.mark.parametrize("train,where", [
     ({"method": "lora", "lora": {"target_modules": ["query"]}}, "train.lora.target_modules"),
     ({"lora": {"r": 8}}, "train.lora"),
-    ({"method": "lora", "quantization": {"type": "nf4"}}, "train.quantization"),
+    ({"method": "lora", "quantization": {"double_quant": False}}, "train.quantization"),
 ])
 def test_bad_adapter_settings_name_their_yaml_path(train, where):
     with pytest.raises(UserError) as err:
@@ -129,3 +129,15 @@ def test_block_linears_equal_the_transformers_modules(arch):
     found = [(name.split(".")[-1], *(m.weight.shape[::-1] if isinstance(m, torch.nn.Linear) else m.weight.shape))
              for name, m in block.named_modules() if type(m).__name__ in ("Linear", "Conv1D")]
     assert found == [tuple(x) for x in block_linears(shape_from_dict(dict(arch)))]
+
+
+def test_a_whole_dumped_config_plans_again():
+    """RUN_DIR/config.yaml and plan.json hold every section with its defaults: not "set"."""
+    from orchestrate.config.load import config_from_dict
+    from orchestrate.planner.adapters import adapters_for
+    from orchestrate.planner.strategy import Strategy
+    from tests.helpers.plans import make_plan
+
+    plan = make_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 2))
+    again = config_from_dict(plan.config.model_dump(mode="json"))
+    assert adapters_for(again, plan.shape) is None

@@ -41,10 +41,12 @@ class Adapters:
 def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
     train = config.train
     out = []
-    if train.method == "full" and "lora" in train.model_fields_set:
+    # "Set" = differs from the default: a config dumped whole (RUN_DIR/config.yaml, plan.json) lists
+    # every section, so model_fields_set would flag the defaults too.
+    if train.method == "full" and train.lora != type(train.lora)():
         out.append(Problem("train.lora", "is set but train.method is full: the adapters would be ignored",
                            "set train.method: lora (or qlora), or remove train.lora"))
-    if train.method != "qlora" and "quantization" in train.model_fields_set:
+    if train.method != "qlora" and train.quantization != type(train.quantization)():
         out.append(Problem("train.quantization", f"is set but train.method is {train.method}: only qlora "
                            "quantizes the base", "set train.method: qlora, or remove train.quantization"))
     if train.method == "full" or out:

@@ -54,6 +54,7 @@ def allocation_to_use(env: Mapping[str, str] | None = None, *, explicit_rendezvo
 
 @dataclass
 class SrunInAllocation:
+    remote_workers = True  # srun starts them on the nodes
     alloc: SlurmAllocation
     python: str = sys.executable
     name: str = "orchestrate"

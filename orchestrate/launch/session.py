@@ -75,8 +75,8 @@ class Prepared:
 
 class Transport(Protocol):
     remote_workers: bool
-    """True when the workers are not descendants of this process (srun, SSH); a transport without
-    the attribute counts as remote (orchestrate.run.lock)."""
+    """True when the workers are not descendants of this process (srun, SSH): how the workers check
+    the run directory's lock (orchestrate.run.lock)."""
 
     def hardware(self, flags: HardwareFlags) -> HardwareFlags:
         """The flags with the shape this transport runs on (nodes, ranks per node)."""
@@ -203,7 +203,7 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
         plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
                                         tell, check=None if request.dry_run else transport.check,
                                         force=request.force, hold=held,
-                                        remote_workers=getattr(transport, "remote_workers", True))
+                                        remote_workers=transport.remote_workers)
         return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
 
 

@@ -62,6 +62,8 @@ def reject_with_hosts(**given: object) -> None:
 class SshHosts:
     """`options.stop_grace_s` None: the workers' checkpoint grace plus a margin."""
 
+    remote_workers = True  # started over SSH
+
     hosts: Sequence[Host]
     options: ssh.SshOptions = field(default_factory=ssh.SshOptions)
     python: str = sys.executable

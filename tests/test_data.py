@@ -23,6 +23,7 @@ from orchestrate.data.prepare import _wait_for
 from orchestrate.data.tokenizer import BYTE_EOS, ByteTokenizer, HFTokenizer, token_dtype
 from orchestrate.errors import UserError
 from tests.helpers.plans import TINY_GPT2
+from tests.helpers.tokenizers import word_tokenizer
 
 DOCS = ["The cat sees the dog.", "Grüße, 世界!", "A third, longer document about the river and the tree."]
 
@@ -66,23 +67,12 @@ def test_byte_tokenizer_round_trips_any_text():
     assert [list(a) for a in tok.encode_batch([text, ""])] == [ids, []]
 
 
-def _word_tokenizer(directory: Path, words: list[str]) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "<eos>": 1, **{w: i + 2 for i, w in enumerate(words)}}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", unk_token="[UNK]").save_pretrained(directory)
-    return directory
-
-
 def test_hf_tokenizer_from_local_directory_and_its_content_fingerprint(tmp_path: Path):
-    tok = HFTokenizer(_word_tokenizer(tmp_path / "a", ["hello", "world"]))
+    tok = HFTokenizer(word_tokenizer(tmp_path / "a", ["hello", "world"]))
     assert tok.encode("hello world") == [2, 3] and tok.encode_batch(["world", "hello"]) == [[3], [2]]
     assert tok.eos_id == 1 and tok.vocab_size == 4
-    same = HFTokenizer(_word_tokenizer(tmp_path / "b", ["hello", "world"]))
-    other = HFTokenizer(_word_tokenizer(tmp_path / "c", ["hello", "there"]))
+    same = HFTokenizer(word_tokenizer(tmp_path / "b", ["hello", "world"]))
+    other = HFTokenizer(word_tokenizer(tmp_path / "c", ["hello", "there"]))
     assert tok.fingerprint() == same.fingerprint() != other.fingerprint()
 
 

@@ -14,6 +14,7 @@ import yaml
 
 from orchestrate.data.tokenizer import HFTokenizer
 from tests.helpers.imports import ROOT, run_cli
+from tests.helpers.tokenizers import word_tokenizer
 
 
 def _prepare(yaml_path: Path):
@@ -32,22 +33,11 @@ def test_second_demo_prepare_is_a_hit_without_torch_or_datasets(tmp_path: Path):
     assert first.output.split("tokens in")[1] == second.output.split("tokens in")[1]
 
 
-def _word_tokenizer(directory: Path, words: list[str]) -> Path:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"[UNK]": 0, "<eos>": 1, **{w: i + 2 for i, w in enumerate(words)}}
-    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    raw.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>", unk_token="[UNK]").save_pretrained(directory)
-    return directory
-
-
 WORDS = ["the", "cat", "sat", "on", "mat"]
 
 
 def test_hf_tokenizer_hit_loads_no_tokenizer_and_a_changed_corpus_misses(tmp_path: Path):
-    _word_tokenizer(tmp_path / "tok", WORDS)
+    word_tokenizer(tmp_path / "tok", WORDS)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("the cat sat on the mat\n\n" * 200)
     config = tmp_path / "model.yaml"
@@ -67,7 +57,7 @@ def test_hf_tokenizer_hit_loads_no_tokenizer_and_a_changed_corpus_misses(tmp_pat
 
 
 def test_remembered_tokenizer_has_the_same_fingerprint_and_ids(tmp_path: Path):
-    directory = _word_tokenizer(tmp_path / "tok", WORDS)
+    directory = word_tokenizer(tmp_path / "tok", WORDS)
     plain = HFTokenizer(directory)
     first = HFTokenizer(directory, tmp_path / "memo")  # loads and writes the memo
     remembered = HFTokenizer(directory, tmp_path / "memo")
@@ -78,12 +68,12 @@ def test_remembered_tokenizer_has_the_same_fingerprint_and_ids(tmp_path: Path):
 
 
 def test_damaged_or_stale_memo_loads_the_tokenizer(tmp_path: Path):
-    directory = _word_tokenizer(tmp_path / "tok", WORDS)
+    directory = word_tokenizer(tmp_path / "tok", WORDS)
     HFTokenizer(directory, tmp_path / "memo")
     (memo,) = (tmp_path / "memo").iterdir()
     memo.write_text("{not json")
     again = HFTokenizer(directory, tmp_path / "memo")
     assert again._tok is not None and again.vocab_size == len(WORDS) + 2
-    _word_tokenizer(directory, [*WORDS, "dog"])  # new files: a new memo key, loaded again
+    word_tokenizer(directory, [*WORDS, "dog"])  # new files: a new memo key, loaded again
     grown = HFTokenizer(directory, tmp_path / "memo")
     assert grown._tok is not None and grown.vocab_size == len(WORDS) + 3

@@ -77,20 +77,20 @@ def worker_env(plan: Plan) -> tuple[dict[str, str], list[str]]:
     return env, notes
 
 
-def prepare_run(plan: Plan, run_dir: Path) -> Plan:
+def prepare_run(plan: Plan, run_dir: Path, rendered: dict[str, str] | None = None) -> Plan:
     """Write the run directory for a feasible plan; returns the plan with `files` and `run` filled
-    in. An OS error (read-only directory, full disk) is a UserError naming the path."""
-
+    in. An OS error (read-only directory, full disk) is a UserError naming the path. `rendered`:
+    the backend's config files when the caller has them already."""
     if plan.chosen is None:  # callers check feasibility first (planner.remedies.require_feasible)
         raise ValueError("prepare_run needs a plan with a chosen strategy")
     run_dir = run_dir.resolve()
     with os_errors_as_user_errors("--run-dir"):
         run_dir.mkdir(parents=True, exist_ok=True)
         write_marker(run_dir)
-        return _write_run_files(plan, run_dir)
+        return _write_run_files(plan, run_dir, rendered)
 
 
-def _write_run_files(plan: Plan, run_dir: Path) -> Plan:
+def _write_run_files(plan: Plan, run_dir: Path, rendered: dict[str, str] | None) -> Plan:
     from orchestrate.backends.accelerate_export import render_accelerate_config
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.corpus import write_demo_corpus
@@ -104,7 +104,8 @@ def _write_run_files(plan: Plan, run_dir: Path) -> Plan:
               f"{config.source_dir or 'an in-memory config'}).\n")
     (run_dir / CONFIG_FILE).write_text(header + yaml.safe_dump(resolved_config_dict(config), sort_keys=False))
 
-    rendered = get_backend(plan.chosen.strategy.backend).render(plan)
+    if rendered is None:  # prepare_run_dir rendered them already, to check what would be replaced
+        rendered = get_backend(plan.chosen.strategy.backend).render(plan)
     for i, (name, text) in enumerate(rendered.items()):
         (run_dir / name).write_text(text)
         files["backend_config" if i == 0 else f"backend_config:{name}"] = name
@@ -122,13 +123,12 @@ def _write_run_files(plan: Plan, run_dir: Path) -> Plan:
     return plan
 
 
-def run_dir_writes(plan: Plan) -> list[str]:
-    """The names `prepare_run` and the launch write into a run directory."""
-    from orchestrate.backends.registry import get_backend
-
+def run_dir_writes(rendered: dict[str, str]) -> list[str]:
+    """The names `prepare_run` and the launch write into a run directory (`rendered`: the
+    backend's config files)."""
     names = [CONFIG_FILE, PLAN_FILE, ACCELERATE_FILE, LAUNCH_SCRIPT, LOG_DIR, METRICS_FILE, MODEL_DIR,
              DEMO_CORPUS_FILE]
-    return names + list(get_backend(plan.chosen.strategy.backend).render(plan))
+    return names + list(rendered)
 
 
 def lock_run_dir(run_dir: Path, what: str, remote_workers: bool = False) -> RunLock:
@@ -149,17 +149,20 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     otherwise a `run_dir` that already holds checkpoints is refused. The lock is kept in `hold`
     (the caller's, for the whole launch), else released once written. Every command that writes a
     run directory (config, launch, slurm) comes through here. Returns the plan and the run directory."""
+    from orchestrate.backends.registry import get_backend
     from orchestrate.data.pipeline import check_data_config
     from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
     from orchestrate.planning import feasible_plan
 
+    rendered = None
     if resume:
         run_dir = run_to_resume(config, name, run_dir)
         plan, reused, found = plan_for_resume(config, hardware, run_dir)
     else:
         plan, reused = feasible_plan(config, hardware), False
         run_dir = (run_dir or default_run_dir(config, name)).resolve()
-        check_run_dir_writable(run_dir, run_dir_writes(plan), config.source_dir, force, where)
+        rendered = get_backend(plan.chosen.strategy.backend).render(plan)
+        check_run_dir_writable(run_dir, run_dir_writes(rendered), config.source_dir, force, where)
         refuse_checkpointed(run_dir)
     check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     if check is not None:
@@ -169,4 +172,4 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         (hold if hold is not None else own).enter_context(lock)
         if resume:
             say(resume_notice(run_dir, reused, found))
-        return (plan if reused else prepare_run(plan, run_dir)), run_dir
+        return (plan if reused else prepare_run(plan, run_dir, rendered)), run_dir

@@ -23,7 +23,7 @@ from orchestrate.data.prepare import _wait_for
 from orchestrate.data.tokenizer import BYTE_EOS, ByteTokenizer, HFTokenizer, token_dtype
 from orchestrate.errors import UserError
 from tests.helpers.plans import TINY_GPT2
-from tests.helpers.tokenizers import word_tokenizer
+from tests.helpers.word_tokenizers import word_tokenizer
 
 DOCS = ["The cat sees the dog.", "Grüße, 世界!", "A third, longer document about the river and the tree."]
 

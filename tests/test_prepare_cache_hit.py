@@ -14,7 +14,7 @@ import yaml
 
 from orchestrate.data.tokenizer import HFTokenizer
 from tests.helpers.imports import ROOT, run_cli
-from tests.helpers.tokenizers import word_tokenizer
+from tests.helpers.word_tokenizers import word_tokenizer
 
 
 def _prepare(yaml_path: Path):

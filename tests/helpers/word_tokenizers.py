@@ -1,4 +1,5 @@
-"""A small Hugging Face tokenizer the data tests build locally (no download)."""
+"""A small Hugging Face tokenizer the data tests build locally (no download). Not named tokenizers.py:
+scripts run from tests/helpers (hf_trainer_script.py) would import it instead of the library."""
 
 from __future__ import annotations
 

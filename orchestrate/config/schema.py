@@ -9,27 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.architecture import architecture_problems
-
-Auto = Literal["auto"]
-
-MAX_COUNT = 2**31 - 1
-"""Upper bound of counts (tokens, samples, steps): torch and numpy index with int32/int64, and a
-value this large is a typo, not a plan."""
+from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
+from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
 
 
-class _Section(BaseModel):
-    # Unknown keys are an error: a typo such as `seq_length` must not be silently ignored.
-    # strict: no bool -> int (`seq_len: true` is not 1), no int/str -> bool (`trust_remote_code: "yes"`),
-    # no str -> number; int -> float stays allowed (https://docs.pydantic.dev/latest/concepts/conversion_table/).
-    # allow_inf_nan=False: `.inf` passes `gt=0` but is no learning rate.
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True, strict=True,
-                              allow_inf_nan=False)
-
-
-class ModelSection(_Section):
+class ModelSection(Section):
     name_or_path: str | None = None
     """A local directory holding a transformers `config.json` (weights optional), or a Hub name
     when the network is available. Exactly one of `name_or_path` and `architecture` is required."""
@@ -62,7 +49,7 @@ class ModelSection(_Section):
         return self
 
 
-class DataSection(_Section):
+class DataSection(Section):
     train_files: list[str] = Field(default_factory=list)
     """Local training data: files, directories or glob patterns, in any format `datasets.load_dataset`
     reads locally: text (.txt), JSON / JSON-lines (.json, .jsonl), CSV (.csv, .tsv), Parquet
@@ -148,79 +135,7 @@ class DataSection(_Section):
         return self
 
 
-class OptimizerSection(_Section):
-    name: Literal["adamw"] = "adamw"
-    """Only AdamW for now (DeepSpeed's CPU Adam is used automatically when the optimizer is offloaded)."""
-
-    lr: float = Field(default=3e-4, gt=0)
-    """Peak learning rate, reached at the end of warm-up."""
-
-    weight_decay: float = Field(default=0.1, ge=0)
-    """Decoupled weight decay (AdamW)."""
-
-    betas: tuple[float, float] = (0.9, 0.95)
-    """Adam's (beta1, beta2), each in [0, 1) (torch.optim.AdamW refuses others: torch/optim/adamw.py)."""
-
-    eps: float = Field(default=1e-8, gt=0)
-    """Adam's epsilon."""
-
-    @field_validator("betas", mode="before")
-    @classmethod
-    def _list_to_tuple(cls, v: Any) -> Any:
-        # YAML and plan.json have lists; strict mode accepts only a tuple for a tuple field.
-        return tuple(v) if isinstance(v, list) else v
-
-    @field_validator("betas")
-    @classmethod
-    def _betas_range(cls, v: tuple[float, float]) -> tuple[float, float]:
-        if not all(0.0 <= b < 1.0 for b in v):
-            raise ValueError(f"each beta must be in [0, 1), got {list(v)}")
-        return v
-
-
-class ScheduleSection(_Section):
-    warmup_steps: int = Field(default=10, ge=0, le=MAX_COUNT)
-    """Linear warm-up from 0 to `optimizer.lr` over this many optimizer steps."""
-
-    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
-    """Cosine decay ends at `lr * min_lr_ratio` on the last step."""
-
-
-class LoraSection(_Section):
-    r: int = Field(default=16, gt=0, le=65536)
-    """Rank of each adapter: A is r x d_in, B is d_out x r (Hu et al. 2021, "LoRA")."""
-
-    alpha: float = Field(default=32.0, gt=0)
-    """Scaling numerator: the adapter's output is multiplied by alpha / r (peft `lora_alpha`)."""
-
-    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    """Dropout on the adapter's input (peft `lora_dropout`)."""
-
-    target_modules: list[str] | Literal["auto"] = "auto"
-    """Names of the linear layers to adapt (peft `target_modules`, matched against the module
-    name's last part, e.g. [q_proj, v_proj]); "auto": every linear layer of the blocks."""
-
-    @field_validator("target_modules")
-    @classmethod
-    def _non_empty(cls, v: list[str] | str) -> list[str] | str:
-        if isinstance(v, list) and (not v or any(not name for name in v)):
-            raise ValueError('target_modules needs at least one non-empty name, or "auto"')
-        return v
-
-
-class QuantizationSection(_Section):
-    type: Literal["nf4"] = "nf4"
-    """How the frozen base of `method: qlora` is stored: 4-bit NormalFloat (bitsandbytes `Linear4bit`,
-    Dettmers et al. 2023, "QLoRA")."""
-
-    double_quant: bool = True
-    """Quantize the per-block scales too (about 0.127 instead of 0.5 extra bits per parameter)."""
-
-    compute_dtype: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
-    """The dtype the 4-bit weights are dequantized to for each matmul; "auto" is the training precision."""
-
-
-class TrainSection(_Section):
+class TrainSection(Section):
     seq_len: int = Field(gt=0, le=MAX_COUNT)
     """Tokens per sample (packed block length)."""
 
@@ -311,7 +226,7 @@ class TrainSection(_Section):
         return check_trackers(v)  # a missing library fails here, at plan time, not inside the worker
 
 
-class StrategySection(_Section):
+class StrategySection(Section):
     backend: Literal["auto", "deepspeed", "fsdp", "ddp"] = "auto"
     """Distributed backend; "auto" lets the planner choose."""
 
@@ -342,7 +257,7 @@ class StrategySection(_Section):
         return v
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     """The whole model.yaml."""
 
     model: ModelSection

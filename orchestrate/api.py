@@ -164,12 +164,15 @@ def ssh_options(**kwargs: Any) -> SshOptions:
 
 def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None,
                      rendezvous: Rendezvous = Rendezvous(), python: str | None = None,
-                     name: str = "orchestrate") -> Transport:
+                     name: str = "orchestrate", program: Sequence[str] = ()) -> Transport:
     """Where the workers start: over SSH on the hostfile's hosts; else with srun inside a SLURM
-    allocation (unless a rendezvous was given, or this is already a job step); else here."""
+    allocation (unless a rendezvous was given, or this is already a job step); else here.
+    `program`: the user's own training program (`launch -- python train.py ARGS`), torchrun here only."""
     import sys
 
     python = python or sys.executable
+    if program:
+        return _own_program_transport(tuple(program), hosts, rendezvous)
     if hosts is not None:
         from orchestrate.launch.hostfile import load_hostfile
         from orchestrate.launch.ssh_transport import SshHosts, reject_with_hosts
@@ -187,6 +190,20 @@ def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None
     return LocalTorchrun(LaunchOptions(**rendezvous.__dict__))
 
 
+def _own_program_transport(program: tuple[str, ...], hosts: Path | None, rendezvous: Rendezvous) -> Transport:
+    from orchestrate.errors import Problem, UserError
+    from orchestrate.launch.allocation import allocation_to_use
+    from orchestrate.launch.local import LocalTorchrun
+    from orchestrate.launch.torchrun_args import LaunchOptions
+    from orchestrate.launch.user_program import user_program
+
+    if hosts is not None or allocation_to_use(explicit_rendezvous=rendezvous.explicit) is not None:
+        raise UserError("your own training program runs with torchrun on this machine only (for now)", [Problem(
+            "--hosts" if hosts is not None else "SLURM allocation", "`-- PROGRAM` is not passed to srun or SSH yet",
+            "launch it on each node by hand with --nnodes/--node-rank/--rdzv-endpoint, or run it outside the allocation")])
+    return LocalTorchrun(LaunchOptions(**rendezvous.__dict__, program=user_program(program)))
+
+
 def launch(request: LaunchRequest, transport: Transport | None = None, console: Console | None = None
            ) -> LaunchResult:
     """Plan, write the run directory and run the workers (default: torchrun here) until they end."""
@@ -198,7 +215,7 @@ def launch(request: LaunchRequest, transport: Transport | None = None, console: 
 
 def launch_request(config: RunConfig, hardware: HardwareFlags | HardwareProfile = HardwareFlags(),
                    **kwargs: Any) -> LaunchRequest:
-    """A LaunchRequest (name, run_dir, resume, dry_run, max_restarts, force as keywords)."""
+    """A LaunchRequest (name, run_dir, resume, dry_run, max_restarts, force, program as keywords)."""
     from orchestrate.launch.session import LaunchRequest
 
     return LaunchRequest(config, hardware, **kwargs)

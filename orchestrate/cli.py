@@ -143,6 +143,7 @@ def config_cmd(config_path, overrides, out, force, for_tool, **kwargs):
 
 @cli.command()
 @click.argument("config_path", metavar="CONFIG", type=click.Path(dir_okay=False))
+@click.argument("program", nargs=-1, type=click.UNPROCESSED)
 @hardware_options
 @set_option
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default: <train.output_dir>/<name>-<time>).")
@@ -164,19 +165,22 @@ def config_cmd(config_path, overrides, out, force, for_tool, **kwargs):
 @click.option("--force", is_flag=True,
               help="Write into a non-empty directory that is not a run directory (nothing there is replaced).")
 @_user_errors_exit_2
-def launch(config_path, overrides, run_dir, dry_run, max_restarts, master_addr, master_port, rdzv_backend,
+def launch(config_path, program, overrides, run_dir, dry_run, max_restarts, master_addr, master_port, rdzv_backend,
            rdzv_endpoint, rdzv_id, node_rank, hosts, python, resume, force, **kwargs):
     """Plan, write the run directory and train with torchrun workers.
 
-    Here, on the hosts of --hosts over SSH, or, inside a SLURM allocation, on its nodes with srun."""
+    Here, on the hosts of --hosts over SSH, or, inside a SLURM allocation, on its nodes with srun.
+    `orchestrate launch CONFIG -- python train.py ARGS` runs your own training loop under the plan
+    instead (docs/own-loop.md)."""
     config = api.load_config(config_path, overrides)
     name = Path(config_path).stem
     transport = api.choose_transport(
-        hosts=Path(hosts) if hosts else None, ssh=_ssh_options(kwargs), python=python, name=name,
+        hosts=Path(hosts) if hosts else None, ssh=_ssh_options(kwargs), python=python, name=name, program=program,
         rendezvous=api.Rendezvous(master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
                                   rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank))
     request = api.launch_request(config, _flags(kwargs), name=name, run_dir=Path(run_dir) if run_dir else None,
-                                 dry_run=dry_run, max_restarts=max_restarts, resume=resume, force=force)
+                                 dry_run=dry_run, max_restarts=max_restarts, resume=resume, force=force,
+                                 program=tuple(program))
     result = api.launch(request, transport, console)
     if result.exit_code == EX_TEMPFAIL:
         err_console.print(f"[bold yellow]stopped early[/] (exit {EX_TEMPFAIL}: requeue); "

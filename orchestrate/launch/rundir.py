@@ -141,14 +141,15 @@ def lock_run_dir(run_dir: Path, what: str, remote_workers: bool = False) -> RunL
 def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
                     say: Callable[[str], None], check: Callable[[Plan], None] | None = None, *,
                     force: bool = False, hold: ExitStack | None = None, remote_workers: bool = False,
-                    where: str = "--run-dir") -> tuple[Plan, Path]:
+                    where: str = "--run-dir", check_data: bool = True) -> tuple[Plan, Path]:
     """Plan (UserError when nothing fits), check the data, run `check` on the plan, check that the
     directory may be written (orchestrate.run.marker; `force`), then lock it and write it;
     notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest run of `name`)
     keeps its own plan when it still fits and is not written again (`orchestrate.launch.resume`);
     otherwise a `run_dir` that already holds checkpoints is refused. The lock is kept in `hold`
     (the caller's, for the whole launch), else released once written. Every command that writes a
-    run directory (config, launch, slurm) comes through here. Returns the plan and the run directory."""
+    run directory (config, launch, slurm) comes through here. Returns the plan and the run directory.
+    `check_data=False`: the user's own program brings its data (launch -- python train.py)."""
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.pipeline import check_data_config
     from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
@@ -164,7 +165,8 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         rendered = get_backend(plan.chosen.strategy.backend).render(plan)
         check_run_dir_writable(run_dir, run_dir_writes(rendered), config.source_dir, force, where)
         refuse_checkpointed(run_dir)
-    check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    if check_data:
+        check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     if check is not None:
         check(plan)
     with ExitStack() as own:

@@ -58,6 +58,9 @@ class LaunchRequest:
     force: bool = False
     """Write into a non-empty directory that is not a run directory when nothing there would be
     replaced (orchestrate.run.marker)."""
+    program: tuple[str, ...] = ()
+    """`launch -- python train.py ARGS`: the user's own loop brings its own data, so the data
+    section is neither checked nor tokenised (the transport runs the program: LaunchOptions.program)."""
 
 
 @dataclass(frozen=True)
@@ -203,14 +206,16 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
         plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
                                         tell, check=None if request.dry_run else transport.check,
                                         force=request.force, hold=held,
-                                        remote_workers=transport.remote_workers)
-        return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages)
+                                        remote_workers=transport.remote_workers, check_data=not request.program)
+        return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages,
+                     own_data=bool(request.program))
 
 
 def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,
-          console: Console | None = None, messages: list[str] | None = None) -> LaunchResult:
+          console: Console | None = None, messages: list[str] | None = None, own_data: bool = False) -> LaunchResult:
     """The second half of `launch`, for a run directory written already (by `launch`'s first half
-    or by `orchestrate config`): launch.sh, the data, and the workers until they end."""
+    or by `orchestrate config`): launch.sh, the data (not for a program with its own: `own_data`),
+    and the workers until they end."""
     messages = [] if messages is None else messages
 
     def tell(text: str) -> None:
@@ -223,13 +228,14 @@ def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0
     result = LaunchResult(plan, run_dir, run_dir / PLAN_FILE, prepared.command, messages)
     if dry_run:
         return result
-    from orchestrate.data.pipeline import prepare_for_plan
-
     try:
         with stop_signals_raise():
-            # Tokenise once, here, into the shared cache: the workers (on every node) then only map it
-            # (no race between nodes, no collective timeout while a large corpus is tokenised).
-            tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+            if not own_data:
+                from orchestrate.data.pipeline import prepare_for_plan
+
+                # Tokenise once, here, into the shared cache: the workers (on every node) then only map
+                # it (no race between nodes, no collective timeout while a large corpus is tokenised).
+                tell(prepare_for_plan(plan, run_dir, progress=console is not None))
     except StoppedBeforeWorkers as stopped:
         tell(f"stopped by {stopped} before the workers started; start it again with "
              f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")

@@ -36,6 +36,9 @@ class LaunchOptions:
     """Static (master-addr) rendezvous across nodes only."""
     worker_module: str = WORKER_MODULE
     """What torchrun runs with `-m`: the worker, or a wrapper that ends in it (bench/gpu_worker.py)."""
+    program: tuple[str, ...] = ()
+    """The user's own training program (`launch -- python train.py ARGS`, normalised by
+    `launch.user_program`), run under the plan instead of the worker; () runs the worker."""
 
 
 def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: Path) -> list[str]:
@@ -68,7 +71,7 @@ def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: 
         argv += ["--node-rank", str(options.node_rank)]
     argv += ["--max-restarts", str(options.max_restarts),
              "--log-dir", str(log_dir), "--redirects", "3", "--tee", "0:3",
-             *worker_program(plan_path, options.worker_module)]
+             *worker_program(plan_path, options.worker_module, options.program)]
     return argv
 
 

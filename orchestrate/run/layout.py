@@ -29,9 +29,17 @@ WORKER_MODULE = "orchestrate.worker"
 """What torchrun runs on every rank: `python -m orchestrate.worker RUN_DIR/plan.json`."""
 
 
-def worker_program(plan_path: Path, module: str = WORKER_MODULE) -> tuple[str, ...]:
+USER_PROGRAM_MODULE = "orchestrate.loop_api.run"
+"""What torchrun runs for `launch -- python train.py ARGS`: `python -m orchestrate.loop_api.run
+RUN_DIR/plan.json -- train.py ARGS` (the plan path is its argument; the script gets its own argv)."""
+
+
+def worker_program(plan_path: Path, module: str = WORKER_MODULE, program: tuple[str, ...] = ()) -> tuple[str, ...]:
     """torchrun's program arguments for the workers of `plan_path` (`module`: a wrapper that ends in
-    `orchestrate.worker.main.main`, e.g. bench/gpu_worker.py)."""
+    `orchestrate.worker.main.main`, e.g. bench/gpu_worker.py). With the user's own `program`
+    (`SCRIPT ARGS` or `-m MODULE ARGS`), that program under the plan instead (docs/own-loop.md)."""
+    if program:
+        return ("-m", USER_PROGRAM_MODULE, str(plan_path), "--", *program)
     return ("-m", module, str(plan_path))
 
 

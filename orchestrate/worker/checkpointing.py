@@ -167,7 +167,8 @@ class Checkpointer:
         if rank == 0:
             write_meta(tmp, CheckpointMeta.of(self.plan, step, self.ctx.world_size, sampler_state, torch.__version__))
             _write_json(tmp / PLAN_COPY, self.plan.to_dict())
-            shutil.copyfile(self.ctx.model_dir / HF_CONFIG, tmp / HF_CONFIG)
+            if (self.ctx.model_dir / HF_CONFIG).is_file():  # a user's own module (orchestrate.prepare) has none
+                shutil.copyfile(self.ctx.model_dir / HF_CONFIG, tmp / HF_CONFIG)
 
     def _write_failed(self, step: int, tmp: Path, exc: BaseException) -> BaseException:
         """A write that failed on the file system (disk full, quota, permissions) becomes a

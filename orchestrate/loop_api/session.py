@@ -1,0 +1,150 @@
+"""`orchestrate.prepare` / `backward` / `save` / `load`: the user's loop under the plan of the launch
+that started this process (`orchestrate.loop_api.run` recorded its path).
+
+prepare: the plan -> the lock check -> the process group the backend asks for
+(`Backend.process_group`, as the worker starts it) -> rank 0's weights everywhere -> the backend
+(`wrap.py`) -> the optimizer that accumulates and clips as planned (`optim.py`) -> the loader with a
+DistributedSampler and the planned micro-batch (`loader.py`).
+
+save / load reuse the worker's checkpoint protocol (`orchestrate.worker.checkpointing.Checkpointer`:
+atomic write, manifest, `latest`, pruning, RNG of every rank) with the backend's engine state
+(DeepSpeed's own checkpoint, DCP for FSDP2/DDP), into DIR/checkpoints/step-N. DIR defaults to the
+run directory, so `orchestrate launch CONFIG --resume --run-dir RUN_DIR -- python train.py`
+continues where the script saved.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.errors import Problem, UserError
+from orchestrate.loop_api import launch_state
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrate.backends.base import WorkerContext
+    from orchestrate.loop_api.loader import EpochLoader
+    from orchestrate.planner.plan import Plan
+    from orchestrate.worker.stages import Worker
+
+_LAUNCH_FIX = "start the script with `orchestrate launch CONFIG.yaml -- python SCRIPT ARGS`"
+
+
+@dataclass
+class Session:
+    plan: Plan
+    worker: Worker
+    ctx: WorkerContext
+    model: Any
+    optimizer: Any
+    """optim.PlannedOptimizer or optim.DeepSpeedOptimizer: what the user's loop steps."""
+    loader: EpochLoader | None
+    state: Any
+    """What the Checkpointer saves the engine with: torch_state.TorchLoopState or the backend's DeepSpeedTrainEngine."""
+
+
+def _plan_path() -> Path:
+    if launch_state.session is not None:
+        raise UserError("orchestrate.prepare was called twice", [Problem(
+            "orchestrate.prepare", "this process has prepared a model, optimizer and loader already",
+            "call prepare once, with the model, the optimizer and the loader together")])
+    if launch_state.plan_path is None:
+        raise UserError("orchestrate.prepare needs a plan: this script was not started by `orchestrate launch`", [
+            Problem("orchestrate.prepare", "no plan was handed to this process", _LAUNCH_FIX)])
+    return launch_state.plan_path
+
+
+def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any = None) -> tuple[Any, Any, Any]:
+    """The model, optimizer and loader wrapped for the plan's backend, precision, offload and
+    gradient accumulation; the loader (optional) sharded with a DistributedSampler. Collective."""
+    from orchestrate.backends.base import WorkerContext
+    from orchestrate.loop_api import optim, wrap
+    from orchestrate.loop_api.loader import distributed_loader
+    from orchestrate.worker import stages
+
+    plan, run = stages.read_plan(_plan_path())
+    stages.check_lock(run)
+    worker = stages.start_process_group(plan, run)  # seeds torch with train.seed
+    ranks, chosen, seed = worker.ranks, plan.chosen, plan.config.train.seed
+    ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
+                        device=worker.device, run_dir=run.path, model_dir=run.path)
+    wrap.broadcast_from_rank0(model)
+    backend, accumulation = chosen.strategy.backend, chosen.gradient_accumulation
+    if backend == "deepspeed":
+        from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
+
+        engine = wrap.wrap_deepspeed(plan, model, optimizer)
+        wrapped, stepper, state = engine, optim.DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, ctx)
+    else:
+        from orchestrate.loop_api.torch_state import TorchLoopState
+
+        wrapped = wrap.wrap_fsdp(plan, model, optimizer, worker.device) if backend == "fsdp" \
+            else wrap.wrap_ddp(plan, model, worker.device)
+        scaler = wrap.grad_scaler(plan, worker.device)
+        stepper = optim.PlannedOptimizer(optimizer, wrapped, accumulation, plan.config.train.grad_clip, scaler)
+        state = TorchLoopState(wrapped, optimizer, scaler, ranks.rank)
+    sharded = None
+    if loader is not None:
+        sharded = distributed_loader(loader, chosen.strategy.micro_batch_size, ranks.rank, ranks.world_size, seed,
+                                     worker.device)
+        if worker.is_main and loader.batch_size != sharded.batch_size:
+            print(f"orchestrate: batches of {sharded.batch_size} per rank (the plan's micro-batch; the loader asked "
+                  f"for {loader.batch_size}), {accumulation} per step on {ranks.world_size} rank(s): "
+                  f"{plan.config.train.global_batch_size} samples per optimizer step", flush=True)
+    import torch
+
+    torch.manual_seed(seed + ranks.rank)  # as the worker: dropout differs per rank (other data), reproducibly
+    launch_state.session = Session(plan, worker, ctx, wrapped, stepper, sharded, state)
+    return wrapped, stepper, sharded
+
+
+def _session(what: str) -> Session:
+    if launch_state.session is None:
+        raise UserError(f"orchestrate.{what} before orchestrate.prepare", [Problem(
+            f"orchestrate.{what}", "nothing is prepared in this process",
+            "call `model, optimizer, loader = orchestrate.prepare(model, optimizer, loader)` first")])
+    return launch_state.session
+
+
+def backward(loss: torch.Tensor) -> None:
+    """`loss.backward()` as the plan needs it: divided over the accumulated micro-batches, fp16
+    loss-scaled, or DeepSpeed's `engine.backward`."""
+    _session("backward").optimizer.backward(loss)
+
+
+def _checkpointer(session: Session, directory: str | Path | None) -> Any:
+    from orchestrate.worker.checkpointing import Checkpointer
+
+    root = Path(directory).resolve() if directory is not None else session.ctx.run_dir
+    return Checkpointer(session.plan, session.state, replace(session.ctx, run_dir=root, model_dir=root))
+
+
+def save(directory: str | Path | None = None, **state: Any) -> Path:
+    """A resumable checkpoint of model, optimizer, loader position, every rank's RNG and `state`
+    (JSON values, e.g. epoch=3) into DIRECTORY/checkpoints/step-N (default: the run directory), named
+    by the optimizer steps taken; atomic. Collective: every rank calls it at the same point."""
+    session = _session("save")
+    loader = session.loader.state_dict() if session.loader is not None else None
+    return _checkpointer(session, directory).save(session.optimizer.steps, {"loader": loader, "user": state})
+
+
+def load(directory: str | Path | None = None) -> dict[str, Any] | None:
+    """Restore the newest intact checkpoint of DIRECTORY (default: the run directory); returns the
+    `state` given to `save` plus "step", or None when there is none (a fresh start). Collective."""
+    from orchestrate.run.layout import RunDir
+    from orchestrate.worker.stages import checkpoint_to_resume
+
+    session = _session("load")
+    checkpointer = _checkpointer(session, directory)
+    found = checkpoint_to_resume(session.plan, RunDir(checkpointer.ctx.run_dir), session.worker)
+    if found is None:
+        return None
+    restored = checkpointer.load(found)
+    session.optimizer.restore(restored["step"])
+    saved = restored["sampler"]
+    if session.loader is not None and saved["loader"] is not None:
+        session.loader.load_state_dict(saved["loader"])
+    return {**saved["user"], "step": restored["step"]}

@@ -15,8 +15,8 @@ import runpy
 import sys
 from pathlib import Path
 
+import orchestrate.loop_api.launch_state as launch_state
 from orchestrate.errors import UserError
-from orchestrate.loop_api import launch_state
 from orchestrate.run.exit_codes import EXIT_USER_ERROR
 
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import orchestrate.loop_api.launch_state as launch_state
 from orchestrate.errors import Problem, UserError
-from orchestrate.loop_api import launch_state
 
 if TYPE_CHECKING:
     import torch
@@ -57,46 +57,55 @@ def _plan_path() -> Path:
     return launch_state.plan_path
 
 
+def _wrap(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, worker: Worker,
+          ctx: WorkerContext) -> tuple[Any, Any, Any]:
+    """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
+    from orchestrate.loop_api.optim import DeepSpeedOptimizer, PlannedOptimizer
+    from orchestrate.loop_api.wrap import grad_scaler, wrap_ddp, wrap_deepspeed, wrap_fsdp
+
+    backend = plan.chosen.strategy.backend
+    if backend == "deepspeed":
+        from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
+
+        engine = wrap_deepspeed(plan, model, optimizer)
+        return engine, DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, ctx)
+    from orchestrate.loop_api.torch_state import TorchLoopState
+
+    wrapped = wrap_fsdp(plan, model, optimizer, worker.device) if backend == "fsdp" else \
+        wrap_ddp(plan, model, worker.device)
+    scaler = grad_scaler(plan, worker.device)
+    stepper = PlannedOptimizer(optimizer, wrapped, plan.chosen.gradient_accumulation, plan.config.train.grad_clip,
+                               scaler)
+    return wrapped, stepper, TorchLoopState(wrapped, optimizer, scaler, ctx.rank)
+
+
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any = None) -> tuple[Any, Any, Any]:
     """The model, optimizer and loader wrapped for the plan's backend, precision, offload and
     gradient accumulation; the loader (optional) sharded with a DistributedSampler. Collective."""
+    import torch
+
     from orchestrate.backends.base import WorkerContext
-    from orchestrate.loop_api import optim, wrap
     from orchestrate.loop_api.loader import distributed_loader
+    from orchestrate.loop_api.wrap import broadcast_from_rank0
     from orchestrate.worker import stages
 
     plan, run = stages.read_plan(_plan_path())
     stages.check_lock(run)
-    worker = stages.start_process_group(plan, run)  # seeds torch with train.seed
-    ranks, chosen, seed = worker.ranks, plan.chosen, plan.config.train.seed
+    worker = stages.start_process_group(plan, run)
+    ranks, chosen, train = worker.ranks, plan.chosen, plan.config.train
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
                         device=worker.device, run_dir=run.path, model_dir=run.path)
-    wrap.broadcast_from_rank0(model)
-    backend, accumulation = chosen.strategy.backend, chosen.gradient_accumulation
-    if backend == "deepspeed":
-        from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
-
-        engine = wrap.wrap_deepspeed(plan, model, optimizer)
-        wrapped, stepper, state = engine, optim.DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, ctx)
-    else:
-        from orchestrate.loop_api.torch_state import TorchLoopState
-
-        wrapped = wrap.wrap_fsdp(plan, model, optimizer, worker.device) if backend == "fsdp" \
-            else wrap.wrap_ddp(plan, model, worker.device)
-        scaler = wrap.grad_scaler(plan, worker.device)
-        stepper = optim.PlannedOptimizer(optimizer, wrapped, accumulation, plan.config.train.grad_clip, scaler)
-        state = TorchLoopState(wrapped, optimizer, scaler, ranks.rank)
+    broadcast_from_rank0(model)
+    wrapped, stepper, state = _wrap(plan, model, optimizer, worker, ctx)
     sharded = None
     if loader is not None:
-        sharded = distributed_loader(loader, chosen.strategy.micro_batch_size, ranks.rank, ranks.world_size, seed,
-                                     worker.device)
+        sharded = distributed_loader(loader, chosen.strategy.micro_batch_size, ranks.rank, ranks.world_size,
+                                     train.seed, worker.device)
         if worker.is_main and loader.batch_size != sharded.batch_size:
             print(f"orchestrate: batches of {sharded.batch_size} per rank (the plan's micro-batch; the loader asked "
-                  f"for {loader.batch_size}), {accumulation} per step on {ranks.world_size} rank(s): "
-                  f"{plan.config.train.global_batch_size} samples per optimizer step", flush=True)
-    import torch
-
-    torch.manual_seed(seed + ranks.rank)  # as the worker: dropout differs per rank (other data), reproducibly
+                  f"for {loader.batch_size}), {chosen.gradient_accumulation} per step on {ranks.world_size} "
+                  f"rank(s): {train.global_batch_size} samples per optimizer step", flush=True)
+    torch.manual_seed(train.seed + ranks.rank)  # as the worker: dropout differs per rank (other data), reproducibly
     launch_state.session = Session(plan, worker, ctx, wrapped, stepper, sharded, state)
     return wrapped, stepper, sharded
 

@@ -206,11 +206,14 @@ def _own_program_transport(program: tuple[str, ...], hosts: Path | None, rendezv
 
 def launch(request: LaunchRequest, transport: Transport | None = None, console: Console | None = None
            ) -> LaunchResult:
-    """Plan, write the run directory and run the workers (default: torchrun here) until they end."""
+    """Plan, write the run directory and run the workers (default: torchrun here, running
+    `request.program` when it names one) until they end."""
     from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.session import launch as run
 
-    return run(request, transport or LocalTorchrun(), console)
+    if transport is None:
+        transport = choose_transport(program=request.program) if request.program else LocalTorchrun()
+    return run(request, transport, console)
 
 
 def launch_request(config: RunConfig, hardware: HardwareFlags | HardwareProfile = HardwareFlags(),

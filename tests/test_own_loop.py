@@ -52,9 +52,9 @@ def test_dry_run_runs_the_script_under_the_plan_and_needs_no_data_section(tmp_pa
     with pytest.raises(UserError, match="data section"):
         api.launch(api.launch_request(config, cpu_hardware(2), dry_run=True, run_dir=tmp_path / "plain"))
     program = ("python", str(SCRIPT), "--epochs", "2")
-    transport = api.choose_transport(program=program)
+    # api.launch's default transport runs the request's program (api.choose_transport(program=...))
     result = api.launch(api.launch_request(config, cpu_hardware(2), dry_run=True, run_dir=tmp_path / "own",
-                                           program=program), transport)
+                                           program=program))
     tail = f"-m orchestrate.loop_api.run {tmp_path / 'own' / 'plan.json'} -- {SCRIPT} --epochs 2"
     assert result.command.endswith(tail)
     assert tail in (tmp_path / "own" / "launch.sh").read_text()
@@ -161,3 +161,40 @@ def test_fsdp_shards_the_repeated_blocks_of_a_module_without_plan_classes():
     net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     assert _blocks(torch.nn.ModuleDict({"body": net}), ["GPT2Block"]) == [net[0], net[2]]  # ReLU has no weights
     assert _blocks(torch.nn.Linear(2, 2), None) == []
+
+
+def _run(tmp_path: Path, body: str, *args: str) -> subprocess.CompletedProcess:
+    """`python -m orchestrate.loop_api.run PLAN -- script.py ARGS`, as torchrun starts it on a rank."""
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    script = tmp_path / "script.py"
+    script.write_text(body)
+    return subprocess.run([sys.executable, "-m", "orchestrate.loop_api.run", str(plan), "--", str(script), *args],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def test_the_runner_hands_the_script_its_own_argv_and_the_plan_in_process(tmp_path: Path):
+    body = ("import sys, os\nfrom orchestrate.loop_api import launch_state\n"
+            "print(sys.argv[1:], sys.path[0] == os.path.dirname(__file__), launch_state.plan_path.name, __name__)\n")
+    out = _run(tmp_path, body, "--epochs", "2")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['--epochs', '2'] True plan.json __main__"
+
+
+def test_the_runner_turns_a_user_error_into_exit_2_and_keeps_the_scripts_exit_code(tmp_path: Path):
+    failed = _run(tmp_path, "from orchestrate.errors import UserError\nraise UserError('bad input')\n")
+    assert failed.returncode == 2 and "error: bad input" in failed.stderr and "Traceback" not in failed.stderr
+    assert _run(tmp_path, "import sys\nsys.exit(3)\n").returncode == 3
+    assert _run(tmp_path, "import sys\nsys.exit('stopped: no data')\n").returncode == 1
+
+
+def test_prepare_warns_when_the_module_is_far_from_the_planned_model(capsys):
+    from types import SimpleNamespace
+
+    from orchestrate.loop_api.session import _notice_size
+
+    plan = SimpleNamespace(shape=SimpleNamespace(parameters=20_000))
+    _notice_size(plan, 19_204)
+    assert capsys.readouterr().out == ""
+    _notice_size(plan, 50_000)
+    assert "warning: the plan's memory estimate is for the YAML's model (20,000 parameters)" in capsys.readouterr().out

@@ -20,7 +20,7 @@ import orchestrate  # orchestrate
 
 
 class Net(nn.Module):
-    def __init__(self, features: int = 16, hidden: int = 64, classes: int = 4):
+    def __init__(self, features: int = 16, hidden: int = 128, classes: int = 4):
         super().__init__()
         self.layers = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
                                     nn.Linear(hidden, classes))

@@ -57,6 +57,14 @@ def _plan_path() -> Path:
     return launch_state.plan_path
 
 
+def _notice_size(plan: Plan, parameters: int) -> None:
+    """The plan's memory is the YAML model's: say so when the module handed to prepare is far from it."""
+    planned = plan.shape.parameters
+    if not planned / 2 <= parameters <= planned * 2:
+        print(f"orchestrate: warning: the plan's memory estimate is for the YAML's model ({planned:,} parameters); "
+              f"the module given to prepare has {parameters:,}: describe it in model.yaml (docs/own-loop.md)", flush=True)
+
+
 def _wrap(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, worker: Worker,
           ctx: WorkerContext) -> tuple[Any, Any, Any]:
     """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
@@ -95,6 +103,8 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     ranks, chosen, train = worker.ranks, plan.chosen, plan.config.train
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
                         device=worker.device, run_dir=run.path, model_dir=run.path)
+    if worker.is_main:
+        _notice_size(plan, sum(p.numel() for p in model.parameters()))
     broadcast_from_rank0(model)
     wrapped, stepper, state = _wrap(plan, model, optimizer, worker, ctx)
     sharded = None

@@ -76,6 +76,10 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     for line in found.notices():
         say(line)
     ckpt = found.chosen.path
+    if not (ckpt / HF_CONFIG).is_file():  # orchestrate.save of a user's own module (docs/own-loop.md)
+        raise UserError(f"the checkpoint {ckpt} is not a Hugging Face model", [Problem(
+            str(ckpt), f"no {HF_CONFIG}: it was written by orchestrate.save from your own loop's module",
+            "restore it in your script with orchestrate.load(), then save the module as you like")])
     try:
         plan = Plan.read(ckpt / PLAN_COPY)
         trust = plan.config.model.trust_remote_code

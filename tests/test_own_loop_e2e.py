@@ -15,6 +15,7 @@ from orchestrate import api
 from orchestrate.backends.registry import get_backend
 from orchestrate.cli import cli
 from orchestrate.config.load import load_config
+from orchestrate.errors import UserError
 from orchestrate.run.checkpoints import LATEST_FILE, checkpoint_root, read_meta, step_dir_name
 from tests.helpers.plans import cpu_hardware
 
@@ -64,3 +65,5 @@ def test_seed_loop_trains_and_resumes_bit_exact(tmp_path: Path, backend: str):
     assert saved_cut == saved_whole and saved_cut["user"]["epoch"] == 2 and saved_cut["loader"] == {"epoch": 2}
     assert weights_cut.keys() == weights_whole.keys() and len(weights_cut) == 6
     assert all(torch.equal(weights_cut[k], weights_whole[k]) for k in weights_whole)
+    with pytest.raises(UserError, match="not a Hugging Face model"):  # an nn.Module of the script's own
+        api.export(whole, tmp_path / "export")

@@ -200,7 +200,8 @@ def _own_program_transport(program: tuple[str, ...], hosts: Path | None, rendezv
     if hosts is not None or allocation_to_use(explicit_rendezvous=rendezvous.explicit) is not None:
         raise UserError("your own training program runs with torchrun on this machine only (for now)", [Problem(
             "--hosts" if hosts is not None else "SLURM allocation", "`-- PROGRAM` is not passed to srun or SSH yet",
-            "launch it on each node by hand with --nnodes/--node-rank/--rdzv-endpoint, or run it outside the allocation")])
+            "start `orchestrate launch ... --rdzv-endpoint HOST:PORT -- PROGRAM` on each node by hand "
+            "(or --master-addr with --node-rank), or run it outside the allocation")])
     return LocalTorchrun(LaunchOptions(**rendezvous.__dict__, program=user_program(program)))
 
 

@@ -198,3 +198,12 @@ def test_prepare_warns_when_the_module_is_far_from_the_planned_model(capsys):
     assert capsys.readouterr().out == ""
     _notice_size(plan, 50_000)
     assert "warning: the plan's memory estimate is for the YAML's model (20,000 parameters)" in capsys.readouterr().out
+
+
+def test_batches_reach_the_device_with_float_inputs_in_the_engines_dtype():
+    from orchestrate.loop_api.loader import to_device
+
+    batch = (torch.ones(2, 3), torch.tensor([1, 2]), {"mask": torch.zeros(2)})
+    x, y, extra = to_device(batch, torch.device("cpu"), torch.bfloat16)
+    assert (x.dtype, y.dtype, extra["mask"].dtype) == (torch.bfloat16, torch.int64, torch.bfloat16)
+    assert to_device(batch, torch.device("cpu"))[0].dtype == torch.float32

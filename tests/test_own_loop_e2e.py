@@ -67,3 +67,16 @@ def test_seed_loop_trains_and_resumes_bit_exact(tmp_path: Path, backend: str):
     assert all(torch.equal(weights_cut[k], weights_whole[k]) for k in weights_whole)
     with pytest.raises(UserError, match="not a Hugging Face model"):  # an nn.Module of the script's own
         api.export(whole, tmp_path / "export")
+
+
+@pytest.mark.slow
+def test_seed_loop_trains_in_bf16_under_deepspeed(tmp_path: Path):
+    """DeepSpeed's bf16 mode runs the module in bf16 without autocast: the loader casts the
+    script's float inputs (else: "mat1 and mat2 must have the same dtype")."""
+    program = ("python", str(EXAMPLE / "train.py"), "--epochs", "1", "--samples", "256")
+    config = load_config(EXAMPLE / "model.yaml", [f"train.output_dir={tmp_path}", "strategy.backend=deepspeed",
+                                                  "train.precision=bf16"])
+    result = api.launch(api.launch_request(config, cpu_hardware(2), run_dir=tmp_path / "run", program=program))
+    assert result.exit_code == 0, result.messages
+    assert result.plan.chosen.name == "deepspeed-z2-bf16-mb8"
+    assert float(_epoch_losses(tmp_path / "run")[1]) < 1.386  # below chance (ln 4) after one epoch

@@ -19,23 +19,28 @@ if TYPE_CHECKING:
     from torch.utils.data import DataLoader
 
 
-def to_device(batch: Any, device: Any) -> Any:
-    """The batch's tensors on `device` (tuples, lists and dicts of them too), as the seed's `.cuda()`."""
+def to_device(batch: Any, device: Any, float_dtype: Any = None) -> Any:
+    """The batch's tensors on `device` (tuples, lists and dicts of them too), as the seed's `.cuda()`;
+    floating-point ones cast to `float_dtype` when given."""
     if hasattr(batch, "to"):
+        if float_dtype is not None and getattr(batch, "is_floating_point", lambda: False)():
+            return batch.to(device, dtype=float_dtype, non_blocking=True)
         return batch.to(device, non_blocking=True)
     if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
+        return {k: to_device(v, device, float_dtype) for k, v in batch.items()}
     if isinstance(batch, list | tuple):
-        return type(batch)(to_device(v, device) for v in batch)
+        return type(batch)(to_device(v, device, float_dtype) for v in batch)
     return batch
 
 
 class EpochLoader:
     """Iterates the wrapped loader, one sampler epoch per pass, batches on the rank's device."""
 
-    def __init__(self, loader: DataLoader, device: Any) -> None:
+    def __init__(self, loader: DataLoader, device: Any, float_dtype: Any = None) -> None:
         self.loader = loader
         self.device = device
+        self.float_dtype = float_dtype
+        """DeepSpeed bf16/fp16 runs the module in that dtype (no autocast): float inputs must match."""
         self.sampler = loader.sampler
         self.epoch = 0
         """Passes started so far: the next pass uses sampler epoch `epoch`."""
@@ -43,7 +48,7 @@ class EpochLoader:
     def __iter__(self) -> Iterator[Any]:
         self.sampler.set_epoch(self.epoch)
         self.epoch += 1
-        return (to_device(batch, self.device) for batch in self.loader)
+        return (to_device(batch, self.device, self.float_dtype) for batch in self.loader)
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -64,7 +69,7 @@ class EpochLoader:
 
 
 def distributed_loader(loader: DataLoader, micro_batch_size: int, rank: int, world_size: int,
-                       seed: int, device: Any) -> EpochLoader:
+                       seed: int, device: Any, float_dtype: Any = None) -> EpochLoader:
     from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler
 
     if isinstance(loader.dataset, IterableDataset):
@@ -77,4 +82,4 @@ def distributed_loader(loader: DataLoader, micro_batch_size: int, rank: int, wor
     return EpochLoader(DataLoader(
         loader.dataset, batch_size=micro_batch_size, sampler=sampler, collate_fn=loader.collate_fn,
         num_workers=loader.num_workers, pin_memory=loader.pin_memory, drop_last=loader.drop_last,
-        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers), device)
+        worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers), device, float_dtype)

@@ -65,6 +65,17 @@ def _notice_size(plan: Plan, parameters: int) -> None:
               f"the module given to prepare has {parameters:,}: describe it in model.yaml (docs/own-loop.md)", flush=True)
 
 
+def _input_dtype(plan: Plan) -> Any:
+    """The dtype float inputs need: DeepSpeed's bf16/fp16 modes cast the module itself and do not
+    autocast (DDP autocasts, FSDP2's MixedPrecisionPolicy casts the inputs), so its inputs must match."""
+    import torch
+
+    strategy = plan.chosen.strategy
+    if strategy.backend != "deepspeed":
+        return None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
+
+
 def _wrap(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, worker: Worker,
           ctx: WorkerContext) -> tuple[Any, Any, Any]:
     """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
@@ -110,7 +121,7 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     sharded = None
     if loader is not None:
         sharded = distributed_loader(loader, chosen.strategy.micro_batch_size, ranks.rank, ranks.world_size,
-                                     train.seed, worker.device)
+                                     train.seed, worker.device, _input_dtype(plan))
         if worker.is_main and loader.batch_size != sharded.batch_size:
             print(f"orchestrate: batches of {sharded.batch_size} per rank (the plan's micro-batch; the loader asked "
                   f"for {loader.batch_size}), {chosen.gradient_accumulation} per step on {ranks.world_size} "

@@ -96,6 +96,8 @@ def test_prepare_outside_a_launch_is_a_user_error_with_the_fix(no_launch):
         orchestrate.backward(model(torch.ones(1, 2)).sum())
     with pytest.raises(UserError, match="before orchestrate.prepare"):
         orchestrate.save()
+    with pytest.raises(UserError, match="JSON values only"):
+        orchestrate.save(weights=torch.ones(2))
 
 
 def test_prepare_twice_is_a_user_error(no_launch, monkeypatch, tmp_path: Path):

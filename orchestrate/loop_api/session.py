@@ -156,6 +156,14 @@ def save(directory: str | Path | None = None, **state: Any) -> Path:
     """A resumable checkpoint of model, optimizer, loader position, every rank's RNG and `state`
     (JSON values, e.g. epoch=3) into DIRECTORY/checkpoints/step-N (default: the run directory), named
     by the optimizer steps taken; atomic. Collective: every rank calls it at the same point."""
+    import json
+
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as exc:
+        raise UserError("orchestrate.save keeps JSON values only", [Problem(
+            "orchestrate.save(**state)", str(exc),
+            "pass numbers, strings, lists or dicts (model, optimizer, loader and RNG are saved already)")]) from None
     session = _session("save")
     loader = session.loader.state_dict() if session.loader is not None else None
     return _checkpointer(session, directory).save(session.optimizer.steps, {"loader": loader, "user": state})

@@ -70,3 +70,17 @@ def test_the_cli_exits_2_with_the_path_and_fix_and_no_traceback(tmp_path):
     assert done.returncode == 2, out
     assert "Traceback" not in out
     assert "model.task" in out and "sequence-classification" in out
+
+
+@pytest.mark.parametrize("task", ["masked-lm", "sequence-classification"])
+def test_simulating_another_task_is_refused_not_measured_on_the_causal_head(task):
+    from orchestrate.planner.strategy import Strategy
+    from orchestrate.simulate.verify import verify_plan
+    from tests.helpers.plans import make_plan
+
+    plan = make_plan(Strategy("fsdp", 3, "none", "none", "fp32", False, 2), config={
+        "model": {"architecture": BERT, "task": task}})
+    with pytest.raises(UserError) as err:
+        verify_plan(plan)
+    (problem,) = err.value.problems
+    assert problem.where == "model.task" and "drop --simulate" in problem.fix

@@ -34,3 +34,4 @@ def test_the_bert_examples_plan(name, task):
     assert plan.chosen is not None and plan.shape.task == task and plan.shape.model_type == "bert"
     if task == "sequence-classification":
         assert plan.config.data.label_field == "label" and plan.config.data.validation_files
+        assert plan.shape.num_labels == 3

@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast demo plan launch config slurm report example-report lint bench clean services-start services-stop
+.PHONY: install test test-fast demo bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,16 @@ test-fast: install
 
 demo: install
 	$(ORCH) launch --gpus $(GPUS) $(CONFIG) $(ARGS)
+
+# The BERT examples (docs/tasks.md): the classifier's labelled CSVs, then each run on $(GPUS) ranks.
+bert-data:
+	$(PY) examples/make_labelled_csv.py examples/data
+
+bert-classifier: install bert-data
+	$(ORCH) launch --gpus $(GPUS) examples/bert-classifier.yaml $(ARGS)
+
+bert-mlm: install
+	$(ORCH) launch --gpus $(GPUS) examples/bert-mlm.yaml $(ARGS)
 
 plan: install
 	$(ORCH) plan --gpus $(GPUS) $(CONFIG) $(ARGS)

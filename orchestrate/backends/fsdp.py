@@ -111,6 +111,17 @@ def _dtype(name: str | None):
     return getattr(torch, name) if name else None
 
 
+def _shardable(blocks: list[tuple[str, Any]], layout) -> list[bool]:
+    """Per block: whether it may be its own FSDP unit. Not when it holds a weight tied to one outside
+    it (a custom model naming its embeddings a block, with a tied head): `fully_shard` would swap the
+    shared Parameter for a DTensor in the block only and the tie would come apart. Such a block stays
+    in the root unit, where the tie survives (as GPT-2's wte / lm_head do)."""
+    def split(prefix: str) -> bool:
+        return any(len({name.startswith(prefix) for name in group}) == 2 for group in layout.tie_groups)
+
+    return [not split(name + ".") for name, _ in blocks]
+
+
 def _move_buffers(model, device) -> None:
     for module in model.modules():
         for name, buf in module._buffers.items():
@@ -271,10 +282,12 @@ class FSDPBackend:
         model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust), plan)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         classes = st["fully_shard"]["block_classes"] or hf_io.model_block_class_names(model, hf_config.model_type)
+        keep = _shardable(hf_io.find_blocks(model, classes), layout)
         if st["activation_checkpointing"]:
-            blocks = hf_io.checkpoint_blocks(model, classes)
+            blocks = hf_io.checkpoint_blocks(model, classes)  # the wrappers, in find_blocks order
         else:
             blocks = [m for _, m in hf_io.find_blocks(model, classes)]
+        blocks = [block for block, ok in zip(blocks, keep, strict=True) if ok]
 
         mesh = init_device_mesh(st["device_type"], tuple(st["mesh"]["shape"]),
                                 mesh_dim_names=tuple(st["mesh"]["dim_names"]))

@@ -250,6 +250,7 @@ def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool
     check_data_config(config, shape.max_position_embeddings, shape.vocab_size)
     tokenizer, _ = tokenizer_for(config, shape.vocab_size)
     prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force)
+    check_labels(config, prepared)  # the launcher's check, so `orchestrate prepare` refuses the same data
     require_training_samples(len(samples_for(prepared, config)[0]), int(prepared.train.meta["tokens"]),
                              config.train.seq_len, config.data.packing, prepared.sources.train[0].where)
     return describe_prepared(prepared, config)

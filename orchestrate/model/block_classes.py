@@ -2,7 +2,7 @@
 checkpointing wraps (the model's `_no_split_modules`, the list accelerate and HF's device_map use
 for the same purpose). Known families come from a table, so rendering a plan imports neither torch
 nor transformers; others are looked up in transformers (tests/test_model_block_classes.py keeps
-the table equal to transformers' own lists)."""
+the table equal to transformers' own lists; for encoders, to those lists without the embeddings)."""
 
 from __future__ import annotations
 
@@ -15,13 +15,26 @@ KNOWN_BLOCK_CLASSES = {
     "gemma": ["GemmaDecoderLayer"],
 }
 
+ENCODER_BLOCK_CLASSES = {
+    "bert": ["BertLayer"],
+    "roberta": ["RobertaLayer"],
+    "distilbert": ["TransformerBlock"],
+}
+"""Encoders: the repeated layer only. Their `_no_split_modules` also names the embeddings module
+(BertEmbeddings), which must not be an FSDP unit of its own: a masked LM's decoder is tied to the
+word embeddings, and `fully_shard` on the embeddings alone swaps the shared Parameter for a DTensor
+in that module only (the tie comes apart). The embeddings stay in the root unit with the decoder,
+which is also what the planner's FSDP term assumes (root = everything outside the layers)."""
+
 
 def block_class_names(model_type: str) -> list[str] | None:
-    """The block classes of a built-in causal LM without building it: pure, for render(). None for
-    model types transformers does not ship (custom code) or whose class names none: ask the built
-    model instead (`hf_io.model_block_class_names`)."""
+    """The block classes of a built-in causal LM or encoder without building it: pure, for render().
+    None for model types transformers does not ship (custom code) or whose class names none: ask the
+    built model instead (`hf_io.model_block_class_names`)."""
     if model_type in KNOWN_BLOCK_CLASSES:
         return list(KNOWN_BLOCK_CLASSES[model_type])
+    if model_type in ENCODER_BLOCK_CLASSES:
+        return list(ENCODER_BLOCK_CLASSES[model_type])
     return transformers_block_class_names(model_type)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
 from orchestrate.planner.plan import Plan
 from orchestrate.simulate.api import simulate
@@ -66,6 +67,10 @@ def verify_plan(plan: Plan, *, timeout_s: float = 900) -> VerificationReport:
     cand = plan.chosen
     if cand is None:
         raise ValueError("the plan has no chosen candidate to verify")
+    if plan.config.model.task != "causal-lm":  # the harness builds AutoModelForCausalLM and next-token batches
+        raise UserError("plan --simulate runs causal LMs only", [Problem(
+            "model.task", f"the fake-tensor simulation builds the causal-LM class, not the {plan.config.model.task} "
+            "head, so its peak would describe another model", "drop --simulate: the analytical estimate covers every task")])
     analytical = dict(cand.memory.gpu) or estimate_memory(
         plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation).gpu
     sim = simulate(plan, timeout_s=timeout_s)

@@ -36,6 +36,12 @@ class ModelShape:
     """`model.task`; plans written before tasks existed read as causal-lm."""
     num_labels: int = 0
     """Classes of a sequence classifier (0 for the LM tasks)."""
+    block_classes: tuple[str, ...] = ()
+    """Your own module (task "custom"): the block classes to wrap (detected or strategy.wrap)."""
+    activation_bytes_per_sample: int = 0
+    """Your own module: fp32 activation bytes per sample, measured (model/custom_activations.py)."""
+    activation_bytes_fixed: int = 0
+    """Your own module: the measured activation bytes that do not grow with the micro-batch."""
 
     @property
     def logits_width(self) -> int:
@@ -53,4 +59,4 @@ class ModelShape:
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelShape:
-        return cls(**data)
+        return cls(**{**data, "block_classes": tuple(data.get("block_classes", ()))})

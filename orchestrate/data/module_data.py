@@ -106,3 +106,16 @@ def build_module_data(plan: Plan, rank: int, world_size: int) -> TrainData:
             WHERE, f"{len(train)} training samples for {world_size} ranks", "return more samples")])
     sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
     return TrainData(None, train, validation, sampler)
+
+
+def check_module_data_config(config: RunConfig) -> None:
+    """The launcher's data check for model.module: data.module is set (it was imported at plan time)."""
+    if config.data.module is None:
+        load_dataset(config)  # the UserError asking for it
+
+
+def describe_module_data(config: RunConfig) -> str:
+    """One line for people: what data.module gives (built once here, so a broken factory fails
+    before any worker starts)."""
+    train, validation = split(load_dataset(config), config.data.validation_ratio, config.train.seed)
+    return f"data: {config.data.module} -> {len(train):,} train / {len(validation):,} validation samples"

@@ -178,6 +178,11 @@ class ModuleConfig:
             {"orchestrate_module": self.module, "kwargs": self.kwargs}, indent=1) + "\n")
 
 
+def model_config(model: nn.Module, config: RunConfig) -> Any:
+    """What a saved model directory's config.json comes from: the HF config, or the module's description."""
+    return ModuleConfig(config) if is_custom(config) else model.config
+
+
 def save_module(state: dict[str, torch.Tensor], config: RunConfig, out_dir: Path) -> None:
     """A full state dict as out_dir/model.safetensors (shared tensors once) + config.json."""
     from safetensors.torch import save_file

@@ -108,12 +108,18 @@ def _direct(module: nn.Module) -> int:
 
 def detect_block_classes(model: nn.Module) -> list[str]:
     """The most repeated submodule class that holds parameters (ties: more parameters per
-    instance), as `_no_split_modules` names a transformer's blocks; [] when nothing repeats."""
+    instance), as `_no_split_modules` names a transformer's blocks; [] when nothing repeats.
+    Blocks are composite: leaf layers (Linear, Conv2d, norms) and torch's containers (ModuleList,
+    Sequential, ModuleDict) are not candidates, or every MLP's Linear would be "the block"."""
+    from torch import nn
+
+    containers = (nn.ModuleList, nn.ModuleDict, nn.Sequential)
     counts: Counter[str] = Counter()
     sizes: dict[str, int] = {}
     for name, m in model.named_modules():
         params = sum(p.numel() for p in m.parameters())
-        if name and params:  # not the root
+        composite = any(sum(p.numel() for p in c.parameters()) for c in m.children())
+        if name and params and composite and not isinstance(m, containers):  # not the root
             cls = type(m).__name__
             counts[cls] += 1
             sizes[cls] = max(sizes.get(cls, 0), params)

@@ -44,10 +44,26 @@ def logits_of(output: Any) -> torch.Tensor | None:
 
 def _model_loss_wanted(model: Any, batch: dict[str, torch.Tensor], mode: str) -> tuple[Any, bool]:
     """(output, whether its own loss is the loss)."""
-    if mode == "cross_entropy":
+    if mode == "cross_entropy" or (mode == "auto" and not takes_labels(model)):
         return call(model, batch, with_labels=False), False
-    output = call(model, batch, with_labels=True)
+    output = call(model, batch, with_labels=mode == "auto" or takes_labels(model))
     return output, mode == "model" or _field(output, "loss") is not None
+
+
+def takes_labels(model: Any) -> bool:
+    """Whether the module's forward accepts `labels` (by name or **kwargs); wrappers are looked through."""
+    import inspect
+
+    from torch import nn
+
+    inner = model
+    while isinstance(getattr(inner, "module", None), nn.Module):
+        inner = inner.module  # DDP and DeepSpeed engines hold the user's module as .module
+    try:
+        params = inspect.signature(inner.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == LABELS or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def loss_and_output(model: Any, batch: dict[str, torch.Tensor], mode: str) -> tuple[torch.Tensor, Any]:

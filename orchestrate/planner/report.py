@@ -50,9 +50,9 @@ def candidates_table(plan: Plan) -> Table:
     return table
 
 
-def memory_table(candidate: Candidate, hw: HardwareProfile, caption: str | None = None) -> Table:
+def memory_table(candidate: Candidate, hw: HardwareProfile) -> Table:
     """The candidate's memory by component: per rank on the device, per node on the host, NVMe."""
-    table = Table(title="Memory breakdown (chosen plan)", caption=caption)
+    table = Table(title="Memory breakdown (chosen plan)")
     for header, justify in (("where", "left"), ("component", "left"), ("bytes", "right")):
         table.add_column(header, justify=justify)
     device = "GPU/rank" if hw.has_gpu else "RAM/rank"
@@ -85,12 +85,14 @@ def render_plan(plan: Plan) -> Group:
     """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns."""
     parts: list[Any] = [candidates_table(plan)]
     if plan.chosen is not None:
-        parts += [memory_table(plan.chosen, plan.hardware, activation_note(plan)), speed_table(plan.chosen)]
+        parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
+    if (note := activation_note(plan)) is not None:
+        parts.append(note)
     return Group(*parts)
 
 
 def activation_note(plan: Plan) -> str | None:
-    """Where the activation term came from, when it is not a formula (your own module)."""
+    """Where the activation term came from when it is not a formula (your own module)."""
     if plan.shape.task != "custom":
         return None
     return (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of data.module "
@@ -106,7 +108,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     """`orchestrate plan --json`: `Plan.to_dict()` plus the limits each candidate was checked against
     and each candidate's whole-node host bytes (see docs/plan-json.md)."""
     data = plan.to_dict()
-    data["activations_source"] = activation_note(plan) or "formula (planner/memory.py)"
+    if (note := activation_note(plan)) is not None:
+        data["activations_source"] = note
     limits = Limits.of(plan.config, plan.hardware)
     data["limits"] = {"gpu_bytes_usable_per_rank": limits.gpu, "cpu_bytes_usable_per_node": limits.cpu,
                       "nvme_bytes_free_per_node": limits.nvme}

@@ -23,7 +23,7 @@ class CustomObjective:
 
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         loss, output = loss_and_output(model, batch, self.mode)
-        sums = {"loss": float(loss.float())}
+        sums = {"loss": float(loss.detach().float())}
         logits, labels = logits_of(output), batch.get(LABELS)
         if logits is not None and labels is not None and labels.dim() == 1 and logits.shape[:1] == labels.shape:
             sums["correct"] = float((logits.argmax(-1) == labels).sum())

@@ -208,3 +208,22 @@ def test_tuple_samples_become_positional_inputs_and_labels():
     train, validation = split(dataset, 0.25, seed=0)
     assert len(train) == 15 and len(validation) == 5
     assert not set(train.indices.tolist()) & set(validation.indices.tolist())
+
+
+def test_module_data_resumes_at_the_exact_sample():
+    from types import SimpleNamespace
+
+    from orchestrate.data.module_train import build_module_data
+
+    config = _config({"module": f"{HELPERS}:ResMLP"}, {"module": f"{HELPERS}:rule", "kwargs": {"size": 40}})
+    plan = SimpleNamespace(config=config)
+    first = build_module_data(plan, rank=1, world_size=2)
+    assert len(first.train) + len(first.validation) == 40 and len(first.validation) == 2  # validation_ratio 0.05
+    for _ in range(5):  # across an epoch end: 5 x 2 ranks x 4 > 38
+        first.micro_batch(4)
+    state = first.sampler.state_dict()
+    expected = first.micro_batch(4)
+    resumed = build_module_data(plan, rank=1, world_size=2)
+    resumed.sampler.load_state_dict(state)
+    got = resumed.micro_batch(4)
+    assert torch.equal(got["features"], expected["features"]) and torch.equal(got["labels"], expected["labels"])

@@ -167,8 +167,16 @@ class DeepSpeedTrainEngine:
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
         self.objective = ctx.objective or default_objective()
 
+    def _inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch on this rank's device; for your own module, floating inputs in the dtype DeepSpeed
+        cast the module to (an HF model embeds integer ids; a CNN takes float pixels, and DeepSpeed
+        does not autocast)."""
+        dtype = next(self.engine.module.parameters()).dtype if self._custom is not None else None
+        return {k: v.to(self._ctx.device, dtype=dtype if dtype is not None and v.is_floating_point() else None)
+                for k, v in batch.items()}
+
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.objective.loss(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
+        return self.objective.loss(self.engine, self._inputs(batch))
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
         import torch
@@ -210,7 +218,7 @@ class DeepSpeedTrainEngine:
         self.engine.eval()
         try:
             with torch.no_grad():
-                return self.objective.eval_sums(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
+                return self.objective.eval_sums(self.engine, self._inputs(batch))
         finally:
             self.engine.train(was_training)
 

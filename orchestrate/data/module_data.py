@@ -1,6 +1,5 @@
-"""Data from your own dataset factory (`data.module`): the Dataset, its samples as batches, the
-validation split, and the TrainData the worker's loop reads (the same sampler as the token data:
-distributed, shuffled per epoch, resumable exactly; orchestrate.data.sampler).
+"""Data from your own dataset factory (`data.module`): the Dataset, its samples as batches and the
+validation split (the worker's TrainData is made in orchestrate.data.module_train).
 
 Samples are dicts (keys: the model's keyword arguments, `labels` the target) or tuples
 (inputs..., label); `torch.utils.data.default_collate` stacks them, tuples become the dict
@@ -22,8 +21,6 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.config.schema import RunConfig
-    from orchestrate.data.pipeline import TrainData
-    from orchestrate.planner.plan import Plan
 
 WHERE = "data.module"
 
@@ -93,19 +90,6 @@ def split(dataset: Any, ratio: float, seed: int) -> tuple[DatasetSamples, Datase
     order = np.random.default_rng([seed, 1]).permutation(n)
     held = min(n - 1, int(round(ratio * n)))
     return DatasetSamples(dataset, np.sort(order[held:])), DatasetSamples(dataset, np.sort(order[:held]))
-
-
-def build_module_data(plan: Plan, rank: int, world_size: int) -> TrainData:
-    from orchestrate.data.pipeline import TrainData
-    from orchestrate.data.sampler import DistributedBlockSampler
-
-    config = plan.config
-    train, validation = split(load_dataset(config), config.data.validation_ratio, config.train.seed)
-    if len(train) < world_size:
-        raise UserError("not enough training data", [Problem(
-            WHERE, f"{len(train)} training samples for {world_size} ranks", "return more samples")])
-    sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
-    return TrainData(None, train, validation, sampler)
 
 
 def check_module_data_config(config: RunConfig) -> None:

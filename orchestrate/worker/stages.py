@@ -105,7 +105,7 @@ def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
 
     ranks = worker.ranks
     if plan.config.data.module is not None:  # your own dataset factory (orchestrate.data.module_data)
-        from orchestrate.data.module_data import build_module_data
+        from orchestrate.data.module_train import build_module_data
 
         return build_module_data(plan, ranks.rank, ranks.world_size)
     return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)

@@ -54,3 +54,26 @@ def test_the_example_cnn_trains_to_ninety_percent_and_its_weights_load(tmp_path:
     images, labels = zip(*(patterns(size=800)[i] for i in range(200)), strict=True)
     accuracy = (model(torch.stack(images)).argmax(-1) == torch.stack(labels)).float().mean().item()
     assert accuracy >= 0.9, accuracy
+
+
+@pytest.mark.slow
+def test_dict_samples_with_the_models_own_loss_train_under_fsdp2_with_detected_blocks(tmp_path: Path, monkeypatch):
+    from orchestrate.config.load import config_from_dict
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    config = config_from_dict({
+        "model": {"module": "tests.helpers.custom_modules:WithOwnLoss", "kwargs": {"width": 32, "depth": 2}},
+        "data": {"module": "tests.helpers.custom_modules:rule", "kwargs": {"size": 256}, "validation_ratio": 0.25},
+        "train": {"seq_len": 1, "global_batch_size": 32, "max_steps": 20, "loss": "model", "eval_batches": 2,
+                  "optimizer": {"lr": 3e-3, "weight_decay": 0.0}, "schedule": {"warmup_steps": 0},
+                  "report_to": ["none"], "output_dir": str(tmp_path)},
+        "strategy": {"backend": "fsdp", "zero_stage": 3}}, tmp_path)
+    plan = make_plan(config, cpu_hardware(2), shape_for(config))
+    assert plan.shape.block_classes == ("Block",)
+    run_dir = tmp_path / "run"
+    assert start(prepare_run(plan, run_dir), run_dir.resolve(), LocalTorchrun()).exit_code == 0
+    fsdp = json.loads((run_dir / "fsdp.json").read_text())
+    assert fsdp["fully_shard"]["block_classes"] == ["Block"]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    print("own-loss fsdp2:", records[0]["loss"], "->", records[-1]["loss"], records[-1].get("eval_accuracy"))
+    assert records[-1]["loss"] < 0.7 * records[0]["loss"] and "eval_accuracy" in records[-1]

@@ -77,3 +77,32 @@ def test_dict_samples_with_the_models_own_loss_train_under_fsdp2_with_detected_b
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     print("own-loss fsdp2:", records[0]["loss"], "->", records[-1]["loss"], records[-1].get("eval_accuracy"))
     assert records[-1]["loss"] < 0.7 * records[0]["loss"] and "eval_accuracy" in records[-1]
+
+
+def _launch(run_dir: Path, *flags: str, env: dict) -> None:
+    import subprocess
+
+    cmd = [sys.executable, "-m", "orchestrate", "launch", "--gpus", "2", "--run-dir", str(run_dir), *flags,
+           "--set", "strategy.backend=ddp", "--set", "data.kwargs.size=400", "--set", "train.checkpoint_every=3",
+           str(EXAMPLE / "cnn.yaml")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_resumed_custom_module_run_continues_exactly(tmp_path: Path):
+    import os
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    _launch(tmp_path / "resumed", "--set", "train.max_steps=6", env=env)
+    _launch(tmp_path / "resumed", "--resume", "--set", "train.max_steps=9", env=env)
+    _launch(tmp_path / "straight", "--set", "train.max_steps=9", env=env)
+
+    def losses(name: str) -> dict[int, float]:
+        lines = (tmp_path / name / "metrics.jsonl").read_text().splitlines()
+        return {r["step"]: r["loss"] for r in map(json.loads, lines)}
+
+    resumed, straight = losses("resumed"), losses("straight")
+    assert sorted(resumed) == list(range(1, 10))
+    assert [resumed[s] for s in (7, 8, 9)] == [straight[s] for s in (7, 8, 9)]  # same samples, same weights

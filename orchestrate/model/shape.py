@@ -55,7 +55,7 @@ class ModelShape:
         return self.task != "sequence-classification"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "block_classes": list(self.block_classes)}  # JSON's form: what a checkpoint compares
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelShape:

@@ -51,7 +51,7 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
         "autocast_dtype": DTYPES.get(s.precision),
         "loss_scaling": "dynamic" if s.precision == "fp16" else None,
         "activation_checkpointing": s.activation_checkpointing,
-        "block_classes": block_class_names(plan.shape.model_type),
+        "block_classes": list(plan.shape.block_classes) or block_class_names(plan.shape.model_type),
         "micro_batch_size": s.micro_batch_size,
         "gradient_accumulation": cand.gradient_accumulation,
         "gradient_sync": "last_micro_batch",  # no_sync() on the others: gradients are replicated anyway
@@ -186,6 +186,7 @@ class DDPBackend:
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
+        from orchestrate.model.custom import build_module, is_custom, model_config
         from orchestrate.model.loading import has_safetensors, load_replicated
         from orchestrate.model.tasks import auto_class
         from orchestrate.model.transforms import apply_transforms
@@ -194,7 +195,9 @@ class DDPBackend:
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust, task = plan.config.model.trust_remote_code, plan.config.model.task
-        if has_safetensors(ctx.model_dir):
+        if is_custom(plan.config):  # your own module, built and initialised by its own code (seeded)
+            model = build_module(plan.config, ctx.device)
+        elif has_safetensors(ctx.model_dir):
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)
@@ -203,7 +206,7 @@ class DDPBackend:
         layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
         model = apply_transforms(model, plan)
         if st["activation_checkpointing"]:
-            classes = st["block_classes"] or hf_io.model_block_class_names(model, model.config.model_type)
+            classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)
         model.to(ctx.device)
         on_gpu = ctx.device.type == "cuda"
@@ -214,7 +217,7 @@ class DDPBackend:
                                       weight_decay=opt["weight_decay"], fused=opt["fused"] and on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None
-        return DDPEngine(ddp, optimizer, scheduler, scaler, st, model.config, layout, ctx)
+        return DDPEngine(ddp, optimizer, scheduler, scaler, st, model_config(model, plan.config), layout, ctx)
 
 
 BACKEND = DDPBackend()

@@ -81,6 +81,7 @@ class DeepSpeedBackend:
         import deepspeed
         import torch
 
+        from orchestrate.model.custom import build_module, is_custom
         from orchestrate.model.loading import has_safetensors, load_replicated
         from orchestrate.model.tasks import auto_class
 
@@ -93,7 +94,12 @@ class DeepSpeedBackend:
 
         trust, task = plan.config.model.trust_remote_code, plan.config.model.task
         hf_ds_config = None
-        if strategy.zero_stage == 3:
+        custom = is_custom(plan.config)
+        if custom:
+            # Your own module initialises itself (seeded alike on every rank); deepspeed.initialize
+            # casts, partitions (ZeRO-3 included) and moves it.
+            model = build_module(plan.config, ctx.device)
+        elif strategy.zero_stage == 3:
             from transformers.integrations import HfDeepSpeedConfig
 
             # While this object lives, from_pretrained builds the model inside deepspeed.zero.Init
@@ -114,7 +120,8 @@ class DeepSpeedBackend:
                                     task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
-        model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
+        if not custom:
+            model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
         model = apply_transforms(model, plan)
         if strategy.activation_checkpointing:
             # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no input grads.
@@ -149,6 +156,7 @@ class DeepSpeedTrainEngine:
     def __init__(self, engine: Any, plan: Plan, ctx: WorkerContext, hf_ds_config: Any = None) -> None:
         strategy = plan.chosen.strategy
         self.engine = engine
+        self._custom = plan.config if plan.config.model.module is not None else None
         self.model = engine  # an nn.Module: forward returns the HF output with .loss
         self._ctx = ctx
         self._zero3 = strategy.zero_stage == 3
@@ -159,8 +167,16 @@ class DeepSpeedTrainEngine:
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
         self.objective = ctx.objective or default_objective()
 
+    def _inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The batch on this rank's device; for your own module, floating inputs in the dtype DeepSpeed
+        cast the module to (an HF model embeds integer ids; a CNN takes float pixels, and DeepSpeed
+        does not autocast)."""
+        dtype = next(self.engine.module.parameters()).dtype if self._custom is not None else None
+        return {k: v.to(self._ctx.device, dtype=dtype if dtype is not None and v.is_floating_point() else None)
+                for k, v in batch.items()}
+
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.objective.loss(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
+        return self.objective.loss(self.engine, self._inputs(batch))
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
         import torch
@@ -202,7 +218,7 @@ class DeepSpeedTrainEngine:
         self.engine.eval()
         try:
             with torch.no_grad():
-                return self.objective.eval_sums(self.engine, {k: v.to(self._ctx.device) for k, v in batch.items()})
+                return self.objective.eval_sums(self.engine, self._inputs(batch))
         finally:
             self.engine.train(was_training)
 
@@ -214,6 +230,7 @@ class DeepSpeedTrainEngine:
         import deepspeed.comm as dist
 
         from orchestrate.backends.hf_io import follow_umask
+        from orchestrate.model.custom import save_module
 
         if self._zero3:
             # Gathers one module at a time onto rank 0 (None elsewhere), as Accelerate's
@@ -221,7 +238,10 @@ class DeepSpeedTrainEngine:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = self.engine.module.state_dict() if dist.get_rank() == 0 else None
-        if dist.get_rank() == 0:
+        if dist.get_rank() == 0 and self._custom is not None:  # your own module: state dict + description
+            save_module(state, self._custom, Path(out_dir))
+            follow_umask(Path(out_dir))
+        elif dist.get_rank() == 0:
             self.engine.module.save_pretrained(Path(out_dir), state_dict=state)
             follow_umask(Path(out_dir))
         dist.barrier()  # nobody reads the directory before it is complete

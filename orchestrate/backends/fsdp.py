@@ -49,7 +49,7 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
         mesh = {"shape": [hw.nodes, hw.ranks_per_node], "dim_names": ["replicate", "shard"]}
     else:
         mesh = {"shape": [plan.world_size], "dim_names": ["shard"]}
-    blocks = block_class_names(plan.shape.model_type)
+    blocks = list(plan.shape.block_classes) or block_class_names(plan.shape.model_type)
     mixed = {"param_dtype": DTYPES[s.precision], "reduce_dtype": "float32"} if s.precision in DTYPES else None
     full_shard = s.zero_stage == 3
     settings = {
@@ -265,6 +265,7 @@ class FSDPBackend:
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
+        from orchestrate.model.custom import ModuleConfig, build_module, is_custom
         from orchestrate.model.loading import load_sharded
         from orchestrate.model.meta import build_meta_model
         from orchestrate.model.transforms import apply_transforms
@@ -277,16 +278,24 @@ class FSDPBackend:
                                f"not {dist.get_backend()!r}")
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
-        trust = plan.config.model.trust_remote_code
-        hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-        model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust), plan)
+        trust, custom = plan.config.model.trust_remote_code, is_custom(plan.config)
+        if custom:
+            # Your own module initialises itself: built for real (seeded alike on every rank), then
+            # fully_shard keeps each rank's shard of those weights; no meta build, nothing to load.
+            hf_config, model = ModuleConfig(plan.config), build_module(plan.config, ctx.device)
+        else:
+            hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
+            model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task,
+                                                      trust_remote_code=trust), plan)
         layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
-        classes = st["fully_shard"]["block_classes"] or hf_io.model_block_class_names(model, hf_config.model_type)
-        keep = _shardable(hf_io.find_blocks(model, classes), layout)
+        # Your own module without repeated blocks is one FSDP unit (the root).
+        classes = st["fully_shard"]["block_classes"] or ([] if custom else
+                                                         hf_io.model_block_class_names(model, hf_config.model_type))
+        keep = _shardable(hf_io.find_blocks(model, classes), layout) if classes else []
         if st["activation_checkpointing"]:
             blocks = hf_io.checkpoint_blocks(model, classes)  # the wrappers, in find_blocks order
         else:
-            blocks = [m for _, m in hf_io.find_blocks(model, classes)]
+            blocks = [m for _, m in hf_io.find_blocks(model, classes)] if classes else []
         blocks = [block for block, ok in zip(blocks, keep, strict=True) if ok]
 
         mesh = init_device_mesh(st["device_type"], tuple(st["mesh"]["shape"]),
@@ -303,14 +312,15 @@ class FSDPBackend:
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
 
-        # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
-        model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
-        for group in layout.tie_groups:  # fully_shard and to_empty keep tied Parameters one object
-            params = {id(model.get_parameter(name)) for name in group}
-            if len(params) != 1:
-                raise RuntimeError(f"tied weights {group} came apart during sharding")
-        load_sharded(model, ctx.model_dir, layout)
-        hf_io.restore_non_persistent_buffers(model, ctx.device)
+        if not custom:
+            # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
+            model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
+            for group in layout.tie_groups:  # fully_shard and to_empty keep tied Parameters one object
+                params = {id(model.get_parameter(name)) for name in group}
+                if len(params) != 1:
+                    raise RuntimeError(f"tied weights {group} came apart during sharding")
+            load_sharded(model, ctx.model_dir, layout)
+            hf_io.restore_non_persistent_buffers(model, ctx.device)
         _move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
 
         opt = st["optimizer"]

@@ -12,11 +12,18 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.architecture import architecture_problems
+from orchestrate.config.custom_module import (
+    DataModuleFields,
+    LossField,
+    ModelModuleFields,
+    WrapField,
+    check_custom_sections,
+)
 from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
 from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
 
 
-class ModelSection(Section):
+class ModelSection(ModelModuleFields):  # + module, kwargs (custom_module.py)
     name_or_path: str | None = None
     """A local directory holding a transformers `config.json` (weights optional), or a Hub name
     when the network is available. Exactly one of `name_or_path` and `architecture` is required."""
@@ -40,8 +47,8 @@ class ModelSection(Section):
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSection:
-        if (self.name_or_path is None) == (self.architecture is None):
-            raise ValueError("give exactly one of `name_or_path` or `architecture`")
+        if sum(v is not None for v in (self.name_or_path, self.architecture, self.module)) != 1:
+            raise ValueError("give exactly one of `name_or_path`, `architecture` or `module`")
         if self.architecture is not None and "model_type" not in self.architecture:
             raise ValueError("`architecture` needs a `model_type` key (gpt2, llama, mistral, qwen2, phi3, ...)")
         if self.architecture is not None and (problems := architecture_problems(self.architecture)):
@@ -49,7 +56,7 @@ class ModelSection(Section):
         return self
 
 
-class DataSection(Section):
+class DataSection(DataModuleFields):  # + module, kwargs (custom_module.py)
     train_files: list[str] = Field(default_factory=list)
     """Local training data: files, directories or glob patterns, in any format `datasets.load_dataset`
     reads locally: text (.txt), JSON / JSON-lines (.json, .jsonl), CSV (.csv, .tsv), Parquet
@@ -135,7 +142,7 @@ class DataSection(Section):
         return self
 
 
-class TrainSection(Section):
+class TrainSection(LossField):  # + loss (custom_module.py)
     seq_len: int = Field(gt=0, le=MAX_COUNT)
     """Tokens per sample (packed block length)."""
 
@@ -226,7 +233,7 @@ class TrainSection(Section):
         return check_trackers(v)  # a missing library fails here, at plan time, not inside the worker
 
 
-class StrategySection(Section):
+class StrategySection(WrapField):  # + wrap (custom_module.py)
     backend: Literal["auto", "deepspeed", "fsdp", "ddp"] = "auto"
     """Distributed backend; "auto" lets the planner choose."""
 
@@ -286,6 +293,7 @@ class RunConfig(Section):
                 self.data.packing = False
         if self.model.num_labels is not None and self.model.task != "sequence-classification":
             raise ValueError("model.num_labels is for model.task sequence-classification only")
+        check_custom_sections(self)
         return self
 
     def resolve_path(self, p: str) -> Path:

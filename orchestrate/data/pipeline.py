@@ -88,6 +88,10 @@ class PreparedData:
 def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) -> None:
     """Cheap checks the launcher runs before starting workers: files exist, lengths and vocab fit."""
     data = config.data
+    if config.model.module is not None:  # your own module: data.module only (orchestrate.data.module_data)
+        from orchestrate.data.module_data import check_module_data_config
+
+        return check_module_data_config(config)
     problems = check_entries(config)
     if not (data.train_files or data.dataset or data.generate_demo_corpus):
         problems.append(Problem("data.train_files", "no training files given",
@@ -235,6 +239,10 @@ def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
 
 def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
     """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`."""
+    if plan.config.data.module is not None:
+        from orchestrate.data.module_data import describe_module_data
+
+        return describe_module_data(plan.config)
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
     prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
     check_labels(plan.config, prepared)  # before any worker starts

@@ -84,6 +84,16 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: l
     """The model directory to load from; collective when a process group is initialised. `labels`:
     a classifier's label names (from the data), which size its head."""
     name = plan.config.model.name_or_path
+    if plan.config.model.module is not None:
+        # Your own module is built (and seeded) by the backend; the directory holds only its
+        # description (config.json: module path and kwargs), which checkpoints copy.
+        from orchestrate.model.custom import ModuleConfig
+
+        out_dir = run_dir / INIT_MODEL_DIR
+        if local_rank == 0:
+            ModuleConfig(plan.config).save_pretrained(out_dir)
+        _barrier()
+        return out_dir
     if name is not None:
         path = plan.config.resolve_path(name)
         if has_weights(path):

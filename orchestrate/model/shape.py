@@ -36,6 +36,12 @@ class ModelShape:
     """`model.task`; plans written before tasks existed read as causal-lm."""
     num_labels: int = 0
     """Classes of a sequence classifier (0 for the LM tasks)."""
+    block_classes: tuple[str, ...] = ()
+    """Your own module (task "custom"): the block classes to wrap (detected or strategy.wrap)."""
+    activation_bytes_per_sample: int = 0
+    """Your own module: fp32 activation bytes per sample, measured (model/custom_activations.py)."""
+    activation_bytes_fixed: int = 0
+    """Your own module: the measured activation bytes that do not grow with the micro-batch."""
 
     @property
     def logits_width(self) -> int:
@@ -49,8 +55,8 @@ class ModelShape:
         return self.task != "sequence-classification"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "block_classes": list(self.block_classes)}  # JSON's form: what a checkpoint compares
 
     @classmethod
     def from_dict(cls, data: dict) -> ModelShape:
-        return cls(**data)
+        return cls(**{**data, "block_classes": tuple(data.get("block_classes", ()))})

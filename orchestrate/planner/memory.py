@@ -68,6 +68,11 @@ def root_parameters(shape: ModelShape) -> int:
 
 def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
     """Saved activations of one micro-batch at the backward-start peak."""
+    if shape.task == "custom":
+        # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
+        # sample (orchestrate/model/custom_activations.py), loss temporaries included.
+        fp32 = shape.activation_bytes_fixed + strategy.micro_batch_size * shape.activation_bytes_per_sample
+        return int(fp32 * compute_bytes(strategy) / 4)
     tokens_hidden = strategy.micro_batch_size * seq_len * shape.hidden_size
     scale = compute_bytes(strategy) / 2  # the constants are 16-bit measurements; fp32 doubles them
     full_layer = k.ACT_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale  # measured, see constants
@@ -82,6 +87,8 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
     """Head output and cross-entropy temporaries (measured, see constants): per token and vocabulary
     entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide)."""
+    if shape.task == "custom":
+        return 0  # in the measured activations
     per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
            else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
     rows = strategy.micro_batch_size * (seq_len if shape.logits_per_token else 1)

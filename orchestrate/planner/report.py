@@ -86,7 +86,18 @@ def render_plan(plan: Plan) -> Group:
     parts: list[Any] = [candidates_table(plan)]
     if plan.chosen is not None:
         parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
+    if (note := activation_note(plan)) is not None:
+        parts.append(note)
     return Group(*parts)
+
+
+def activation_note(plan: Plan) -> str | None:
+    """Where the activation term came from when it is not a formula (your own module)."""
+    if plan.shape.task != "custom":
+        return None
+    return (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of data.module "
+            f"({plan.shape.activation_bytes_per_sample:,} B/sample + {plan.shape.activation_bytes_fixed:,} B, fp32; "
+            "model/custom_activations.py)")
 
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
@@ -97,6 +108,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     """`orchestrate plan --json`: `Plan.to_dict()` plus the limits each candidate was checked against
     and each candidate's whole-node host bytes (see docs/plan-json.md)."""
     data = plan.to_dict()
+    if (note := activation_note(plan)) is not None:
+        data["activations_source"] = note
     limits = Limits.of(plan.config, plan.hardware)
     data["limits"] = {"gpu_bytes_usable_per_rank": limits.gpu, "cpu_bytes_usable_per_node": limits.cpu,
                       "nvme_bytes_free_per_node": limits.nvme}

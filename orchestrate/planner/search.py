@@ -239,6 +239,14 @@ def _rank_key(c: Candidate) -> tuple:
             -s.micro_batch_size)
 
 
+def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
+    if pinned is True:
+        raise UserError("Cannot plan this run", [Problem(
+            "train.activation_checkpointing", "model.module has no repeated block class to recompute",
+            "name the blocks in strategy.wrap: [ClassName], or set activation_checkpointing: false")])
+    return [False]
+
+
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
@@ -250,6 +258,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
     per_rank = config.train.global_batch_size // hw.world_size
     ac = config.train.activation_checkpointing
     ac_options = [False, True] if ac == "auto" else [ac]
+    if shape.task == "custom" and not shape.block_classes:
+        ac_options = _no_blocks_to_recompute(ac)  # your own module without repeated blocks
     limits = Limits.of(config, hw)
     # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
     zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1

@@ -100,5 +100,9 @@ _OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, Sequenc
 
 
 def objective_for(plan: Plan) -> Objective:
-    """The objective of the plan's task (model.task)."""
+    """The objective of the plan's task (model.task), or of your own module (train.loss)."""
+    if plan.config.model.module is not None:
+        from orchestrate.worker.custom_objective import CustomObjective
+
+        return CustomObjective(plan.config.train.loss)
     return _OBJECTIVES[plan.config.model.task]()

@@ -104,6 +104,10 @@ def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
     from orchestrate.data import build_data as build
 
     ranks = worker.ranks
+    if plan.config.data.module is not None:  # your own dataset factory (orchestrate.data.module_data)
+        from orchestrate.data.module_train import build_module_data
+
+        return build_module_data(plan, ranks.rank, ranks.world_size)
     return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)
 
 
@@ -175,7 +179,8 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
         engine.save_adapter(run.adapter)
     if not worker.is_main:
         return
-    save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
+    if plan.config.model.module is None:  # your own module has no tokenizer
+        save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
     if data.label_names is not None:
         from orchestrate.model.labels import write_labels
 

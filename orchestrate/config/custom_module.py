@@ -1,0 +1,85 @@
+"""The fields of your own nn.Module (`model.module`, `data.module`, `train.loss`, `strategy.wrap`),
+mixed into the sections of schema.py, with their validation. See docs/custom-module.md.
+
+A module path is "package.module:Name" (the entry-point syntax of setuptools/importlib.metadata):
+`Name` is an nn.Module class or a factory returning one (`model.module`), or a factory returning a
+torch Dataset (`data.module`). Modules next to the YAML file import as they are (its directory is
+put first on sys.path while importing, see orchestrate.model.custom.import_object).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from orchestrate.config.sections_base import Section
+
+_PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+
+
+def check_module_path(value: str | None) -> str | None:
+    if value is not None and not _PATH.match(value):
+        raise ValueError(f"{value!r} is not 'package.module:ClassOrFactory' (e.g. 'my_models.cnn:CNN')")
+    return value
+
+
+class ModelModuleFields(Section):
+    module: str | None = None
+    """Your own nn.Module instead of a Hugging Face model: "package.module:ClassOrFactory", called
+    with `kwargs`. Exactly one of `name_or_path`, `architecture` and `module`."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of `module` (plain YAML values); part of the activation cache fingerprint."""
+
+    @field_validator("module")
+    @classmethod
+    def _module_path(cls, v: str | None) -> str | None:
+        return check_module_path(v)
+
+
+class DataModuleFields(Section):
+    module: str | None = None
+    """With `model.module`: "package.module:factory" returning a torch Dataset (map-style: `len` and
+    `[i]`) of dicts (keys = the model's keyword arguments, `labels` the target) or tuples (inputs...,
+    label). `validation_ratio` of it is held out for evaluation."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of `data.module`."""
+
+    @field_validator("module")
+    @classmethod
+    def _module_path(cls, v: str | None) -> str | None:
+        return check_module_path(v)
+
+
+class LossField(Section):
+    loss: Literal["auto", "cross_entropy", "model"] = "auto"
+    """`model.module` only: cross_entropy of the output (or its `logits`) against `labels`; model:
+    the output's own `loss` (key or attribute), the batch's `labels` passed to the model; auto:
+    the model's loss when its output has one, else cross_entropy."""
+
+
+class WrapField(Section):
+    wrap: list[str] | None = None
+    """`model.module` only: the block classes FSDP2 shards one by one and activation checkpointing
+    wraps, e.g. [ResidualBlock]; null detects them (the most repeated submodule class holding parameters)."""
+
+
+def check_custom_sections(config: Any) -> None:
+    """The fields of your own module go together: ValueError for a mix (RunConfig's validator)."""
+    custom = config.model.module is not None
+    if config.data.module is not None and not custom:
+        raise ValueError("data.module feeds model.module: set model.module, or use data.train_files / data.dataset")
+    if custom and (config.data.train_files or config.data.dataset):
+        raise ValueError("model.module trains on data.module: remove data.train_files / data.dataset")
+    if not custom:
+        if config.model.kwargs or config.data.kwargs:
+            raise ValueError("model.kwargs / data.kwargs go with model.module / data.module")
+        if config.train.loss != "auto":
+            raise ValueError("train.loss is for model.module (Hugging Face models compute their own loss)")
+        if config.strategy.wrap is not None:
+            raise ValueError("strategy.wrap is for model.module (Hugging Face models name their blocks)")
+    elif config.train.method != "full":
+        raise ValueError("model.module trains with train.method: full (LoRA targets Hugging Face models)")

@@ -1,0 +1,91 @@
+"""What `prune:` means for the plan, from the config and the model shape alone: the schedule of
+sparsity per step, which weights are pruned, the checks of the settings, and the size of the model a
+structured run saves. Pure (no torch): the worker's pruning callback uses the same functions, so the
+plan's prediction and the run agree by construction of the counts, not by a tolerance.
+
+The mask memory is in `prune_memory.py`; the masks themselves in `orchestrate/worker/prune_masks.py`.
+"""
+
+from __future__ import annotations
+
+from orchestrate.config.prune import PruneSection
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.model.linears import block_linears, linear_families
+from orchestrate.model.shape import ModelShape
+
+STRUCTURED_FAMILIES = ("llama", "mistral", "qwen2", "gemma")
+"""Families whose MLP is gate_proj / up_proj (rows = channels) and down_proj (columns = channels),
+without biases (transformers models/llama/modeling_llama.py LlamaMLP; mistral, qwen2, gemma alike):
+removing channel c removes row c of gate/up and column c of down_proj, nothing else."""
+
+MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+
+
+def sparsity_at(step: int, prune: PruneSection) -> float:
+    """s_t = s_f + (s_i - s_f)(1 - (t - t0)/(n·Δt))^3 with s_i = 0 (Zhu & Gupta 2017, eq. 1):
+    0 up to t0, s_f from t0 + n·Δt on, steep at first and flat at the end (the model recovers)."""
+    sch = prune.schedule
+    if step <= sch.start_step:
+        return 0.0
+    done = min(1.0, (step - sch.start_step) / (sch.end_step - sch.start_step))
+    return prune.target_sparsity * (1.0 - (1.0 - done) ** 3)
+
+
+def updates_mask(step: int, prune: PruneSection) -> bool:
+    """Whether the masks are recomputed after `step`: every Δt steps after t0, and at end_step
+    (so the target is reached even when Δt does not divide the schedule)."""
+    sch = prune.schedule
+    return sch.start_step < step <= sch.end_step and ((step - sch.start_step) % sch.every == 0
+                                                      or step == sch.end_step)
+
+
+def pruned_count(sparsity: float, total: int) -> int:
+    """How many of `total` weights (or channels) sparsity prunes: rounded down, never all."""
+    return min(total - 1, int(sparsity * total))
+
+
+def prunable_linears(shape: ModelShape, prune: PruneSection) -> list[tuple[str, int, int]]:
+    """(name, d_in, d_out) of the block linears whose weights are pruned: every block linear
+    (magnitude; embeddings and the head stay dense, as in Zhu & Gupta's LM experiments), or the MLP's."""
+    linears = block_linears(shape) or []
+    return [x for x in linears if prune.method == "magnitude" or x[0] in MLP_LINEARS]
+
+
+def pruned_channels(shape: ModelShape, prune: PruneSection) -> int:
+    """MLP channels a structured run removes from every block (0 for magnitude pruning)."""
+    return pruned_count(prune.target_sparsity, shape.intermediate_size) if prune.method == "structured" else 0
+
+
+def pruned_parameters(shape: ModelShape, prune: PruneSection) -> int:
+    """Parameters of the saved model: a structured run removes h weights from each of gate, up and
+    down_proj per channel and block; magnitude pruning keeps the shape (zeros are still parameters)."""
+    return shape.parameters - shape.num_layers * 3 * shape.hidden_size * pruned_channels(shape, prune)
+
+
+def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
+    prune, out = config.prune, []
+    if prune.schedule.end_step > config.train.max_steps:
+        out.append(Problem("prune.schedule.end_step", f"{prune.schedule.end_step} is after train.max_steps "
+                           f"({config.train.max_steps}): the target sparsity would never be reached",
+                           f"use end_step <= {config.train.max_steps}, or raise train.max_steps"))
+    if config.train.method != "full":
+        out.append(Problem("train.method", f"{config.train.method} freezes the weights pruning would zero",
+                           "use method: full with prune, or remove prune"))
+    if block_linears(shape) is None:
+        out.append(Problem("prune", f"pruning knows the block linears of the {', '.join(linear_families())} "
+                           f"families, not {shape.model_type}", "use a model of those families, or remove prune"))
+    elif prune.method == "structured" and shape.model_type not in STRUCTURED_FAMILIES:
+        out.append(Problem("prune.method", f"structured pruning removes MLP channels of gate/up/down_proj "
+                           f"({', '.join(STRUCTURED_FAMILIES)}); it cannot prune a {shape.model_type} MLP",
+                           "use method: magnitude for this model"))
+    if prune.method == "structured" and prune.scope == "global":
+        out.append(Problem("prune.scope", "structured pruning gives every block the same intermediate_size "
+                           "(config.json holds one), so one global threshold cannot apply", "use scope: per-layer"))
+    return out
+
+
+def check_prune(config: RunConfig, shape: ModelShape) -> None:
+    """UserError listing every problem of the `prune:` settings for this model (nothing when unset)."""
+    if config.prune is not None and (problems := _problems(config, shape)):
+        raise UserError("Cannot plan this run: the pruning settings do not fit", problems)

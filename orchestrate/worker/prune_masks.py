@@ -1,0 +1,186 @@
+"""Pruning masks on the weights as each rank holds them, for every strategy (docs/pruning.md).
+
+A weight is seen as a `Pruned`: a flat view of this rank's elements of the module's copy plus their
+offset in the full weight, and the extra copies the optimizer steps (the fp32 master) to mask too:
+- DDP, DeepSpeed ZeRO-0 in fp32: the full parameter, replicated; nothing else.
+- FSDP2: the DTensor's local shard (`to_local()`), which is also what the optimizer steps. Masks are
+  applied to the shards after the optimizer step: gradient hooks registered before `fully_shard`
+  would be silently dropped (issue 13), and no hook is needed when the weights are re-masked.
+- DeepSpeed ZeRO-1/2 (and the bf16 optimizer): the full module parameter, plus this rank's fragment
+  of the flat fp32 partition (`param._hp_mapping`, what deepspeed.utils.safe_set_full_fp32_param
+  writes); without the latter the master stays dense and the weights grow back at the next step.
+- DeepSpeed ZeRO-3: the partition `param.ds_tensor` and its fp32 partition, through
+  deepspeed.utils.safe_get/set_local_fp32_param.
+
+Thresholds are exact and distributed without gathering weights: a bisection over the int32 bit
+patterns of |w| (non-negative floats order like their bits), one all-reduced count per round, 31
+rounds. Replicated copies count `replication` times, which the target counts are scaled by.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from orchestrate.planner.pruning import pruned_count
+
+_INF_BITS = 0x7F800000  # the bits of +inf: above every finite |w|
+_LAYER = re.compile(r"\.(\d+)\.")
+
+
+@dataclass
+class Pruned:
+    name: str
+    kind: str
+    """The linear's last name part (gate_proj, c_attn, ...)."""
+    layer: int
+    shape: tuple[int, ...]
+    local: torch.Tensor
+    """Flat view of this rank's elements of the module's copy (no padding)."""
+    offset: int
+    """Flat index of local[0] in the full weight."""
+    masters: list[Callable[[torch.Tensor], None]] = field(default_factory=list)
+    """Mask the other copies the optimizer steps, given this view's bool mask."""
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP, DeepSpeedEngine
+        model = model.module
+    return model
+
+
+def _zero3_master(p: torch.nn.Parameter, valid: int) -> Callable[[torch.Tensor], None]:
+    from deepspeed.utils import safe_get_local_fp32_param, safe_set_local_fp32_param
+
+    def apply(mask: torch.Tensor) -> None:
+        fp32 = safe_get_local_fp32_param(p).flatten()  # the whole partition, padding included
+        fp32[:valid].masked_fill_(~mask.to(fp32.device), 0)
+        safe_set_local_fp32_param(p, fp32)
+    return apply
+
+
+def _fragment_master(p: torch.nn.Parameter) -> Callable[[torch.Tensor], None]:
+    def apply(mask: torch.Tensor) -> None:
+        mapping = p._hp_mapping
+        if mapping is None:  # this rank owns no fragment of the parameter
+            return
+        address = mapping.lp_fragment_address
+        frag = mapping.get_hp_fragment().view(-1)
+        frag.masked_fill_(~mask.narrow(0, address.start, address.numel).to(frag.device), 0)
+    return apply
+
+
+def _view(name: str, kind: str, p: torch.nn.Parameter) -> Pruned:
+    from torch.distributed.tensor import DTensor
+
+    layer = int(m.group(1)) if (m := _LAYER.search(name)) else -1
+    if isinstance(p, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        _, start = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+        row = torch.Size(p.shape[1:]).numel()
+        return Pruned(name, kind, layer, tuple(p.shape), p.to_local().view(-1), start[0] * row)
+    if hasattr(p, "ds_tensor"):  # ZeRO-3: a flat partition of ds_numel, the last one padded
+        part = p.ds_tensor.numel()
+        offset = dist.get_rank() * part
+        valid = max(0, min(part, p.ds_numel - offset))
+        return Pruned(name, kind, layer, tuple(p.ds_shape), p.ds_tensor.data.view(-1)[:valid], offset,
+                      [_zero3_master(p, valid)])
+    masters = [_fragment_master(p)] if hasattr(p, "_hp_mapping") else []
+    return Pruned(name, kind, layer, tuple(p.shape), p.data.view(-1), 0, masters)
+
+
+def prunable_views(model: torch.nn.Module, kinds: set[str]) -> list[Pruned]:
+    """The weights of the block linears named `kinds` (modules inside a numbered block)."""
+    out = []
+    for name, module in _unwrap(model).named_modules():
+        kind = name.rsplit(".", 1)[-1]
+        if kind in kinds and _LAYER.search(name) and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
+            out.append(_view(f"{name}.weight", kind, module.weight))
+    return out
+
+
+def _all_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(t)
+    return t
+
+
+def replication(views: list[Pruned]) -> int:
+    """How many ranks hold each element (world size when replicated, 1 when fully sharded)."""
+    local = torch.tensor([sum(v.local.numel() for v in views)], dtype=torch.float64)
+    full = sum(torch.Size(v.shape).numel() for v in views)
+    return max(1, round(_all_sum(local).item() / full))
+
+
+def _bits(v: Pruned) -> torch.Tensor:
+    return v.local.detach().float().abs().view(torch.int32)
+
+
+def _thresholds(views: list[Pruned], groups: list[int], targets: torch.Tensor, rep: int) -> torch.Tensor:
+    """Per group g, the smallest int32 bit pattern T with #{|w| <= T} >= targets[g] over all ranks."""
+    lo = torch.full_like(targets, -1)
+    hi = torch.full_like(targets, _INF_BITS)
+    while bool((hi - lo > 1).any()):
+        mid = (lo + hi) // 2
+        counts = torch.zeros_like(targets)
+        for v, g in zip(views, groups, strict=True):
+            counts[g] += int((_bits(v) <= mid[g].item()).sum())
+        below = _all_sum(counts) >= targets * rep
+        hi, lo = torch.where(below, mid, hi), torch.where(below, lo, mid)
+    return hi
+
+
+def magnitude_masks(views: list[Pruned], sparsity: float, per_layer: bool, rep: int) -> list[torch.Tensor]:
+    """Keep |w| above the threshold that prunes `sparsity` of the weights: one threshold over all of
+    them (global) or one per weight matrix (per-layer)."""
+    sizes = [torch.Size(v.shape).numel() for v in views]
+    if per_layer:
+        groups = list(range(len(views)))
+        targets = torch.tensor([pruned_count(sparsity, n) for n in sizes], dtype=torch.int64)
+    else:
+        groups = [0] * len(views)
+        targets = torch.tensor([pruned_count(sparsity, sum(sizes))], dtype=torch.int64)
+    thresholds = _thresholds(views, groups, targets, rep)
+    return [(_bits(v) > thresholds[g].item()) | (targets[g] == 0) for v, g in zip(views, groups, strict=True)]
+
+
+def _channel_of(v: Pruned) -> torch.Tensor:
+    """The MLP channel of each local element: rows of gate/up_proj (i, h), columns of down_proj (h, i)."""
+    index = torch.arange(v.offset, v.offset + v.local.numel(), device=v.local.device)
+    return index % v.shape[1] if v.kind == "down_proj" else index // v.shape[1]
+
+
+def channel_masks(views: list[Pruned], sparsity: float, channels: int) -> list[torch.Tensor]:
+    """Per block, drop the channels with the smallest L2 norm over gate row + up row + down column
+    (summed over ranks: ranking by the sum, replicas only scale it)."""
+    layers = sorted({v.layer for v in views})
+    scores = torch.zeros(len(layers), channels, dtype=torch.float64)
+    for v in views:
+        scores[layers.index(v.layer)].index_add_(0, _channel_of(v).cpu(), v.local.detach().double().cpu() ** 2)
+    scores = _all_sum(scores)
+    keep = torch.ones_like(scores, dtype=torch.bool)
+    drop = pruned_count(sparsity, channels)
+    for row in range(len(layers)):
+        keep[row, torch.argsort(scores[row], stable=True)[:drop]] = False
+    return [keep[layers.index(v.layer)].to(v.local.device)[_channel_of(v)] for v in views]
+
+
+@torch.no_grad()
+def apply_masks(views: list[Pruned], masks: list[torch.Tensor]) -> None:
+    """Zero the pruned elements in the module's copy and in every master copy."""
+    for v, mask in zip(views, masks, strict=True):
+        v.local.masked_fill_(~mask, 0)
+        for master in v.masters:
+            master(mask)
+
+
+def measured_sparsity(views: list[Pruned], rep: int) -> float:
+    """The share of exact zeros over every pruned weight, all ranks together."""
+    zeros = torch.tensor([sum(int((v.local == 0).sum()) for v in views)], dtype=torch.float64)
+    total = sum(torch.Size(v.shape).numel() for v in views)
+    return _all_sum(zeros).item() / rep / total

@@ -12,7 +12,7 @@ import pytest
 from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
-from orchestrate.planner.pruning import pruned_parameters
+from orchestrate.planner.report import plan_json
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 from tests.test_prune_train import TINY_LLAMA
@@ -35,5 +35,6 @@ def test_launch_with_structured_pruning_records_sparsity_and_saves_the_smaller_m
     assert [r["step"] for r in records] == list(range(1, 7))
     assert records[0]["sparsity"] == 0.0 and [r["sparsity"] for r in records[3:]] == [0.25] * 3  # 32 of 128
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
-    assert model.config.intermediate_size == 96
-    assert model.num_parameters() == pruned_parameters(plan.shape, plan.config.prune)
+    predicted = plan_json(plan)["prune"]  # what `orchestrate plan --json` says the run saves
+    assert model.config.intermediate_size == predicted["saved_intermediate_size"] == 96
+    assert model.num_parameters() == predicted["saved_parameters"] < plan.shape.parameters

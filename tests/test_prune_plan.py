@@ -107,3 +107,15 @@ def test_structured_prediction_counts_the_removed_channels():
     assert pruned_parameters(shape, magnitude) == shape.parameters
     plan = make_plan(cfg, _cpu(), shape)
     assert plan.chosen is not None and plan.chosen.memory.gpu["prune_masks"] > 0
+
+
+def test_plan_report_states_the_saved_size():
+    from orchestrate.planner.report import plan_json, render_plan
+
+    cfg = _config(_prune(method="structured", scope="per-layer", target_sparsity=0.25))
+    plan = make_plan(cfg, _cpu(), _shape(cfg))
+    summary = plan_json(plan)["prune"]
+    assert summary["saved_intermediate_size"] == 96
+    assert summary["saved_parameters"] == pruned_parameters(plan.shape, cfg.prune)
+    assert summary["pruned_weights"] == 2 * 3 * 64 * 128
+    assert any("pruning (structured, per-layer)" in str(p) for p in render_plan(plan).renderables)

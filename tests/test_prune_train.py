@@ -5,6 +5,7 @@ structured pruning saves a smaller model whose parameter count is the plan's pre
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -45,11 +46,11 @@ def _master_sparsity(engine, views) -> float | None:
     optimizer steps the parameter itself)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from orchestrate.worker.prune_masks import _unwrap
+    from orchestrate.worker.prune_masks import unwrap
 
     if not hasattr(engine, "engine"):
         return None
-    module = _unwrap(engine.model)
+    module = unwrap(engine.model)
     params = dict(module.named_parameters())
     zeros = total = 0
     for v in views:
@@ -74,7 +75,7 @@ def _run(engine, plan, info, steps: range, ckpt: Path | None = None) -> dict:
             out["monotone"] &= all(not bool((new & ~old).any()) for old, new in zip(before, cb.masks, strict=True))
         out["loss"].append(loss)
         out["sparsity"].append(end.record["sparsity"])
-        out["master"].append(_master_sparsity(engine, cb._views(info)))
+        out["master"].append(_master_sparsity(engine, cb.views(info)))
         if ckpt is not None and step == RESUME_AT:
             engine.save_checkpoint(ckpt, {"step": step})
     return out
@@ -140,7 +141,7 @@ def test_magnitude_pruning_masks_survive_the_strategy(name, tmp_path):
               f"{[round(x, 3) for x in a['sparsity']]} master {a['master']}")
         assert a["sparsity"][0] < 0.01 and a["sparsity"][END - 1:] == pytest.approx([TARGET] * (STEPS - END + 1),
                                                                                    abs=0.01)
-        assert all(x <= y + 1e-9 for x, y in zip(a["sparsity"], a["sparsity"][1:])), "masks only grow"
+        assert all(x <= y + 1e-9 for x, y in itertools.pairwise(a["sparsity"])), "masks only grow"
         assert a["monotone"] and c["monotone"]
         if a["master"][0] is not None:  # ZeRO: the fp32 master is as sparse as the weights the model uses
             assert a["master"] == pytest.approx(a["sparsity"], abs=1e-9)

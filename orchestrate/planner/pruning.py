@@ -89,3 +89,12 @@ def check_prune(config: RunConfig, shape: ModelShape) -> None:
     """UserError listing every problem of the `prune:` settings for this model (nothing when unset)."""
     if config.prune is not None and (problems := _problems(config, shape)):
         raise UserError("Cannot plan this run: the pruning settings do not fit", problems)
+
+
+def prune_summary(shape: ModelShape, prune: PruneSection) -> dict:
+    """What `orchestrate plan` (and --json's "prune") says the run will save."""
+    channels = pruned_channels(shape, prune)
+    return {"method": prune.method, "target_sparsity": prune.target_sparsity, "scope": prune.scope,
+            "pruned_weights": shape.num_layers * sum(i * o for _, i, o in prunable_linears(shape, prune)),
+            "saved_parameters": pruned_parameters(shape, prune),
+            "saved_intermediate_size": shape.intermediate_size - channels}

@@ -30,20 +30,20 @@ class Pruning:
         self.masks: list[torch.Tensor] | None = None
         self.rep = 1
 
-    def _views(self, run: RunInfo) -> list[prune_masks.Pruned]:
+    def views(self, run: RunInfo) -> list[prune_masks.Pruned]:
         # Rebuilt every step: DeepSpeed re-points param.data after its step (stage_1_and_2.py).
         kinds = {name for name, _, _ in prunable_linears(run.plan.shape, run.plan.config.prune)}
         return prune_masks.prunable_views(self.engine.model, kinds)
 
     def on_train_start(self, run: RunInfo) -> None:
-        views = self._views(run)
+        views = self.views(run)
         self.rep = prune_masks.replication(views)
         if sparsity_at(run.start_step, run.plan.config.prune) > 0:
             self.masks = [v.local != 0 for v in views]
 
     def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
         prune = run.plan.config.prune
-        views = self._views(run)
+        views = self.views(run)
         if self.masks is not None:
             prune_masks.apply_masks(views, self.masks)
         if updates_mask(end.step, prune):

@@ -47,7 +47,7 @@ class Pruned:
     """Mask the other copies the optimizer steps, given this view's bool mask."""
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     while isinstance(getattr(model, "module", None), torch.nn.Module):  # DDP, DeepSpeedEngine
         model = model.module
     return model
@@ -97,7 +97,7 @@ def _view(name: str, kind: str, p: torch.nn.Parameter) -> Pruned:
 def prunable_views(model: torch.nn.Module, kinds: set[str]) -> list[Pruned]:
     """The weights of the block linears named `kinds` (modules inside a numbered block)."""
     out = []
-    for name, module in _unwrap(model).named_modules():
+    for name, module in unwrap(model).named_modules():
         kind = name.rsplit(".", 1)[-1]
         if kind in kinds and _LAYER.search(name) and isinstance(getattr(module, "weight", None), torch.nn.Parameter):
             out.append(_view(f"{name}.weight", kind, module.weight))

@@ -9,7 +9,13 @@ from orchestrate.errors import UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.meta import load_model_config, shape_from_config
 from orchestrate.planner.memory import estimate_memory
-from orchestrate.planner.pruning import pruned_count, pruned_parameters, sparsity_at, updates_mask
+from orchestrate.planner.pruning import (
+    pruned_count,
+    pruned_parameters,
+    scheduled_sparsity,
+    sparsity_at,
+    updates_mask,
+)
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
 
@@ -46,6 +52,11 @@ def test_cubic_schedule_of_zhu_and_gupta():
     assert [t for t in range(21) if updates_mask(t, prune)] == [4, 6, 8, 10]
     odd = _config(_prune(schedule={"start_step": 0, "end_step": 7, "every": 3})).prune
     assert [t for t in range(21) if updates_mask(t, odd)] == [3, 6, 7], "end_step is always an update"
+    # The masks' sparsity holds s_t of the last update: 0 until step 4, s_4 on step 5, s_f from 10.
+    assert [scheduled_sparsity(t, prune) for t in (3, 4, 5, 9, 10, 30)] == pytest.approx(
+        [0, sparsity_at(4, prune), sparsity_at(4, prune), sparsity_at(8, prune), 0.5, 0.5])
+    assert [scheduled_sparsity(t, odd) for t in (2, 3, 5, 6, 7)] == pytest.approx(
+        [0, sparsity_at(3, odd), sparsity_at(3, odd), sparsity_at(6, odd), 0.5])
     assert pruned_count(0.5, 7) == 3 and pruned_count(0.999, 10) == 9
 
 

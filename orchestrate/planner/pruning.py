@@ -40,6 +40,15 @@ def updates_mask(step: int, prune: PruneSection) -> bool:
                                                       or step == sch.end_step)
 
 
+def scheduled_sparsity(step: int, prune: PruneSection) -> float:
+    """The sparsity the masks have after `step`: s_t of the last mask update at or before it."""
+    sch = prune.schedule
+    if step >= sch.end_step:
+        return prune.target_sparsity
+    last = sch.start_step + (step - sch.start_step) // sch.every * sch.every
+    return sparsity_at(last, prune) if step > sch.start_step else 0.0
+
+
 def pruned_count(sparsity: float, total: int) -> int:
     """How many of `total` weights (or channels) sparsity prunes: rounded down, never all."""
     return min(total - 1, int(sparsity * total))

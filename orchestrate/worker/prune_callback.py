@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from orchestrate.planner.pruning import prunable_linears, sparsity_at, updates_mask
+from orchestrate.planner.pruning import prunable_linears, scheduled_sparsity, sparsity_at, updates_mask
 from orchestrate.worker import prune_masks
 from orchestrate.worker.callbacks import RunInfo, StepEnd
 
@@ -38,7 +38,7 @@ class Pruning:
     def on_train_start(self, run: RunInfo) -> None:
         views = self.views(run)
         self.rep = prune_masks.replication(views)
-        if sparsity_at(run.start_step, run.plan.config.prune) > 0:
+        if scheduled_sparsity(run.start_step, run.plan.config.prune) > 0:  # a mask update happened
             self.masks = [v.local != 0 for v in views]
 
     def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
@@ -54,7 +54,7 @@ class Pruning:
                 self.masks = prune_masks.magnitude_masks(views, sparsity, prune.scope == "per-layer", self.rep)
             prune_masks.apply_masks(views, self.masks)
         end.record["sparsity"] = prune_masks.measured_sparsity(views, self.rep)
-        end.record["sparsity_target"] = sparsity_at(end.step, prune)
+        end.record["sparsity_target"] = scheduled_sparsity(end.step, prune)
 
     def on_train_end(self, run: RunInfo, stopped_early: bool) -> None:
         pass

@@ -105,9 +105,14 @@ def prunable_views(model: torch.nn.Module, kinds: set[str]) -> list[Pruned]:
 
 
 def _all_sum(t: torch.Tensor) -> torch.Tensor:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return t
+    """Sum over ranks, on a device the process group reduces on (NCCL: this rank's GPU, whatever
+    device the weights are on: FSDP2's and ZeRO's CPU offload keep them on the host)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return t
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else t.device
+    out = t.to(device)
+    dist.all_reduce(out)
+    return out.to(t.device)
 
 
 def replication(views: list[Pruned]) -> int:
@@ -159,15 +164,15 @@ def channel_masks(views: list[Pruned], sparsity: float, channels: int) -> list[t
     """Per block, drop the channels with the smallest L2 norm over gate row + up row + down column
     (summed over ranks: ranking by the sum, replicas only scale it)."""
     layers = sorted({v.layer for v in views})
-    scores = torch.zeros(len(layers), channels, dtype=torch.float64)
+    scores = torch.zeros(len(layers), channels, dtype=torch.float64, device=views[0].local.device)
     for v in views:
-        scores[layers.index(v.layer)].index_add_(0, _channel_of(v).cpu(), v.local.detach().double().cpu() ** 2)
+        scores[layers.index(v.layer)].index_add_(0, _channel_of(v), v.local.detach().double() ** 2)
     scores = _all_sum(scores)
     keep = torch.ones_like(scores, dtype=torch.bool)
     drop = pruned_count(sparsity, channels)
     for row in range(len(layers)):
         keep[row, torch.argsort(scores[row], stable=True)[:drop]] = False
-    return [keep[layers.index(v.layer)].to(v.local.device)[_channel_of(v)] for v in views]
+    return [keep[layers.index(v.layer)][_channel_of(v)] for v in views]
 
 
 @torch.no_grad()

@@ -148,9 +148,9 @@ def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInf
 
 def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
               worker: Worker, resume_from: Path | None) -> list[StepCallback]:
-    """Pruning (with `prune:`) first, then evaluation (it adds eval_loss to the record the others see), then the observers
-    (metrics file, progress, the trackers of train.report_to, the memory verdict), checkpoints,
-    stop signals last."""
+    """Pruning (with `prune:`: everything after sees the pruned weights), then evaluation (it adds
+    eval_loss to the record the others see), then the observers (metrics file, progress, the trackers
+    of train.report_to, the memory verdict), checkpoints, stop signals last."""
     from orchestrate.worker.prune_callback import Pruning
     from orchestrate.worker.step_callbacks import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
     from orchestrate.worker.trackers import build_trackers
@@ -162,7 +162,7 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
              f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {info.start_step})")
-    pruning = [Pruning(engine)] if plan.config.prune is not None else []  # first: the others see the pruned weights
+    pruning = [Pruning(engine)] if plan.config.prune is not None else []
     return [*pruning, Evaluation(engine, data, worker.device), MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
             *build_trackers(plan), MemoryVerdictPrinter(), Checkpoints(checkpointer, data),
             StopOnSignal(stop, checkpointer, data)]

@@ -71,7 +71,7 @@ def test_channel_masks_drop_whole_channels_of_smallest_norm():
         model.layers[0].mlp.up_proj.weight[3] *= 1e-3
         model.layers[0].mlp.down_proj.weight[:, 3] *= 1e-3
     views = prune_masks.prunable_views(model, KINDS)
-    masks = prune_masks.channel_masks(views, 0.25, channels=12)
+    masks = prune_masks.structured_masks(views, 0.25, channels=12)
     gate, up, down = (m.view(v.shape) for m, v in zip(masks[:3], views[:3], strict=True))
     dropped = (~gate).all(1).nonzero().flatten().tolist()
     assert len(dropped) == 3 and 3 in dropped  # 25 % of 12 channels, the tiny one among them

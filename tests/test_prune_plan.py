@@ -130,3 +130,23 @@ def test_plan_report_states_the_saved_size():
     assert summary["saved_parameters"] == pruned_parameters(plan.shape, cfg.prune)
     assert summary["pruned_weights"] == 2 * 3 * 64 * 128
     assert any("pruning (structured, per-layer)" in str(p) for p in render_plan(plan).renderables)
+
+
+def test_head_pruning_counts_and_checks():
+    cfg = _config(_prune(method="structured", scope="per-layer", heads=True))
+    shape = _shape(cfg)
+    # 64 of 128 channels (3 x 64 weights each) and 1 of 2 query heads per kv group (2 x 64 x 16 each), 2 blocks
+    assert pruned_parameters(shape, cfg.prune) == shape.parameters - 2 * (3 * 64 * 64 + 2 * (2 * 64 * 16))
+    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, None, cfg.prune)
+    assert ddp.gpu["prune_masks"] == 2 * (3 * 64 * 128 + 2 * 64 * 64)  # the MLP's and q/o_proj's masks
+    qwen = _config(_prune(method="structured", scope="per-layer", heads=True), arch={**TINY_LLAMA, "model_type": "qwen2"})
+    # qwen2's q_proj has a bias: d more per head
+    assert pruned_parameters(_shape(qwen), qwen.prune) == _shape(qwen).parameters - 2 * (3 * 64 * 64 + 2 * (2 * 64 * 16 + 16))
+    bad = _config(_prune(heads=True), arch={**TINY_LLAMA, "num_key_value_heads": 4})
+    with pytest.raises(UserError) as err:
+        make_plan(bad, _cpu(), _shape(bad))
+    assert [p.where for p in err.value.problems] == ["prune.heads"] and "structured" in err.value.problems[0].fix
+    mha = _config(_prune(method="structured", scope="per-layer", heads=True), arch={**TINY_LLAMA, "num_key_value_heads": 4})
+    with pytest.raises(UserError) as err:
+        make_plan(mha, _cpu(), _shape(mha))
+    assert [p.where for p in err.value.problems] == ["prune.heads"] and "grouped-query" in err.value.problems[0].message

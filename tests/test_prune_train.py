@@ -158,15 +158,19 @@ def test_magnitude_pruning_masks_survive_the_strategy(name, tmp_path):
                for k, x in load_file(tmp_path / "hf" / "model.safetensors").items()), "resumed weights differ"
 
 
-def _structured_main(model_dir: str, work: str) -> dict:
-    out = _rank_main(STRATEGIES["fsdp2"], {"method": "structured", "scope": "per-layer"}, model_dir, work)
-    if int(os.environ["RANK"]) == 0:
-        from orchestrate.backends.prune_shrink import shrink_saved_mlp
-        from orchestrate.planner.pruning import pruned_channels
+STRUCTURED = {"method": "structured", "scope": "per-layer", "heads": True}
 
-        plan = _plan(STRATEGIES["fsdp2"], {"method": "structured", "scope": "per-layer"})
+
+def _structured_main(model_dir: str, work: str) -> dict:
+    out = _rank_main(STRATEGIES["fsdp2"], STRUCTURED, model_dir, work)
+    if int(os.environ["RANK"]) == 0:
+        from orchestrate.backends.prune_shrink import Cut, shrink_saved_model
+        from orchestrate.planner.pruning import pruned_channels, pruned_heads
+
+        shape, prune = (plan := _plan(STRATEGIES["fsdp2"], STRUCTURED)).shape, plan.config.prune
         shutil.copytree(Path(work) / "hf", Path(work) / "hf_dense")
-        out["width"] = shrink_saved_mlp(Path(work) / "hf", pruned_channels(plan.shape, plan.config.prune))
+        out["changed"] = shrink_saved_model(Path(work) / "hf", Cut(pruned_channels(shape, prune),
+                                                                   pruned_heads(shape, prune), 2, 16))
     return out
 
 
@@ -176,15 +180,19 @@ def test_structured_pruning_saves_a_smaller_model_of_the_predicted_size(tmp_path
 
     from tests.helpers.dist import run_on_ranks
 
-    plan = _plan(STRATEGIES["fsdp2"], {"method": "structured", "scope": "per-layer"})
+    plan = _plan(STRATEGIES["fsdp2"], STRUCTURED)
     results = run_on_ranks(_structured_main, 2, str(_write_model(tmp_path / "init")), str(tmp_path))
     a = results[0]["a"]
     print("structured: loss", [round(x, 3) for x in a["loss"]], "sparsity", [round(x, 3) for x in a["sparsity"]])
-    assert a["sparsity"][-1] == TARGET and results[0]["width"] == 64
+    # 64 of 128 channels, and 1 of the 2 query heads of each of the 2 key/value heads
+    assert a["sparsity"][-1] == TARGET
+    assert results[0]["changed"] == {"intermediate_size": 64, "num_attention_heads": 2, "head_dim": 16}
     assert results[0]["c"]["loss"] == a["loss"][RESUME_AT:]
+    assert min(a["loss"][END + 1:]) < a["loss"][END - 1], a["loss"]
     small = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32).eval()
     dense = AutoModelForCausalLM.from_pretrained(tmp_path / "hf_dense", dtype=torch.float32).eval()
-    assert json.loads((tmp_path / "hf" / "config.json").read_text())["intermediate_size"] == 64
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (saved["intermediate_size"], saved["num_attention_heads"], saved["num_key_value_heads"]) == (64, 2, 2)
     assert small.num_parameters() == pruned_parameters(plan.shape, plan.config.prune) < dense.num_parameters()
     probe = torch.randint(0, 257, (2, 16), generator=torch.Generator().manual_seed(7))
     with torch.no_grad():  # only zeroed channels were removed: the same function

@@ -45,6 +45,11 @@ class PruneSection(Section):
     """When: the cubic schedule s_t = s_f (1 - (1 - (t - t0)/(n·Δt))^3) of Zhu & Gupta 2017,
     "To prune, or not to prune", eq. 1 with s_i = 0."""
 
+    heads: bool = False
+    """structured only: also remove attention heads, the share `target_sparsity` of the query heads
+    of every key/value group (rounded down; q_proj rows and o_proj columns, by their L2 norm); the
+    saved config.json gets the smaller `num_attention_heads` and an explicit `head_dim`."""
+
     scope: Literal["global", "per-layer"] = "global"
     """global: one threshold over every pruned weight (layers end up unequally sparse); per-layer:
     each weight matrix (structured: each block's MLP) pruned to the same sparsity."""

@@ -20,6 +20,9 @@ without biases (transformers models/llama/modeling_llama.py LlamaMLP; mistral, q
 removing channel c removes row c of gate/up and column c of down_proj, nothing else."""
 
 MLP_LINEARS = ("gate_proj", "up_proj", "down_proj")
+HEAD_LINEARS = ("q_proj", "o_proj")
+"""A query head h is rows h·d .. (h+1)·d of q_proj and those columns of o_proj; it reads key/value
+head h // (heads / kv_heads) (transformers' repeat_kv), so every group loses the same number."""
 
 
 def sparsity_at(step: int, prune: PruneSection) -> float:
@@ -58,7 +61,8 @@ def prunable_linears(shape: ModelShape, prune: PruneSection) -> list[tuple[str, 
     """(name, d_in, d_out) of the block linears whose weights are pruned: every block linear
     (magnitude; embeddings and the head stay dense, as in Zhu & Gupta's LM experiments), or the MLP's."""
     linears = block_linears(shape) or []
-    return [x for x in linears if prune.method == "magnitude" or x[0] in MLP_LINEARS]
+    structured = MLP_LINEARS + (HEAD_LINEARS if prune.heads else ())
+    return [x for x in linears if prune.method == "magnitude" or x[0] in structured]
 
 
 def pruned_channels(shape: ModelShape, prune: PruneSection) -> int:
@@ -66,10 +70,27 @@ def pruned_channels(shape: ModelShape, prune: PruneSection) -> int:
     return pruned_count(prune.target_sparsity, shape.intermediate_size) if prune.method == "structured" else 0
 
 
+def pruned_heads(shape: ModelShape, prune: PruneSection) -> int:
+    """Query heads a structured run with `heads` removes from every key/value group of every block."""
+    group = shape.num_heads // shape.num_kv_heads
+    return pruned_count(prune.target_sparsity, group) if prune.method == "structured" and prune.heads else 0
+
+
+def _q_bias(shape: ModelShape) -> bool:
+    """Whether q_proj has a bias (qwen2; llama with attention_bias): the block holds more than its
+    linears' weights and its two norms (modeling_llama.py LlamaDecoderLayer)."""
+    weights = sum(i * o for _, i, o in block_linears(shape) or [])
+    return shape.block_parameters > weights + 2 * shape.hidden_size
+
+
 def pruned_parameters(shape: ModelShape, prune: PruneSection) -> int:
     """Parameters of the saved model: a structured run removes h weights from each of gate, up and
-    down_proj per channel and block; magnitude pruning keeps the shape (zeros are still parameters)."""
-    return shape.parameters - shape.num_layers * 3 * shape.hidden_size * pruned_channels(shape, prune)
+    down_proj per channel, and 2·h·d (+ d of q_proj's bias) per query head, in every block;
+    magnitude pruning keeps the shape (zeros are still parameters)."""
+    h, d = shape.hidden_size, shape.head_dim
+    heads = pruned_heads(shape, prune) * shape.num_kv_heads
+    per_block = 3 * h * pruned_channels(shape, prune) + heads * (2 * h * d + (d if _q_bias(shape) else 0))
+    return shape.parameters - shape.num_layers * per_block
 
 
 def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
@@ -88,6 +109,12 @@ def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
         out.append(Problem("prune.method", f"structured pruning removes MLP channels of gate/up/down_proj "
                            f"({', '.join(STRUCTURED_FAMILIES)}); it cannot prune a {shape.model_type} MLP",
                            "use method: magnitude for this model"))
+    if prune.heads and prune.method != "structured":
+        out.append(Problem("prune.heads", "removing heads is structured pruning", "set method: structured"))
+    elif prune.heads and shape.num_heads == shape.num_kv_heads:
+        out.append(Problem("prune.heads", "every query head has its own key/value head here (no grouped-query "
+                           "attention): removing one would need its k/v_proj rows too, which is not built",
+                           "set heads: false"))
     if prune.method == "structured" and prune.scope == "global":
         out.append(Problem("prune.scope", "structured pruning gives every block the same intermediate_size "
                            "(config.json holds one), so one global threshold cannot apply", "use scope: per-layer"))
@@ -106,4 +133,5 @@ def prune_summary(shape: ModelShape, prune: PruneSection) -> dict:
     return {"method": prune.method, "target_sparsity": prune.target_sparsity, "scope": prune.scope,
             "pruned_weights": shape.num_layers * sum(i * o for _, i, o in prunable_linears(shape, prune)),
             "saved_parameters": pruned_parameters(shape, prune),
-            "saved_intermediate_size": shape.intermediate_size - channels}
+            "saved_intermediate_size": shape.intermediate_size - channels,
+            "saved_num_attention_heads": shape.num_heads - pruned_heads(shape, prune) * shape.num_kv_heads}

@@ -49,7 +49,10 @@ class Pruning:
         if updates_mask(end.step, prune):
             sparsity = sparsity_at(end.step, prune)
             if prune.method == "structured":
-                self.masks = prune_masks.channel_masks(views, sparsity, run.plan.shape.intermediate_size)
+                shape = run.plan.shape
+                self.masks = prune_masks.structured_masks(views, sparsity, shape.intermediate_size,
+                                                          shape.num_heads if prune.heads else 0,
+                                                          shape.num_kv_heads, shape.head_dim)
             else:
                 self.masks = prune_masks.magnitude_masks(views, sparsity, prune.scope == "per-layer", self.rep)
             prune_masks.apply_masks(views, self.masks)

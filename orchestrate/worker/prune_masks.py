@@ -154,25 +154,43 @@ def magnitude_masks(views: list[Pruned], sparsity: float, per_layer: bool, rep: 
     return [(_bits(v) > thresholds[g].item()) | (targets[g] == 0) for v, g in zip(views, groups, strict=True)]
 
 
-def _channel_of(v: Pruned) -> torch.Tensor:
-    """The MLP channel of each local element: rows of gate/up_proj (i, h), columns of down_proj (h, i)."""
+def _unit_of(v: Pruned, head_dim: int) -> tuple[str, torch.Tensor]:
+    """Which structure each local element belongs to: the MLP channel (rows of gate/up_proj (i, h),
+    columns of down_proj (h, i)) or the query head (rows of q_proj, columns of o_proj, d each)."""
     index = torch.arange(v.offset, v.offset + v.local.numel(), device=v.local.device)
-    return index % v.shape[1] if v.kind == "down_proj" else index // v.shape[1]
+    cols = v.shape[1]
+    if v.kind in ("gate_proj", "up_proj"):
+        return "mlp", index // cols
+    if v.kind == "down_proj":
+        return "mlp", index % cols
+    return "heads", (index // cols if v.kind == "q_proj" else index % cols) // head_dim
 
 
-def channel_masks(views: list[Pruned], sparsity: float, channels: int) -> list[torch.Tensor]:
-    """Per block, drop the channels with the smallest L2 norm over gate row + up row + down column
-    (summed over ranks: ranking by the sum, replicas only scale it)."""
+def structured_masks(views: list[Pruned], sparsity: float, channels: int, heads: int = 0, kv_heads: int = 1,
+                     head_dim: int = 1) -> list[torch.Tensor]:
+    """Per block, drop the MLP channels with the smallest L2 norm over gate row + up row + down
+    column, and (heads > 0) in every key/value group the query heads with the smallest norm over
+    their q_proj rows + o_proj columns. Scores are summed over ranks (replicas only scale them)."""
     layers = sorted({v.layer for v in views})
-    scores = torch.zeros(len(layers), channels, dtype=torch.float64, device=views[0].local.device)
+    device = views[0].local.device
+    scores = {"mlp": torch.zeros(len(layers), channels, dtype=torch.float64, device=device),
+              "heads": torch.zeros(len(layers), max(heads, 1), dtype=torch.float64, device=device)}
     for v in views:
-        scores[layers.index(v.layer)].index_add_(0, _channel_of(v), v.local.detach().double() ** 2)
-    scores = _all_sum(scores)
-    keep = torch.ones_like(scores, dtype=torch.bool)
-    drop = pruned_count(sparsity, channels)
-    for row in range(len(layers)):
-        keep[row, torch.argsort(scores[row], stable=True)[:drop]] = False
-    return [keep[layers.index(v.layer)][_channel_of(v)] for v in views]
+        kind, unit = _unit_of(v, head_dim)
+        scores[kind][layers.index(v.layer)].index_add_(0, unit, v.local.detach().double() ** 2)
+    keep = {}
+    for kind, score in scores.items():
+        score = _all_sum(score)
+        groups = score.view(len(layers), kv_heads, -1) if kind == "heads" else score.unsqueeze(1)
+        drop = pruned_count(sparsity, groups.shape[-1])
+        kept = torch.ones_like(groups, dtype=torch.bool)
+        kept.scatter_(2, torch.argsort(groups, dim=2, stable=True)[..., :drop], False)
+        keep[kind] = kept.view(len(layers), -1)
+    out = []
+    for v in views:
+        kind, unit = _unit_of(v, head_dim)
+        out.append(keep[kind][layers.index(v.layer)][unit])
+    return out
 
 
 @torch.no_grad()

@@ -175,10 +175,12 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     engine.save_hf_model(run.model)
     prune = plan.config.prune
     if prune is not None and prune.method == "structured" and worker.is_main:  # physically smaller
-        from orchestrate.backends.prune_shrink import shrink_saved_mlp
-        from orchestrate.planner.pruning import pruned_channels
+        from orchestrate.backends.prune_shrink import Cut, shrink_saved_model
+        from orchestrate.planner.pruning import pruned_channels, pruned_heads
 
-        shrink_saved_mlp(run.model, pruned_channels(plan.shape, prune))
+        shape = plan.shape
+        shrink_saved_model(run.model, Cut(pruned_channels(shape, prune), pruned_heads(shape, prune),
+                                          shape.num_kv_heads, shape.head_dim))
     if plan.config.train.method != "full":  # the planner keeps these on backends whose engine saves adapters
         engine.save_adapter(run.adapter)
     if not worker.is_main:

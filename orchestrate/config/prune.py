@@ -35,7 +35,8 @@ class PruneSection(Section):
     method: Literal["magnitude", "structured"] = "magnitude"
     """magnitude: zero the smallest weights of the block linears (unstructured; the saved model keeps
     its shape, with zeros). structured: remove whole MLP channels by their L2 norm (Llama-family
-    gate/up/down_proj); the saved model is physically smaller (a smaller `intermediate_size`)."""
+    gate/up/down_proj), and query heads with `heads`; the saved model is physically smaller (a
+    smaller `intermediate_size`, `num_attention_heads`)."""
 
     target_sparsity: float = Field(ge=0.0, lt=1.0)
     """s_f: the share of the pruned weights (magnitude) or MLP channels (structured) that is zero at

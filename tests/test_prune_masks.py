@@ -77,3 +77,23 @@ def test_channel_masks_drop_whole_channels_of_smallest_norm():
     assert len(dropped) == 3 and 3 in dropped  # 25 % of 12 channels, the tiny one among them
     assert (~up).all(1).nonzero().flatten().tolist() == dropped == (~down).all(0).nonzero().flatten().tolist()
     assert int((~gate).sum()) == 3 * 8  # whole rows, nothing else
+
+
+def test_head_masks_drop_the_same_number_of_query_heads_in_every_kv_group():
+    torch.manual_seed(0)
+    h, d, heads, kv = 8, 2, 4, 2
+    attn = torch.nn.Module()
+    attn.q_proj, attn.o_proj = torch.nn.Linear(h, heads * d, bias=False), torch.nn.Linear(heads * d, h, bias=False)
+    model = _Model(h=h)
+    model.layers[0].self_attn = attn
+    with torch.no_grad():  # heads 0 and 1 share kv head 0; head 1 is tiny, head 3 (group 1) too
+        for j in (1, 3):
+            attn.q_proj.weight[j * d:(j + 1) * d] *= 1e-3
+            attn.o_proj.weight[:, j * d:(j + 1) * d] *= 1e-3
+    views = prune_masks.prunable_views(model, KINDS | {"q_proj", "o_proj"})
+    masks = dict(zip((v.name for v in views), prune_masks.structured_masks(views, 0.5, 12, heads, kv, d), strict=True))
+    q = masks["layers.0.self_attn.q_proj.weight"].view(heads * d, h)
+    o = masks["layers.0.self_attn.o_proj.weight"].view(h, heads * d)
+    assert q.all(1).tolist() == [True] * 2 + [False] * 2 + [True] * 2 + [False] * 2  # heads 1 and 3 dropped
+    assert o.all(0).tolist() == q.all(1).tolist() and not bool(q[2:4].any())
+    assert int((~masks["layers.1.mlp.gate_proj.weight"]).sum()) == 6 * h  # the MLP alongside: 6 of 12 channels

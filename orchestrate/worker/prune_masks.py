@@ -173,8 +173,9 @@ def structured_masks(views: list[Pruned], sparsity: float, channels: int, heads:
     their q_proj rows + o_proj columns. Scores are summed over ranks (replicas only scale them)."""
     layers = sorted({v.layer for v in views})
     device = views[0].local.device
-    scores = {"mlp": torch.zeros(len(layers), channels, dtype=torch.float64, device=device),
-              "heads": torch.zeros(len(layers), max(heads, 1), dtype=torch.float64, device=device)}
+    scores = {"mlp": torch.zeros(len(layers), channels, dtype=torch.float64, device=device)}
+    if heads:
+        scores["heads"] = torch.zeros(len(layers), heads, dtype=torch.float64, device=device)
     for v in views:
         kind, unit = _unit_of(v, head_dim)
         scores[kind][layers.index(v.layer)].index_add_(0, unit, v.local.detach().double() ** 2)

@@ -19,6 +19,7 @@ from orchestrate.config.custom_module import (
     WrapField,
     check_custom_sections,
 )
+from orchestrate.config.prune import PruneSection
 from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
 from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
 
@@ -278,6 +279,9 @@ class RunConfig(Section):
 
     strategy: StrategySection = Field(default_factory=StrategySection)
     """How to distribute it; every field may stay "auto"."""
+
+    prune: PruneSection | None = None
+    """Prune while training (docs/pruning.md); null: no pruning."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""

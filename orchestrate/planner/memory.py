@@ -27,6 +27,7 @@ process's RAM) with no CUDA context, workspace or allocator reserve; callers com
 
 from __future__ import annotations
 
+from orchestrate.config.prune import PruneSection
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
@@ -34,6 +35,7 @@ from orchestrate.planner import ds_buckets
 from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.prune_memory import mask_memory
 from orchestrate.planner.strategy import Strategy
 
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
@@ -270,11 +272,14 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
 
 
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                    gradient_accumulation: int = 1, adapters: Adapters | None = None) -> MemoryEstimate:
+                    gradient_accumulation: int = 1, adapters: Adapters | None = None,
+                    prune: PruneSection | None = None) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
-    `adapters`: a LoRA / QLoRA run (adapter_memory.py)."""
+    `adapters`: a LoRA / QLoRA run (adapter_memory.py); `prune`: its masks (prune_memory.py)."""
     placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
     gpu = {key: float(v) for key, v in placed.gpu.items()}
+    if prune is not None:
+        gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)
     transient = gpu["activations"] + gpu["logits"]

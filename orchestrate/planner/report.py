@@ -14,6 +14,7 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.pruning import prune_summary
 from orchestrate.planner.search import Limits, describe_hardware
 
 
@@ -88,6 +89,10 @@ def render_plan(plan: Plan) -> Group:
         parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
     if (note := activation_note(plan)) is not None:
         parts.append(note)
+    if plan.config.prune is not None:
+        p = prune_summary(plan.shape, plan.config.prune)
+        parts.append(f"pruning ({p['method']}, {p['scope']}): {p['target_sparsity']:.0%} of {_count(p['pruned_weights'])} "
+                     f"weights; saved model {_count(p['saved_parameters'])} parameters")
     return Group(*parts)
 
 
@@ -113,6 +118,8 @@ def plan_json(plan: Plan) -> dict[str, Any]:
     limits = Limits.of(plan.config, plan.hardware)
     data["limits"] = {"gpu_bytes_usable_per_rank": limits.gpu, "cpu_bytes_usable_per_node": limits.cpu,
                       "nvme_bytes_free_per_node": limits.nvme}
+    if plan.config.prune is not None:
+        data["prune"] = prune_summary(plan.shape, plan.config.prune)
     for entry, cand in zip(data["candidates"], plan.candidates, strict=True):
         entry["host_bytes_per_node"] = node_host_bytes(cand.memory, plan.hardware)
     return data

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrate.backends.registry import backend_names, get_backend
+from orchestrate.config.prune import PruneSection
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
@@ -34,6 +35,7 @@ from orchestrate.planner.adapters import TRAINABLE_ON, Adapters, adapters_for
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.pruning import check_prune
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy
 
@@ -216,8 +218,8 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits, adapters: Adapters | None = None) -> Candidate:
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters)
+               limits: Limits, adapters: Adapters | None = None, prune: PruneSection | None = None) -> Candidate:
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune)
     speed = estimate_speed(shape, hw, strategy, seq_len, accumulation)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
@@ -250,6 +252,7 @@ def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
+    check_prune(config, shape)  # a UserError for pruning settings that do not fit the model
     problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
@@ -279,7 +282,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
             tried = [_candidate(shape, hw, Strategy(base.backend, base.zero_stage, base.offload_optimizer,
                                                     base.offload_params, precision, checkpointing, micro,
                                                     base.hybrid_shard),
-                                seq_len, per_rank // micro, limits, adapters) for micro in micros]
+                                seq_len, per_rank // micro, limits, adapters, config.prune) for micro in micros]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
                         else min(tried, key=lambda c: overflow_score(c, limits, hw)))

@@ -19,6 +19,7 @@ _DIRECT = {
     "eval_loss": "eval/loss",
     "lr": "train/lr",
     "grad_norm": "train/grad_norm",
+    "sparsity": "train/sparsity",
     "tokens_per_s": "perf/tokens_per_s",
     "step_time_s": "perf/step_time_s",
     "gpu_max_allocated_bytes": "memory/gpu_max_allocated_bytes",

@@ -152,9 +152,10 @@ def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInf
 
 def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
               worker: Worker, resume_from: Path | None) -> list[StepCallback]:
-    """Evaluation first (it adds eval_loss to the record the others see), then the observers
-    (metrics file, progress, the trackers of train.report_to, the memory verdict), checkpoints,
-    stop signals last."""
+    """Pruning (with `prune:`: everything after sees the pruned weights), then evaluation (it adds
+    eval_loss to the record the others see), then the observers (metrics file, progress, the trackers
+    of train.report_to, the memory verdict), checkpoints, stop signals last."""
+    from orchestrate.worker.prune_callback import Pruning
     from orchestrate.worker.step_callbacks import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
     from orchestrate.worker.trackers import build_trackers
     from orchestrate.worker.verdict_callback import MemoryVerdictPrinter
@@ -165,7 +166,8 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
              f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {info.start_step})")
-    return [Evaluation(engine, data, worker.device), MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
+    pruning = [Pruning(engine)] if plan.config.prune is not None else []
+    return [*pruning, Evaluation(engine, data, worker.device), MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
             *build_trackers(plan), MemoryVerdictPrinter(), Checkpoints(checkpointer, data),
             StopOnSignal(stop, checkpointer, data)]
 
@@ -175,6 +177,14 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     from orchestrate.data.tokenizer import save_tokenizer
 
     engine.save_hf_model(run.model)
+    prune = plan.config.prune
+    if prune is not None and prune.method == "structured" and worker.is_main:  # physically smaller
+        from orchestrate.backends.prune_shrink import Cut, shrink_saved_model
+        from orchestrate.planner.pruning import pruned_channels, pruned_heads
+
+        shape = plan.shape
+        shrink_saved_model(run.model, Cut(pruned_channels(shape, prune), pruned_heads(shape, prune),
+                                          shape.num_kv_heads, shape.head_dim))
     if plan.config.train.method != "full":  # the planner keeps these on backends whose engine saves adapters
         engine.save_adapter(run.adapter)
     if not worker.is_main:

@@ -32,6 +32,7 @@ from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.adapters import TRAINABLE_ON, Adapters, adapters_for
 from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.knobs import auto_loss_chunks, knob_options, knob_problems
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.speed import estimate_speed
@@ -233,10 +234,23 @@ def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfil
 def _rank_key(c: Candidate) -> tuple:
     s = c.strategy
     offloads = (s.offload_optimizer != "none") + (s.offload_params != "none")
-    # ties: fewer offloads, simpler backend, lower stage, no recompute, larger micro-batch (fewer steps
-    # of Python overhead, which the speed model does not see)
-    return (-c.speed.tokens_per_s, offloads, _BACKEND_ORDER[s.backend], s.zero_stage, s.activation_checkpointing,
-            -s.micro_batch_size)
+    knobs = (s.loss_chunks > 0) + s.activation_offload + (s.optimizer != "adamw")
+    # ties: fewer offloads, fewer memory knobs, simpler backend, lower stage, no recompute, larger
+    # micro-batch (fewer steps of Python overhead, which the speed model does not see)
+    return (-c.speed.tokens_per_s, offloads, knobs, _BACKEND_ORDER[s.backend], s.zero_stage,
+            s.activation_checkpointing, -s.micro_batch_size)
+
+
+def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool) -> list[tuple]:
+    """(loss_chunks, activation_offload, optimizer) settings to try: the pins, or for "auto" off and on
+    where the knob can run (planner/knobs.py)."""
+    t = config.train
+    chunks = knob_options(t.loss_chunks, backend, "loss_chunks", config.model.task == "causal-lm",
+                          (0, auto_loss_chunks(t.seq_len)))
+    offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
+                           (False, True))
+    optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", True, ("adamw", "adamw8bit"))
+    return [(c, o, n) for c in chunks for o in offload for n in optimizer]
 
 
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
@@ -264,16 +278,25 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
 
     seq_len = config.train.seq_len
     kept: list[Candidate] = []
+    refused: list[Problem] = []
     for base in bases:
         for checkpointing in ac_options:
-            tried = [_candidate(shape, hw, Strategy(base.backend, base.zero_stage, base.offload_optimizer,
-                                                    base.offload_params, precision, checkpointing, micro,
-                                                    base.hybrid_shard),
-                                seq_len, per_rank // micro, limits, adapters) for micro in micros]
+            strategies = [Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
+                                   precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt)
+                          for micro in micros for chunks, offload, opt in _knob_combos(config, hw, base.backend,
+                                                                                       checkpointing)]
+            runnable = [s for s in strategies if not (found := knob_problems(s, hw.has_gpu))
+                        or refused.extend(p for p in found if p not in refused)]
+            if not runnable:
+                continue
+            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters)
+                     for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
                         else min(tried, key=lambda c: overflow_score(c, limits, hw)))
 
+    if not kept:  # every strategy the pins allow has a knob that cannot run there
+        raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     fitting = sorted((c for c in kept if c.fits), key=_rank_key)
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,

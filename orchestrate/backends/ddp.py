@@ -187,6 +187,7 @@ class DDPBackend:
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.model.quantized_loading import load_quantized
         from orchestrate.model.tasks import auto_class
         from orchestrate.model.transforms import apply_transforms
 
@@ -194,7 +195,10 @@ class DDPBackend:
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust, task = plan.config.model.trust_remote_code, plan.config.model.task
-        if has_safetensors(ctx.model_dir):
+        if plan.config.train.method == "qlora" and has_safetensors(ctx.model_dir):
+            # Quantized tensor by tensor as it loads: never the fp32 base (orchestrate/model/quantized_loading.py).
+            model = load_quantized(ctx.model_dir, ctx.device, plan, trust, task)
+        elif has_safetensors(ctx.model_dir):
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)

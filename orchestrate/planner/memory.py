@@ -31,7 +31,7 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets, knobs
-from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
+from orchestrate.planner.adapter_memory import add_frozen_base, quantized_load_bytes, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
@@ -291,7 +291,10 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len,
                                                                           compute_bytes(strategy))
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    cpu["loading_spike"] = max(0.0, _load_bytes(shape, hw, strategy) - steady)
+    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy))
+            if adapters is not None and adapters.quantized and strategy.backend == "ddp"
+            else _load_bytes(shape, hw, strategy))
+    cpu["loading_spike"] = max(0.0, load - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},
                           cpu={key: int(v) for key, v in cpu.items()},

@@ -19,6 +19,7 @@ from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
     adamw_settings,
+    make_optimizer,
     check_world_size,
     chosen_for,
     read_client_state,
@@ -56,7 +57,8 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation": cand.gradient_accumulation,
         "gradient_sync": "last_micro_batch",  # no_sync() on the others: gradients are replicated anyway
         "grad_clip": train.grad_clip,
-        "optimizer": adamw_settings(train, fused=hw.has_gpu),
+        "optimizer": adamw_settings(train, fused=hw.has_gpu, name=s.optimizer),
+        "activation_offload": s.activation_offload,
         "schedule": schedule_settings(train),
         "seed": train.seed,
     }
@@ -213,9 +215,7 @@ class DDPBackend:
         on_gpu = ctx.device.type == "cuda"
         ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if on_gpu else None)
 
-        opt = st["optimizer"]
-        optimizer = torch.optim.AdamW([p for p in ddp.parameters() if p.requires_grad], lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
-                                      weight_decay=opt["weight_decay"], fused=opt["fused"] and on_gpu)
+        optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], st["optimizer"], on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None
         return DDPEngine(ddp, optimizer, scheduler, scaler, st, model.config, layout, ctx)

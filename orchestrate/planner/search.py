@@ -15,9 +15,11 @@ cannot help: no offload on CPU-only profiles; NVMe only for ZeRO-3 (ZeRO-1/2 kee
 not on a single rank (nothing to partition; ZeRO-2 stands for it). User pins narrow the space.
 Micro-batches are the divisors of global_batch_size / world_size. `candidates` keeps, per strategy
 without its micro-batch, only the fastest fitting micro-batch, or the one closest to fitting when none
-fits, so the table has one row per strategy. Fitting candidates come first, fastest first (ties:
-fewer offloads, simpler backend, lower stage, no recompute, larger micro-batch); then the rest,
-closest to fitting first (sum of relative overflows).
+fits, so the table has one row per strategy. Fitting candidates come first, fastest first (fp32 Adam
+states before 8-bit ones; ties: fewer offloads, simpler backend, lower stage, no recompute, larger
+micro-batch); then the rest, closest to fitting first (sum of relative overflows). The memory knobs
+(chunked loss, activation offload, 8-bit optimizer: planner/knobs.py) are tried with the micro-batch,
+so each row shows the knobs its strategy needs.
 """
 
 from __future__ import annotations
@@ -235,10 +237,12 @@ def _rank_key(c: Candidate) -> tuple:
     s = c.strategy
     offloads = (s.offload_optimizer != "none") + (s.offload_params != "none")
     knobs = (s.loss_chunks > 0) + s.activation_offload + (s.optimizer != "adamw")
-    # ties: fewer offloads, fewer memory knobs, simpler backend, lower stage, no recompute, larger
-    # micro-batch (fewer steps of Python overhead, which the speed model does not see)
-    return (-c.speed.tokens_per_s, offloads, knobs, _BACKEND_ORDER[s.backend], s.zero_stage,
-            s.activation_checkpointing, -s.micro_batch_size)
+    # fp32 Adam states before speed (8-bit states change the numerics: optimizer.name auto takes them only
+    # where nothing with fp32 states fits); ties: fewer offloads, fewer memory knobs, simpler backend,
+    # lower stage, no recompute, larger micro-batch (fewer steps of Python overhead, which the speed
+    # model does not see)
+    return (s.optimizer != "adamw", -c.speed.tokens_per_s, offloads, knobs, _BACKEND_ORDER[s.backend],
+            s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
 
 
 def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool) -> list[tuple]:
@@ -253,8 +257,49 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
     return [(c, o, n) for c in chunks for o in offload for n in optimizer]
 
 
+_AUTO_METHODS = ("full", "lora", "qlora")
+"""train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in
+the training precision; the same on a base rounded to 4-bit NF4."""
+
+
+def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
+    """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
+    which and why; if none fits, the last one planned (the closest to fitting)."""
+    from orchestrate.config.finetune_deps import METHOD_LIBRARIES, installed
+    from orchestrate.config.train_parts import LoraSection, QuantizationSection
+
+    why: list[str] = []
+    plan = None
+    for method in _AUTO_METHODS:
+        if not installed(METHOD_LIBRARIES[method]):
+            why.append(f"{method} needs {' and '.join(METHOD_LIBRARIES[method])} (not installed)")
+            continue
+        unused = {"lora": LoraSection()} if method == "full" else {}  # settings for the methods not taken
+        if method != "qlora":
+            unused["quantization"] = QuantizationSection()
+        train = config.train.model_copy(update={"method": method, **unused})
+        try:
+            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape)
+        except UserError as err:  # e.g. a family LoRA is not planned for, or pins this method cannot train under
+            why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
+            continue
+        plan = attempt
+        if plan.chosen is not None:
+            because = f" ({'; '.join(why)})" if why else ""
+            plan.notes.append(f"train.method auto: {method}, the most faithful method that fits{because}")
+            return plan
+        why.append(f"{method} does not fit (closest: {plan.candidates[0].name}: {plan.candidates[0].reason})")
+    if plan is None:
+        raise UserError("Cannot plan this run: train.method auto found no method to plan",
+                        [Problem("train.method", "; ".join(why), "set train.method: full, lora or qlora")])
+    plan.notes.append(f"train.method auto: nothing fits ({'; '.join(why)}); shown: {plan.config.train.method}")
+    return plan
+
+
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
+    if config.train.method == "auto":
+        return _method_plan(config, hw, shape)
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
     problems = _pin_problems(config, hw)
     if problems:

@@ -67,3 +67,4 @@ def test_ddp_trains_with_adamw8bit_and_a_chunked_loss(model_dir, tmp_path):
     # 8-bit states for the full model's matrices (>= 4096 values); LoRA adapters this small stay 32-bit
     # (bitsandbytes min_8bit_size)
     assert "torch.uint8" in out[0]["full"]["states"]
+

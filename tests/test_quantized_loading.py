@@ -34,7 +34,7 @@ def test_quantized_as_it_loads_equals_quantized_after_loading(family, tmp_path):
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHS[family])).save_pretrained(tmp_path)
     plan, cpu = qlora_plan(ARCHS[family]), torch.device("cpu")
-    loaded, quantized = load_replicated(tmp_path, cpu, torch.float32), load_quantized(tmp_path, cpu, plan)
+    loaded, quantized = load_replicated(tmp_path, cpu, torch.float32), load_quantized(tmp_path, cpu, plan)[0]
     torch.manual_seed(1)  # the adapters' random init
     after = LoraTransform().apply(loaded, plan)
     torch.manual_seed(1)
@@ -72,7 +72,7 @@ def test_tensors_live_while_loading_are_not_the_fp32_model(tmp_path):
     del model
     peaks = {}
     for how, load in (("fp32", lambda: load_replicated(tmp_path, torch.device("cpu"), torch.float32)),
-                      ("quantized", lambda: load_quantized(tmp_path, torch.device("cpu"), qlora_plan(BIG)))):
+                      ("quantized", lambda: load_quantized(tmp_path, torch.device("cpu"), qlora_plan(BIG))[0])):
         with LiveStorageCounter() as counter:
             load()
         peaks[how] = counter.peak

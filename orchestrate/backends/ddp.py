@@ -197,16 +197,18 @@ class DDPBackend:
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust, task = plan.config.model.trust_remote_code, plan.config.model.task
-        if plan.config.train.method == "qlora" and has_safetensors(ctx.model_dir):
+        quantize_on_load = plan.config.train.method == "qlora" and has_safetensors(ctx.model_dir)
+        if quantize_on_load:
             # Quantized tensor by tensor as it loads: never the fp32 base (orchestrate/model/quantized_loading.py).
-            model = load_quantized(ctx.model_dir, ctx.device, plan, trust, task)
+            model, layout = load_quantized(ctx.model_dir, ctx.device, plan, trust, task)
         elif has_safetensors(ctx.model_dir):
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
-        layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
+        if not quantize_on_load:  # (load_quantized returns the unquantized model's layout)
+            layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
         model = apply_transforms(model, plan)
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, model.config.model_type)

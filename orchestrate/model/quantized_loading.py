@@ -23,6 +23,7 @@ from torch import nn
 from orchestrate.model.loading import meta_model, plan_reads
 
 if TYPE_CHECKING:
+    from orchestrate.backends.hf_io import StateLayout
     from orchestrate.planner.plan import Plan
 
 
@@ -72,8 +73,9 @@ def _retie(model: nn.Module, tie_groups: tuple[tuple[str, ...], ...]) -> None:
 
 
 def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remote_code: bool = False,
-                   task: str = "causal-lm") -> nn.Module:
-    """The model on `device`: block linears in NF4, the rest in the compute dtype, read tensor by tensor."""
+                   task: str = "causal-lm") -> tuple[nn.Module, StateLayout]:
+    """(the model on `device`: block linears in NF4, the rest in the compute dtype, read tensor by tensor;
+    the StateLayout of the unquantized model, which checkpoints and the merged export are keyed by)."""
     from safetensors import safe_open
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
@@ -95,4 +97,4 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
                         _fill(model, target, f.get_tensor(key), dtype, device)
     _retie(model, layout.tie_groups)
     restore_non_persistent_buffers(model, device)
-    return model
+    return model, layout

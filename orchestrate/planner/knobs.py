@@ -40,8 +40,9 @@ ADAMW_STATE_BYTES_PER_PARAM = 8
 ADAM8BIT_BYTES_PER_PARAM = k.ADAM_BYTES_PER_PARAM - 12
 """One 8-bit AdamW update reads and writes m and v as 1 byte each instead of 4: 16 + 12 + 2 B less 12."""
 
-VERIFIED_ON = {"loss_chunks": ("ddp",), "activation_offload": ("ddp", "fsdp"), "adamw8bit": ("ddp",)}
-"""Backends whose engines run each knob (tests/test_memory_knobs.py, docs/memory-knobs.md). adamw8bit:
+VERIFIED_ON = {"loss_chunks": ("ddp", "fsdp"), "activation_offload": ("ddp", "fsdp"), "adamw8bit": ("ddp",)}
+"""Backends whose engines run each knob (tests/test_memory_knobs_train.py, docs/memory-knobs.md). loss_chunks
+under DeepSpeed: not run (ZeRO-3 releases the LM head after the forward; the chunks call it after). adamw8bit:
 under FSDP2 bitsandbytes gets DTensor parameters (verified to fail, bench/verify_knob_combos.py);
 DeepSpeed builds its own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired."""
 

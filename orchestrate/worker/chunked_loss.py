@@ -50,4 +50,9 @@ def chunked_causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor
         model(**inputs, use_cache=False, logits_to_keep=1)  # the model's own head: one position
     finally:
         hook.remove()
+    if hasattr(model, "unshard"):
+        # FSDP2 reshards the root unit (embeddings, final norm, LM head) when its forward returns; the
+        # chunks call the LM head after that, and recompute it in backward: gather it again. The root's
+        # post-backward (FSDP2's final backward callback) reduce-scatters its gradients and reshards it.
+        model.unshard()
     return chunked_cross_entropy(captured[-1], hf.get_output_embeddings(), batch["labels"], chunks)

@@ -67,3 +67,33 @@ def test_chunked_loss_peak_is_lower_by_about_the_logits():
     print(f"peak unchunked {whole / 2**20:.2f} MiB, 8 chunks {chunked / 2**20:.2f} MiB, "
           f"one fp32 logits copy {logits / 2**20:.2f} MiB")
     assert chunked < whole - logits
+
+
+def test_activation_offload_wraps_the_forward_in_save_on_cpu_and_changes_no_gradient(monkeypatch):
+    """The torch engine's wiring (backends/torch_engine.py), on CPU where it moves nothing: the forward
+    runs inside save_on_cpu exactly when the settings say so, and the gradients are the same."""
+    from pathlib import Path
+
+    from orchestrate.backends.base import WorkerContext
+    from orchestrate.backends.torch_engine import TorchEngine
+
+    entered = []
+    real = torch.autograd.graph.save_on_cpu
+
+    def recording(*args, **kwargs):
+        entered.append(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", recording)
+    model, b = tiny("llama"), batch(False)
+    ctx = WorkerContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), run_dir=Path("."),
+                        model_dir=Path("."), objective=CausalLMObjective(4))
+    grads = {}
+    for offload in (False, True):
+        engine = TorchEngine(model, None, None, None, {"activation_offload": offload}, None, None, ctx)
+        model.zero_grad(set_to_none=True)
+        engine._forward_loss(b).backward()
+        grads[offload] = [p.grad.clone() for p in model.parameters()]
+    assert entered == [{"pin_memory": False}]
+    for on, off in zip(grads[True], grads[False], strict=True):
+        torch.testing.assert_close(on, off, rtol=0, atol=0)

@@ -108,7 +108,8 @@ class TorchEngine:
 
             # Every tensor saved for backward outside the recomputed blocks (the checkpointed blocks'
             # inputs) waits in pinned host memory until backward brings it back (planner/knobs.py).
-            with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            # (Pinned only where there is a device to copy back to: pinning needs CUDA.)
+            with torch.autograd.graph.save_on_cpu(pin_memory=self.ctx.device.type == "cuda"):
                 return self.objective.loss(self.model, self._to_device(batch))
         return self.objective.loss(self.model, self._to_device(batch))
 

@@ -140,3 +140,15 @@ def test_method_auto_when_nothing_fits_shows_qlora_and_says_so():
     plan = make_plan(cfg(LLAMA3_8B, seq=1024, batch=8, method="auto"), hw, shape)
     assert plan.chosen is None and plan.config.train.method == "qlora"
     assert plan.notes[0].startswith("train.method auto: nothing fits (full does not fit")
+
+
+def test_a_knob_pinned_off_that_would_fit_is_a_remedy():
+    from orchestrate.planner.remedies import infeasible_error
+
+    shape = shape_from_dict(dict(LLAMA3_8B))
+    hw = HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve()
+    plan = make_plan(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", loss_chunks=0), hw, shape)
+    assert plan.chosen is None  # the 5.9 GiB of unchunked logits
+    remedies = {p.where: p for p in infeasible_error(plan).problems}
+    assert remedies["train.loss_chunks"].fix == "train.loss_chunks: auto"
+    assert "-ce16-" in remedies["train.loss_chunks"].message and "fits" in remedies["train.loss_chunks"].message

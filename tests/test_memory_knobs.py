@@ -152,3 +152,13 @@ def test_a_knob_pinned_off_that_would_fit_is_a_remedy():
     remedies = {p.where: p for p in infeasible_error(plan).problems}
     assert remedies["train.loss_chunks"].fix == "train.loss_chunks: auto"
     assert "-ce16-" in remedies["train.loss_chunks"].message and "fits" in remedies["train.loss_chunks"].message
+
+
+def test_loss_chunks_pinned_for_a_task_without_a_causal_lm_loss_is_one_error():
+    arch = {"model_type": "bert", "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+            "intermediate_size": 64, "vocab_size": 100}
+    data = {"model": {"architecture": arch, "task": "masked-lm"},
+            "train": {"seq_len": 32, "global_batch_size": 2, "loss_chunks": 4}, "data": {"packing": False}}
+    with pytest.raises(UserError) as err:
+        make_plan(config_from_dict(data), cpu_hw(2), shape_from_dict(dict(arch)))
+    assert [p.where for p in err.value.problems] == ["train.loss_chunks"]

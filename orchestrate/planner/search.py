@@ -150,6 +150,10 @@ def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
     if s.offload == "nvme" and not nvme_available(config, hw):
         problems.append(Problem("strategy.offload", "NVMe offload needs a directory on an NVMe disk",
                                 "set strategy.nvme_path or pass --nvme PATH"))
+    chunks, task = config.train.loss_chunks, config.model.task
+    if chunks != "auto" and chunks > 0 and task != "causal-lm":
+        problems.append(Problem("train.loss_chunks", f"chunks the causal-LM loss; model.task is {task}",
+                                "set loss_chunks: 0 (or auto)"))
     if s.offload_params is True and s.offload == "none":
         problems.append(Problem("strategy.offload_params", "offloading parameters needs an offload target",
                                 "set offload: cpu or nvme"))
@@ -253,7 +257,10 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
                           (0, auto_loss_chunks(t.seq_len)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
-    optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", True, ("adamw", "adamw8bit"))
+    from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
+
+    optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", installed(OPTIMIZER_LIBRARIES["adamw8bit"]),
+                             ("adamw", "adamw8bit"))
     return [(c, o, n) for c in chunks for o in offload for n in optimizer]
 
 

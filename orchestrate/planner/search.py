@@ -337,8 +337,12 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
                                    precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt)
                           for micro in micros for chunks, offload, opt in _knob_combos(config, hw, base.backend,
                                                                                        checkpointing)]
-            runnable = [s for s in strategies if not (found := knob_problems(s, hw.has_gpu))
-                        or refused.extend(p for p in found if p not in refused)]
+            runnable = []
+            for strategy in strategies:
+                found = knob_problems(strategy, hw.has_gpu)  # a pinned knob where it cannot run
+                refused += [p for p in found if p not in refused]
+                if not found:
+                    runnable.append(strategy)
             if not runnable:
                 continue
             tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters)

@@ -21,6 +21,7 @@ from orchestrate.backends.torch_engine import (
     adamw_settings,
     check_world_size,
     chosen_for,
+    make_optimizer,
     read_client_state,
     run_settings,
     schedule_settings,
@@ -56,7 +57,8 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
         "gradient_accumulation": cand.gradient_accumulation,
         "gradient_sync": "last_micro_batch",  # no_sync() on the others: gradients are replicated anyway
         "grad_clip": train.grad_clip,
-        "optimizer": adamw_settings(train, fused=hw.has_gpu),
+        "optimizer": adamw_settings(train, fused=hw.has_gpu, name=s.optimizer),
+        "activation_offload": s.activation_offload,
         "schedule": schedule_settings(train),
         "seed": train.seed,
     }
@@ -188,6 +190,7 @@ class DDPBackend:
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.custom import build_module, is_custom, model_config
         from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.model.quantized_loading import load_quantized
         from orchestrate.model.tasks import auto_class
         from orchestrate.model.transforms import apply_transforms
 
@@ -195,15 +198,20 @@ class DDPBackend:
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust, task = plan.config.model.trust_remote_code, plan.config.model.task
+        quantize_on_load = plan.config.train.method == "qlora" and has_safetensors(ctx.model_dir)
         if is_custom(plan.config):  # your own module, built and initialised by its own code (seeded)
             model = build_module(plan.config, ctx.device)
+        elif quantize_on_load:
+            # Quantized tensor by tensor as it loads: never the fp32 base (orchestrate/model/quantized_loading.py).
+            model, layout = load_quantized(ctx.model_dir, ctx.device, plan, trust, task)
         elif has_safetensors(ctx.model_dir):
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
-        layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
+        if not quantize_on_load:  # (load_quantized returns the unquantized model's layout)
+            layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
         model = apply_transforms(model, plan)
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
@@ -212,9 +220,7 @@ class DDPBackend:
         on_gpu = ctx.device.type == "cuda"
         ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if on_gpu else None)
 
-        opt = st["optimizer"]
-        optimizer = torch.optim.AdamW([p for p in ddp.parameters() if p.requires_grad], lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
-                                      weight_decay=opt["weight_decay"], fused=opt["fused"] and on_gpu)
+        optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], st["optimizer"], on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None
         return DDPEngine(ddp, optimizer, scheduler, scaler, st, model_config(model, plan.config), layout, ctx)

@@ -73,6 +73,7 @@ def fsdp_settings(plan: Plan) -> dict[str, Any]:
         "grad_clip": train.grad_clip,
         "loss_scaling": "dynamic" if s.precision == "fp16" else None,
         "optimizer": adamw_settings(train, fused=hw.has_gpu and s.offload_params == "none"),
+        "activation_offload": s.activation_offload,
         "schedule": schedule_settings(train),
         "seed": train.seed,
     }

@@ -41,10 +41,24 @@ def run_settings(plan: Plan) -> dict[str, Any]:
             "world_size": plan.world_size}
 
 
-def adamw_settings(train: TrainSection, fused: bool) -> dict[str, Any]:
+def adamw_settings(train: TrainSection, fused: bool, name: str = "adamw") -> dict[str, Any]:
+    """`name`: the plan's optimizer (Strategy.optimizer): adamw, or adamw8bit (DDP only, planner/knobs.py)."""
     opt = train.optimizer
-    return {"name": "adamw", "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
+    return {"name": name, "lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
             "weight_decay": opt.weight_decay, "fused": fused}
+
+
+def make_optimizer(params: list, opt: dict[str, Any], on_gpu: bool) -> torch.optim.Optimizer:
+    """torch AdamW (fused on GPU), or bitsandbytes AdamW8bit: block-wise 8-bit m and v; bitsandbytes
+    keeps 32-bit state for tensors under 4096 values (`min_8bit_size`), a rounding error in the plan."""
+    import torch
+
+    hyper = {"lr": opt["lr"], "betas": tuple(opt["betas"]), "eps": opt["eps"], "weight_decay": opt["weight_decay"]}
+    if opt["name"] == "adamw8bit":
+        import bitsandbytes as bnb
+
+        return bnb.optim.AdamW8bit(params, **hyper)
+    return torch.optim.AdamW(params, **hyper, fused=opt["fused"] and on_gpu)
 
 
 def schedule_settings(train: TrainSection) -> dict[str, Any]:
@@ -89,6 +103,14 @@ class TorchEngine:
         return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.settings.get("activation_offload"):
+            import torch
+
+            # Every tensor saved for backward outside the recomputed blocks (the checkpointed blocks'
+            # inputs) waits in pinned host memory until backward brings it back (planner/knobs.py).
+            # (Pinned only where there is a device to copy back to: pinning needs CUDA.)
+            with torch.autograd.graph.save_on_cpu(pin_memory=self.ctx.device.type == "cuda"):
+                return self.objective.loss(self.model, self._to_device(batch))
         return self.objective.loss(self.model, self._to_device(batch))
 
     def _gradient_sync(self, index: int, count: int) -> contextlib.AbstractContextManager:

@@ -9,7 +9,13 @@ from __future__ import annotations
 import importlib.util
 
 # method -> the import names it needs (installed by `pip install 'orchestrate[lora]'`)
-METHOD_LIBRARIES = {"full": (), "lora": ("peft",), "qlora": ("peft", "bitsandbytes")}
+METHOD_LIBRARIES = {"full": (), "lora": ("peft",), "qlora": ("peft", "bitsandbytes"), "auto": ()}
+OPTIMIZER_LIBRARIES = {"adamw": (), "auto": (), "adamw8bit": ("bitsandbytes",)}
+
+
+def installed(names: tuple[str, ...]) -> bool:
+    """Whether every import name is installed (auto leaves out what needs a missing library)."""
+    return all(importlib.util.find_spec(name) is not None for name in names)
 
 
 def check_method_libraries(method: str) -> str:

@@ -160,9 +160,18 @@ class TrainSection(LossField):  # + loss (custom_module.py)
     activation_checkpointing: bool | Auto = "auto"
     """Recompute each block's activations in backward (costs about one extra forward pass)."""
 
-    method: Literal["full", "lora", "qlora"] = "full"
+    loss_chunks: int | Auto = "auto"
+    """causal-lm: run the LM head + cross-entropy in N chunks over the sequence, each recomputed in
+    backward, so the full logits never exist; 0: one pass; "auto": the planner's choice (docs/memory-knobs.md)."""
+
+    activation_offload: bool | Auto = "auto"
+    """GPU, with activation checkpointing: keep each checkpointed block's input in pinned CPU memory
+    until backward (torch save_on_cpu); "auto": the planner's choice (docs/memory-knobs.md)."""
+
+    method: Literal["full", "lora", "qlora", "auto"] = "full"
     """full: train every weight. lora: freeze the base, train low-rank adapters on its linear layers
-    (peft). qlora: the same on a base stored in 4-bit NF4 (bitsandbytes)."""
+    (peft). qlora: the same on a base stored in 4-bit NF4 (bitsandbytes). auto: the first of full,
+    lora, qlora that fits (the plan says which and why)."""
 
     lora: LoraSection = Field(default_factory=LoraSection)
     """Adapter settings of `method: lora | qlora`."""
@@ -194,6 +203,13 @@ class TrainSection(LossField):  # + loss (custom_module.py)
     def _positive_micro_batch(cls, v: int | str) -> int | str:
         if isinstance(v, int) and not 0 < v <= MAX_COUNT:
             raise ValueError("micro_batch_size must be a positive integer or auto")
+        return v
+
+    @field_validator("loss_chunks")
+    @classmethod
+    def _loss_chunks_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
+            raise ValueError("loss_chunks must be 0 (no chunking), a positive integer or auto")
         return v
 
     @field_validator("method")

@@ -10,8 +10,20 @@ from orchestrate.config.sections_base import MAX_COUNT, Section
 
 
 class OptimizerSection(Section):
-    name: Literal["adamw"] = "adamw"
-    """Only AdamW for now (DeepSpeed's CPU Adam is used automatically when the optimizer is offloaded)."""
+    name: Literal["adamw", "adamw8bit", "auto"] = "adamw"
+    """adamw: torch AdamW, fp32 states (8 B/param; DeepSpeed's CPU Adam when offloaded). adamw8bit:
+    bitsandbytes AdamW8bit, block-wise 8-bit states (about 2 B/param; DDP only, docs/memory-knobs.md).
+    auto: adamw8bit only where adamw does not fit."""
+
+    @field_validator("name")
+    @classmethod
+    def _library(cls, v: str) -> str:
+        from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
+
+        if not installed(OPTIMIZER_LIBRARIES[v]):
+            raise ValueError(f"optimizer {v} needs bitsandbytes, not installed: run `pip install 'orchestrate[lora]'` "
+                             "or use name: adamw")
+        return v
 
     lr: float = Field(default=3e-4, gt=0)
     """Peak learning rate, reached at the end of warm-up."""

@@ -31,8 +31,8 @@ from orchestrate.config.prune import PruneSection
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
-from orchestrate.planner import ds_buckets
-from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
+from orchestrate.planner import ds_buckets, knobs
+from orchestrate.planner.adapter_memory import add_frozen_base, quantized_load_bytes, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.prune_memory import mask_memory
@@ -41,7 +41,7 @@ from orchestrate.planner.strategy import Strategy
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
-            "pinned_buffers", "loading_spike", "process_runtime")
+            "offloaded_activations", "pinned_buffers", "loading_spike", "process_runtime")
 MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
 
 
@@ -81,8 +81,10 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int
     if not strategy.activation_checkpointing:
         return int(shape.num_layers * full_layer)
     # Full recompute keeps each block's input (Korthikanti et al. 2022, 4.1) and rebuilds one block's
-    # activations at a time during backward.
+    # activations at a time during backward; offloaded, two inputs are on the device (knobs.py).
     stored = shape.num_layers * k.AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale
+    if strategy.activation_offload:
+        stored = 2 * knobs.block_input_bytes(shape, strategy, seq_len, compute_bytes(strategy))
     return int(stored + full_layer)
 
 
@@ -93,8 +95,9 @@ def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
         return 0  # in the measured activations
     per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
            else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
-    rows = strategy.micro_batch_size * (seq_len if shape.logits_per_token else 1)
-    return int(per * rows * shape.logits_width)
+    rows = knobs.logits_rows(strategy, seq_len, shape.logits_per_token)  # one chunk's when chunked
+    hidden_grad = knobs.hidden_gradient_bytes(shape, strategy, seq_len, compute_bytes(strategy))
+    return int(per * rows * shape.logits_width + hidden_grad)
 
 
 class _Placement:
@@ -282,6 +285,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)
+    gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     transient = gpu["activations"] + gpu["logits"]
     if strategy.backend in ("ddp", "fsdp") and gradient_accumulation == 1:
         gpu["gradients"] = max(0.0, gpu["gradients"] - transient)  # see "Peak model" above
@@ -296,8 +300,13 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
+    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len,
+                                                                          compute_bytes(strategy))
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    cpu["loading_spike"] = max(0.0, _load_bytes(shape, hw, strategy) - steady)
+    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy))
+            if adapters is not None and adapters.quantized and strategy.backend == "ddp"
+            else _load_bytes(shape, hw, strategy))
+    cpu["loading_spike"] = max(0.0, load - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},
                           cpu={key: int(v) for key, v in cpu.items()},

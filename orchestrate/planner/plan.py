@@ -90,6 +90,8 @@ class Plan:
     as paths relative to the plan file's directory."""
     run: RunSection | None = None
     """Set when the plan belongs to a run directory (see RunSection)."""
+    notes: list[str] = field(default_factory=list)
+    """What the planner decided beyond the strategy, and why (e.g. which method `train.method: auto` took)."""
 
     @property
     def world_size(self) -> int:
@@ -107,6 +109,7 @@ class Plan:
             "chosen": self.chosen.name if self.chosen else None,
             "chosen_candidate": self.chosen.to_dict() if self.chosen else None,
             "files": dict(self.files),
+            "notes": list(self.notes),
             **({"run": self.run.to_dict()} if self.run is not None else {}),
         }
 
@@ -124,6 +127,7 @@ class Plan:
             chosen=chosen,
             files=dict(data.get("files", {})),
             run=RunSection.from_dict(data["run"]) if "run" in data else None,
+            notes=list(data.get("notes", [])),
         )
 
     def write(self, path: Path) -> Path:

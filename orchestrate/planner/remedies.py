@@ -109,6 +109,21 @@ def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
                                "set backend, zero_stage, offload and offload_params to auto"))
     if config.train.method == "full":
         out += [p for method in ("lora", "qlora") if (p := _adapter_remedy(config, hw, shape, method))]
+    return out + _knob_remedies(config, hw, shape)
+
+
+def _knob_remedies(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> list[Problem]:
+    """The memory knobs (planner/knobs.py) pinned off that would make a plan fit, set to auto."""
+    train, out = config.train, []
+    for where, pinned_off, update in (
+            ("train.optimizer.name", train.optimizer.name == "adamw",
+             {"optimizer": train.optimizer.model_copy(update={"name": "auto"})}),
+            ("train.loss_chunks", train.loss_chunks == 0, {"loss_chunks": "auto"}),
+            ("train.activation_offload", train.activation_offload is False, {"activation_offload": "auto"})):
+        if pinned_off:
+            changed = config.model_copy(update={"train": train.model_copy(update=update)})
+            if (c := _replan(changed, hw, shape)) is not None:
+                out.append(Problem(where, f"set to auto, {_fit_summary(c, hw)}", f"{where}: auto"))
     return out
 
 

@@ -84,7 +84,7 @@ def speed_table(candidate: Candidate) -> Table:
 
 def render_plan(plan: Plan) -> Group:
     """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns."""
-    parts: list[Any] = [candidates_table(plan)]
+    parts: list[Any] = [candidates_table(plan), *plan.notes]
     if plan.chosen is not None:
         parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
     if (note := activation_note(plan)) is not None:

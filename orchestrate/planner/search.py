@@ -15,9 +15,11 @@ cannot help: no offload on CPU-only profiles; NVMe only for ZeRO-3 (ZeRO-1/2 kee
 not on a single rank (nothing to partition; ZeRO-2 stands for it). User pins narrow the space.
 Micro-batches are the divisors of global_batch_size / world_size. `candidates` keeps, per strategy
 without its micro-batch, only the fastest fitting micro-batch, or the one closest to fitting when none
-fits, so the table has one row per strategy. Fitting candidates come first, fastest first (ties:
-fewer offloads, simpler backend, lower stage, no recompute, larger micro-batch); then the rest,
-closest to fitting first (sum of relative overflows).
+fits, so the table has one row per strategy. Fitting candidates come first, fastest first (fp32 Adam
+states before 8-bit ones; ties: fewer offloads, simpler backend, lower stage, no recompute, larger
+micro-batch); then the rest, closest to fitting first (sum of relative overflows). The memory knobs
+(chunked loss, activation offload, 8-bit optimizer: planner/knobs.py) are tried with the micro-batch,
+so each row shows the knobs its strategy needs.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.adapters import TRAINABLE_ON, Adapters, adapters_for
 from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.knobs import auto_loss_chunks, knob_options, knob_problems
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.pruning import check_prune
@@ -149,6 +152,10 @@ def _pin_problems(config: RunConfig, hw: HardwareProfile) -> list[Problem]:
     if s.offload == "nvme" and not nvme_available(config, hw):
         problems.append(Problem("strategy.offload", "NVMe offload needs a directory on an NVMe disk",
                                 "set strategy.nvme_path or pass --nvme PATH"))
+    chunks, task = config.train.loss_chunks, config.model.task
+    if chunks != "auto" and chunks > 0 and task != "causal-lm":
+        problems.append(Problem("train.loss_chunks", f"chunks the causal-LM loss; model.task is {task}",
+                                "set loss_chunks: 0 (or auto)"))
     if s.offload_params is True and s.offload == "none":
         problems.append(Problem("strategy.offload_params", "offloading parameters needs an offload target",
                                 "set offload: cpu or nvme"))
@@ -235,10 +242,69 @@ def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfil
 def _rank_key(c: Candidate) -> tuple:
     s = c.strategy
     offloads = (s.offload_optimizer != "none") + (s.offload_params != "none")
-    # ties: fewer offloads, simpler backend, lower stage, no recompute, larger micro-batch (fewer steps
-    # of Python overhead, which the speed model does not see)
-    return (-c.speed.tokens_per_s, offloads, _BACKEND_ORDER[s.backend], s.zero_stage, s.activation_checkpointing,
-            -s.micro_batch_size)
+    knobs = (s.loss_chunks > 0) + s.activation_offload + (s.optimizer != "adamw")
+    # fp32 Adam states before speed (8-bit states change the numerics: optimizer.name auto takes them only
+    # where nothing with fp32 states fits); then no activation offload before speed (no GPU has run it
+    # yet: taken only where nothing fits without it); ties: fewer offloads, fewer memory knobs, simpler
+    # backend, lower stage, no recompute, larger micro-batch (fewer steps of Python overhead, which the
+    # speed model does not see)
+    return (s.optimizer != "adamw", s.activation_offload, -c.speed.tokens_per_s, offloads, knobs, _BACKEND_ORDER[s.backend],
+            s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
+
+
+def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool) -> list[tuple]:
+    """(loss_chunks, activation_offload, optimizer) settings to try: the pins, or for "auto" off and on
+    where the knob can run (planner/knobs.py)."""
+    t = config.train
+    chunks = knob_options(t.loss_chunks, backend, "loss_chunks",
+                          config.model.task == "causal-lm" and config.model.module is None,
+                          (0, auto_loss_chunks(t.seq_len)))
+    offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
+                           (False, True))
+    from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
+
+    optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", installed(OPTIMIZER_LIBRARIES["adamw8bit"]),
+                             ("adamw", "adamw8bit"))
+    return [(c, o, n) for c in chunks for o in offload for n in optimizer]
+
+
+_AUTO_METHODS = ("full", "lora", "qlora")
+"""train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in
+the training precision; the same on a base rounded to 4-bit NF4."""
+
+
+def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
+    """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
+    which and why; if none fits, the last one planned (the closest to fitting)."""
+    from orchestrate.config.finetune_deps import METHOD_LIBRARIES, installed
+    from orchestrate.config.train_parts import LoraSection, QuantizationSection
+
+    why: list[str] = []
+    plan = None
+    for method in _AUTO_METHODS:
+        if not installed(METHOD_LIBRARIES[method]):
+            why.append(f"{method} needs {' and '.join(METHOD_LIBRARIES[method])} (not installed)")
+            continue
+        unused = {"lora": LoraSection()} if method == "full" else {}  # settings for the methods not taken
+        if method != "qlora":
+            unused["quantization"] = QuantizationSection()
+        train = config.train.model_copy(update={"method": method, **unused})
+        try:
+            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape)
+        except UserError as err:  # e.g. a family LoRA is not planned for, or pins this method cannot train under
+            why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
+            continue
+        plan = attempt
+        if plan.chosen is not None:
+            because = f" ({'; '.join(why)})" if why else ""
+            plan.notes.append(f"train.method auto: {method}, the most faithful method that fits{because}")
+            return plan
+        why.append(f"{method} does not fit (closest: {plan.candidates[0].name}: {plan.candidates[0].reason})")
+    if plan is None:
+        raise UserError("Cannot plan this run: train.method auto found no method to plan",
+                        [Problem("train.method", "; ".join(why), "set train.method: full, lora or qlora")])
+    plan.notes.append(f"train.method auto: nothing fits ({'; '.join(why)}); shown: {plan.config.train.method}")
+    return plan
 
 
 def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
@@ -251,6 +317,8 @@ def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
 
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
+    if config.train.method == "auto":
+        return _method_plan(config, hw, shape)
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
     check_prune(config, shape)  # a UserError for pruning settings that do not fit the model
     problems = _pin_problems(config, hw)
@@ -277,16 +345,30 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
 
     seq_len = config.train.seq_len
     kept: list[Candidate] = []
+    refused: list[Problem] = []
     for base in bases:
         for checkpointing in ac_options:
-            tried = [_candidate(shape, hw, Strategy(base.backend, base.zero_stage, base.offload_optimizer,
-                                                    base.offload_params, precision, checkpointing, micro,
-                                                    base.hybrid_shard),
-                                seq_len, per_rank // micro, limits, adapters, config.prune) for micro in micros]
+            strategies = [Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
+                                   precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt)
+                          for micro in micros for chunks, offload, opt in _knob_combos(config, hw, base.backend,
+                                                                                       checkpointing)]
+            runnable = []
+            for strategy in strategies:
+                found = knob_problems(strategy, hw.has_gpu)  # a pinned knob where it cannot run
+                refused += [p for p in found if p not in refused]
+                if not found:
+                    runnable.append(strategy)
+            if not runnable:
+                continue
+            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters,
+                                config.prune)
+                     for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
                         else min(tried, key=lambda c: overflow_score(c, limits, hw)))
 
+    if not kept:  # every strategy the pins allow has a knob that cannot run there
+        raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     fitting = sorted((c for c in kept if c.fits), key=_rank_key)
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,

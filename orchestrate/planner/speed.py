@@ -7,9 +7,10 @@ Components (seconds per step, before overlap; `SpeedEstimate.breakdown`):
   "Scaling Laws for Neural Language Models", 2.1) + the attention score/context matmuls,
   12·layers·seq·hidden per token (Narayanan et al. 2021, "Efficient Large-Scale Language Model
   Training on GPU Clusters Using Megatron-LM", eq. 3), at peak x GPU_MFU x a micro-batch saturation.
-- recompute: full activation checkpointing reruns the forward: one third of the above.
+- recompute: full activation checkpointing reruns the forward: one third of the above; a chunked
+  loss reruns the LM head (planner/knobs.py).
 - communication: ring collectives over the slowest link of the group (see `_collectives`).
-- offload_transfer: host<->device copies over PCIe.
+- offload_transfer: host<->device copies over PCIe (offloaded states; offloaded activations, knobs.py).
 - optimizer: Adam on the GPU (memory-bound).
 - cpu_optimizer: Adam on the CPU for offloaded optimizers (and on CPU-only profiles).
 - nvme_io: optimizer states / parameters swapped to and from NVMe.
@@ -27,6 +28,7 @@ from __future__ import annotations
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
+from orchestrate.planner import knobs
 from orchestrate.planner.estimate import SpeedEstimate
 from orchestrate.planner.memory import compute_bytes, matmul_parameters, shard_group_size
 from orchestrate.planner.strategy import Strategy
@@ -163,6 +165,7 @@ def _compute_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
         rate = max(1.0, hw.cpu_cores / hw.ranks_per_node) * k.CPU_ACHIEVED_FLOPS_PER_CORE
     steps_tokens = accumulation * tokens
     rec = steps_tokens * recompute / rate if strategy.activation_checkpointing else 0.0
+    rec += steps_tokens * knobs.recompute_flops_per_token(shape, strategy) / rate  # chunked loss: LM head again
     return steps_tokens * flops / rate, rec
 
 
@@ -173,7 +176,8 @@ def _optimizer_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strateg
     sharded = strategy.backend != "ddp"
     params = shape.parameters / (shard_group_size(hw, strategy) if sharded else 1)
     if hw.has_gpu:
-        return params * k.ADAM_BYTES_PER_PARAM / hw.gpu.memory_bandwidth, 0.0
+        per = knobs.ADAM8BIT_BYTES_PER_PARAM if strategy.optimizer == "adamw8bit" else k.ADAM_BYTES_PER_PARAM
+        return params * per / hw.gpu.memory_bandwidth, 0.0
     return 0.0, _cpu_adam_seconds(params, hw, k.TORCH_CPU_ADAM_SLOWDOWN)  # CPU-only ranks: torch's AdamW
 
 
@@ -184,6 +188,9 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
     transfer, cpu_opt, nvme = (_offload(shape, hw, strategy, gradient_accumulation)
                                if hw.has_gpu else (0.0, 0.0, 0.0))
+    if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
+        transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
+                                                 gradient_accumulation) / hw.gpu.pcie_bandwidth
     device_opt, host_opt = _optimizer_seconds(shape, hw, strategy)
     cpu_opt += host_opt
 

@@ -42,6 +42,13 @@ class Strategy:
     micro_batch_size: int
     hybrid_shard: bool = False
     """FSDP2 only: shard inside a node, replicate across nodes (2-D device mesh)."""
+    loss_chunks: int = 0
+    """Chunks over the sequence the LM head + cross-entropy run in, each recomputed in backward (0: one
+    pass, the full logits exist). planner/knobs.py."""
+    activation_offload: bool = False
+    """Checkpointed blocks' inputs kept in pinned CPU memory until backward (torch save_on_cpu)."""
+    optimizer: str = "adamw"
+    """adamw (fp32 states) or adamw8bit (bitsandbytes AdamW8bit, block-wise 8-bit states)."""
 
     @property
     def name(self) -> str:
@@ -57,6 +64,12 @@ class Strategy:
         parts.append(self.precision)
         if self.activation_checkpointing:
             parts.append("ac")
+        if self.activation_offload:
+            parts.append("actoff")
+        if self.loss_chunks:
+            parts.append(f"ce{self.loss_chunks}")
+        if self.optimizer != "adamw":
+            parts.append(self.optimizer)
         parts.append(f"mb{self.micro_batch_size}")
         return "-".join(parts)
 

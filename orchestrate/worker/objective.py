@@ -38,7 +38,15 @@ class CausalLMObjective:
 
     name = "causal-lm"
 
+    def __init__(self, loss_chunks: int = 0) -> None:
+        self.loss_chunks = loss_chunks
+        """0: the model's own loss; N: LM head + cross-entropy in N chunks (worker/chunked_loss.py)."""
+
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.loss_chunks:
+            from orchestrate.worker.chunked_loss import chunked_causal_lm_loss
+
+            return chunked_causal_lm_loss(model, batch, self.loss_chunks)
         # use_cache=False: a KV cache is useless in training and clashes with activation checkpointing.
         return model(**batch, use_cache=False).loss
 
@@ -105,4 +113,6 @@ def objective_for(plan: Plan) -> Objective:
         from orchestrate.worker.custom_objective import CustomObjective
 
         return CustomObjective(plan.config.train.loss)
+    if plan.config.model.task == "causal-lm" and plan.chosen is not None:  # the loss in chunks when planned
+        return CausalLMObjective(plan.chosen.strategy.loss_chunks)
     return _OBJECTIVES[plan.config.model.task]()

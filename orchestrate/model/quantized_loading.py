@@ -1,0 +1,100 @@
+"""Load a QLoRA base from safetensors, quantizing as it loads (`train.method: qlora`, DDP).
+
+`load_replicated` allocates the whole model in fp32 before the LoRA transform quantizes it: 4 B/param
+on the device (32 GB for an 8B model, on an 8 GB card) or, on CPU, in RAM. Here the model stays on the
+meta device and is filled one tensor at a time from the files' memory maps: the weight of every block
+linear becomes a bitsandbytes NF4 `Params4bit`, quantized when it moves to the device
+(bitsandbytes/nn/modules.py `Params4bit.to` -> `_quantize`); everything else is allocated in the compute
+dtype. Host RAM at any moment: one tensor as read plus its cast (planner/adapter_memory.py
+`quantized_load_bytes`); the device never holds more than the quantized model and one 16-bit tensor.
+This is what transformers' `from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
+does, shard by shard; it is not used because it also quantizes the LM head's neighbours by its own
+rules and would not match the planner's (and `LoraTransform`'s) set of block linears.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from orchestrate.model.loading import meta_model, plan_reads
+
+if TYPE_CHECKING:
+    from orchestrate.backends.hf_io import StateLayout
+    from orchestrate.planner.plan import Plan
+
+
+def block_linear_names(model: nn.Module, plan: Plan) -> set[str]:
+    """Qualified names of every nn.Linear inside the transformer blocks (what QLoRA stores in NF4)."""
+    from orchestrate.backends.hf_io import find_blocks, model_block_class_names
+
+    classes = model_block_class_names(model, plan.shape.model_type)
+    return {f"{block_name}.{name}" for block_name, block in find_blocks(model, classes)
+            for name, child in block.named_modules() if type(child) is nn.Linear}
+
+
+def _quantized_linear(linear: nn.Linear, weight: torch.Tensor, plan: Plan, device: torch.device) -> nn.Module:
+    import bitsandbytes as bnb
+
+    from orchestrate.model.lora import compute_dtype
+
+    q = plan.config.train.quantization
+    new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                            compute_dtype=compute_dtype(plan), quant_type=q.type,
+                            compress_statistics=q.double_quant, device="meta")
+    new.weight = bnb.nn.Params4bit(weight.to(compute_dtype(plan)), requires_grad=False, quant_type=q.type,
+                                   compress_statistics=q.double_quant).to(device)  # quantized here
+    if linear.bias is not None:
+        new.bias = linear.bias  # still meta until its own tensor is read (then set on the new module)
+    return new
+
+
+def _fill(model: nn.Module, name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    if attr in owner._parameters:
+        old = owner._parameters[attr]
+        value = tensor.to(device, dtype if old.is_floating_point() else old.dtype)
+        owner._parameters[attr] = nn.Parameter(value, requires_grad=old.requires_grad)
+    else:  # a persistent buffer keeps its own dtype
+        owner._buffers[attr] = tensor.to(device, owner._buffers[attr].dtype)
+
+
+def _retie(model: nn.Module, tie_groups: tuple[tuple[str, ...], ...]) -> None:
+    """Point every alias of a tied weight at the one member the files filled."""
+    for group in tie_groups:
+        filled = next(model.get_parameter(n) for n in group if not model.get_parameter(n).is_meta)
+        for name in group:
+            owner, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(owner), attr, filled)
+
+
+def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remote_code: bool = False,
+                   task: str = "causal-lm") -> tuple[nn.Module, StateLayout]:
+    """(the model on `device`: block linears in NF4, the rest in the compute dtype, read tensor by tensor;
+    the StateLayout of the unquantized model, which checkpoints and the merged export are keyed by)."""
+    from safetensors import safe_open
+
+    from orchestrate.backends.hf_io import restore_non_persistent_buffers
+    from orchestrate.model.lora import compute_dtype
+
+    model, _, layout = meta_model(Path(model_dir), trust_remote_code, task)
+    reads = plan_reads(Path(model_dir), layout)  # every mismatch is one UserError before anything is read
+    quantized, dtype = block_linear_names(model, plan), compute_dtype(plan)
+    with torch.no_grad():
+        for path, items in reads.reads.items():
+            with safe_open(str(path), framework="pt") as f:
+                for target, key in items:
+                    owner_name, _, attr = target.rpartition(".")
+                    if owner_name in quantized and attr == "weight":
+                        parent, _, child = owner_name.rpartition(".")
+                        setattr(model.get_submodule(parent), child, _quantized_linear(
+                            model.get_submodule(owner_name), f.get_tensor(key), plan, device))
+                    else:
+                        _fill(model, target, f.get_tensor(key), dtype, device)
+    _retie(model, layout.tie_groups)
+    restore_non_persistent_buffers(model, device)
+    return model, layout

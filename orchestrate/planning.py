@@ -16,7 +16,12 @@ def plan_for(config: RunConfig, hardware: HardwareProfile) -> Plan:
     from orchestrate.model.meta import shape_for
     from orchestrate.planner.search import make_plan
 
-    return make_plan(config, hardware, shape_for(config))
+    shape = shape_for(config)
+    if config.distill is None:
+        return make_plan(config, hardware, shape)
+    from orchestrate.model.teacher import teacher_shape
+
+    return make_plan(config, hardware, shape, teacher_shape(config, shape))
 
 
 def feasible_plan(config: RunConfig, hardware: HardwareProfile) -> Plan:

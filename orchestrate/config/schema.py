@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.architecture import architecture_problems
+from orchestrate.config.distill import DistillSection
 from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
 from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
 
@@ -271,6 +272,9 @@ class RunConfig(Section):
 
     strategy: StrategySection = Field(default_factory=StrategySection)
     """How to distribute it; every field may stay "auto"."""
+
+    distill: DistillSection | None = None
+    """Knowledge distillation from a frozen teacher (orchestrate/config/distill.py); null: none."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""

@@ -35,6 +35,7 @@ from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory
 
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
@@ -263,10 +264,13 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
 
 
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                    gradient_accumulation: int = 1, adapters: Adapters | None = None) -> MemoryEstimate:
+                    gradient_accumulation: int = 1, adapters: Adapters | None = None,
+                    teacher: Teacher | None = None) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
-    `adapters`: a LoRA / QLoRA run (adapter_memory.py)."""
+    `adapters`: a LoRA / QLoRA run (adapter_memory.py); `teacher`: distillation (teacher_memory.py)."""
     placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
+    if teacher is not None:
+        add_teacher_memory(placed.gpu, placed.cpu, teacher, strategy, hw, seq_len, compute_bytes(strategy))
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)

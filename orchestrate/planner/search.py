@@ -35,6 +35,7 @@ from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.speed import estimate_speed
+from orchestrate.planner.teacher_memory import Teacher
 from orchestrate.planner.strategy import Sharding, Strategy
 
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
@@ -216,9 +217,9 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits, adapters: Adapters | None = None) -> Candidate:
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters)
-    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation)
+               limits: Limits, adapters: Adapters | None = None, teacher: Teacher | None = None) -> Candidate:
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, teacher)
+    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
                        for what, need, have, word in over)
@@ -239,9 +240,13 @@ def _rank_key(c: Candidate) -> tuple:
             -s.micro_batch_size)
 
 
-def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
-    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
+def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None = None
+              ) -> Plan:
+    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc);
+    `teacher_shape`: the distillation teacher's (config.distill), counted in every candidate."""
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
+    teacher = (Teacher(teacher_shape, config.distill.placement, config.distill.top_k)
+               if config.distill is not None and teacher_shape is not None else None)
     problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
@@ -269,7 +274,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
             tried = [_candidate(shape, hw, Strategy(base.backend, base.zero_stage, base.offload_optimizer,
                                                     base.offload_params, precision, checkpointing, micro,
                                                     base.hybrid_shard),
-                                seq_len, per_rank // micro, limits, adapters) for micro in micros]
+                                seq_len, per_rank // micro, limits, adapters, teacher) for micro in micros]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
                         else min(tried, key=lambda c: overflow_score(c, limits, hw)))

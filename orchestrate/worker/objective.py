@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.planner.plan import Plan
+    from orchestrate.worker.distill import TeacherLogits
 
 
 class Objective(Protocol):
@@ -99,6 +100,12 @@ class SequenceClassificationObjective:
 _OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, SequenceClassificationObjective)}
 
 
-def objective_for(plan: Plan) -> Objective:
-    """The objective of the plan's task (model.task)."""
-    return _OBJECTIVES[plan.config.model.task]()
+def objective_for(plan: Plan, teacher: TeacherLogits | None = None) -> Objective:
+    """The objective of the plan's task (model.task); with `distill:` the distillation objective
+    around it (orchestrate/worker/distill.py), fed by `teacher`."""
+    task = _OBJECTIVES[plan.config.model.task]()
+    if plan.config.distill is None:
+        return task
+    from orchestrate.worker.distill import DistillationObjective
+
+    return DistillationObjective(task, teacher, plan.config.distill)

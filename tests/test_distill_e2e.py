@@ -75,8 +75,8 @@ def runs(tmp_path_factory):
 def _distilled(runs, backend: str, placement: str) -> Path:
     base, teacher, _ = runs
     return _run(base, f"distilled-{backend}-{placement}", _config(
-        STUDENT, STEPS, BACKENDS[backend], {"teacher": str(teacher), "placement": placement, "temperature": 2.0,
-                                            "alpha": 0.5, "top_k": 16}))
+        STUDENT, STEPS, BACKENDS[backend], {"teacher": str(teacher), "placement": placement, "temperature": 1.0,
+                                            "alpha": 0.1, "top_k": 16}))
 
 
 @pytest.mark.slow

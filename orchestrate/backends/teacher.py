@@ -1,5 +1,5 @@
-"""Build the frozen distillation teacher on a worker, placed as the plan says
-(`orchestrate.planner.teacher_memory.resolve_placement`). The same builder serves every student
+"""Build the frozen distillation teacher on a worker, placed as the plan's chosen candidate says
+(`Candidate.teacher_placement`, searched by the planner: orchestrate/planner/teacher_memory.py). The same builder serves every student
 backend: it runs before the backend's `setup`, so no `HfDeepSpeedConfig` of a ZeRO-3 student is
 alive yet (while one is, transformers builds every model inside `deepspeed.zero.Init`: the teacher
 would come out partitioned, with nothing to gather it for its forward).
@@ -29,7 +29,8 @@ def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
     and sharding over one rank as replicated (nothing to split)."""
     from orchestrate.planner.teacher_memory import resolve_placement
 
-    placement = resolve_placement(plan.config.distill.placement, plan.chosen.strategy, world_size)
+    placement = plan.chosen.teacher_placement or resolve_placement(plan.config.distill.placement,
+                                                                    plan.chosen.strategy, world_size)
     if (placement == "offload" and device.type == "cpu") or (placement == "sharded" and world_size == 1):
         return "replicated"
     return placement

@@ -31,8 +31,8 @@ class DistillSection(Section):
     parameters in CPU RAM (FSDP2 CPUOffloadPolicy; on CPU-only machines the teacher is in host
     memory already). precomputed: a first pass writes the teacher's top-k logits per token into a
     memory-mapped cache in the run directory and training reads them (teacher and student never in
-    memory together). auto: sharded when the student's parameters are sharded over several ranks
-    (ZeRO-3, FSDP full shard), else replicated."""
+    memory together). auto: the planner takes the first of replicated, sharded (several ranks),
+    offload (GPUs) and precomputed that fits beside the student, per strategy."""
 
     top_k: int = Field(default=64, gt=0, le=65536)
     """precomputed: logits kept per token; the KL runs over the teacher's top-k tokens (its

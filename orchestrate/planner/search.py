@@ -22,7 +22,7 @@ closest to fitting first (sum of relative overflows).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.config.schema import RunConfig
@@ -35,7 +35,7 @@ from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.speed import estimate_speed
-from orchestrate.planner.teacher_memory import Teacher
+from orchestrate.planner.teacher_memory import Teacher, auto_placements
 from orchestrate.planner.strategy import Sharding, Strategy
 
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
@@ -218,12 +218,18 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
                limits: Limits, adapters: Adapters | None = None, teacher: Teacher | None = None) -> Candidate:
+    if teacher is not None and teacher.placement == "auto":
+        # The first placement that fits, cheapest per step first; precomputed last (a first pass, disk).
+        tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, adapters, replace(teacher, placement=p))
+                 for p in auto_placements(hw)]
+        return next((c for c in tried if c.fits), tried[-1])
     memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, teacher)
     speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
                        for what, need, have, word in over)
-    return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason)
+    return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason,
+                     teacher_placement=teacher.placement if teacher is not None else None)
 
 
 def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfile) -> float:

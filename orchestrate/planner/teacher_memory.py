@@ -36,9 +36,18 @@ class Teacher:
     top_k: int
 
 
+def auto_placements(hw: HardwareProfile) -> list[str]:
+    """What `placement: auto` tries, in the planner's order (the first that fits wins): cheapest
+    per step first; offload only with an accelerator to offload from; precomputed last (it costs a
+    first pass over the data and samples x seq_len x top_k x 8 bytes of disk)."""
+    return ["replicated", *(["sharded"] if hw.world_size > 1 else []), *(["offload"] if hw.has_gpu else []),
+            "precomputed"]
+
+
 def resolve_placement(placement: str, strategy: Strategy, world_size: int) -> str:
-    """auto: sharded when the student's parameters are sharded over several ranks (ZeRO-3, FSDP
-    full shard: the run already trades gathers for memory), else replicated."""
+    """For a plan whose candidate names no placement (a strategy pinned by hand, not searched),
+    auto: sharded when the student's parameters are sharded over several ranks (ZeRO-3, FSDP full
+    shard: the run already trades gathers for memory), else replicated."""
     if placement != "auto":
         return placement
     return "sharded" if world_size > 1 and strategy.zero_stage == 3 else "replicated"

@@ -44,7 +44,7 @@ def build_teacher(plan: Plan, device: torch.device, world_size: int, placement: 
 
     dtype = getattr(torch, _DTYPES[plan.chosen.strategy.precision])
     path, trust, task = teacher_dir(plan.config), plan.config.model.trust_remote_code, plan.config.model.task
-    if placement in ("replicated", "precomputed"):
+    if placement == "replicated":
         model = load_replicated(path, device, dtype, trust, task)
     else:
         model = _sharded(path, device, world_size, dtype, trust, task, offload=placement == "offload")

@@ -35,8 +35,8 @@ from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.speed import estimate_speed
-from orchestrate.planner.teacher_memory import Teacher, auto_placements
 from orchestrate.planner.strategy import Sharding, Strategy
+from orchestrate.planner.teacher_memory import Teacher, auto_placements
 
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
 _OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),

@@ -14,13 +14,13 @@ and an undistilled run report comparable eval_loss.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
 
     from orchestrate.config.distill import DistillSection
-    from orchestrate.worker.objective import Objective
 
 TeacherLogits = Callable[[dict], "tuple[torch.Tensor, torch.Tensor | None]"]
 """batch -> (teacher logits, None) for a live teacher, or (top-k logits, their token ids) from the cache."""
@@ -46,7 +46,8 @@ def soft_target_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, i
 class DistillationObjective:
     name = "distillation"
 
-    def __init__(self, task: Objective, teacher: TeacherLogits, settings: DistillSection) -> None:
+    def __init__(self, task: Any, teacher: TeacherLogits, settings: DistillSection) -> None:
+        # task: the model.task's objective (orchestrate.worker.objective, which imports this file).
         self.task = task
         self.teacher = teacher
         self.temperature = settings.temperature

@@ -113,15 +113,19 @@ def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> T
     precomputed, the first pass into RUN_DIR/teacher_cache and its reader. Before the student."""
     if plan.config.distill is None:
         return None
-    from orchestrate.backends.teacher import build_teacher as build, teacher_placement
+    from orchestrate.backends.teacher import build_teacher as build
+    from orchestrate.backends.teacher import teacher_placement
     from orchestrate.worker.distill import live_teacher
     from orchestrate.worker.teacher_cache import TeacherCache, write_cache
 
     world = worker.ranks.world_size
     placement = teacher_placement(plan, worker.device, world)
-    teacher = build(plan, worker.device, world, placement)
     if placement != "precomputed":
-        return live_teacher(teacher)
+        return live_teacher(build(plan, worker.device, world, placement))
+    # The first pass holds as little of the teacher per device as there is: its shards offloaded
+    # to the CPU (GPUs), or sharded over the ranks.
+    lean = "offload" if worker.device.type == "cuda" else "sharded" if world > 1 else "replicated"
+    teacher = build(plan, worker.device, world, lean)
     write_cache(plan, run.path, data, teacher, worker.device, worker.ranks.rank, world)
     del teacher  # freed before the student is built: the point of precomputing
     return TeacherCache(run.path, data)

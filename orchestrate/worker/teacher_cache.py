@@ -44,7 +44,8 @@ def _expected(plan: Plan, data: TrainData) -> dict:
 
 def write_cache(plan: Plan, run_dir: Path, data: TrainData, teacher: torch.nn.Module, device: torch.device,
                 rank: int, world_size: int) -> None:
-    """The first pass (collective): every rank writes rows rank, rank + world, ... ."""
+    """The first pass (collective): every rank writes rows rank, rank + world, ... ; all ranks run
+    the same number of forwards (a sharded teacher gathers its blocks with every rank)."""
     import torch
     import torch.distributed as dist
     from numpy.lib.format import open_memmap
@@ -64,12 +65,14 @@ def write_cache(plan: Plan, run_dir: Path, data: TrainData, teacher: torch.nn.Mo
     rows = list(range(rank, expected["rows"], world_size))
     step = plan.chosen.strategy.micro_batch_size
     with torch.no_grad():
-        for start in range(0, len(rows), step):
+        for start in range(0, -(-expected["rows"] // world_size), step):
             chunk = rows[start:start + step]
-            batch = {k: v.to(device) for k, v in data.train.batch(chunk).items() if k in ("input_ids", "attention_mask")}
+            batch = {k: v.to(device) for k, v in data.train.batch(chunk or [0]).items()
+                     if k in ("input_ids", "attention_mask")}
             top = teacher(**batch, use_cache=False).logits.float().topk(expected["top_k"], dim=-1)
-            values[chunk] = top.values.cpu().numpy()
-            ids[chunk] = top.indices.cpu().numpy().astype(np.int32)
+            if chunk:  # else this rank is out of rows and only joined the others' gathers
+                values[chunk] = top.values.cpu().numpy()
+                ids[chunk] = top.indices.cpu().numpy().astype(np.int32)
     values.flush()
     ids.flush()
     del values, ids

@@ -173,6 +173,15 @@ def test_teacher_and_student_tokenizers_that_differ_are_one_error_with_paths_and
     where = [p.where for p in err.value.problems]
     assert where == ["distill.teacher", "data.tokenizer (null: the built-in byte tokenizer)"], err.value.problems
     assert all(p.fix for p in err.value.problems) and "300" in err.value.problems[0].message
+    import yaml
+
+    from orchestrate.api import plan_from_file
+
+    path = tmp_path / "distill.yaml"  # `orchestrate plan` checks it too
+    path.write_text(yaml.safe_dump({"model": {"architecture": STUDENT}, "train": {"seq_len": SEQ, "global_batch_size": 4},
+                                    "distill": {"teacher": "teacher"}}))
+    with pytest.raises(UserError, match="do not share a tokenizer"):
+        plan_from_file(path, (), cpu_hw(2))
     with pytest.raises(UserError, match="not a model directory"):
         plan_for(_config({"teacher": str(tmp_path / "missing")}), cpu_hw(2))
 

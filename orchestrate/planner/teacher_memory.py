@@ -22,8 +22,9 @@ from orchestrate.planner.strategy import Strategy
 SOFT_TARGET_BYTES_PER_TOKEN_VOCAB = 12
 """The distillation loss's full-vocabulary tensors per token, besides the student's own logits
 (counted by memory.logits_bytes): the fp32 log-softmax of teacher/T and of student/T, both saved by
-`F.kl_div(log_target=True)` for its backward, and the fp32 gradient of the student's log-softmax
-(orchestrate/worker/distill.py computes exactly these)."""
+`F.kl_div(log_target=True)` for its backward, and its fp32 element-wise output (in backward: the
+gradient of the student's log-softmax in its place). Counted from orchestrate/worker/distill.py's
+code, not measured."""
 TOPK_BYTES_PER_ENTRY = 4 + 8
 """A precomputed cache entry as the loss reads it: fp32 logit + int64 token id (torch.gather's index)."""
 

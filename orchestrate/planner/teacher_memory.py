@@ -8,7 +8,8 @@ the loss. What it costs depends on where it lives (`resolve_placement`):
   gathered root and two blocks (the one running and the prefetched next; as the student's FSDP term);
 - offload: the same shards in CPU RAM (CPUOffloadPolicy), copied to the device before each gather;
 - precomputed: nothing of the teacher in memory while training, only the cached top-k logits of
-  the micro-batch (fp32 values + int64 ids) read from the run directory's memory map.
+  the micro-batch (fp32 values + int64 ids) read from the run directory's memory map, and the
+  student's full-vocabulary soft targets the KL needs.
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.strategy import Strategy
 
-SOFT_TARGET_BYTES_PER_TOKEN_VOCAB = 12
-"""The distillation loss's full-vocabulary tensors per token, besides the student's own logits
-(counted by memory.logits_bytes): the fp32 log-softmax of teacher/T and of student/T, both saved by
-`F.kl_div(log_target=True)` for its backward, and its fp32 element-wise output (in backward: the
-gradient of the student's log-softmax in its place). Counted from orchestrate/worker/distill.py's
-code, not measured."""
+SOFT_TARGET_BYTES_PER_TOKEN_VOCAB = 20
+"""Peak of the distillation loss's full-vocabulary temporaries per token (forward and backward of
+orchestrate/worker/distill.py `soft_target_kl`), besides the student's own logits (counted by
+memory.logits_bytes) and the teacher's: fp32 log-softmax of teacher/T and of student/T, the
+element-wise KL and their gradients. Measured with orchestrate.simulate's live-storage counter on
+fp32 and bf16 logits: 20.0 bytes (tests/test_distill.py)."""
+STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB = 12
+"""The same against cached top-k logits: only the student's fp32 log-softmax over the whole
+vocabulary and its gradients remain: measured 12.0 bytes (+ the top-k terms, tests/test_distill.py)."""
 TOPK_BYTES_PER_ENTRY = 4 + 8
 """A precomputed cache entry as the loss reads it: fp32 logit + int64 token id (torch.gather's index)."""
 
@@ -79,7 +83,7 @@ def add_teacher_memory(gpu: dict, cpu: dict, teacher: Teacher, strategy: Strateg
         else:
             offloaded = c * p / n
     if placement == "precomputed":
-        logits = tokens * teacher.top_k * TOPK_BYTES_PER_ENTRY
+        logits = tokens * (teacher.top_k * TOPK_BYTES_PER_ENTRY + shape.vocab_size * STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB)
     else:
         # The teacher's logits in the compute dtype plus the loss's soft-target tensors.
         logits = tokens * shape.vocab_size * (c + SOFT_TARGET_BYTES_PER_TOKEN_VOCAB)

@@ -14,6 +14,7 @@ import torch
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.model.formulas import shape_from_dict
+from orchestrate.planner.constants import NCCL_BUFFER_BYTES_PER_COMMUNICATOR
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
@@ -23,6 +24,7 @@ from orchestrate.planner.teacher_memory import (
     TOPK_BYTES_PER_ENTRY,
     Teacher,
     auto_placements,
+    first_pass_bytes,
     resolve_placement,
     teacher_forward_flops_per_token,
 )
@@ -129,6 +131,15 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     plan = make_plan(_config({"teacher": "t", "placement": "precomputed"}), hw, student, teacher)
     assert plan.chosen is not None and plan.chosen.memory.gpu["teacher_weights"] == 0
     assert plan.chosen.memory.gpu["teacher_logits"] < 64 * 2**20  # top-k entries + the student's soft targets
+    # Its first pass holds the gathered root and two blocks of the offloaded 7B (1.3 GB) before the
+    # student exists: the rank's peak is that pass, not the tiny student's training.
+    gpu = plan.chosen.memory.gpu
+    pass_bytes = first_pass_bytes(Teacher(teacher, "precomputed", 64), plan.chosen.strategy, hw, SEQ, 2)
+    assert pass_bytes > 2**30
+    training = sum(v for k, v in gpu.items() if k not in ("teacher_first_pass", "cuda_context", "workspace",
+                                                              "allocator_reserve", "comm_buckets"))
+    before_nccl = gpu["comm_buckets"] - NCCL_BUFFER_BYTES_PER_COMMUNICATOR  # the NCCL buffers are added after
+    assert gpu["teacher_first_pass"] == pytest.approx(pass_bytes - training - before_nccl, abs=2)
     # auto: every candidate takes the first placement that fits. With 64 GiB of RAM the offloaded
     # shards (6.7 GB per rank) fit; with 8 GiB only the precomputed logits do.
     assert make_plan(_config({"teacher": "t"}), hw, student, teacher).chosen.teacher_placement == "offload"

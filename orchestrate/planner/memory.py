@@ -35,7 +35,7 @@ from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
-from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory
+from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory, first_pass_bytes
 
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
@@ -277,6 +277,9 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     transient = gpu["activations"] + gpu["logits"]
     if strategy.backend in ("ddp", "fsdp") and gradient_accumulation == 1:
         gpu["gradients"] = max(0.0, gpu["gradients"] - transient)  # see "Peak model" above
+    if teacher is not None:  # precomputed: the first pass runs before the student exists (teacher_memory.py)
+        gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
+                                        - sum(gpu.values()))
     if hw.has_gpu:
         gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES

@@ -9,7 +9,8 @@ the loss. What it costs depends on where it lives (`resolve_placement`):
 - offload: the same shards in CPU RAM (CPUOffloadPolicy), copied to the device before each gather;
 - precomputed: nothing of the teacher in memory while training, only the cached top-k logits of
   the micro-batch (fp32 values + int64 ids) read from the run directory's memory map, and the
-  student's full-vocabulary soft targets the KL needs.
+  student's full-vocabulary soft targets the KL needs; the first pass before training holds the
+  teacher alone (`first_pass_bytes`: the rank's peak is the larger of the two).
 """
 
 from __future__ import annotations
@@ -89,6 +90,20 @@ def add_teacher_memory(gpu: dict, cpu: dict, teacher: Teacher, strategy: Strateg
         logits = tokens * shape.vocab_size * (c + SOFT_TARGET_BYTES_PER_TOKEN_VOCAB)
     gpu.update(teacher_weights=weights, teacher_gathered=gathered, teacher_logits=logits)
     cpu["offloaded_teacher"] = offloaded
+
+
+def first_pass_bytes(teacher: Teacher, strategy: Strategy, hw: HardwareProfile, seq_len: int, c: int) -> float:
+    """Device bytes of the precomputed placement's first pass (0 for the others), which runs alone
+    before the student is built, so the rank's peak is max(pass, training): memory.py adds the
+    excess. The pass (orchestrate/worker/stages.py) runs the teacher offloaded on GPUs (the gathered
+    blocks), sharded over CPU ranks (its shard + the gathered blocks), and holds one micro-batch's
+    logits in the compute dtype plus their fp32 copy for `topk`."""
+    if resolve_placement(teacher.placement, strategy, hw.world_size) != "precomputed":
+        return 0.0
+    shape, n = teacher.shape, hw.world_size
+    weights = 0.0 if hw.has_gpu or n == 1 else c * shape.parameters / n
+    gathered = c * (min(shape.parameters, _blocks_gathered(shape)) if hw.has_gpu or n > 1 else shape.parameters)
+    return weights + gathered + strategy.micro_batch_size * seq_len * shape.vocab_size * (c + 4)
 
 
 def teacher_forward_flops_per_token(shape: ModelShape, seq_len: int) -> float:

@@ -199,6 +199,20 @@ def test_teacher_and_student_tokenizers_that_differ_are_one_error_with_paths_and
         plan_for(_config({"teacher": str(tmp_path / "missing")}), cpu_hw(2))
 
 
+def test_distillation_of_another_task_is_refused_with_its_path(tmp_path):
+    from orchestrate.model.teacher import teacher_shape
+
+    config = config_from_dict({"model": {"architecture": {"model_type": "bert", "hidden_size": 32,
+                                                           "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                           "intermediate_size": 64, "vocab_size": 257},
+                                         "task": "masked-lm"},
+                               "train": {"seq_len": SEQ, "global_batch_size": 4}, "data": {"packing": False},
+                               "distill": {"teacher": str(tmp_path)}})
+    with pytest.raises(UserError) as err:
+        teacher_shape(config, shape_from_dict(dict(STUDENT)))
+    assert [p.where for p in err.value.problems] == ["distill"] and "causal-lm" in err.value.problems[0].fix
+
+
 def test_soft_target_kl_is_the_kl_of_the_softened_distributions():
     g = torch.Generator().manual_seed(0)
     student, teacher = torch.randn(2, 5, 11, generator=g), torch.randn(2, 5, 11, generator=g)

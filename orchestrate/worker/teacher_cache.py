@@ -6,7 +6,7 @@ The cache is content-addressed: a sample's row is found by a digest of its input
 attention mask), not by its position, so the data order, the world size and resuming change
 nothing; identical samples have identical teacher logits anyway. Each rank computes a strided
 share of the rows into the shared files; a JSON marker written last makes a complete cache
-(a resumed run reuses it; an interrupted pass is redone).
+(a resumed run reuses it; an interrupted pass, or another teacher, is redone).
 """
 
 from __future__ import annotations
@@ -38,8 +38,15 @@ def _digest(batch: dict[str, torch.Tensor], row: int) -> bytes:
 
 
 def _expected(plan: Plan, data: TrainData) -> dict:
+    """What a complete cache must have been made from: the samples' shape, top_k, and the
+    teacher's weight files by name, size and modification time (a teacher retrained in place
+    invalidates the cache; resuming with the same teacher reuses it)."""
+    from orchestrate.model.teacher import teacher_dir
+
+    weights = sorted(teacher_dir(plan.config).glob("*.safetensors"))
     return {"rows": int(data.train.shape[0]), "seq_len": plan.config.train.seq_len,
-            "top_k": plan.config.distill.top_k, "teacher": plan.config.distill.teacher}
+            "top_k": plan.config.distill.top_k, "teacher": plan.config.distill.teacher,
+            "weights": [[w.name, w.stat().st_size, w.stat().st_mtime_ns] for w in weights]}
 
 
 def write_cache(plan: Plan, run_dir: Path, data: TrainData, teacher: torch.nn.Module, device: torch.device,

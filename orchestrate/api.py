@@ -55,14 +55,14 @@ def plan_from_file(config_path: str | Path, overrides: Sequence[str] = (),
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.model.meta import shape_for
     from orchestrate.planner.context import check_seq_len
-    from orchestrate.planner.search import make_plan
+    from orchestrate.planning import plan_with_shape
 
     config = load_config(config_path, overrides)
     profile = hardware if isinstance(hardware, HardwareProfile) else hardware.resolve()
     # `launch` and `config` report this with the data's problems (check_data_config); a plan has no data check.
     shape = shape_for(config)
     check_seq_len(config, shape)
-    return make_plan(config, profile, shape)
+    return plan_with_shape(config, profile, shape)
 
 
 def require_feasible(plan: Plan) -> None:

@@ -19,6 +19,7 @@ from orchestrate.config.custom_module import (
     WrapField,
     check_custom_sections,
 )
+from orchestrate.config.distill import DistillSection
 from orchestrate.config.prune import PruneSection
 from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
 from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
@@ -298,6 +299,8 @@ class RunConfig(Section):
 
     prune: PruneSection | None = None
     """Prune while training (docs/pruning.md); null: no pruning."""
+    distill: DistillSection | None = None
+    """Knowledge distillation from a frozen teacher (orchestrate/config/distill.py); null: none."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""

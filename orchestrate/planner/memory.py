@@ -37,6 +37,7 @@ from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.prune_memory import mask_memory
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory, first_pass_bytes
 
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
@@ -276,10 +277,13 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
 
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
                     gradient_accumulation: int = 1, adapters: Adapters | None = None,
-                    prune: PruneSection | None = None) -> MemoryEstimate:
+                    prune: PruneSection | None = None, teacher: Teacher | None = None) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
-    `adapters`: a LoRA / QLoRA run (adapter_memory.py); `prune`: its masks (prune_memory.py)."""
+    `adapters`: a LoRA / QLoRA run (adapter_memory.py); `prune`: its masks (prune_memory.py);
+    `teacher`: distillation (teacher_memory.py)."""
     placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
+    if teacher is not None:
+        add_teacher_memory(placed.gpu, placed.cpu, teacher, strategy, hw, seq_len, compute_bytes(strategy))
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     if prune is not None:
         gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
@@ -289,6 +293,9 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     transient = gpu["activations"] + gpu["logits"]
     if strategy.backend in ("ddp", "fsdp") and gradient_accumulation == 1:
         gpu["gradients"] = max(0.0, gpu["gradients"] - transient)  # see "Peak model" above
+    if teacher is not None:  # precomputed: the first pass runs before the student exists (teacher_memory.py)
+        gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
+                                        - sum(gpu.values()))
     if hw.has_gpu:
         gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES

@@ -29,6 +29,8 @@ class Candidate:
     fits: bool
     reason: str = ""
     """Why it was rejected ("" when it fits): which limit it overflows and by how much."""
+    teacher_placement: str | None = None
+    """distill: where the teacher lives in this candidate (planner/teacher_memory.py); None without one."""
 
     @property
     def name(self) -> str:
@@ -46,6 +48,7 @@ class Candidate:
             "strategy": self.strategy.to_dict(),
             "memory": self.memory.to_dict(),
             "speed": self.speed.to_dict(),
+            **({"teacher_placement": self.teacher_placement} if self.teacher_placement else {}),
         }
 
     @classmethod
@@ -57,6 +60,7 @@ class Candidate:
             gradient_accumulation=int(data["gradient_accumulation"]),
             fits=bool(data["fits"]),
             reason=data.get("reason", ""),
+            teacher_placement=data.get("teacher_placement"),
         )
 
 

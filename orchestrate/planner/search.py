@@ -24,7 +24,7 @@ so each row shows the knobs its strategy needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.config.prune import PruneSection
@@ -41,6 +41,7 @@ from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.pruning import check_prune
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy
+from orchestrate.planner.teacher_memory import Teacher, auto_placements
 
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
 _OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),
@@ -225,13 +226,20 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits, adapters: Adapters | None = None, prune: PruneSection | None = None) -> Candidate:
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune)
-    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation)
+               limits: Limits, adapters: Adapters | None = None, prune: PruneSection | None = None,
+               teacher: Teacher | None = None) -> Candidate:
+    if teacher is not None and teacher.placement == "auto":
+        # The first placement that fits, cheapest per step first; precomputed last (a first pass, disk).
+        tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, adapters, prune,
+                            replace(teacher, placement=p)) for p in auto_placements(hw)]
+        return next((c for c in tried if c.fits), tried[-1])
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher)
+    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
                        for what, need, have, word in over)
-    return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason)
+    return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason,
+                     teacher_placement=teacher.placement if teacher is not None else None)
 
 
 def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfile) -> float:
@@ -257,7 +265,7 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
     where the knob can run (planner/knobs.py)."""
     t = config.train
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks",
-                          config.model.task == "causal-lm" and config.model.module is None,
+                          config.model.task == "causal-lm" and config.model.module is None and config.distill is None,
                           (0, auto_loss_chunks(t.seq_len)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
@@ -273,7 +281,8 @@ _AUTO_METHODS = ("full", "lora", "qlora")
 the training precision; the same on a base rounded to 4-bit NF4."""
 
 
-def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
+def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None
+                 ) -> Plan:
     """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
     which and why; if none fits, the last one planned (the closest to fitting)."""
     from orchestrate.config.finetune_deps import METHOD_LIBRARIES, installed
@@ -290,7 +299,7 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> P
             unused["quantization"] = QuantizationSection()
         train = config.train.model_copy(update={"method": method, **unused})
         try:
-            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape)
+            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape, teacher_shape)
         except UserError as err:  # e.g. a family LoRA is not planned for, or pins this method cannot train under
             why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
             continue
@@ -315,12 +324,16 @@ def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
     return [False]
 
 
-def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan:
-    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc)."""
+def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None = None
+              ) -> Plan:
+    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc);
+    `teacher_shape`: the distillation teacher's (config.distill), counted in every candidate."""
     if config.train.method == "auto":
-        return _method_plan(config, hw, shape)
+        return _method_plan(config, hw, shape, teacher_shape)
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
     check_prune(config, shape)  # a UserError for pruning settings that do not fit the model
+    teacher = (Teacher(teacher_shape, config.distill.placement, config.distill.top_k)
+               if config.distill is not None and teacher_shape is not None else None)
     problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
@@ -361,7 +374,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Plan
             if not runnable:
                 continue
             tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters,
-                                config.prune)
+                                config.prune, teacher)
                      for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit

@@ -32,6 +32,7 @@ from orchestrate.planner import knobs
 from orchestrate.planner.estimate import SpeedEstimate
 from orchestrate.planner.memory import compute_bytes, matmul_parameters, shard_group_size
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.teacher_memory import Teacher, teacher_seconds
 
 
 def training_flops_per_token(shape: ModelShape, seq_len: int) -> tuple[float, float]:
@@ -182,8 +183,9 @@ def _optimizer_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strateg
 
 
 def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                   gradient_accumulation: int) -> SpeedEstimate:
-    """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model)."""
+                   gradient_accumulation: int, teacher: Teacher | None = None) -> SpeedEstimate:
+    """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model);
+    `teacher`: distillation, its forward, gathers and copies added (teacher_memory.py)."""
     compute, recompute = _compute_seconds(shape, hw, strategy, seq_len, gradient_accumulation)
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
     transfer, cpu_opt, nvme = (_offload(shape, hw, strategy, gradient_accumulation)
@@ -191,6 +193,16 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
         transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
                                                  gradient_accumulation) / hw.gpu.pcie_bandwidth
+    extra: dict[str, float] = {}
+    if teacher is not None:
+        flop_tokens = gradient_accumulation * strategy.micro_batch_size * seq_len * training_flops_per_token(
+            shape, seq_len)[0]
+        intra = _intra_node_bandwidth(hw)
+        extra = teacher_seconds(teacher, hw, strategy, seq_len, gradient_accumulation, compute / flop_tokens,
+                                compute_bytes(strategy), intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth))
+        compute += extra["teacher_forward"]
+        comm += extra["teacher_communication"]
+        transfer += extra["teacher_transfer"]
     device_opt, host_opt = _optimizer_seconds(shape, hw, strategy)
     cpu_opt += host_opt
 
@@ -202,6 +214,6 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     tokens = strategy.micro_batch_size * gradient_accumulation * hw.world_size * seq_len
     breakdown = {"compute": compute, "recompute": recompute, "communication": comm,
                  "offload_transfer": transfer, "optimizer": device_opt, "cpu_optimizer": cpu_opt,
-                 "nvme_io": nvme}
+                 "nvme_io": nvme, **extra}
     return SpeedEstimate(step_time_s=step, tokens_per_s=tokens / step if step > 0 else 0.0,
                          breakdown=breakdown)

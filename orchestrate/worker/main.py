@@ -44,7 +44,8 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     worker = stages.start_process_group(plan, run)
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
     data = stages.build_data(plan, run, worker)  # first: a classifier's labels size its head
-    engine, ctx = stages.build_engine(plan, run, worker, data.label_names)
+    teacher = stages.build_teacher(plan, run, worker, data)  # before the student (see the function)
+    engine, ctx = stages.build_engine(plan, run, worker, data.label_names, teacher)
     checkpointer, start_step = stages.resume(plan, ctx, engine, data, resume_from)
     info = stages.run_info(plan, run, worker, start_step)
     callbacks = stages.callbacks(info, engine, data, stop, checkpointer, worker, resume_from)

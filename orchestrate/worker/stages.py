@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from orchestrate.data.pipeline import TrainData
     from orchestrate.worker.checkpointing import Checkpointer
     from orchestrate.worker.dist_env import RankInfo
+    from orchestrate.worker.distill import TeacherLogits
     from orchestrate.worker.signals import StopRequest
 
 
@@ -111,10 +112,33 @@ def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
     return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)
 
 
-def build_engine(plan: Plan, run: RunDir, worker: Worker,
-                 labels: list[str] | None) -> tuple[TrainEngine, WorkerContext]:
+def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> TeacherLogits | None:
+    """distill: the frozen teacher where the plan places it (orchestrate/backends/teacher.py), or,
+    precomputed, the first pass into RUN_DIR/teacher_cache and its reader. Before the student."""
+    if plan.config.distill is None:
+        return None
+    from orchestrate.backends.teacher import build_teacher as build
+    from orchestrate.backends.teacher import teacher_placement
+    from orchestrate.worker.distill import live_teacher
+    from orchestrate.worker.teacher_cache import TeacherCache, write_cache
+
+    world = worker.ranks.world_size
+    placement = teacher_placement(plan, worker.device, world)
+    if placement != "precomputed":
+        return live_teacher(build(plan, worker.device, world, placement))
+    # The first pass holds as little of the teacher per device as there is: its shards offloaded
+    # to the CPU (GPUs), or sharded over the ranks.
+    lean = "offload" if worker.device.type == "cuda" else "sharded" if world > 1 else "replicated"
+    teacher = build(plan, worker.device, world, lean)
+    write_cache(plan, run.path, data, teacher, worker.device, worker.ranks.rank, world)
+    del teacher  # freed before the student is built: the point of precomputing
+    return TeacherCache(run.path, data)
+
+
+def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | None,
+                 teacher: TeacherLogits | None = None) -> tuple[TrainEngine, WorkerContext]:
     """Initial weights -> the backend's model (with the plan's model transforms), wrapper,
-    optimizer and schedule, training the task's objective."""
+    optimizer and schedule, training the task's objective (distilled from `teacher` with `distill:`)."""
     from transformers.utils import logging as hf_logging
 
     from orchestrate.backends.registry import get_backend
@@ -125,7 +149,7 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker,
     ranks = worker.ranks
     model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank, labels)
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
-                        device=worker.device, run_dir=run.path, model_dir=model_dir, objective=objective_for(plan))
+                        device=worker.device, run_dir=run.path, model_dir=model_dir, objective=objective_for(plan, teacher))
     return get_backend(plan.chosen.strategy.backend).setup(plan, ctx), ctx
 
 

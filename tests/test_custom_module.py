@@ -47,6 +47,15 @@ def test_bad_combinations_are_one_user_error_with_the_yaml_path(model, data, whe
     assert any(w == where and words in m for w, m, _ in _problems(exc)), _problems(exc)
 
 
+@pytest.mark.parametrize("section", [{"distill": {"teacher": "teacher_dir"}},
+                                     {"prune": {"method": "magnitude", "target_sparsity": 0.5,
+                                                "schedule": {"start_step": 1, "end_step": 5, "every": 1}}}])
+def test_distillation_and_pruning_are_refused_for_a_custom_module(section):
+    with pytest.raises(UserError) as exc:
+        _config({"module": "cnn_example:CNN"}, {"module": "cnn_example:patterns"}, **section)
+    assert any("work on Hugging Face models, not model.module" in m for _, m, _ in _problems(exc)), _problems(exc)
+
+
 def test_train_loss_and_strategy_wrap_belong_to_a_custom_module():
     with pytest.raises(UserError, match="train.loss is for model.module"):
         _config({"architecture": {"model_type": "gpt2"}}, train={"loss": "model"})

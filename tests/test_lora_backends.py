@@ -145,3 +145,15 @@ def test_adapters_train_resume_and_merge(backend, method, family, model_dirs, tm
     assert r0["merge_diff"] < MERGE_TOLERANCE[method], r0["merge_diff"]
     if method == "lora":
         assert r0["adapter_diff"] < MERGE_TOLERANCE[method], r0["adapter_diff"]
+
+
+@pytest.mark.parametrize(("backend", "storage"), [("fsdp", torch.float32), ("zero3", torch.float32),
+                                                  ("zero2", torch.uint8)])
+def test_the_nf4_base_is_stored_in_the_compute_dtype_where_the_backend_shards_it(backend, storage, model_dirs):
+    from orchestrate.model.loading import load_replicated
+    from orchestrate.model.lora import LoraTransform
+
+    plan = _plan(backend, "qlora", "llama")
+    model = LoraTransform().apply(load_replicated(Path(model_dirs["llama"]), torch.device("cpu"), torch.float32), plan)
+    packed = {p.dtype for n, p in model.named_parameters() if type(p).__name__ == "Params4bit"}
+    assert packed == {storage}  # fp32 is the compute dtype on CPU; ZeRO-2 replicates the base: uint8

@@ -40,9 +40,9 @@ def shards_parameters(plan: Plan) -> bool:
 
 def quant_storage(plan: Plan) -> torch.dtype:
     """The dtype the packed NF4 bytes are stored as. uint8 by default; where the backend shards the base it
-    must be the compute dtype, as transformers' `bnb_4bit_quant_storage` for FSDP-QLoRA: FSDP2 casts every
-    parameter to its param_dtype and ZeRO-3 flattens parameters of one dtype, so uint8 bytes would be cast
-    (garbage) or refused (Answer.AI fsdp_qlora; bitsandbytes docs "FSDP-QLoRA")."""
+    must be the compute dtype, as transformers' `bnb_4bit_quant_storage` for FSDP-QLoRA: FSDP2's mixed
+    precision casts every parameter to its param_dtype, uint8 codes too (bitsandbytes docs "FSDP-QLoRA";
+    Answer.AI fsdp_qlora)."""
     import torch
 
     return compute_dtype(plan) if shards_parameters(plan) else torch.uint8

@@ -323,10 +323,12 @@ class FSDPBackend:
             # fully_shard below: one copy per rank in CPU memory while it loads (planner: _load_bytes).
             model = load_replicated(ctx.model_dir, torch.device("cpu"), compute_dtype(plan), trust,
                                     plan.config.model.task)
+            layout = hf_io.StateLayout.of(model)  # the base's keys: the merged model is saved under them
+            model = apply_transforms(model, plan)
         else:
-            model = build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust)
-        layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
-        model = apply_transforms(model, plan)
+            model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust),
+                                     plan)
+            layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         classes = st["fully_shard"]["block_classes"] or hf_io.model_block_class_names(model, hf_config.model_type)
         if st["activation_checkpointing"]:
             blocks = hf_io.checkpoint_blocks(model, classes)

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.adapter_io import is_peft, merge_adapters, save_adapter
+from orchestrate.backends.adapter_io import merge_adapters, save_adapter
 from orchestrate.backends.base import StepResult, WorkerContext, device_process_group
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
@@ -167,7 +167,7 @@ class DeepSpeedTrainEngine:
         self._own_grad_norm = strategy.zero_stage == 0 and strategy.precision == "fp32"
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
         self._plan = plan
-        self._peft = is_peft(engine.module)
+        self._peft = plan.config.train.method != "full"  # the LoRA transform made a PEFT model
         self.objective = ctx.objective or default_objective()
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -123,6 +123,8 @@ class DeepSpeedBackend:
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
+        if adapters:  # peft draws lora_A at random: every rank must draw the same (ZeRO-3 keeps each rank's slice)
+            torch.manual_seed(plan.config.train.seed)
         model = apply_transforms(model, plan)
         if strategy.activation_checkpointing:
             # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no input grads.

@@ -264,11 +264,12 @@ def report(run_dirs: Sequence[Path], out: Path | None = None) -> Any:
 # --- export, profile, schema ---------------------------------------------------------------------
 
 
-def export(run_dir: Path, out: Path, step: int | None = None) -> Path:
-    """A consolidated Hugging Face model from a run's checkpoint; returns the checkpoint used."""
+def export(run_dir: Path, out: Path, step: int | None = None, merge: bool = False) -> Path:
+    """A consolidated Hugging Face model from a run's checkpoint; returns the checkpoint used. `merge`: a
+    LoRA / QLoRA run's adapters merged into its base."""
     from orchestrate.export import export_checkpoint
 
-    return export_checkpoint(Path(run_dir), Path(out), step)
+    return export_checkpoint(Path(run_dir), Path(out), step, merge=merge)
 
 
 def profile(flags: HardwareFlags) -> HardwareProfile:

@@ -195,11 +195,12 @@ def launch(config_path, program, overrides, run_dir, dry_run, max_restarts, mast
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for the Hugging Face model.")
 @click.option("--step", type=int, help="Export the checkpoint of this step (default: the latest).")
+@click.option("--merge", is_flag=True, help="LoRA / QLoRA run: merge the checkpoint's adapters into the base (fp32).")
 @_user_errors_exit_2
-def export_cmd(run_dir, out, step):
+def export_cmd(run_dir, out, step, merge):
     """Write a consolidated Hugging Face model (safetensors + config.json + tokenizer) from a run's
     checkpoint, offline on the CPU, whatever backend and world size wrote it."""
-    ckpt = api.export(Path(run_dir), Path(out), step)
+    ckpt = api.export(Path(run_dir), Path(out), step, merge=merge)
     console.print(f"exported {ckpt} -> {out}", markup=False, highlight=False)
 
 

@@ -1,6 +1,7 @@
 """`orchestrate export RUN_DIR --out DIR [--step N]`: a consolidated Hugging Face model
 (model.safetensors + config.json + the run's tokenizer, the byte tokenizer as tokenizer.json)
 from any checkpoint of a run, offline, in this one process on the CPU: no process group, no GPU.
+A LoRA / QLoRA run's checkpoints hold its adapters: `--merge` re-reads the frozen base and merges them in.
 
 Each backend reads its own checkpoints (`Backend.full_state_dict`: DeepSpeed's zero_to_fp32, the
 model entries of FSDP2's DCP shards, DDP's trainer_state.pt), every file with weights_only=True
@@ -58,11 +59,36 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def _check_merge(plan, ckpt: Path, merge: bool) -> None:
+    """A LoRA / QLoRA checkpoint holds the adapters only: exporting it means merging them (`--merge`)."""
+    method = plan.config.train.method
+    if method != "full" and not merge:
+        raise UserError("this checkpoint holds LoRA adapters only", [Problem(
+            str(ckpt), f"a {method} checkpoint keeps the trainable adapters, not the frozen base",
+            "add --merge: the base is re-read and the adapters merged into it (full precision)")])
+    if method == "full" and merge:
+        raise UserError("nothing to merge", [Problem(
+            "--merge", "this run trains every weight (train.method: full): its checkpoints hold no adapters",
+            "drop --merge")])
+
+
+def _merged(plan, run_dir: Path, adapters: dict) -> dict:
+    from orchestrate.backends.adapter_io import merge_adapters
+    from orchestrate.model.init_weights import existing_weights_dir
+
+    base = existing_weights_dir(plan, run_dir)
+    if not base.is_dir():
+        raise UserError("the run's base model is gone", [Problem(
+            str(base), "--merge re-reads the frozen base the adapters trained on, and it is not there",
+            "restore that directory (model.name_or_path, or RUN_DIR/init_model) and export again")])
+    return merge_adapters(plan, base, adapters)[0]
+
+
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
-                      say: Callable[[str], None] = _stderr) -> Path:
+                      say: Callable[[str], None] = _stderr, merge: bool = False) -> Path:
     """Write the HF model of `run_dir`'s newest intact checkpoint (or of `step`) to `out_dir`;
     returns the checkpoint directory it came from. Damaged newer checkpoints are named to `say`
-    and skipped."""
+    and skipped. `merge`: a LoRA / QLoRA run's adapters merged into its base (the only way to export one)."""
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout, save_hf_dir
@@ -88,7 +114,10 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     except Exception as exc:  # a checkpoint without a manifest may hold any damage
         raise UserError(f"the checkpoint {ckpt} cannot be read", [Problem(
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
+    _check_merge(plan, ckpt, merge)
     state = read_model_state(ckpt)
+    if merge:
+        state = _merged(plan, Path(run_dir), state)
     missing = sorted(set(layout.tensors) - layout.aliases - set(state))
     if missing:
         raise UserError("the checkpoint does not hold the whole model", [Problem(

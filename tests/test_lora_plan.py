@@ -88,17 +88,38 @@ def test_rank_zero_is_refused_by_the_schema():
     assert err.value.problems[0].where.startswith("train.lora.r")
 
 
-def test_an_adapter_pinned_on_an_unverified_backend_is_one_error():
-    cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": {"backend": "deepspeed"},
+@pytest.mark.parametrize("pins,where", [({"backend": "deepspeed", "zero_stage": 1}, "strategy.backend"),
+                                         ({"backend": "fsdp", "zero_stage": 2}, "strategy.backend"),
+                                         ({"backend": "deepspeed", "offload": "cpu"}, "strategy.offload")])
+def test_an_adapter_pinned_on_an_unverified_backend_is_one_error_naming_what_works(pins, where):
+    cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": pins,
                             "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
     with pytest.raises(UserError) as err:
         make_plan(cfg, cpu_hw(2), shape_from_dict(dict(TINY)))
-    assert [p.where for p in err.value.problems] == ["strategy.backend"]
+    assert [p.where for p in err.value.problems] == [where]
+    assert "fsdp (zero_stage 3), deepspeed (zero_stage 2 or 3)" in err.value.problems[0].fix
 
 
 def test_qlora_plans_only_verified_backends():
     plan = make_plan(config(TINY, method="qlora"), cpu_hw(2), shape_from_dict(dict(TINY)))
-    assert {c.strategy.backend for c in plan.candidates} == {"ddp"}
+    planned = {(c.strategy.backend, c.strategy.zero_stage, c.strategy.offload_optimizer, c.strategy.offload_params)
+               for c in plan.candidates}
+    assert planned == {("ddp", 0, "none", "none"), ("fsdp", 3, "none", "none"), ("deepspeed", 2, "none", "none"),
+                       ("deepspeed", 3, "none", "none")}
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_lora_under_zero_shards_adapter_states_and_the_base_only_at_stage_3(stage):
+    shape = shape_from_dict(dict(TINY))
+    a = adapters_for(config(TINY, method="lora", lora={"r": 4}), shape)
+    mem = estimate_memory(shape, cpu_hw(2), strat("deepspeed", stage, precision="fp32"), 32, 1, a)
+    adapters = 2 * TINY_BLOCK_ADAPTERS
+    # DeepSpeed's fp32 master and Adam m, v partitions of the adapters (stage_1_and_2.py / stage3.py).
+    assert mem.gpu["optimizer_states"] == 8 * adapters // 2
+    assert mem.gpu["master_weights"] == 4 * adapters // 2
+    # The compute-dtype adapters and frozen base: replicated at stage 2, partitioned at stage 3.
+    whole = 4 * adapters + 4 * shape.parameters
+    assert mem.gpu["weights"] == (whole if stage == 2 else whole // 2)
 
 
 def test_full_training_that_does_not_fit_gets_lora_and_qlora_remedies_with_numbers():

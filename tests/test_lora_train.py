@@ -103,10 +103,14 @@ def test_ddp_trains_adapters_only_and_merges(method, model_dir, tmp_path):
         assert r0["adapter_diff"] < MERGE_TOLERANCE[method], r0["adapter_diff"]
 
 
-def test_exporting_an_adapter_checkpoint_is_one_error(tmp_path):
+def test_exporting_an_adapter_checkpoint_needs_merge_and_merge_needs_adapters(tmp_path):
     from orchestrate.errors import UserError
+    from orchestrate.export import _check_merge
 
-    torch.save({"model": {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight": torch.zeros(2, 2)}},
-               tmp_path / "trainer_state.pt")
-    with pytest.raises(UserError, match="adapters only"):
-        DDPBackend().full_state_dict(tmp_path, None)
+    with pytest.raises(UserError, match="adapters only") as err:
+        _check_merge(lora_plan("qlora"), tmp_path, merge=False)
+    assert "--merge" in err.value.problems[0].fix
+    with pytest.raises(UserError, match="nothing to merge") as err:
+        _check_merge(make_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 2)), tmp_path, merge=True)
+    assert err.value.problems[0].where == "--merge"
+    _check_merge(lora_plan("lora"), tmp_path, merge=True)  # the one way to export an adapter run

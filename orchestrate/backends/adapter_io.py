@@ -14,16 +14,28 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.backends.hf_io import StateLayout
+    from orchestrate.planner.plan import Plan
+
 _PEFT_PREFIX = "base_model.model."
 
 
 def is_peft(model) -> bool:
-    return type(model).__module__.startswith("peft.")
+    # By lineage: fully_shard swaps a module's class for a subclass defined in torch (FSDPPeftModel...).
+    return any(cls.__module__.startswith("peft.") for cls in type(model).__mro__)
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Only what trains: the adapters (a checkpoint needs nothing else; the base is re-read)."""
     return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` (adapters only) into a PEFT model; every adapter must be there, nothing else."""
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys or set(trainable_state(model)) - set(state):
+        raise RuntimeError(f"the adapters do not match the model: unexpected {result.unexpected_keys[:3]}, "
+                           f"missing {sorted(set(trainable_state(model)) - set(state))[:3]}")
 
 
 def _dense_weight(layer) -> torch.Tensor:
@@ -62,9 +74,34 @@ def merged_state_dict(model, keys) -> dict[str, torch.Tensor]:
     return {k: out[k] for k in keys}
 
 
-def save_adapter(model, out_dir: Path) -> None:
-    """adapter_config.json + adapter_model.safetensors: `PeftModel.from_pretrained(base, out_dir)` loads it."""
+def merge_adapters(plan: Plan, model_dir: Path, adapters: dict[str, torch.Tensor]) -> tuple[dict, StateLayout]:
+    """The merged full-precision state dict of a run's adapters, in this process on the CPU, and the
+    base's layout (its keys and ties).
+
+    For the sharding backends and `orchestrate export --merge`, whose base is not whole in one process:
+    the frozen base is re-read from `model_dir` and transformed as in training (NF4 quantization is
+    deterministic, so these are the bytes that trained), then the adapters are loaded and merged. One
+    copy of the model in this process's CPU memory, plus the merged one (fp32)."""
+    import torch
+
+    from orchestrate.backends.hf_io import StateLayout
+    from orchestrate.model.loading import load_replicated
+    from orchestrate.model.lora import compute_dtype
+    from orchestrate.model.transforms import apply_transforms
+
+    # In the compute dtype the sharding backends load it in, so the NF4 codes are the trained ones.
+    model = load_replicated(model_dir, torch.device("cpu"), compute_dtype(plan), plan.config.model.trust_remote_code,
+                            plan.config.model.task)
+    layout = StateLayout.of(model)  # before the transform renames the adapted layers
+    model = apply_transforms(model, plan)
+    load_adapters(model, adapters)
+    return merged_state_dict(model, layout.tensors), layout
+
+
+def save_adapter(model, out_dir: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+    """adapter_config.json + adapter_model.safetensors: `PeftModel.from_pretrained(base, out_dir)` loads it.
+    `state`: the adapters gathered from a sharded model (None: the model's own, whole in this process)."""
     from orchestrate.backends.hf_io import follow_umask
 
-    model.save_pretrained(str(out_dir), safe_serialization=True)
+    model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=state)
     follow_umask(Path(out_dir))

@@ -76,6 +76,11 @@ class TrainEngine(Protocol):
         Collective: every rank must call it."""
         ...
 
+    def save_adapter(self, out_dir: Path) -> None:
+        """A LoRA / QLoRA run's adapters in PEFT format (adapter_config.json + adapter_model.safetensors)
+        from rank 0; save_hf_model writes the merged model. Collective."""
+        ...
+
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
         """Write a resumable sharded checkpoint (model, optimizer, scheduler, scaler) into ckpt_dir.
         Collective. `client_state` is small picklable-free JSON-able state (step, sampler, rng)."""

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.adapter_io import merge_adapters, save_adapter
 from orchestrate.backends.base import StepResult, WorkerContext, device_process_group
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
@@ -83,6 +84,7 @@ class DeepSpeedBackend:
 
         from orchestrate.model.custom import build_module, is_custom
         from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.model.lora import compute_dtype
         from orchestrate.model.tasks import auto_class
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
@@ -95,11 +97,12 @@ class DeepSpeedBackend:
         trust, task = plan.config.model.trust_remote_code, plan.config.model.task
         hf_ds_config = None
         custom = is_custom(plan.config)
+        adapters = plan.config.train.method != "full"
         if custom:
             # Your own module initialises itself (seeded alike on every rank); deepspeed.initialize
             # casts, partitions (ZeRO-3 included) and moves it.
             model = build_module(plan.config, ctx.device)
-        elif strategy.zero_stage == 3:
+        elif strategy.zero_stage == 3 and not adapters:
             from transformers.integrations import HfDeepSpeedConfig
 
             # While this object lives, from_pretrained builds the model inside deepspeed.zero.Init
@@ -111,19 +114,30 @@ class DeepSpeedBackend:
             # master partitions are built from that cast copy (stage3.py), as under the HF Trainer.
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         elif has_safetensors(ctx.model_dir):
-            # Stages 0-2 replicate parameters: allocate them on this rank's device and fill them one
+            # Stages 0-2 replicate parameters (and a LoRA run's ZeRO-3, which partitions the transformed
+            # model in deepspeed.initialize: the adapted model's keys are not the checkpoint's, so
+            # zero.Init's load cannot fill it): allocate them on this rank's device and fill them one
             # tensor at a time (orchestrate/model/loading.py), never a full copy in CPU RAM per rank.
             # In the training dtype: the engine would cast the parameters to it anyway
             # (_cast_module_mixed_precision) and builds the fp32 master from that cast copy
             # (stage_1_and_2.py), so the result is the same and the device holds half the bytes.
-            model = load_replicated(ctx.model_dir, ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision]), trust,
-                                    task)
+            # A LoRA run's base loads on the CPU in the compute dtype (as adapter_io.merge_adapters re-reads
+            # it) and is quantized there before deepspeed.initialize moves or partitions it.
+            device, dtype = ((torch.device("cpu"), compute_dtype(plan)) if adapters
+                             else (ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision])))
+            model = load_replicated(ctx.model_dir, device, dtype, trust, task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         if not custom:
             model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
+        if adapters:  # peft draws lora_A at random: every rank must draw the same (ZeRO-3 keeps each rank's slice)
+            torch.manual_seed(plan.config.train.seed)
         model = apply_transforms(model, plan)
-        if strategy.activation_checkpointing:
+        if strategy.activation_checkpointing and custom:  # your own module's repeated blocks, as under DDP/FSDP2
+            from orchestrate.backends.hf_io import checkpoint_blocks
+
+            checkpoint_blocks(model, list(plan.shape.block_classes))
+        elif strategy.activation_checkpointing:
             # Non-reentrant checkpointing works with ZeRO-3's parameter hooks and needs no input grads.
             kwargs = {"use_reentrant": False}
             if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.24; the old name warns
@@ -132,15 +146,16 @@ class DeepSpeedBackend:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
         opt = plan.config.train.optimizer
+        trainable = [p for p in model.parameters() if p.requires_grad]  # a LoRA base is frozen
         hyper = {"lr": opt.lr, "betas": tuple(opt.betas), "eps": opt.eps, "weight_decay": opt.weight_decay}
         if strategy.offload_optimizer != "none":
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             # The optimizer step runs on the CPU next to the offloaded states (DeepSpeed requires its
             # CPU Adam there: zero_force_ds_cpu_optimizer).
-            optimizer = DeepSpeedCPUAdam(model.parameters(), adamw_mode=True, **hyper)
+            optimizer = DeepSpeedCPUAdam(trainable, adamw_mode=True, **hyper)
         else:
-            optimizer = torch.optim.AdamW(model.parameters(), **hyper)
+            optimizer = torch.optim.AdamW(trainable, **hyper)
 
         train = plan.config.train
         engine, _, _, _ = deepspeed.initialize(
@@ -165,6 +180,8 @@ class DeepSpeedTrainEngine:
         # (engine._take_model_step reads optimizer._global_grad_norm); plain fp32 without ZeRO does not.
         self._own_grad_norm = strategy.zero_stage == 0 and strategy.precision == "fp32"
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
+        self._plan = plan
+        self._peft = plan.config.train.method != "full"  # the LoRA transform made a PEFT model
         self.objective = ctx.objective or default_objective()
 
     def _inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -229,9 +246,16 @@ class DeepSpeedTrainEngine:
         export too); the fp32 masters stay in the checkpoint (zero_to_fp32.py recovers them)."""
         import deepspeed.comm as dist
 
-        from orchestrate.backends.hf_io import follow_umask
+        from orchestrate.backends.hf_io import follow_umask, save_hf_dir
         from orchestrate.model.custom import save_module
 
+        if self._peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
+            adapters = self._adapters()
+            if dist.get_rank() == 0:
+                state, layout = merge_adapters(self._plan, self._ctx.model_dir, adapters)
+                save_hf_dir(state, self.engine.module.get_base_model().config, Path(out_dir), layout)
+            dist.barrier()
+            return
         if self._zero3:
             # Gathers one module at a time onto rank 0 (None elsewhere), as Accelerate's
             # get_state_dict does for ZeRO-3.
@@ -246,11 +270,26 @@ class DeepSpeedTrainEngine:
             follow_umask(Path(out_dir))
         dist.barrier()  # nobody reads the directory before it is complete
 
+    def _adapters(self) -> dict[str, torch.Tensor]:
+        """The adapters' fp32 master weights, whole, on every rank (collective: ZeRO gathers the partitions)."""
+        from deepspeed.utils import safe_get_full_fp32_param
+
+        return {name: safe_get_full_fp32_param(p).cpu() for name, p in self.engine.module.named_parameters()
+                if p.requires_grad}
+
+    def save_adapter(self, out_dir: Path) -> None:
+        import deepspeed.comm as dist
+
+        adapters = self._adapters()
+        if dist.get_rank() == 0:
+            save_adapter(self.engine.module, Path(out_dir), adapters)
+        dist.barrier()
+
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
         # Every rank writes its own optimizer partition; rank 0 also writes module, scheduler,
-        # engine counters and zero_to_fp32.py.
+        # engine counters and zero_to_fp32.py. A LoRA run's frozen base is left out: it is re-read.
         self.engine.save_checkpoint(str(ckpt_dir), tag=_CKPT_TAG, client_state={_CLIENT_KEY: client_state},
-                                    save_latest=False)
+                                    save_latest=False, exclude_frozen_parameters=self._peft)
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
         """Restore a checkpoint written on any data-parallel size: ZeRO partitions of another size
@@ -274,7 +313,8 @@ class DeepSpeedTrainEngine:
         try:
             with weights_only_loads(deepspeed_checkpoint_classes()):
                 path, client = self.engine.load_checkpoint(str(load_dir), tag=_CKPT_TAG, load_optimizer_states=True,
-                                                           load_lr_scheduler_states=True)
+                                                           load_lr_scheduler_states=True,
+                                                           load_module_strict=not self._peft)
         finally:
             config.load_universal_checkpoint = False
         if path is None:

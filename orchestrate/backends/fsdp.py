@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.adapter_io import is_peft, merge_adapters, save_adapter
 from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
 from orchestrate.backends.torch_engine import (
     DTYPES,
@@ -137,22 +138,50 @@ class FSDPEngine(TorchEngine):
     so the default `_gradient_sync` applies; mixed precision comes from the MixedPrecisionPolicy.
     """
 
+    def __init__(self, plan: Plan, *args: Any) -> None:
+        super().__init__(*args)
+        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+
     def _global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
+    def _full_state(self, trainable_only: bool) -> dict[str, torch.Tensor]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # Gathered shard by shard into rank 0's CPU memory; the other ranks get an empty dict.
+        return get_model_state_dict(self.model, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True, ignore_frozen_params=trainable_only))
+
     def save_hf_model(self, out_dir: Path) -> None:
         import torch.distributed as dist
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         from orchestrate.backends.hf_io import save_hf_dir
 
-        # Gathered shard by shard into rank 0's CPU memory; the other ranks get an empty dict.
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        peft = is_peft(self.model)
+        state = self._full_state(trainable_only=peft)
         if self.ctx.rank == 0:
+            if peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
+                state, _ = merge_adapters(self.plan, self.ctx.model_dir, state)
             save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
         dist.barrier()
+
+    def save_adapter(self, out_dir: Path) -> None:
+        import torch.distributed as dist
+
+        state = self._full_state(trainable_only=True)
+        if self.ctx.rank == 0:
+            save_adapter(self.model, Path(out_dir), state)
+        dist.barrier()
+
+    def _options(self):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+        # A LoRA run's checkpoint holds the adapters only: its frozen base is re-read from model_dir (not
+        # strict: the frozen keys are absent on purpose; dcp.load fails on any adapter key it lacks).
+        peft = is_peft(self.model)
+        return StateDictOptions(ignore_frozen_params=peft, strict=not peft)
 
     def _engine_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(),
@@ -164,7 +193,7 @@ class FSDPEngine(TorchEngine):
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         ckpt_dir = Path(ckpt_dir)
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         # A tied weight (GPT-2's lm_head = wte) is one Parameter under two keys; DCP would write it
         # twice (+150 MB for GPT-2 small). Only the first key of each tie group is saved.
         model_sd = {k: v for k, v in model_sd.items() if k not in self.layout.aliases}
@@ -182,18 +211,36 @@ class FSDPEngine(TorchEngine):
 
         ckpt_dir = Path(ckpt_dir)
         # The shapes DCP loads into, sharded for this world size: DCP reshards whatever wrote it.
-        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
         aliases = {alias: group[0] for group in self.layout.tie_groups for alias in group[1:]}
         state = {"model": {k: v for k, v in model_sd.items() if k not in aliases}, "optim": optim_sd}
         with weights_only_loads():  # DCP unpickles non-tensor entries (param_groups) itself
             dcp.load(state, checkpoint_id=str(ckpt_dir))
         model_sd = {**state["model"], **{alias: state["model"][key] for alias, key in aliases.items()}}
-        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"])
+        set_state_dict(self.model, self.optimizer, model_state_dict=model_sd, optim_state_dict=state["optim"],
+                       options=self._options())
         engine = json.loads((ckpt_dir / ENGINE_STATE_FILE).read_text())
         self.scheduler.load_state_dict(engine["scheduler"])
         if self.scaler and engine["scaler"]:
             self.scaler.load_state_dict(engine["scaler"])
         return read_client_state(ckpt_dir)
+
+
+def _materialise(model, st: dict[str, Any], ctx: WorkerContext, layout) -> None:
+    """Allocate the sharded meta model and read every rank's rows of each tensor from the safetensors."""
+    import torch
+
+    from orchestrate.backends import hf_io
+    from orchestrate.model.loading import load_sharded
+
+    # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
+    model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
+    for group in layout.tie_groups:  # fully_shard and to_empty keep tied Parameters one object
+        params = {id(model.get_parameter(name)) for name in group}
+        if len(params) != 1:
+            raise RuntimeError(f"tied weights {group} came apart during sharding")
+    load_sharded(model, ctx.model_dir, layout)
+    hf_io.restore_non_persistent_buffers(model, ctx.device)
 
 
 def check_device(settings: dict[str, Any], device: torch.device) -> None:
@@ -267,7 +314,8 @@ class FSDPBackend:
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.custom import ModuleConfig, build_module, is_custom
-        from orchestrate.model.loading import load_sharded
+        from orchestrate.model.loading import load_replicated
+        from orchestrate.model.lora import compute_dtype
         from orchestrate.model.meta import build_meta_model
         from orchestrate.model.transforms import apply_transforms
 
@@ -280,15 +328,26 @@ class FSDPBackend:
         check_world_size(st, ctx)
         torch.manual_seed(st["seed"])
         trust, custom = plan.config.model.trust_remote_code, is_custom(plan.config)
+        adapters = plan.config.train.method != "full"
         if custom:
             # Your own module initialises itself: built for real (seeded alike on every rank), then
             # fully_shard keeps each rank's shard of those weights; no meta build, nothing to load.
             hf_config, model = ModuleConfig(plan.config), build_module(plan.config, ctx.device)
+            layout = hf_io.StateLayout.of(model)
+        elif adapters:
+            hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
+            # The adapted model's keys are not the checkpoint's (peft renames base_layer..., NF4 packs the
+            # weights), so its base is read whole in the compute dtype, transformed, then sharded by
+            # fully_shard below: one copy per rank in CPU memory while it loads (planner: _load_bytes).
+            model = load_replicated(ctx.model_dir, torch.device("cpu"), compute_dtype(plan), trust,
+                                    plan.config.model.task)
+            layout = hf_io.StateLayout.of(model)  # the base's keys: the merged model is saved under them
+            model = apply_transforms(model, plan)
         else:
             hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
             model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task,
                                                       trust_remote_code=trust), plan)
-        layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
+            layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
         # Your own module without repeated blocks is one FSDP unit (the root).
         classes = st["fully_shard"]["block_classes"] or ([] if custom else
                                                          hf_io.model_block_class_names(model, hf_config.model_type))
@@ -313,19 +372,15 @@ class FSDPBackend:
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
 
-        if not custom:
-            # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
-            model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
-            for group in layout.tie_groups:  # fully_shard and to_empty keep tied Parameters one object
-                params = {id(model.get_parameter(name)) for name in group}
-                if len(params) != 1:
-                    raise RuntimeError(f"tied weights {group} came apart during sharding")
-            load_sharded(model, ctx.model_dir, layout)
-            hf_io.restore_non_persistent_buffers(model, ctx.device)
+        if not custom and not adapters:
+            _materialise(model, st, ctx, layout)
         _move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
+        # Train mode before any forward: bitsandbytes repacks a 4-bit weight in place for its CPU kernel on
+        # an eval-mode no-grad forward (Linear4bit.forward), which would break the sharded parameter.
+        model.train()
 
         opt = st["optimizer"]
-        optimizer = torch.optim.AdamW(model.parameters(), lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=opt["lr"], betas=tuple(opt["betas"]), eps=opt["eps"],
                                       weight_decay=opt["weight_decay"], fused=opt["fused"])
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = None
@@ -334,7 +389,7 @@ class FSDPBackend:
 
             # Sharded: the inf/nan check is all-reduced, so every rank skips the same steps.
             scaler = ShardedGradScaler(device=ctx.device.type)
-        return FSDPEngine(model, optimizer, scheduler, scaler, st, hf_config, layout, ctx)
+        return FSDPEngine(plan, model, optimizer, scheduler, scaler, st, hf_config, layout, ctx)
 
 
 BACKEND = FSDPBackend()

@@ -80,6 +80,19 @@ def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = No
     return out_dir
 
 
+def existing_weights_dir(plan: Plan, run_dir: Path) -> Path:
+    """The model directory `ensure_initial_weights` gave this run's workers, found again without building or
+    downloading (for `orchestrate export --merge`, which re-reads a LoRA run's frozen base)."""
+    name = plan.config.model.name_or_path
+    if name is not None:
+        path = plan.config.resolve_path(name)
+        if has_weights(path):
+            return path
+        if not path.exists():
+            return _hub_snapshot(name, download=False)
+    return Path(run_dir) / INIT_MODEL_DIR
+
+
 def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: list[str] | None = None) -> Path:
     """The model directory to load from; collective when a process group is initialised. `labels`:
     a classifier's label names (from the data), which size its head."""

@@ -32,6 +32,22 @@ def target_modules(plan: Plan) -> list[str]:
     return sorted({name for name, _, _ in block_linears(plan.shape) or []}) if wanted == "auto" else list(wanted)
 
 
+def shards_parameters(plan: Plan) -> bool:
+    """FSDP2 and ZeRO-3 shard (flatten, gather) every parameter, the frozen 4-bit ones too."""
+    s = plan.chosen.strategy
+    return s.backend == "fsdp" or (s.backend == "deepspeed" and s.zero_stage == 3)
+
+
+def quant_storage(plan: Plan) -> torch.dtype:
+    """The dtype the packed NF4 bytes are stored as. uint8 by default; where the backend shards the base it
+    must be the compute dtype, as transformers' `bnb_4bit_quant_storage` for FSDP-QLoRA: FSDP2's mixed
+    precision casts every parameter to its param_dtype, uint8 codes too (bitsandbytes docs "FSDP-QLoRA";
+    Answer.AI fsdp_qlora)."""
+    import torch
+
+    return compute_dtype(plan) if shards_parameters(plan) else torch.uint8
+
+
 def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
     """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit` (weights quantized on assignment
     to a CPU/GPU device; bitsandbytes/nn/modules.py Params4bit)."""
@@ -41,6 +57,7 @@ def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
     from orchestrate.backends.hf_io import find_blocks, model_block_class_names
 
     q = plan.config.train.quantization
+    storage = quant_storage(plan)
     classes = model_block_class_names(model, plan.shape.model_type)
     for _, block in find_blocks(model, classes):
         for parent in list(block.modules()):
@@ -49,9 +66,11 @@ def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
                     continue
                 new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
                                         compute_dtype=compute_dtype(plan), quant_type=q.type,
-                                        compress_statistics=q.double_quant, device="meta")
-                new.weight = bnb.nn.Params4bit(child.weight.data.to("cpu"), requires_grad=False,
-                                               quant_type=q.type, compress_statistics=q.double_quant)
+                                        compress_statistics=q.double_quant, quant_storage=storage, device="meta")
+                # module=new: quantizing also records the quant state on the layer, where Linear4bit.forward
+                # recovers it once FSDP2 has swapped the parameter for its unsharded copy (which lacks it).
+                new.weight = bnb.nn.Params4bit(child.weight.data.to("cpu"), requires_grad=False, quant_type=q.type,
+                                               compress_statistics=q.double_quant, quant_storage=storage, module=new)
                 if child.bias is not None:
                     new.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
                 setattr(parent, name, new.to(child.weight.device))

@@ -14,11 +14,41 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.model.linears import block_linears, linear_families
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.constants import nf4_bits_per_param
+from orchestrate.planner.strategy import Sharding
 
-# Backends whose engines train each method, verified on 2 gloo ranks (tests/test_lora_train.py); others
-# are refused. FSDP2 and DeepSpeed build or load the model their own way (meta device, zero.Init) and do
-# not yet map the adapted model's keys: not wired.
-TRAINABLE_ON = {"lora": ("ddp",), "qlora": ("ddp",)}
+# (backend, ZeRO stage) pairs whose engines train each method, without offload, verified on 2 gloo ranks
+# (tests/test_lora_train.py: DDP; tests/test_lora_backends.py: FSDP2 full shard, ZeRO-2, ZeRO-3). Others
+# (ZeRO-1, FSDP2 shard-grad-op, any offload: never run with adapters) are refused.
+_VERIFIED = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
+TRAINABLE_ON = {"lora": _VERIFIED, "qlora": _VERIFIED}
+
+
+def trains(method: str, sharding: Sharding) -> bool:
+    """Whether `method`'s adapters are verified to train under this sharding."""
+    return ((sharding.backend, sharding.zero_stage) in TRAINABLE_ON[method]
+            and sharding.offload_optimizer == "none" and sharding.offload_params == "none")
+
+
+def _where(method: str) -> str:
+    stages: dict[str, list[str]] = {}
+    for backend, stage in TRAINABLE_ON[method]:
+        stages.setdefault(backend, []).append(str(stage))
+    return ", ".join(f"{b} (zero_stage {' or '.join(z)})" for b, z in stages.items()) + ", without offload"
+
+
+def _backend_problems(config: RunConfig) -> list[Problem]:
+    """Pins that no verified (backend, stage) of the method matches: one error naming what works."""
+    method, pins = config.train.method, config.strategy
+    verified = [(b, z) for b, z in TRAINABLE_ON[method] if pins.backend in ("auto", b)
+                and pins.zero_stage in ("auto", z)]
+    offload = pins.offload not in ("auto", "none") or pins.offload_params is True
+    if verified and not offload:
+        return []
+    pinned = {k: v for k, v in pins.model_dump().items()
+              if k in ("backend", "zero_stage", "offload", "offload_params") and v not in ("auto", False)}
+    where = "strategy.offload" if verified else "strategy.backend" if pins.backend != "auto" else "strategy.zero_stage"
+    return [Problem(where, f"{method} is not verified to train with {pinned}",
+                    f"{method} trains under {_where(method)}: pin one of those, or set the pins to auto")]
 
 
 @dataclass(frozen=True)
@@ -61,11 +91,7 @@ def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
     if wanted != "auto" and (unknown := [n for n in wanted if n not in names]):
         out.append(Problem("train.lora.target_modules", f"{', '.join(unknown)} match(es) no linear layer of a "
                            f"{shape.model_type} block", f"use some of {', '.join(names)}, or auto"))
-    backend = config.strategy.backend
-    if backend != "auto" and backend not in TRAINABLE_ON[train.method]:
-        out.append(Problem("strategy.backend", f"{train.method} is not verified to train under {backend}",
-                           f"use backend {' or '.join(TRAINABLE_ON[train.method])}, or auto"))
-    return out
+    return out + _backend_problems(config)
 
 
 def adapters_for(config: RunConfig, shape: ModelShape) -> Adapters | None:

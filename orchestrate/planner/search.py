@@ -33,7 +33,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.adapters import TRAINABLE_ON, Adapters, adapters_for
+from orchestrate.planner.adapters import Adapters, adapters_for, trains
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.knobs import auto_loss_chunks, knob_options, knob_problems
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
@@ -348,7 +348,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
     # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
     zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1
     bases = [b for b in _all_bases(hw, nvme_available(config, hw), zero1) if _matches_pins(b, config)
-             and (adapters is None or b.backend in TRAINABLE_ON[adapters.method])]
+             and (adapters is None or trains(adapters.method, b))]
     if not bases:
         pins = {k: v for k, v in config.strategy.model_dump().items()
                 if k in ("backend", "zero_stage", "offload", "offload_params") and v != "auto"}

@@ -5,15 +5,16 @@ Pure arithmetic on a `ModelShape`, a `HardwareProfile` and a `Strategy`; no I/O,
 Notation: P = parameters, n = ranks a sharded state is split over (the world size; the ranks of one
 node for FSDP hybrid shard), c = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32).
 
-Peak model. Device bytes are summed, except where torch-native backends (DDP, FSDP2) provably do not
-hold two things at once: torch frees `.grad` on `zero_grad()` (set_to_none=True, the default since
-torch 2.0), so at the backward-start peak (every saved activation and the logits live) the step's
-gradients do not exist yet, and they grow only as activations are freed. With one micro-batch per
-step the peak is therefore static + max(activations + logits, gradients); measured on FSDP2 here
-(gradients are absent at the backward peak). With gradient accumulation they persist across
-micro-batches and are counted in full. DeepSpeed keeps its gradient partitions in flat buffers and its
-own estimator counts them statically; so do we. The ddp/fsdp backends step with fused AdamW
-(`fused=True`), which allocates no full-size temporaries (rendering contract).
+Peak model. Device bytes are summed, except for what provably never coexists with the backward-start
+peak (every saved activation and the logits live): torch frees `.grad` on `zero_grad()`
+(set_to_none=True, the default since torch 2.0), FSDP2 allocates unsharded gradients and
+reduce-scatter inputs per block in backward, and DeepSpeed releases its fp32 gradient partition and
+ipg buckets (ZeRO-2 also its 16-bit partition) around the step. Those grow only as activations are
+freed, so with one micro-batch per step the peak is static + max(activations + logits, those
+terms) (`_backward_only`; simulated on all three backends: none of them is live at the peak). With
+gradient accumulation they persist across micro-batches and are counted in full. The ddp/fsdp
+backends step with fused AdamW (`fused=True`), which allocates no full-size temporaries
+(rendering contract).
 
 Host bytes are per node: the offloaded shards of all ranks of the node, pinned swap buffers, each
 rank's process runtime, and the weight-loading spike in excess of the steady state (loading happens
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner import activations
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets
 from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
@@ -67,16 +69,11 @@ def root_parameters(shape: ModelShape) -> int:
 
 
 def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
-    """Saved activations of one micro-batch at the backward-start peak."""
-    tokens_hidden = strategy.micro_batch_size * seq_len * shape.hidden_size
-    scale = compute_bytes(strategy) / 2  # the constants are 16-bit measurements; fp32 doubles them
-    full_layer = k.ACT_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale  # measured, see constants
-    if not strategy.activation_checkpointing:
-        return int(shape.num_layers * full_layer)
-    # Full recompute keeps each block's input (Korthikanti et al. 2022, 4.1) and rebuilds one block's
-    # activations at a time during backward.
-    stored = shape.num_layers * k.AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale
-    return int(stored + full_layer)
+    """Saved activations of one micro-batch at the backward-start peak, from the family's block
+    structure (planner/activations.py)."""
+    tokens = strategy.micro_batch_size * seq_len
+    return activations.activation_bytes(shape, compute_bytes(strategy), tokens, strategy.activation_checkpointing,
+                                        logits_bytes(shape, strategy, seq_len))
 
 
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
@@ -222,6 +219,29 @@ def _fsdp(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
     return out
 
 
+def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int,
+                   accumulation: int) -> list[tuple[str, float]]:
+    """Bytes of model-state components born in backward and freed by the step, so not live at the
+    backward-start peak. With accumulation they persist across micro-batches: none."""
+    if accumulation > 1:
+        return []
+    grads, buckets = gpu["gradients"], gpu["comm_buckets"]
+    if strategy.backend == "ddp":
+        return [("gradients", grads)]  # torch zero_grad(set_to_none=True); DDP's buckets persist
+    if strategy.backend == "fsdp":
+        # + the unsharded gradients and the reduce-scatter input, allocated per block in backward
+        # (_fsdp_param_group.py post_backward / foreach_reduce).
+        return [("gradients", grads), ("comm_buckets", buckets)]
+    if strategy.zero_stage == 3:
+        # stage3.py keeps the 16-bit gradient partition (grad_partitions_flat_buffer) for the whole
+        # run; the fp32 partition the optimizer steps is made and dropped around the step; the ipg
+        # buckets exist while backward reduces. Simulated: neither is live at the peak.
+        return [("gradients", min(grads, 4 * shape.parameters / n)), ("comm_buckets", buckets)]
+    # stage_1_and_2.py: grads_in_partition, the fp32 partition and the ipg buckets are all released
+    # after the step (zero_grad frees them; simulated: no gradient bytes live at the peak).
+    return [("gradients", grads), ("comm_buckets", buckets)]
+
+
 def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> float:
     """Host bytes one node holds while the weights load, as the backends load them."""
     p = shape.parameters
@@ -270,9 +290,12 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)
-    transient = gpu["activations"] + gpu["logits"]
-    if strategy.backend in ("ddp", "fsdp") and gradient_accumulation == 1:
-        gpu["gradients"] = max(0.0, gpu["gradients"] - transient)  # see "Peak model" above
+    # See "Peak model" above: what exists only in backward and the step reuses the activations' bytes.
+    free = gpu["activations"] + gpu["logits"]
+    for key, size in _backward_only(gpu, shape, strategy, shard_group_size(hw, strategy), gradient_accumulation):
+        reused = min(free, size)
+        gpu[key] -= reused
+        free -= reused
     if hw.has_gpu:
         gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES

@@ -155,9 +155,12 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int, accumulation: int)
     out.gpu["weights"] = c * p if stage < 3 else c * p / n
     out.gpu["gradients"] = low_grads
     if stage == 3:
-        # The largest layer gathered in 16-bit plus its 16-bit gradient: DeepSpeed's
-        # largest_layer_memory = 4·largest_layer_params (stage3.py estimator).
-        out.gpu["gathered_params"] = 2 * c * shape.largest_layer_parameters
+        # The coordinator releases a gathered parameter only past stage3_max_live_parameters (or its
+        # reuse distance, both rendered as DeepSpeed's 1e9), so up to that many elements stay gathered
+        # through forward (partitioned_param_coordinator.py release_sub_module; simulated: every
+        # parameter of a 2-block model at the forward end), at least the largest layer. DeepSpeed's
+        # estimator counts 4·largest_layer bytes instead (the layer and its gradient).
+        out.gpu["gathered_params"] = c * max(shape.largest_layer_parameters, min(p, k.DS_STAGE3_MAX_LIVE_PARAMETERS))
 
     if offload_opt == "none":
         out.gpu.update(optimizer_states=opt, master_weights=master)
@@ -213,33 +216,38 @@ def _fsdp(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
     else:
         # shard-grad-op (reshard_after_forward=False): every unsharded parameter survives forward.
         out.gpu["gathered_params"] = c * p
-    # Unsharded gradients in the compute dtype: the block being computed and the root's (reduced when
-    # the backward ends); plus the fp32 reduce-scatter input of the block being reduced.
-    out.gpu["comm_buckets"] = c * (block + root) + k.FSDP_REDUCE_BYTES * block
+    # The fp32 reduce-scatter input of the largest unit being reduced (the root's, at the end of
+    # backward, for LM vocabularies) plus the unsharded compute-dtype gradient of its largest
+    # parameter: foreach_reduce copies the unsharded gradients in and drops them one by one
+    # (_fsdp_collectives.py; simulated: 4·root + c·embedding at the end of backward).
+    out.gpu["comm_buckets"] = k.FSDP_REDUCE_BYTES * max(block, root) + c * shape.largest_layer_parameters
     return out
 
 
-def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int,
-                   accumulation: int) -> list[tuple[str, float]]:
-    """Bytes of model-state components born in backward and freed by the step, so not live at the
-    backward-start peak. With accumulation they persist across micro-batches: none."""
-    if accumulation > 1:
-        return []
-    grads, buckets = gpu["gradients"], gpu["comm_buckets"]
+def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int) -> tuple[list, float]:
+    """Model-state bytes (key, size) born in backward or the step and freed by it, so not live at the
+    backward-start peak, and the step's temporaries beyond them (simulated, see the module doc)."""
+    grads, buckets, c, pn = gpu["gradients"], gpu["comm_buckets"], compute_bytes(strategy), shape.parameters / n
     if strategy.backend == "ddp":
-        return [("gradients", grads)]  # torch zero_grad(set_to_none=True); DDP's buckets persist
+        # torch zero_grad(set_to_none=True); DDP's buckets persist. The input embedding's backward
+        # (embedding_dense_backward) makes a dense fp32 vocab x hidden gradient at the very end of
+        # backward, and a tied one is summed with the LM head's into a third.
+        embedding = 4 * shape.vocab_size * shape.hidden_size * (2 if shape.tied_embeddings else 1)
+        return [("gradients", grads)], embedding
     if strategy.backend == "fsdp":
-        # + the unsharded gradients and the reduce-scatter input, allocated per block in backward
-        # (_fsdp_param_group.py post_backward / foreach_reduce).
-        return [("gradients", grads), ("comm_buckets", buckets)]
+        # + the unsharded gradients and the reduce-scatter input, allocated per unit in backward
+        # (_fsdp_param_group.py post_backward / foreach_reduce). Fused AdamW: no step temporaries.
+        return [("gradients", grads), ("comm_buckets", buckets)], 0.0
+    if gpu["optimizer_states"] == 0:  # optimizer offloaded: the step runs on the CPU
+        return [("gradients", grads), ("comm_buckets", buckets)], 0.0
     if strategy.zero_stage == 3:
         # stage3.py keeps the 16-bit gradient partition (grad_partitions_flat_buffer) for the whole
-        # run; the fp32 partition the optimizer steps is made and dropped around the step; the ipg
-        # buckets exist while backward reduces. Simulated: neither is live at the peak.
-        return [("gradients", min(grads, 4 * shape.parameters / n)), ("comm_buckets", buckets)]
+        # run; the fp32 partition the optimizer steps is made for the step, and the foreach AdamW on it
+        # adds a partition-sized sqrt temporary (torch/optim/adamw.py _multi_tensor_adam).
+        return [("gradients", min(grads, 4 * pn)), ("comm_buckets", buckets)], 4 * pn
     # stage_1_and_2.py: grads_in_partition, the fp32 partition and the ipg buckets are all released
-    # after the step (zero_grad frees them; simulated: no gradient bytes live at the peak).
-    return [("gradients", grads), ("comm_buckets", buckets)]
+    # after the step; the step holds one more 16-bit partition-sized flat copy (simulated 6·P/n).
+    return [("gradients", grads), ("comm_buckets", buckets)], c * pn
 
 
 def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> float:
@@ -290,12 +298,16 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)
-    # See "Peak model" above: what exists only in backward and the step reuses the activations' bytes.
-    free = gpu["activations"] + gpu["logits"]
-    for key, size in _backward_only(gpu, shape, strategy, shard_group_size(hw, strategy), gradient_accumulation):
-        reused = min(free, size)
-        gpu[key] -= reused
-        free -= reused
+    if gradient_accumulation == 1:  # see "Peak model" above; with accumulation the gradients persist
+        # What exists only in backward and the step reuses the bytes of what backward frees: the
+        # activations, the logits and the gathered parameters (resharded by the end of backward).
+        free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
+        backward, step = _backward_only(gpu, shape, strategy, shard_group_size(hw, strategy))
+        for key, size in backward:
+            reused = min(free, size)
+            gpu[key] -= reused
+            free -= reused
+        gpu["gradients"] += max(0.0, step - free)  # step temporaries beyond what is still free
     if hw.has_gpu:
         gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES

@@ -229,11 +229,12 @@ def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int) -> 
     backward-start peak, and the step's temporaries beyond them (simulated, see the module doc)."""
     grads, buckets, c, pn = gpu["gradients"], gpu["comm_buckets"], compute_bytes(strategy), shape.parameters / n
     if strategy.backend == "ddp":
-        # torch zero_grad(set_to_none=True); DDP's buckets persist. The input embedding's backward
+        # torch zero_grad(set_to_none=True); DDP's buckets persist. A tied input embedding's backward
         # (embedding_dense_backward) makes a dense fp32 vocab x hidden gradient at the very end of
-        # backward, and a tied one is summed with the LM head's into a third.
-        embedding = 4 * shape.vocab_size * shape.hidden_size * (2 if shape.tied_embeddings else 1)
-        return [("gradients", grads)], embedding
+        # backward, summed with the LM head's .grad into a third (autograd accumulate_grad); an untied
+        # one becomes the .grad itself (simulated: gpt2 +2·4·V·h, llama +0).
+        tied = 8 * shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0
+        return [("gradients", grads)], tied
     if strategy.backend == "fsdp":
         # + the unsharded gradients and the reduce-scatter input, allocated per unit in backward
         # (_fsdp_param_group.py post_backward / foreach_reduce). Fused AdamW: no step temporaries.

@@ -158,39 +158,46 @@ def test_zero3_matches_deepspeed_plus_the_16bit_gradient_partition(ds_zero3, sha
     # (grad_partitions_flat_buffer, model dtype, on the optimizer's device: GPU, or CPU when the
     # optimizer is offloaded) besides the 16-bit parameter partition; the estimator's 18·P/N (and its
     # CPU 16 / 18·P per node) leave it out. So ours = DeepSpeed + 2·P/N per rank, 2·P/nodes per node.
+    # A second: the estimator counts 4 B x the largest layer (LL) gathered; ours counts the up to 1e9
+    # 16-bit parameters stage3_max_live_parameters lets stay gathered (memory.py _deepspeed), so
+    # ours = DeepSpeed - 4·LL + 2·1e9 on the GPU.
     hw = gpu_hw(gpn, nodes)
     p, ll, world = shape.parameters, shape.largest_layer_parameters, gpn * nodes
     gpu_states = (*MODEL_STATE_KEYS, "gathered_params")
     grad16_rank, grad16_node = 2 * p // world, 2 * p // nodes
+    live = 2 * min(p, 10**9) - 4 * ll
 
     # No offload: GPU LL + 18P/N.
     _, ds_gpu, _ = ds_zero3(p, ll, gpn, nodes, cpu_offload=False, cpu_offload_params=False,
                             additional_buffer_factor=1.0)
     mem = estimate_memory(shape, hw, strat(), 512, gradient_accumulation=2)  # states held, see zero2
-    assert model_states(mem, gpu_states) == ds_gpu + grad16_rank
+    assert model_states(mem, gpu_states) == ds_gpu + grad16_rank + live
 
     # Optimizer offload (zero.Init): GPU LL + 2P/N; CPU 16P / nodes per node.
     ds_cpu, ds_gpu, _ = ds_zero3(p, ll, gpn, nodes, cpu_offload=True, cpu_offload_params=False,
                                  zero_init=True, additional_buffer_factor=1.0)
     mem = estimate_memory(shape, hw, strat(opt="cpu"), 512)
-    assert model_states(mem, gpu_states) == ds_gpu
+    assert model_states(mem, gpu_states) == ds_gpu + live
     assert offloaded(mem) == ds_cpu + grad16_node
 
     # Parameters + optimizer offloaded: GPU LL; CPU 18P / nodes (the 16 above + 2 for 16-bit params).
     ds_cpu, ds_gpu, _ = ds_zero3(p, ll, gpn, nodes, cpu_offload=True, cpu_offload_params=True,
                                  zero_init=True, additional_buffer_factor=1.0)
     mem = estimate_memory(shape, hw, strat(opt="cpu", params="cpu"), 512)
-    assert model_states(mem, gpu_states) == ds_gpu
+    assert model_states(mem, gpu_states) == ds_gpu + live
     assert offloaded(mem) == ds_cpu + grad16_node
 
 
 def test_deepspeed_worked_example_llama_7b_two_gpus():
     # The figures DeepSpeed's estimator prints for Llama-7B on 2 GPUs of one node, params+optimizer
-    # offload: 0.49 GiB per GPU and 169 GiB of CPU RAM (18·P x its 1.5 buffer factor). Ours: the same
-    # GPU; on the CPU 20·P (18·P + the 16-bit gradient partition, see above) without the factor.
+    # offload: 0.49 GiB per GPU (4 B x the largest layer) and 169 GiB of CPU RAM (18·P x its 1.5
+    # buffer factor). Ours on the GPU: the 1e9 16-bit parameters stage3_max_live_parameters lets stay
+    # gathered (memory.py _deepspeed); on the CPU 20·P (18·P + the 16-bit gradient partition, see
+    # above) without the factor.
     shape = llama2_7b()
     mem = estimate_memory(shape, gpu_hw(2), strat(opt="cpu", params="cpu"), 512)
-    assert model_states(mem, (*MODEL_STATE_KEYS, "gathered_params")) / GiB == pytest.approx(0.49, abs=0.01)
+    assert 4 * shape.largest_layer_parameters / GiB == pytest.approx(0.49, abs=0.01)
+    assert model_states(mem, (*MODEL_STATE_KEYS, "gathered_params")) == 2 * 10**9
     assert offloaded(mem) == 20 * shape.parameters
     assert offloaded(mem) / GiB == pytest.approx(169.4 / 1.5 * 20 / 18, abs=0.1)
 

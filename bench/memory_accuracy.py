@@ -80,8 +80,8 @@ class Point:
 
 
 def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strategies=STRATEGIES) -> list[Point]:
-    # Families innermost, so that a partial run covers every family.
-    return [Point(f, strategy(b, st, mb, ac), seq) for seq in seqs for mb in mbs for ac in acs
+    # Families innermost, so that a partial run covers every family (and both lengths at micro-batch 1).
+    return [Point(f, strategy(b, st, mb, ac), seq) for mb in mbs for seq in seqs for ac in acs
             for (b, st) in strategies for f in (families or FAMILIES)]
 
 

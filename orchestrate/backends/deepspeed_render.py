@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner import ds_buckets
-from orchestrate.planner.constants import DS_STAGE3_MAX_LIVE_PARAMETERS, DS_SUB_GROUP_SIZE  # the memory model assumes them
+from orchestrate.planner.constants import (  # the memory model assumes them
+    DS_STAGE3_MAX_LIVE_PARAMETERS,
+    DS_SUB_GROUP_SIZE,
+)
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan

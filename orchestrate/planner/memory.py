@@ -30,9 +30,8 @@ from __future__ import annotations
 
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner import activations
+from orchestrate.planner import activations, ds_buckets
 from orchestrate.planner import constants as k
-from orchestrate.planner import ds_buckets
 from orchestrate.planner.adapter_memory import add_frozen_base, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate

@@ -302,7 +302,8 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
         free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
-        backward, step = _backward_only(gpu, shape, strategy, shard_group_size(hw, strategy))
+        trained = trainable_shape(shape, adapters) if adapters is not None else shape  # what has gradients
+        backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
         for key, size in backward:
             reused = min(free, size)
             gpu[key] -= reused

@@ -1,101 +1,171 @@
-"""Analytical vs simulated per-rank peak memory for a small zoo of models and strategies.
+"""Analytical vs simulated per-rank peak memory over a zoo of families, strategies and shapes.
 
-    .venv/bin/python bench/memory_accuracy.py            # zoo + calibration, a few minutes on 2 cores
-    .venv/bin/python bench/memory_accuracy.py --no-calibrate
+    .venv/bin/python bench/memory_accuracy.py                 # the whole zoo (simulations cached)
+    .venv/bin/python bench/memory_accuracy.py --family llama --seq 512 --jobs 2
 
-Each row plans the strategy for two generic 8 GB GPUs (launch_configs/profiles/generic-8gb.yaml),
-simulates one rank on fake tensors (orchestrate.simulate.verify_plan) and prints:
+The zoo: gpt2, llama, qwen2, mistral, phi3 (2-block models with each family's real widths, so a
+simulation takes seconds) x {FSDP2 full shard, FSDP2 shard-grad-op, ZeRO-2, ZeRO-3, DDP} x
+{activation checkpointing off, on} x micro-batch {1, 2, 4} x seq {512, 2048}, on two generic 8 GB GPUs
+(launch_configs/profiles/generic-8gb.yaml). Each row plans the strategy, simulates rank 0 on fake
+tensors (orchestrate.simulate, the real backends) and compares:
 - analytical: the planner's per-rank estimate (orchestrate.planner.memory.estimate_memory);
 - simulated: tensor bytes the simulation saw at the peak (512-byte CUDA blocks), plus what no
   simulation sees, taken from the analytical model's named constants (CUDA context, workspace,
-  NCCL buffers, allocator reserve);
-- act+logits: the analytical activations + logits terms against the simulated activation peak
-  (saved activations, LM head and loss temporaries), the part the model's constants calibrate.
-Calibration then simulates 1- and 2-layer versions and prints the coefficients to compare with
-orchestrate/planner/constants.py.
+  NCCL buffers, allocator reserve).
+Simulation results are cached in bench/results/memory_accuracy.json, keyed by the full run spec, so
+a rerun after a change to the analytical model costs no simulation; a changed spec simulates again.
+Prints the table, the worst |analytical / simulated - 1| and, with --json, writes every row.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrate.planner import constants as k  # noqa: E402
+from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
-from orchestrate.simulate.calibrate import calibrate  # noqa: E402
+from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
+from orchestrate.simulate.result import SimulationResult  # noqa: E402
 from orchestrate.simulate.spec import plan_from_parts  # noqa: E402
-from orchestrate.simulate.verify import VerificationReport, verify_plan  # noqa: E402
+from orchestrate.simulate.verify import _unseen  # noqa: E402
 
-GPT2 = {"model_type": "gpt2"}  # 124M, HF defaults (dropout 0.1: accounted CUDA-style)
-LLAMA_4L = {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 4,
-            "num_attention_heads": 16, "num_key_value_heads": 4, "vocab_size": 32000,
-            "max_position_embeddings": 2048, "tie_word_embeddings": False}
+CACHE = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"
 WORLD = 2
 MiB = 2**20
+LAYERS = 2
+
+# Real widths (config.json of the Hub model named), two blocks. max_position_embeddings >= 2048.
+FAMILIES: dict[str, dict] = {
+    # openai-community/gpt2 (dropout 0.1 everywhere, as shipped)
+    "gpt2": {"model_type": "gpt2", "n_layer": LAYERS, "n_positions": 2048},
+    # TinyLlama/TinyLlama-1.1B: GQA 32/4, SwiGLU
+    "llama": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": LAYERS,
+              "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,
+              "max_position_embeddings": 2048, "tie_word_embeddings": False},
+    # Qwen/Qwen2.5-0.5B: q/k/v biases, GQA 14/2, tied 151936-entry vocabulary
+    "qwen2": {"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": LAYERS,
+              "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
+              "max_position_embeddings": 32768, "tie_word_embeddings": True},
+    # mistralai/Mistral-7B-v0.3 widths at 1/4 (GQA 32/8 kept as 8/2), no sliding window (v0.3)
+    "mistral": {"model_type": "mistral", "hidden_size": 1024, "intermediate_size": 3584, "num_hidden_layers": LAYERS,
+                "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 128, "vocab_size": 32768,
+                "max_position_embeddings": 32768, "sliding_window": None, "tie_word_embeddings": False},
+    # microsoft/Phi-3-mini-4k-instruct widths at 1/3: fused qkv and gate_up projections
+    "phi3": {"model_type": "phi3", "hidden_size": 1024, "intermediate_size": 2730, "num_hidden_layers": LAYERS,
+             "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32064,
+             "max_position_embeddings": 4096, "tie_word_embeddings": False},
+}
+STRATEGIES = (("fsdp", 3), ("fsdp", 2), ("deepspeed", 2), ("deepspeed", 3), ("ddp", 0))
 
 
-def _s(backend: str, stage: int, mb: int, ac: bool) -> Strategy:
+def strategy(backend: str, stage: int, mb: int, ac: bool) -> Strategy:
     return Strategy(backend=backend, zero_stage=stage, offload_optimizer="none", offload_params="none",
                     precision="bf16", activation_checkpointing=ac, micro_batch_size=mb)
 
 
-ZOO = [
-    ("gpt2-124M", GPT2, 1024, _s("fsdp", 3, 1, False)),
-    ("gpt2-124M", GPT2, 1024, _s("fsdp", 3, 2, False)),
-    ("gpt2-124M", GPT2, 1024, _s("fsdp", 3, 1, True)),
-    ("gpt2-124M", GPT2, 1024, _s("fsdp", 2, 1, False)),
-    ("gpt2-124M", GPT2, 1024, _s("fsdp", 2, 2, True)),
-    ("gpt2-124M", GPT2, 1024, _s("deepspeed", 2, 1, False)),
-    ("llama-4L-2048", LLAMA_4L, 1024, _s("fsdp", 3, 1, False)),
-    ("llama-4L-2048", LLAMA_4L, 1024, _s("fsdp", 3, 1, True)),
-]
+@dataclass(frozen=True)
+class Point:
+    family: str
+    strategy: Strategy
+    seq_len: int
 
 
-def _row(model: str, report: VerificationReport, seconds: float) -> str:
-    a, sim = report.analytical, report.simulation
-    act_a = (a.get("activations", 0) + a.get("logits", 0)) / MiB
-    return (f"{model:<14} {report.strategy:<26} {report.analytical_total / MiB:>9.0f} {report.simulated_bytes / MiB:>9.0f} "
-            f"{report.simulated_total / MiB:>9.0f} {report.analytical_over_simulated:>6.2f} "
-            f"{act_a:>8.0f} {sim.activation_peak_bytes / MiB:>8.0f} {sim.peak_phase:>9} "
-            f"{sim.wall_s:>5.1f}s {sim.max_rss_bytes / 2**30:>4.2f}G {seconds:>5.1f}s")
+def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strategies=STRATEGIES) -> list[Point]:
+    # Families innermost, so that a partial run covers every family (and both lengths at micro-batch 1).
+    return [Point(f, strategy(b, st, mb, ac), seq) for mb in mbs for seq in seqs for ac in acs
+            for (b, st) in strategies for f in (families or FAMILIES)]
+
+
+class Cache:
+    """Simulation results by a hash of the run spec, in one JSON file (written after each result)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.lock = path, threading.Lock()
+        self.data: dict = json.loads(path.read_text()) if path.is_file() else {}
+
+    def get_or_run(self, point: Point, run: bool = True) -> tuple[SimulationResult | None, bool]:
+        with self.lock:  # transformers' lazy imports are not thread-safe
+            spec = make_spec(plan_from_parts(FAMILIES[point.family], point.strategy, point.seq_len, WORLD))
+        key = hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:20]
+        with self.lock:
+            hit = self.data.get(key)
+        if hit is not None:
+            return SimulationResult.from_dict(hit), True
+        if not run:
+            return None, False
+        result = simulate(spec)
+        with self.lock:  # merge with what another run of this script may have written meanwhile
+            on_disk = json.loads(self.path.read_text()) if self.path.is_file() else {}
+            self.data = {**on_disk, **self.data, key: result.to_dict()}
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.write_text(json.dumps(self.data, indent=0, sort_keys=True))
+        return result, False
+
+
+def compare(point: Point, sim: SimulationResult) -> dict:
+    plan = plan_from_parts(FAMILIES[point.family], point.strategy, point.seq_len, WORLD)
+    est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len).gpu
+    seen = sim.peak_bytes_cuda_rounded
+    total = seen + sum(_unseen(plan, est).values())
+    act = est.get("activations", 0) + est.get("logits", 0)
+    return {"family": point.family, "strategy": point.strategy.name, "seq": point.seq_len,
+            "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
+            "analytical": sum(est.values()), "simulated": total, "ratio": sum(est.values()) / total,
+            "act_logits_analytical": act, "act_peak_simulated": sim.activation_peak_bytes,
+            "peak_phase": sim.peak_phase}
+
+
+def row_text(r: dict) -> str:
+    return (f"{r['family']:<8} {r['strategy']:<30} {r['seq']:>5} {r['analytical'] / MiB:>9.0f} "
+            f"{r['simulated'] / MiB:>9.0f} {r['ratio']:>6.3f} {r['act_logits_analytical'] / MiB:>8.0f} "
+            f"{r['act_peak_simulated'] / MiB:>8.0f} {r['peak_phase']:>9}")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--no-calibrate", action="store_true", help="skip the 1-/2-layer calibration runs")
+    parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only these (repeatable)")
+    parser.add_argument("--seq", type=int, action="append", help="only these sequence lengths")
     parser.add_argument("--jobs", type=int, default=2, help="simulations run at once (each is one process)")
+    parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--cache", type=Path, default=CACHE)
+    parser.add_argument("--cached-only", action="store_true", help="skip the points not simulated yet")
     args = parser.parse_args(argv)
+    points = zoo(args.family, tuple(args.seq or (512, 2048)))
+    cache, start = Cache(args.cache), time.perf_counter()
+    print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {LAYERS}-block models; ratio = analytical / simulated")
+    print(f"{'family':<8} {'strategy':<30} {'seq':>5} {'analytic':>9} {'simulated':>9} {'ratio':>6} "
+          f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9}")
+    rows, simulated = [], 0
 
-    def one(entry):
-        model, arch, seq, strategy = entry
-        start = time.perf_counter()
-        report = verify_plan(plan_from_parts(arch, strategy, seq, WORLD))
-        return model, report, time.perf_counter() - start
+    def one(point: Point):
+        return point, *cache.get_or_run(point, run=not args.cached_only)
 
-    start = time.perf_counter()
-    print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, seq 1024; ratio = analytical / simulated")
-    print(f"{'model':<14} {'strategy':<26} {'analytic':>9} {'sim seen':>9} {'sim+rest':>9} {'ratio':>6} "
-          f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9} {'sim':>6} {'RSS':>5} {'total':>6}")
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for model, report, seconds in pool.map(one, ZOO):
-            print(_row(model, report, seconds), flush=True)
-
-    if not args.no_calibrate:
-        print("\ncalibration (1- and 2-layer simulations, fsdp full shard, bf16, mb 1, seq 1024)")
-        print(f"constants.py: {k.ACT_BYTES_PER_TOKEN_HIDDEN_16BIT} B per layer per token x hidden, "
-              f"{k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT} B per token x vocab")
-        for model, arch in (("gpt2-124M", GPT2), ("llama-4L-2048", LLAMA_4L)):
-            for ac in (False, True):
-                c = calibrate(arch, _s("fsdp", 3, 1, ac), 1024, WORLD, parallel=args.jobs)
-                print(f"{model:<14} ac={ac!s:<5} per layer {c.per_layer_bytes / MiB:7.1f} MiB = "
-                      f"{c.per_layer_coefficient:6.2f} x s*b*h;  fixed {c.fixed_peak_bytes / MiB:7.1f} MiB = "
-                      f"{c.logits_coefficient:6.2f} x s*b*V", flush=True)
-    print(f"\ntotal {time.perf_counter() - start:.0f} s")
+        for point, sim, hit in pool.map(one, points):
+            if sim is None:
+                continue
+            simulated += not hit
+            rows.append(compare(point, sim))
+            print(row_text(rows[-1]), flush=True)
+    worst = max(rows, key=lambda r: abs(r["ratio"] - 1))
+    lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
+    if not rows:
+        print("no simulated points")
+        return 1
+    print(f"\n{len(rows)} points ({simulated} simulated now, the rest cached), ratio {lo:.3f}-{hi:.3f}, "
+          f"worst |analytical/simulated - 1| = {abs(worst['ratio'] - 1):.3f} "
+          f"({worst['family']} {worst['strategy']} seq {worst['seq']}); {time.perf_counter() - start:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
     return 0
 
 

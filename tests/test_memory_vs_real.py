@@ -115,13 +115,11 @@ def _padding_bound(strategy: Strategy, shapes: list[tuple[int, ...]], n: int) ->
 
 
 def _predicted(strategy: Strategy, plan) -> dict[str, int]:
-    from orchestrate.planner.memory import estimate_memory
+    from orchestrate.planner.memory import _placement
 
-    # With accumulation (all cases but the ZeRO-1 one) the analytical `gradients` term is the full
-    # held size; with one micro-batch the torch backends net it against the activations freed
-    # before it grows (memory.py, "Peak model"), which is no held size. DeepSpeed's terms ignore it.
-    gpu = estimate_memory(plan.shape, plan.hardware, strategy, plan.config.train.seq_len,
-                          plan.chosen.gradient_accumulation).gpu
+    # The held sizes, before estimate_memory nets what exists only in backward against the
+    # activations freed before it grows (memory.py, "Peak model"), which is no held size.
+    gpu = _placement(plan.shape, plan.hardware, strategy, plan.chosen.gradient_accumulation).gpu
     return {k: gpu.get(k, 0) for k in TERMS}
 
 

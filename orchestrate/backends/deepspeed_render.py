@@ -28,7 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner import ds_buckets
-from orchestrate.planner.constants import DS_SUB_GROUP_SIZE  # the planner's memory model assumed it
+from orchestrate.planner.constants import (  # the memory model assumes them
+    DS_STAGE3_MAX_LIVE_PARAMETERS,
+    DS_SUB_GROUP_SIZE,
+)
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
@@ -38,7 +41,7 @@ CONFIG_FILE = "deepspeed.json"
 
 # DeepSpeed's own defaults, written out so the file shows everything that runs
 # (deepspeed/runtime/zero/config.py, offload_config.py, swap_tensor/constants.py).
-_STAGE3_MAX_LIVE_PARAMETERS = 10**9
+_STAGE3_MAX_LIVE_PARAMETERS = DS_STAGE3_MAX_LIVE_PARAMETERS
 _STAGE3_MAX_REUSE_DISTANCE = 10**9
 _OPTIMIZER_NVME_BUFFERS = 4  # Adam swaps 4 tensors per parameter: param, grad, exp_avg, exp_avg_sq
 _PARAM_NVME_BUFFERS = 5

@@ -18,17 +18,7 @@ from orchestrate.hardware.units import GiB, MiB
 # Activations and logits (per rank, at the backward-start peak)
 # --------------------------------------------------------------------------------------------------
 
-ACT_BYTES_PER_TOKEN_HIDDEN_16BIT = 62
-"""Measured: bytes of saved activations per layer per (token x hidden) in bf16, no recomputation.
-HF GPT-2 blocks under FSDP2 on this machine's fake-tensor counter (CPU flash-style SDPA, so no s^2
-attention term). Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
-Models", eq. 2) give 34 + 5as/h for Megatron's fused blocks; HF eager blocks keep more temporaries.
-Applied to every architecture until the simulator calibrates per family (by a rough count of saved
-tensors, Llama's SwiGLU MLP, ~8 bytes x intermediate, is comparable to GPT-2's 4h GeLU MLP)."""
-
-AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT = 2
-"""Full activation checkpointing keeps only each block's input: 2*s*b*h bytes per layer in 16-bit
-(Korthikanti et al. 2022, section 4.1 "full activation recomputation")."""
+# Saved activations per block: derived per family from its block structure in planner/activations.py.
 
 LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT = 12
 """Measured on this machine (HF GPT-2, bf16): LM head output plus cross-entropy temporaries at the
@@ -90,6 +80,10 @@ DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
 
 DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED = 0.9
 """stage3_prefetch_bucket_size = 0.9 * hidden^2 elements (Accelerate's "auto")."""
+
+DS_STAGE3_MAX_LIVE_PARAMETERS = 10**9
+"""stage3_max_live_parameters (and stage3_max_reuse_distance) rendered into deepspeed.json, DeepSpeed's
+defaults (runtime/zero/config.py): ZeRO-3 keeps up to this many gathered parameter elements."""
 
 DS_SUB_GROUP_SIZE = 100_000_000
 """ZeRO-3 optimizer sub-group (elements), rendered into deepspeed.json from this constant. The NVMe

@@ -24,6 +24,7 @@ import math
 from orchestrate.errors import Problem
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
+from orchestrate.planner.activations import checkpointed_bytes_per_token
 from orchestrate.planner.strategy import Strategy
 
 LOSS_CHUNK_TOKENS = 256
@@ -67,7 +68,7 @@ def hidden_gradient_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c
 
 def block_input_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int) -> float:
     """One checkpointed block's saved input (Korthikanti et al. 2022, 4.1), in the compute dtype."""
-    return k.AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT * strategy.micro_batch_size * seq_len * shape.hidden_size * c / 2
+    return checkpointed_bytes_per_token(shape, c) * strategy.micro_batch_size * seq_len
 
 
 def offloaded_activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int) -> float:

@@ -5,15 +5,16 @@ Pure arithmetic on a `ModelShape`, a `HardwareProfile` and a `Strategy`; no I/O,
 Notation: P = parameters, n = ranks a sharded state is split over (the world size; the ranks of one
 node for FSDP hybrid shard), c = bytes of the compute dtype (2 for bf16/fp16, 4 for fp32).
 
-Peak model. Device bytes are summed, except where torch-native backends (DDP, FSDP2) provably do not
-hold two things at once: torch frees `.grad` on `zero_grad()` (set_to_none=True, the default since
-torch 2.0), so at the backward-start peak (every saved activation and the logits live) the step's
-gradients do not exist yet, and they grow only as activations are freed. With one micro-batch per
-step the peak is therefore static + max(activations + logits, gradients); measured on FSDP2 here
-(gradients are absent at the backward peak). With gradient accumulation they persist across
-micro-batches and are counted in full. DeepSpeed keeps its gradient partitions in flat buffers and its
-own estimator counts them statically; so do we. The ddp/fsdp backends step with fused AdamW
-(`fused=True`), which allocates no full-size temporaries (rendering contract).
+Peak model. Device bytes are summed, except for what provably never coexists with the backward-start
+peak (every saved activation and the logits live): torch frees `.grad` on `zero_grad()`
+(set_to_none=True, the default since torch 2.0), FSDP2 allocates unsharded gradients and
+reduce-scatter inputs per block in backward, and DeepSpeed releases its fp32 gradient partition and
+ipg buckets (ZeRO-2 also its 16-bit partition) around the step. Those grow only as activations are
+freed, so with one micro-batch per step the peak is static + max(activations + logits, those
+terms) (`_backward_only`; simulated on all three backends: none of them is live at the peak). With
+gradient accumulation they persist across micro-batches and are counted in full. The ddp/fsdp
+backends step with fused AdamW (`fused=True`), which allocates no full-size temporaries
+(rendering contract).
 
 Host bytes are per node: the offloaded shards of all ranks of the node, pinned swap buffers, each
 rank's process runtime, and the weight-loading spike in excess of the steady state (loading happens
@@ -30,8 +31,8 @@ from __future__ import annotations
 from orchestrate.config.prune import PruneSection
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner import activations, ds_buckets, knobs
 from orchestrate.planner import constants as k
-from orchestrate.planner import ds_buckets, knobs
 from orchestrate.planner.adapter_memory import add_frozen_base, quantized_load_bytes, trainable_shape
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
@@ -70,23 +71,17 @@ def root_parameters(shape: ModelShape) -> int:
 
 
 def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
-    """Saved activations of one micro-batch at the backward-start peak."""
+    """Saved activations of one micro-batch at the backward-start peak, from the family's block
+    structure (planner/activations.py); offloaded, two block inputs stay on the device (knobs.py)."""
     if shape.task == "custom":
         # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
         # sample (orchestrate/model/custom_activations.py), loss temporaries included.
         fp32 = shape.activation_bytes_fixed + strategy.micro_batch_size * shape.activation_bytes_per_sample
         return int(fp32 * compute_bytes(strategy) / 4)
-    tokens_hidden = strategy.micro_batch_size * seq_len * shape.hidden_size
-    scale = compute_bytes(strategy) / 2  # the constants are 16-bit measurements; fp32 doubles them
-    full_layer = k.ACT_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale  # measured, see constants
-    if not strategy.activation_checkpointing:
-        return int(shape.num_layers * full_layer)
-    # Full recompute keeps each block's input (Korthikanti et al. 2022, 4.1) and rebuilds one block's
-    # activations at a time during backward; offloaded, two inputs are on the device (knobs.py).
-    stored = shape.num_layers * k.AC_STORED_BYTES_PER_TOKEN_HIDDEN_16BIT * tokens_hidden * scale
-    if strategy.activation_offload:
-        stored = 2 * knobs.block_input_bytes(shape, strategy, seq_len, compute_bytes(strategy))
-    return int(stored + full_layer)
+    tokens = strategy.micro_batch_size * seq_len
+    stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
+    return activations.activation_bytes(shape, compute_bytes(strategy), tokens, strategy.activation_checkpointing,
+                                        logits_bytes(shape, strategy, seq_len), stored_layers)
 
 
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
@@ -171,9 +166,12 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int, accumulation: int)
     out.gpu["weights"] = c * p if stage < 3 else c * p / n
     out.gpu["gradients"] = low_grads
     if stage == 3:
-        # The largest layer gathered in 16-bit plus its 16-bit gradient: DeepSpeed's
-        # largest_layer_memory = 4·largest_layer_params (stage3.py estimator).
-        out.gpu["gathered_params"] = 2 * c * shape.largest_layer_parameters
+        # The coordinator releases a gathered parameter only past stage3_max_live_parameters (or its
+        # reuse distance, both rendered as DeepSpeed's 1e9), so up to that many elements stay gathered
+        # through forward (partitioned_param_coordinator.py release_sub_module; simulated: every
+        # parameter of a 2-block model at the forward end), at least the largest layer. DeepSpeed's
+        # estimator counts 4·largest_layer bytes instead (the layer and its gradient).
+        out.gpu["gathered_params"] = c * max(shape.largest_layer_parameters, min(p, k.DS_STAGE3_MAX_LIVE_PARAMETERS))
 
     if offload_opt == "none":
         out.gpu.update(optimizer_states=opt, master_weights=master)
@@ -229,10 +227,39 @@ def _fsdp(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
     else:
         # shard-grad-op (reshard_after_forward=False): every unsharded parameter survives forward.
         out.gpu["gathered_params"] = c * p
-    # Unsharded gradients in the compute dtype: the block being computed and the root's (reduced when
-    # the backward ends); plus the fp32 reduce-scatter input of the block being reduced.
-    out.gpu["comm_buckets"] = c * (block + root) + k.FSDP_REDUCE_BYTES * block
+    # The fp32 reduce-scatter input of the largest unit being reduced (the root's, at the end of
+    # backward, for LM vocabularies) plus the unsharded compute-dtype gradient of its largest
+    # parameter: foreach_reduce copies the unsharded gradients in and drops them one by one
+    # (_fsdp_collectives.py; simulated: 4·root + c·embedding at the end of backward).
+    out.gpu["comm_buckets"] = k.FSDP_REDUCE_BYTES * max(block, root) + c * shape.largest_layer_parameters
     return out
+
+
+def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int) -> tuple[list, float]:
+    """Model-state bytes (key, size) born in backward or the step and freed by it, so not live at the
+    backward-start peak, and the step's temporaries beyond them (simulated, see the module doc)."""
+    grads, buckets, c, pn = gpu["gradients"], gpu["comm_buckets"], compute_bytes(strategy), shape.parameters / n
+    if strategy.backend == "ddp":
+        # torch zero_grad(set_to_none=True); DDP's buckets persist. A tied input embedding's backward
+        # (embedding_dense_backward) makes a dense fp32 vocab x hidden gradient at the very end of
+        # backward, summed with the LM head's .grad into a third (autograd accumulate_grad); an untied
+        # one becomes the .grad itself (simulated: gpt2 +2·4·V·h, llama +0).
+        tied = 8 * shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0
+        return [("gradients", grads)], tied
+    if strategy.backend == "fsdp":
+        # + the unsharded gradients and the reduce-scatter input, allocated per unit in backward
+        # (_fsdp_param_group.py post_backward / foreach_reduce). Fused AdamW: no step temporaries.
+        return [("gradients", grads), ("comm_buckets", buckets)], 0.0
+    if gpu["optimizer_states"] == 0:  # optimizer offloaded: the step runs on the CPU
+        return [("gradients", grads), ("comm_buckets", buckets)], 0.0
+    if strategy.zero_stage == 3:
+        # stage3.py keeps the 16-bit gradient partition (grad_partitions_flat_buffer) for the whole
+        # run; the fp32 partition the optimizer steps is made for the step, and the foreach AdamW on it
+        # adds a partition-sized sqrt temporary (torch/optim/adamw.py _multi_tensor_adam).
+        return [("gradients", min(grads, 4 * pn)), ("comm_buckets", buckets)], 4 * pn
+    # stage_1_and_2.py: grads_in_partition, the fp32 partition and the ipg buckets are all released
+    # after the step; the step holds one more 16-bit partition-sized flat copy (simulated 6·P/n).
+    return [("gradients", grads), ("comm_buckets", buckets)], c * pn
 
 
 def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adapters: Adapters | None) -> float:
@@ -294,9 +321,17 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
-    transient = gpu["activations"] + gpu["logits"]
-    if strategy.backend in ("ddp", "fsdp") and gradient_accumulation == 1:
-        gpu["gradients"] = max(0.0, gpu["gradients"] - transient)  # see "Peak model" above
+    if gradient_accumulation == 1:  # see "Peak model" above; with accumulation the gradients persist
+        # What exists only in backward and the step reuses the bytes of what backward frees: the
+        # activations, the logits and the gathered parameters (resharded by the end of backward).
+        free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
+        trained = trainable_shape(shape, adapters) if adapters is not None else shape  # what has gradients
+        backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
+        for key, size in backward:
+            reused = min(free, size)
+            gpu[key] -= reused
+            free -= reused
+        gpu["gradients"] += max(0.0, step - free)  # step temporaries beyond what is still free
     if teacher is not None:  # precomputed: the first pass runs before the student exists (teacher_memory.py)
         gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
                                         - sum(gpu.values()))

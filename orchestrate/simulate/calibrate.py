@@ -34,7 +34,7 @@ class Calibration:
     per_layer_bytes: int
     """Saved activation bytes one more layer adds."""
     per_layer_coefficient: float
-    """per_layer_bytes / (seq_len x micro_batch x hidden): compare ACT_BYTES_PER_TOKEN_HIDDEN_16BIT
+    """per_layer_bytes / (seq_len x micro_batch x hidden): compare planner/activations.py layer_bytes_per_token / h
     (or the AC constant when the strategy checkpoints)."""
     fixed_peak_bytes: int
     """Activation peak minus the layers' share: LM head, cross-entropy and embedding part."""

@@ -17,16 +17,16 @@ if TYPE_CHECKING:
     from orchestrate.worker.signals import StopRequest
 
 
-def step_record(run: RunInfo, step: int, result: StepResult, step_time: float, node: int,
-                device: torch.device) -> dict[str, Any]:
-    """The step's metrics.jsonl line. Collective: the loss and memory peaks are gathered over ranks."""
+def step_record(run: RunInfo, step: int, result: StepResult, step_time: float,
+                stats: dict[str, Any]) -> dict[str, Any]:
+    """The step's metrics.jsonl line from the `gather_step_stats` of every rank."""
     chosen = run.plan.chosen
     tokens = (chosen.strategy.micro_batch_size * chosen.gradient_accumulation * run.world_size
               * run.plan.config.train.seq_len)
-    stats = gather_step_stats(result.loss, node, device)
     return {"step": step, "loss": stats["loss"], "lr": result.lr, "grad_norm": result.grad_norm,
             "skipped": result.skipped, "tokens": tokens, "tokens_per_s": tokens / step_time,
-            "step_time_s": step_time, "time": time.time(), **{k: v for k, v in stats.items() if k != "loss"},
+            "step_time_s": step_time, "time": time.time(),
+            **{k: v for k, v in stats.items() if k not in ("loss", "stop_max")},
             "predicted_gpu_bytes_per_rank": chosen.memory.gpu_total,
             "predicted_cpu_bytes_per_node": chosen.memory.cpu_total}
 
@@ -49,8 +49,11 @@ def run_loop(run: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReque
                                         for _ in range(accumulation)])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
-            record = step_record(run, step, result, time.perf_counter() - start, node, device)
-            stopping, waited_s, save_s = stop.agreed(device, checkpointer.last_save_s)
+            step_time = time.perf_counter() - start
+            # One collective per step: the stats all-gather carries the stop flag too.
+            stats = gather_step_stats(result.loss, node, device, stop.local(checkpointer.last_save_s))
+            record = step_record(run, step, result, step_time, stats)
+            stopping, waited_s, save_s = stop.decide(*stats["stop_max"])
             end = StepEnd(step, step == max_steps, stopping, record, waited_s, save_s)
             for callback in callbacks:
                 callback.on_step_end(run, end)

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from orchestrate.run.metrics_file import read_records
 
-_STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node")
+_STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node", "stop_elapsed", "save_s")
 
 
 def rss_peak_bytes() -> int:
@@ -31,14 +31,17 @@ def rss_peak_bytes() -> int:
     return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
-def gather_step_stats(loss: float, node: int, device: torch.device) -> dict[str, float]:
-    """One all_gather per step of (loss, RSS peak, GPU peaks, node index) from every rank."""
+def gather_step_stats(loss: float, node: int, device: torch.device,
+                      stop: tuple[float, float] = (-1.0, -1.0)) -> dict[str, float]:
+    """One all_gather per step of (loss, RSS peak, GPU peaks, node index, the stop request's
+    `StopRequest.local` values) from every rank: the step's only collective besides training.
+    `stop_max` holds the maxima of the stop values over ranks, for `StopRequest.decide`."""
     cuda = device.type == "cuda"
     local = torch.tensor([
         loss, float(rss_peak_bytes()),
         float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0,
         float(torch.cuda.max_memory_reserved(device)) if cuda else 0.0,
-        float(node),
+        float(node), *stop,
     ], dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
@@ -51,6 +54,7 @@ def gather_step_stats(loss: float, node: int, device: torch.device) -> dict[str,
         "loss": float(stats["loss"].mean()),
         "rss_peak_bytes_max_rank": int(stats["rss"].max()),
         "node_rss_peak_bytes": int(stats["rss"][stats["node"] == 0].sum()),
+        "stop_max": (float(stats["stop_elapsed"].max()), float(stats["save_s"].max())),
     }
     if cuda:
         out["gpu_max_allocated_bytes"] = int(stats["gpu_alloc"].max())

@@ -1,0 +1,149 @@
+"""Saved activations per transformer block, derived from each family's block structure.
+
+Pure arithmetic on a `ModelShape` (no torch). The base is Korthikanti et al. 2022 ("Reducing Activation
+Recomputation in Large Transformer Models", section 4): count, per token, the bytes of every tensor
+autograd saves for backward. Their 34·s·b·h + 5·a·s²·b assumes Megatron's fused blocks; HF blocks save
+more (fp32 norm statistics, python-level activations, dropout masks), so each term below follows the
+transformers modeling code of the family (transformers 5, `models/<family>/modeling_<family>.py`) and
+torch's autograd formulas (`tools/autograd/derivatives.yaml`: what each op saves):
+
+- Linear / Conv1D (addmm) saves its input; several projections of one input share it.
+- SDPA (flash / memory-efficient kernels, CUDA and CPU) saves q, k, v, its output and a logsumexp
+  of 4 bytes per head and token; no s² matrix (the "5·a·s/h" term of Korthikanti disappears). With
+  GQA transformers passes `enable_gqa=True` (integrations/sdpa_attention.py `use_gqa_in_sdpa`), so
+  k and v are kv-head sized. The output's transpose + reshape is a view of the kernel's (b, s, a, d)
+  result, so o_proj saves that same storage.
+- RoPE (`apply_rotary_pos_emb`): q·cos + rotate_half(q)·sin saves only cos/sin (shared by all
+  layers) and yields new q, k tensors; the raw projections are freed.
+- LayerNorm (native_layer_norm) saves its input and fp32 mean + rstd per token.
+- Llama-style RMSNorm upcasts: the fp32 copy (4 B) is saved by pow and mul, the 16-bit normalised
+  value by the weight multiply, plus an fp32 rsqrt per token; under fp32 compute the two are 4 B each.
+- Dropout (CUDA `native_dropout`) saves a 1-byte mask; attention dropout lives inside the SDPA kernel.
+- MLP activations: GPT-2's `gelu_new` is python (activations.py NewGELUActivation) and keeps x,
+  tanh(.), 0.5·x and 1+tanh(.) besides the output; SwiGLU (SiLU(gate)·up) keeps gate, SiLU(gate),
+  up and the product; a single-op GELU keeps its input and output.
+
+Checked against fake-tensor simulations of the real models (`orchestrate.simulate.calibrate`, per-
+layer bytes from 1- and 2-layer builds, bf16): GPT-2 58.07·s·b·h per layer (this formula: 58.08),
+TinyLlama widths 42.57 (42.57). See docs/memory-model.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrate.model.shape import ModelShape
+
+FP32 = 4
+MASK = 1  # torch.native_dropout's bool mask (aten/src/ATen/native/cuda/Dropout.cu)
+LSE = 4  # fp32 logsumexp per head and token saved by the flash / efficient SDPA kernels
+
+
+@dataclass(frozen=True)
+class BlockStructure:
+    """What in a family's block decides its saved activations."""
+
+    norm: str
+    """"layernorm", "rmsnorm" (Llama: fp32 upcast, 16-bit result) or "rmsnorm_fp32" (Gemma: result
+    kept fp32 until after the weight multiply, modeling_gemma.py GemmaRMSNorm)."""
+    fused_qkv: bool
+    """One projection for q, k and v (GPT-2 c_attn, Phi-3 qkv_proj): the slices are views, so the
+    whole q+k+v storage stays alive while SDPA (or v alone) holds a view of it."""
+    rope: bool
+    mlp_saved: int
+    """Intermediate-sized tensors the MLP saves (see module doc): 5 for gelu_new, 4 for gated MLPs."""
+    post_norm: bool = False
+    """BERT: LayerNorm after each residual add (its output is the next sub-block's input too)."""
+    dropout_masks: int = 0
+    """Dropout masks per block at the family's default probabilities (GPT-2: attention output and
+    MLP output, resid_pdrop 0.1; the Llama-style families default to 0)."""
+    embedding_dropout: bool = False
+
+
+_LLAMA = BlockStructure(norm="rmsnorm", fused_qkv=False, rope=True, mlp_saved=4)
+FAMILY_BLOCKS: dict[str, BlockStructure] = {
+    # modeling_gpt2.py GPT2Block: ln_1, c_attn, sdpa, c_proj, resid dropout, ln_2, c_fc, gelu_new,
+    # c_proj, dropout; GPT2Model applies drop(wte + wpe).
+    "gpt2": BlockStructure(norm="layernorm", fused_qkv=True, rope=False, mlp_saved=5, dropout_masks=2,
+                           embedding_dropout=True),
+    # modeling_llama.py / modeling_mistral.py / modeling_qwen2.py: the same decoder layer (Qwen2's q/k/v
+    # biases add no saved tensor); attention_dropout defaults to 0.
+    "llama": _LLAMA,
+    "mistral": _LLAMA,
+    "qwen2": _LLAMA,
+    # modeling_phi3.py: fused qkv_proj and gate_up_proj (chunk views: SiLU keeps the whole 2I storage,
+    # i.e. the same 4 intermediate-sized tensors as gate + up); resid/embd dropout default 0.
+    "phi3": BlockStructure(norm="rmsnorm", fused_qkv=True, rope=True, mlp_saved=4),
+    # modeling_gemma.py: GemmaRMSNorm keeps fp32 x and fp32 normalised x; GeGLU with gelu_pytorch_tanh.
+    "gemma": BlockStructure(norm="rmsnorm_fp32", fused_qkv=False, rope=True, mlp_saved=4),
+    # modeling_bert.py BertLayer: q/k/v Linear, sdpa, dense + dropout + LayerNorm(x + input),
+    # intermediate dense + GELU (erf, one op: input and output), output dense + dropout + LayerNorm;
+    # hidden_dropout_prob 0.1; embeddings LayerNorm + dropout.
+    "bert": BlockStructure(norm="layernorm", fused_qkv=False, rope=False, mlp_saved=2, post_norm=True,
+                           dropout_masks=2, embedding_dropout=True),
+}
+
+FALLBACK_BYTES_PER_TOKEN_HIDDEN_16BIT = 62
+"""Unknown families: the GPT-2 measurement this module replaces (the highest per-hidden figure of
+the families above), as a conservative default."""
+
+
+def norm_bytes(norm: str, hidden: int, c: int) -> int:
+    """Bytes per token one norm saves."""
+    if norm == "layernorm":
+        return c * hidden + 2 * FP32  # input + fp32 mean, rstd
+    if norm == "rmsnorm":
+        return (FP32 + c) * hidden + FP32  # fp32 copy + 16-bit normalised + fp32 rsqrt
+    return 2 * FP32 * hidden + FP32  # rmsnorm_fp32: fp32 copy + fp32 normalised + rsqrt
+
+
+def layer_bytes_per_token(shape: ModelShape, c: int) -> float:
+    """Bytes one block saves for backward per token, compute dtype of c bytes (no recomputation)."""
+    block = FAMILY_BLOCKS.get(shape.model_type)
+    h = shape.hidden_size
+    if block is None:
+        return FALLBACK_BYTES_PER_TOKEN_HIDDEN_16BIT * h * c / 2
+    q = shape.num_heads * shape.head_dim
+    kv = shape.num_kv_heads * shape.head_dim
+    norms = 2 * norm_bytes(block.norm, h, c)
+    attn_in = c * h  # shared input of the q/k/v projections
+    if block.fused_qkv:
+        qkv = c * (q + 2 * kv) + (c * (q + kv) if block.rope else 0)  # whole storage + rotated q, k
+    else:
+        qkv = c * (q + 2 * kv)  # q, k (rotated or not: one tensor each) and v
+    attn = attn_in + qkv + c * q + LSE * shape.num_heads  # + SDPA output (= o_proj input)
+    mlp = c * h + block.mlp_saved * c * shape.intermediate_size  # MLP input + intermediates
+    return norms + attn + mlp + MASK * h * block.dropout_masks
+
+
+def outside_bytes_per_token(shape: ModelShape, c: int) -> float:
+    """Saved per token outside the blocks: embedding dropout mask, the final norm (pre-norm families)
+    and the LM head's input. Measured: GPT-2 5·h, Llama 8·h per token (simulation, bf16)."""
+    block = FAMILY_BLOCKS.get(shape.model_type)
+    h = shape.hidden_size
+    if block is None:
+        return 0
+    final_norm = 0 if block.post_norm else norm_bytes(block.norm, h, c)
+    return MASK * h * block.embedding_dropout + final_norm + c * h
+
+
+def checkpointed_bytes_per_token(shape: ModelShape, c: int) -> float:
+    """Full activation checkpointing keeps each block's input, c·h per token (Korthikanti et al. 2022,
+    section 4.1; transformers GradientCheckpointingLayer checkpoints the whole block)."""
+    return c * shape.hidden_size
+
+
+def activation_bytes(shape: ModelShape, c: int, tokens: int, checkpointing: bool, logits: int,
+                     stored_layers: int | None = None) -> int:
+    """Saved activations of a micro-batch of `tokens` tokens at the backward-start peak;
+    `stored_layers`: how many checkpointed block inputs are on the device (all, unless offloaded).
+
+    With checkpointing, backward recomputes one block at a time; that block's activations exist
+    only after the LM head and loss have been differentiated and their `logits` bytes freed, so
+    the recomputed block raises the peak only by what it exceeds them."""
+    outside = outside_bytes_per_token(shape, c) * tokens
+    layer = layer_bytes_per_token(shape, c) * tokens
+    if not checkpointing:
+        return int(outside + shape.num_layers * layer)
+    stored = (shape.num_layers if stored_layers is None else stored_layers) * checkpointed_bytes_per_token(shape, c) * tokens
+    return int(outside + stored + max(0.0, layer - logits))

@@ -125,9 +125,10 @@ def test_more_gpus_remedy_is_computed():
 def test_shorter_seq_len_remedy():
     # A 2 GiB card: GPT-2 XL's logits and activations at 1024 tokens overflow even with every state
     # offloaded; shorter sequences fit. (FSDP2's fp32 reduce-scatter input of the root unit, 4 B x the
-    # 82M embedding parameters, is on the GPU even with CPU offload: 1.5 GiB fits no length.)
+    # 82M embedding parameters, is on the GPU even with CPU offload: 1.5 GiB fits no length.) The loss
+    # in one piece and the activations on the device: chunks and offload would make 1024 tokens fit.
     small = RTX3070.model_copy(update={"memory_bytes": 2 * GiB})
-    plan = make_plan(config(), gpu_hw(1, gpu=small), gpt2_xl())
+    plan = make_plan(config(train={"loss_chunks": 0, "activation_offload": False}), gpu_hw(1, gpu=small), gpt2_xl())
     with pytest.raises(UserError) as exc:
         require_feasible(plan)
     seq = next(p for p in exc.value.problems if p.where == "train.seq_len")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.sections_base import Section
 
@@ -25,6 +25,26 @@ def check_module_path(value: str | None) -> str | None:
     return value
 
 
+class ExampleTensor(Section):
+    """One input of `model.example_input`: a shape (a list alone means float32) and a dtype."""
+
+    shape: list[int]
+    """One sample's shape, without the batch dimension: [16], [1, 28, 28]; [] for a scalar."""
+    dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"] = "float32"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, v: Any) -> Any:
+        return {"shape": v} if isinstance(v, list) else v
+
+    @field_validator("shape")
+    @classmethod
+    def _sizes(cls, v: list[int]) -> list[int]:
+        if any(size < 1 for size in v):
+            raise ValueError(f"{v}: every size is at least 1")
+        return v
+
+
 class ModelModuleFields(Section):
     module: str | None = None
     """Your own nn.Module instead of a Hugging Face model: "package.module:ClassOrFactory", called
@@ -32,6 +52,13 @@ class ModelModuleFields(Section):
 
     kwargs: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of `module` (plain YAML values); part of the activation cache fingerprint."""
+
+    example_input: dict[str, ExampleTensor] | None = None
+    """Your own training loop (`launch -- python train.py`) brings its own data, so there is no
+    data.module to measure the activations on: one sample's inputs by forward's argument name,
+    e.g. {x: [16]} or {tokens: {shape: [128], dtype: int64}}. Fake tensors of these shapes (batch
+    dimension added) run forward and backward once; a `labels` entry makes the loss `train.loss`'s,
+    without one it is the sum of the output (docs/own-loop.md)."""
 
     @field_validator("module")
     @classmethod
@@ -74,6 +101,12 @@ def check_custom_sections(config: Any) -> None:
         raise ValueError("data.module feeds model.module: set model.module, or use data.train_files / data.dataset")
     if custom and (config.data.train_files or config.data.dataset):
         raise ValueError("model.module trains on data.module: remove data.train_files / data.dataset")
+    if config.model.example_input is not None:
+        if not custom:
+            raise ValueError("model.example_input describes the inputs of model.module: set model.module")
+        if config.data.module is not None:
+            # One source for the measurement: the samples the worker trains on, or the shapes of the own loop's.
+            raise ValueError("model.example_input is for your own loop, data.module for the built-in one: keep one")
     if not custom:
         if config.model.kwargs or config.data.kwargs:
             raise ValueError("model.kwargs / data.kwargs go with model.module / data.module")

@@ -30,7 +30,8 @@ def load_dataset(config: RunConfig) -> Any:
     if config.data.module is None:
         raise UserError("model.module needs data.module", [Problem(
             WHERE, "a custom module trains (and the planner measures its activations) on data.module",
-            "set data.module: 'package.module:factory' returning a torch Dataset")])
+            "set data.module: 'package.module:factory' returning a torch Dataset (your own training loop, "
+            "`launch -- python train.py`: model.example_input instead, docs/own-loop.md)")])
     factory = import_object(config.data.module, WHERE, config.source_dir)
     try:
         dataset = factory(**config.data.kwargs)

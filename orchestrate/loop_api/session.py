@@ -57,12 +57,18 @@ def _plan_path() -> Path:
     return launch_state.plan_path
 
 
-def _notice_size(plan: Plan, parameters: int) -> None:
-    """The plan's memory is the YAML model's: say so when the module handed to prepare is far from it."""
-    planned = plan.shape.parameters
-    if not planned / 2 <= parameters <= planned * 2:
+def _check_size(plan: Plan, parameters: int, warn: bool) -> None:
+    """The plan's memory is for the YAML's model. `model.module` names the script's own module: it must
+    be that module (an error with the numbers); an HF model stands in for it: a warning when far off."""
+    planned, module = plan.shape.parameters, plan.config.model.module
+    if module is not None and parameters != planned:
+        raise UserError("orchestrate.prepare got another module than the plan's", [Problem(
+            "model.module", f"the plan is for {module} with {planned:,} parameters; the module given to prepare "
+            f"has {parameters:,}", "build the script's model as model.module and model.kwargs describe it "
+            "(the same class and arguments), or change them to match the script")])
+    if warn and not planned / 2 <= parameters <= planned * 2:
         print(f"orchestrate: warning: the plan's memory estimate is for the YAML's model ({planned:,} parameters); "
-              f"the module given to prepare has {parameters:,}: describe it in model.yaml (docs/own-loop.md)", flush=True)
+              f"the module given to prepare has {parameters:,}: name it in model.module (docs/own-loop.md)", flush=True)
 
 
 def _input_dtype(plan: Plan) -> Any:
@@ -114,8 +120,8 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     ranks, chosen, train = worker.ranks, plan.chosen, plan.config.train
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
                         device=worker.device, run_dir=run.path, model_dir=run.path)
-    if worker.is_main:
-        _notice_size(plan, sum(p.numel() for p in model.parameters()))
+    # Every rank checks (each raises, none waits in a collective); rank 0 alone warns.
+    _check_size(plan, sum(p.numel() for p in model.parameters()), worker.is_main)
     broadcast_from_rank0(model)
     wrapped, stepper, state = _wrap(plan, model, optimizer, worker, ctx)
     sharded = None

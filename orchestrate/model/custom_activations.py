@@ -2,7 +2,8 @@
 
 The module is built under torch's FakeTensorMode (tensors with shapes and dtypes, no storage) and
 runs forward, the loss of `train.loss` and backward on one micro-batch of data.module's first
-samples, under the simulation's storage counter (orchestrate.simulate.counter.LiveStorageCounter,
+samples (your own loop: zeros of `model.example_input`'s shapes; without `labels` among them the
+loss is the output's sum, as the script's own loss is not known at plan time), under the simulation's storage counter (orchestrate.simulate.counter.LiveStorageCounter,
 the fake-tensor verifier's). Activations are everything it sees live that is neither a parameter
 nor a gradient: saved tensors, outputs, loss temporaries and the backward's activation
 gradients; the peak of their sum over the step is the term. Measured at micro-batches of 1 and 2
@@ -10,8 +11,8 @@ samples, it is split into a per-sample and a fixed part, so every candidate's mi
 priced. fp32, as built; 16-bit plans scale it by bytes per element (planner/memory.py).
 
 The result is cached under $XDG_CACHE_HOME/orchestrate/activations (~/.cache by default), keyed by
-a fingerprint of the module's and the dataset factory's source files, their kwargs, the loss mode
-and torch's version: `orchestrate plan` measures once, then reads the number.
+a fingerprint of the module's and the dataset factory's source files, their kwargs (or the
+example input), the loss mode and torch's version: `orchestrate plan` measures once, then reads the number.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ def fingerprint(config: RunConfig, model_factory: Any, data_factory: Any) -> str
 
     key = {"model": config.model.module, "model_source": _source(model_factory), "model_kwargs": config.model.kwargs,
            "data": config.data.module, "data_source": _source(data_factory), "data_kwargs": config.data.kwargs,
+           "example_input": {k: t.model_dump() for k, t in (config.model.example_input or {}).items()},
            "loss": config.train.loss, "torch": torch.__version__, "batches": list(_BATCHES)}
     return hashlib.sha256(json.dumps(key, sort_keys=True, default=repr).encode()).hexdigest()[:24]
 
@@ -75,7 +77,7 @@ def measure_step(model_factory: Any, kwargs: dict[str, Any], batch: dict[str, An
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from orchestrate.model.custom import instantiate
-    from orchestrate.model.custom_loss import loss_and_output
+    from orchestrate.model.custom_loss import LABELS, loss_and_output
     from orchestrate.simulate.counter import LiveStorageCounter
 
     mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -85,29 +87,59 @@ def measure_step(model_factory: Any, kwargs: dict[str, Any], batch: dict[str, An
         fake = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
         with LiveStorageCounter() as counter:
             counter.tag("parameters", list(model.parameters()) + list(model.buffers()))
-            loss, output = loss_and_output(model, fake, loss_mode)
+            if LABELS in fake:
+                loss, output = loss_and_output(model, fake, loss_mode)
+            else:
+                loss, output = _output_sum(model, fake)
             loss.backward()
             counter.tag("gradients", [p.grad for p in model.parameters() if p.grad is not None])
             del loss, output
     return _untagged_peak(counter)
 
 
-def _measure(config: RunConfig, model_factory: Any) -> tuple[int, int]:
+def _output_sum(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
+    """An own loop's stand-in loss: the sum of the output (or its logits), which backward needs and
+    which keeps no temporaries of its own."""
+    from orchestrate.model.custom_loss import call, logits_of
+
+    output = call(model, batch, with_labels=False)
+    logits = logits_of(output)
+    if logits is None:
+        raise TypeError("without `labels` in model.example_input the output must be a tensor (or have `logits`)")
+    return logits.float().sum(), output
+
+
+def _example_batch(config: RunConfig, size: int) -> dict[str, Any]:
+    """Zeros of model.example_input's shapes, `size` samples (values do not matter on fake tensors)."""
+    import torch
+
+    return {name: torch.zeros((size, *t.shape), dtype=getattr(torch, t.dtype))
+            for name, t in config.model.example_input.items()}
+
+
+def _batches(config: RunConfig) -> list[dict[str, Any]]:
+    """One micro-batch per size of _BATCHES: from model.example_input, else data.module's first samples."""
+    if config.model.example_input is not None:
+        return [_example_batch(config, size) for size in _BATCHES]
     from orchestrate.data.module_data import collate, load_dataset
 
     dataset = load_dataset(config)
+    return [collate([dataset[i % len(dataset)] for i in range(size)]) for size in _BATCHES]
+
+
+def _measure(config: RunConfig, model_factory: Any) -> tuple[int, int]:
+    source = "model.example_input" if config.model.example_input is not None else "data.module"
     measured = []
-    for size in _BATCHES:
-        batch = collate([dataset[i % len(dataset)] for i in range(size)])
+    for size, batch in zip(_BATCHES, _batches(config), strict=True):
         try:
             measured.append(measure_step(model_factory, config.model.kwargs, batch, config.train.loss))
         except UserError:
             raise
         except Exception as exc:  # noqa: BLE001 - user code running on fake tensors
             raise UserError("cannot measure the activations of model.module", [Problem(
-                "model.module", f"forward/backward on {size} sample(s) of data.module under FakeTensorMode raised "
+                "model.module", f"forward/backward on {size} sample(s) of {source} under FakeTensorMode raised "
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
-                "make the module run on the dataset's samples (check the input shapes and train.loss)")]) from None
+                f"make the module run on {source} (check the input shapes and train.loss)")]) from None
     per_sample = max(0, measured[1] - measured[0])
     return per_sample, max(0, measured[0] - per_sample)
 
@@ -118,9 +150,10 @@ def with_measured_activations(config: RunConfig, shape: ModelShape) -> ModelShap
     from orchestrate.model.custom import import_object, module_factory
 
     model_factory = module_factory(config)
-    if config.data.module is None:
-        load_dataset(config)  # the UserError that asks for data.module
-    data_factory = import_object(config.data.module, "data.module", config.source_dir)
+    if config.data.module is None and config.model.example_input is None:
+        load_dataset(config)  # the UserError that asks for data.module (or model.example_input)
+    data_factory = None if config.data.module is None else import_object(config.data.module, "data.module",
+                                                                          config.source_dir)
     path = cache_dir() / f"{fingerprint(config, model_factory, data_factory)}.json"
     try:
         cached = json.loads(path.read_text())

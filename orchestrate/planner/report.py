@@ -100,7 +100,8 @@ def activation_note(plan: Plan) -> str | None:
     """Where the activation term came from when it is not a formula (your own module)."""
     if plan.shape.task != "custom":
         return None
-    return (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of data.module "
+    source = "model.example_input" if plan.config.model.example_input is not None else "data.module"
+    return (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of {source} "
             f"({plan.shape.activation_bytes_per_sample:,} B/sample + {plan.shape.activation_bytes_fixed:,} B, fp32; "
             "model/custom_activations.py)")
 

@@ -46,10 +46,11 @@ def test_a_bad_program_is_one_user_error(argv: list[str], match: str):
 
 
 def test_dry_run_runs_the_script_under_the_plan_and_needs_no_data_section(tmp_path: Path):
-    """MINIMAL-style YAML without data: a plain launch refuses it; with a program the script's own
-    data is used, and torchrun gets the plan path as the runner's argument, the script its argv."""
+    """A YAML without data: a plain launch refuses it (the example's model.module has no data.module);
+    with a program the script's own data is used, and torchrun gets the plan path as the runner's
+    argument, the script its argv."""
     config = load_config(EXAMPLE / "model.yaml", [f"train.output_dir={tmp_path}"])
-    with pytest.raises(UserError, match="data section"):
+    with pytest.raises(UserError, match="needs data.module"):
         api.launch(api.launch_request(config, cpu_hardware(2), dry_run=True, run_dir=tmp_path / "plain"))
     program = ("python", str(SCRIPT), "--epochs", "2")
     # api.launch's default transport runs the request's program (api.choose_transport(program=...))
@@ -188,18 +189,6 @@ def test_the_runner_turns_a_user_error_into_exit_2_and_keeps_the_scripts_exit_co
     assert failed.returncode == 2 and "error: bad input" in failed.stderr and "Traceback" not in failed.stderr
     assert _run(tmp_path, "import sys\nsys.exit(3)\n").returncode == 3
     assert _run(tmp_path, "import sys\nsys.exit('stopped: no data')\n").returncode == 1
-
-
-def test_prepare_warns_when_the_module_is_far_from_the_planned_model(capsys):
-    from types import SimpleNamespace
-
-    from orchestrate.loop_api.session import _notice_size
-
-    plan = SimpleNamespace(shape=SimpleNamespace(parameters=20_000))
-    _notice_size(plan, 19_204)
-    assert capsys.readouterr().out == ""
-    _notice_size(plan, 50_000)
-    assert "warning: the plan's memory estimate is for the YAML's model (20,000 parameters)" in capsys.readouterr().out
 
 
 def test_batches_reach_the_device_with_float_inputs_in_the_engines_dtype():

@@ -7,6 +7,9 @@ Three lines differ from the plain script, each marked `# orchestrate`: the impor
 `orchestrate.backward(loss)` for `loss.backward()`. Resuming (`orchestrate.load` / `save`) is two
 more, outside the loop. The data is generated: 16 features, the label is which of 4 fixed random
 directions the point leans to most, so a small MLP learns it quickly.
+
+model.yaml plans this very `Net` (`model.module: "train:Net"`, shapes from `model.example_input`);
+importing this file for that runs nothing, as the work is under `if __name__ == "__main__"`.
 """
 
 import argparse

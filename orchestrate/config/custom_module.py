@@ -31,6 +31,7 @@ class ExampleTensor(Section):
     shape: list[int]
     """One sample's shape, without the batch dimension: [16], [1, 28, 28]; [] for a scalar."""
     dtype: Literal["float32", "float16", "bfloat16", "int64", "int32", "bool"] = "float32"
+    """The tensor's torch dtype: int64 for token ids and class labels."""
 
     @model_validator(mode="before")
     @classmethod
@@ -57,7 +58,7 @@ class ModelModuleFields(Section):
     """Your own training loop (`launch -- python train.py`) brings its own data, so there is no
     data.module to measure the activations on: one sample's inputs by forward's argument name,
     e.g. {x: [16]} or {tokens: {shape: [128], dtype: int64}}. Fake tensors of these shapes (batch
-    dimension added) run forward and backward once; a `labels` entry makes the loss `train.loss`'s,
+    dimension added, 1 and 2 samples) run forward and backward; a `labels` entry makes the loss `train.loss`'s,
     without one it is the sum of the output (docs/own-loop.md)."""
 
     @field_validator("module")

@@ -141,7 +141,8 @@ def predict(config: dict, hw) -> dict:
     if plan.chosen is None:
         return {"feasible": False, "error": "nothing fits"}
     mem = plan.chosen.memory
-    return {"feasible": True, "strategy": plan.chosen.name, "seq_len": plan.config.train.seq_len, "micro_batch": plan.chosen.strategy.micro_batch_size,
+    return {"feasible": True, "strategy": plan.chosen.name, "seq_len": plan.config.train.seq_len,
+            "micro_batch": plan.chosen.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "gpu_bytes": mem.gpu_total,
             # The part the caching allocator serves, i.e. comparable with max_memory_reserved.
             "gpu_allocator_bytes": mem.gpu_total - mem.gpu.get("cuda_context", 0),
@@ -252,7 +253,7 @@ def entries(args, hw, work: Path) -> tuple[dict[str, dict], dict]:
     if unknown:
         sys.exit(f"unknown zoo entries {unknown}: choose from {[*ZOO, qlora_zoo.LLAMA3_8B]}")
     configs = {n: config_for(n, args.steps, work) for n in names if n in ZOO}
-    search = {}
+    search: list[dict] = []
     if args.qlora_8b or qlora_zoo.LLAMA3_8B in names:
         base = json.loads(json.dumps(BASE))
         base["train"].update(output_dir=str(work))
@@ -331,7 +332,8 @@ def main() -> int:
             elif (left := deadline - time.monotonic()) < 45:
                 row["status"] = "skipped: out of time budget"
             else:
-                row.update(run_entry(name, config, hw, work, left / (len(zoo) - zoo.index(name)), args.keep is not None))
+                timeout = left / (len(zoo) - zoo.index(name))  # an equal share of what is left
+                row.update(run_entry(name, config, hw, work, timeout, args.keep is not None))
         result["plans"][name] = row
     if args.keep is None:
         for base in work.glob("base-*"):

@@ -67,7 +67,11 @@ def write_weights_for(base: Path) -> Path:
 
     from bench.random_base import write_weights
 
-    return write_weights(base, seed=0, device="cuda" if torch.cuda.is_available() else "cpu")
+    cuda = torch.cuda.is_available()
+    index = write_weights(base, seed=0, device="cuda" if cuda else "cpu")
+    if cuda:
+        torch.cuda.empty_cache()  # this process's cached blocks, not the workers' (each has its own cap)
+    return index
 
 
 def apply(cfg: dict, name: str, work: Path) -> dict:

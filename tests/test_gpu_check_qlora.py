@@ -108,7 +108,7 @@ def test_only_runs_the_named_entries_and_refuses_unknown_ones(tmp_path):
     hw = resolve_hardware(profile="rtx3070", gpus=1, gpu_mem="8GiB")
     args = argparse.Namespace(only=["qlora-ddp-chunked-loss"], qlora_8b=False, steps=4)
     configs, search = gpu_check.entries(args, hw, tmp_path)
-    assert list(configs) == ["qlora-ddp-chunked-loss"] and search == {}
+    assert list(configs) == ["qlora-ddp-chunked-loss"] and search == []
     args = argparse.Namespace(only=None, qlora_8b=True, steps=4)  # the zoo, then the 8B entry
     configs, search = gpu_check.entries(args, hw, tmp_path)
     assert list(configs) == [*gpu_check.ZOO, qlora_zoo.LLAMA3_8B] and search[0]["seq_len"] == 4096

@@ -18,7 +18,7 @@ On one CUDA GPU:
 `--dry-run` (any machine, CPU is enough): imports everything the real run needs, plans every zoo
 entry (for `--profile`, default rtx3070, when there is no GPU) and prints the predictions, running
 no steps. tests/test_gpu_check.py runs it in CI. `--only NAME ...` runs some entries (a short GPU
-session: `--only qlora-ddp-chunked-loss --qlora-8b`).
+session: `--skip-gpu-tests --only qlora-ddp-chunked-loss --qlora-8b`).
 
 A bare GPU machine (PyTorch with CUDA, transformers, accelerate, ...; no network) lacks some
 wheels; the JSON's "missing_distributions" lists what this interpreter cannot find. DeepSpeed ships
@@ -29,12 +29,14 @@ JIT-built on the GPU machine: ninja and nvcc are needed there):
 
 and carry it with the other missing ones (`pip download --no-deps --only-binary=:all: NAME==VER`:
 absent from one such image's package list, not yet confirmed by a run: deepspeed, hjson, pydantic,
-pydantic-core, annotated-types, typing-inspection, datasets, fabric and their own requirements); install with
+pydantic-core, annotated-types, typing-inspection, datasets, fabric, bitsandbytes (the QLoRA entries; its
+manylinux wheel bundles its CUDA kernels: take a version built for the image's CUDA) and their own
+requirements; peft is in that image); install with
 `pip install --no-index --no-deps wheels/*.whl`. Wheels are never committed.
 
 Usage: python bench/gpu_check.py [--dry-run] [--json FILE] [--gpu-mem 8GiB] [--profile NAME]
                                  [--steps 6] [--budget-s 480] [--keep DIR] [--only NAME ...]
-                                 [--qlora-8b] [--qlora-8b-timeout-s 540]
+                                 [--skip-gpu-tests] [--qlora-8b] [--qlora-8b-timeout-s 540]
 """
 
 from __future__ import annotations
@@ -291,6 +293,7 @@ def main() -> int:
     parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these zoo entries")
     parser.add_argument("--qlora-8b", action="store_true",
                         help=f"also {qlora_zoo.LLAMA3_8B}: QLoRA of the Llama-3-8B shape (minutes, 48 GB of disk)")
+    parser.add_argument("--skip-gpu-tests", action="store_true", help="run the zoo only (a short GPU session)")
     parser.add_argument("--qlora-8b-timeout-s", type=float, default=540, help="the 8B entry's own time limit")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
@@ -311,9 +314,11 @@ def main() -> int:
               "hardware": json.loads(hw.model_dump_json()), "plans": {}}
     if search_8b:
         result["qlora_8b_seq_search"] = {"gpu_memory_headroom": qlora_zoo.HEADROOM_8B, "tried": search_8b}
-    result["gpu_tests"] = {"summary": "not run (dry run)"} if args.dry_run else run_pytest_gpu(
-        min(150.0, deadline - time.monotonic() - 60))
-    if not args.dry_run:
+    if args.dry_run or args.skip_gpu_tests:
+        result["gpu_tests"] = {"summary": f"not run ({'dry run' if args.dry_run else '--skip-gpu-tests'})"}
+    else:
+        result["gpu_tests"] = run_pytest_gpu(min(150.0, deadline - time.monotonic() - 60))
+    if not args.dry_run and any(c["strategy"].get("backend") == "deepspeed" for c in configs.values()):
         # DeepSpeed JIT-compiles CPU Adam (the offload plans' optimizer) on first use, about a minute
         # on a fresh machine: here, once, rather than inside the first plan's steps and timeout.
         from orchestrate.backends import prebuild

@@ -114,3 +114,20 @@ def test_only_runs_the_named_entries_and_refuses_unknown_ones(tmp_path):
     assert list(configs) == [*gpu_check.ZOO, qlora_zoo.LLAMA3_8B] and search[0]["seq_len"] == 4096
     with pytest.raises(SystemExit, match="unknown zoo entries"):
         gpu_check.entries(argparse.Namespace(only=["qlora-70b"], qlora_8b=False, steps=4), hw, tmp_path)
+
+
+def test_a_run_that_fails_after_its_last_step_keeps_its_measurements(tmp_path, monkeypatch):
+    """An 8B run killed while writing its merged model still has every step's peaks (metrics.jsonl)."""
+    def fake_run_plan(config, hw, run_dir, timeout_s):
+        run_dir.mkdir(parents=True)
+        steps = config["train"]["max_steps"] if "done" in run_dir.name else 1
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(
+            {"step": i, "loss": 1.0, "tokens_per_s": 5.0, "gpu_max_allocated_bytes": 7, "gpu_max_reserved_bytes": 8})
+            + "\n" for i in range(steps)))
+        return {"rc": None, "seconds": timeout_s, "log": "", "log_tail": ""}
+
+    monkeypatch.setattr(gpu_check, "run_plan", fake_run_plan)
+    cfg = {"model": {}, "train": {"max_steps": 3}}
+    row = gpu_check.run_entry("done", cfg, None, tmp_path, 10, keep=True)
+    assert row["status"] == "trained, then failed (rc None)" and row["measured"]["gpu_max_reserved_bytes"] == 8
+    assert gpu_check.run_entry("cut", cfg, None, tmp_path, 10, keep=True)["status"] == "failed (rc None)"

@@ -78,7 +78,7 @@ ZOO: dict[str, dict] = {  # name -> strategy pins
     "fsdp2-full-shard-cpu-offload": {"backend": "fsdp", "zero_stage": 3, "offload": "cpu", "offload_params": True},
     "zero2-optimizer-offload": {"backend": "deepspeed", "zero_stage": 2, "offload": "cpu", "offload_params": False},
     "zero3-parameter-offload": {"backend": "deepspeed", "zero_stage": 3, "offload": "cpu", "offload_params": True},
-    # QLoRA of a 0.76B Llama shape (bench/qlora_zoo.py ENTRIES: its base and train settings): NF4 base
+    # QLoRA of a 0.89B Llama shape (bench/qlora_zoo.py ENTRIES: its base and train settings): NF4 base
     # quantized as it loads, 8 loss chunks; and the same base sharded by FSDP2 (stored in bf16).
     "qlora-ddp-chunked-loss": {"backend": "ddp"},
     "qlora-fsdp2-full-shard": {"backend": "fsdp", "zero_stage": 3},

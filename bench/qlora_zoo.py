@@ -23,15 +23,15 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ~0.76B parameters: TinyLlama's widths (hidden 2048, intermediate 5632, vocab 32000) over 16 layers,
-# 16 heads with 8 KV heads (GQA). In bf16 it would fit 8 GiB anyway; the entries check the QLoRA terms
+# 886,114,304 parameters: TinyLlama's widths (hidden 2048, intermediate 5632, vocab 32000) over 16
+# layers, 16 heads with 8 KV heads (GQA). In bf16 it would fit 8 GiB anyway; the entries check the QLoRA terms
 # (NF4 block linears, fp32 adapters, frozen bf16 embedding and head) against a real allocator.
-LLAMA_08B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16,
+LLAMA_09B = {"model_type": "llama", "hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16,
              "num_key_value_heads": 8, "intermediate_size": 5632, "vocab_size": 32000,
              "max_position_embeddings": 2048, "rms_norm_eps": 1.0e-5, "tie_word_embeddings": False}
 ENTRIES: dict[str, dict] = {  # zoo entry -> its base and train settings (the strategy pins are in ZOO)
-    "qlora-ddp-chunked-loss": {"base": "llama-0.8b", "train": {"method": "qlora", "seq_len": 1024, "loss_chunks": 8}},
-    "qlora-fsdp2-full-shard": {"base": "llama-0.8b", "train": {"method": "qlora", "seq_len": 1024}},
+    "qlora-ddp-chunked-loss": {"base": "llama-0.9b", "train": {"method": "qlora", "seq_len": 1024, "loss_chunks": 8}},
+    "qlora-fsdp2-full-shard": {"base": "llama-0.9b", "train": {"method": "qlora", "seq_len": 1024}},
 }
 LLAMA3_8B = "qlora-llama3-8b"
 # Longest first: the run takes the first the planner says fits. 0.97: at the default headroom (0.9)
@@ -44,7 +44,7 @@ HEADROOM_8B = 0.97
 def architecture(base: str) -> dict:
     if base == "llama3-8b":
         return yaml.safe_load((ROOT / "examples" / "llama3-8b.yaml").read_text())["model"]["architecture"]
-    return {"llama-0.8b": LLAMA_08B}[base]
+    return {"llama-0.9b": LLAMA_09B}[base]
 
 
 def base_dir(work: Path, base: str) -> Path:

@@ -52,7 +52,7 @@ def test_dry_run_plans_every_zoo_entry_and_writes_the_json(tmp_path):
     assert result["plans"]["qlora-llama3-8b"]["prediction"]["seq_len"] == 4096
     assert result["qlora_8b_seq_search"]["gpu_memory_headroom"] == 0.97
     # The QLoRA bases were planned from their config.json; a dry run writes no weights.
-    assert {p.name for p in (tmp_path / "work").glob("base-*")} == {"base-llama-0.8b", "base-llama3-8b"}
+    assert {p.name for p in (tmp_path / "work").glob("base-*")} == {"base-llama-0.9b", "base-llama3-8b"}
     assert not list((tmp_path / "work").rglob("*.safetensors"))
 
 

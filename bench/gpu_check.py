@@ -3,7 +3,8 @@
 On one CUDA GPU:
 1. `pytest -m gpu tests/` (the tests that skip on CPU-only machines);
 2. for each plan of the zoo (FSDP2 full shard with CPU offload, ZeRO-2 optimizer offload, ZeRO-3
-   parameter + optimizer offload; QLoRA once orchestrate supports it), planned for this GPU with
+   parameter + optimizer offload, QLoRA under DDP with the chunked loss and under FSDP2 full shard:
+   bench/qlora_zoo.py; `--qlora-8b` adds QLoRA of the Llama-3-8B shape), planned for this GPU with
    its memory set to `--gpu-mem` (8 GiB: an RTX 3070-class card; or `--profile rtx3070` for the
    preset's throughputs too), a few real steps through orchestrate's own launch API
    (`orchestrate.api.launch` with `LaunchOptions(worker_module=...)`), each plan in its own process group.
@@ -16,7 +17,8 @@ On one CUDA GPU:
 
 `--dry-run` (any machine, CPU is enough): imports everything the real run needs, plans every zoo
 entry (for `--profile`, default rtx3070, when there is no GPU) and prints the predictions, running
-no steps. tests/test_gpu_check.py runs it in CI.
+no steps. tests/test_gpu_check.py runs it in CI. `--only NAME ...` runs some entries (a short GPU
+session: `--skip-gpu-tests --only qlora-ddp-chunked-loss --qlora-8b`).
 
 A bare GPU machine (PyTorch with CUDA, transformers, accelerate, ...; no network) lacks some
 wheels; the JSON's "missing_distributions" lists what this interpreter cannot find. DeepSpeed ships
@@ -27,11 +29,14 @@ JIT-built on the GPU machine: ninja and nvcc are needed there):
 
 and carry it with the other missing ones (`pip download --no-deps --only-binary=:all: NAME==VER`:
 absent from one such image's package list, not yet confirmed by a run: deepspeed, hjson, pydantic,
-pydantic-core, annotated-types, typing-inspection, datasets, fabric and their own requirements); install with
+pydantic-core, annotated-types, typing-inspection, datasets, fabric, bitsandbytes (the QLoRA entries; its
+manylinux wheel bundles its CUDA kernels: take a version built for the image's CUDA) and their own
+requirements; peft is in that image); install with
 `pip install --no-index --no-deps wheels/*.whl`. Wheels are never committed.
 
 Usage: python bench/gpu_check.py [--dry-run] [--json FILE] [--gpu-mem 8GiB] [--profile NAME]
-                                 [--steps 6] [--budget-s 480] [--keep DIR]
+                                 [--steps 6] [--budget-s 480] [--keep DIR] [--only NAME ...]
+                                 [--skip-gpu-tests] [--qlora-8b] [--qlora-8b-timeout-s 540]
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import qlora_zoo  # noqa: E402  (after the path: `python bench/gpu_check.py` from anywhere)
+
 WORKER_MODULE = "bench.gpu_worker"
 WARMUP_STEPS = 2  # first steps: CUDA/NCCL initialisation, allocator growth, DeepSpeed's lazy buffers
 
@@ -71,22 +78,28 @@ ZOO: dict[str, dict] = {  # name -> strategy pins
     "fsdp2-full-shard-cpu-offload": {"backend": "fsdp", "zero_stage": 3, "offload": "cpu", "offload_params": True},
     "zero2-optimizer-offload": {"backend": "deepspeed", "zero_stage": 2, "offload": "cpu", "offload_params": False},
     "zero3-parameter-offload": {"backend": "deepspeed", "zero_stage": 3, "offload": "cpu", "offload_params": True},
-    # QLoRA: orchestrate has no LoRA yet (README, Known gaps); add the entry when it has.
+    # QLoRA of a 0.89B Llama shape (bench/qlora_zoo.py ENTRIES: its base and train settings): NF4 base
+    # quantized as it loads, 8 loss chunks; and the same base sharded by FSDP2 (stored in bf16).
+    "qlora-ddp-chunked-loss": {"backend": "ddp"},
+    "qlora-fsdp2-full-shard": {"backend": "fsdp", "zero_stage": 3},
 }
 # What the real run imports (worker, backends, the cap wrapper): --dry-run imports them too.
-IMPORTS = ["torch", "transformers", "accelerate", "deepspeed", "orchestrate.worker.main",
-           "orchestrate.backends.deepspeed_backend", "orchestrate.backends.fsdp", "bench.gpu_worker"]
+IMPORTS = ["torch", "transformers", "accelerate", "deepspeed", "peft", "bitsandbytes", "orchestrate.worker.main",
+           "orchestrate.backends.deepspeed_backend", "orchestrate.backends.fsdp", "orchestrate.model.lora",
+           "orchestrate.model.quantized_loading", "bench.gpu_worker", "bench.random_base"]
 # Distributions the real run needs: orchestrate's own (pyproject.toml) and DeepSpeed's requirements.
 DISTRIBUTIONS = ["torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "pydantic",
                  "pyyaml", "click", "rich", "psutil", "numpy", "fabric", "deepspeed", "hjson", "ninja",
-                 "py-cpuinfo", "msgpack", "einops", "nvidia-ml-py", "packaging", "tqdm", "pytest"]
+                 "py-cpuinfo", "msgpack", "einops", "nvidia-ml-py", "packaging", "tqdm", "pytest",
+                 "peft", "bitsandbytes"]  # QLoRA (orchestrate[lora]); bitsandbytes' wheel bundles its CUDA kernels
 
 
 def config_for(name: str, steps: int, output_dir: Path) -> dict:
+    """Zoo entry `name`'s config; a QLoRA entry's base gets its config.json in output_dir (no weights)."""
     cfg = json.loads(json.dumps(BASE))
     cfg["train"].update(max_steps=steps, output_dir=str(output_dir))
     cfg["strategy"] = dict(ZOO[name])
-    return cfg
+    return qlora_zoo.apply(cfg, name, output_dir) if name in qlora_zoo.ENTRIES else cfg
 
 
 def missing_distributions() -> list[str]:
@@ -117,18 +130,21 @@ def hardware(args, gpu_name: str | None):
     return resolve_hardware(profile=profile, gpus=1, gpu_mem=args.gpu_mem)
 
 
-def predict(name: str, hw, steps: int, output_dir: Path) -> dict:
-    """The plan orchestrate makes for zoo entry `name` (pins honoured), as the JSON row's prediction."""
+def predict(config: dict, hw) -> dict:
+    """The plan orchestrate makes for a zoo entry's config (pins honoured), as the JSON row's prediction."""
     from orchestrate.api import plan_for
     from orchestrate.config.load import config_from_dict
     from orchestrate.errors import UserError
 
     try:
-        plan = plan_for(config_from_dict(config_for(name, steps, output_dir), ROOT), hw)
+        plan = plan_for(config_from_dict(config, ROOT), hw)
     except UserError as exc:
         return {"feasible": False, "error": str(exc)}
+    if plan.chosen is None:
+        return {"feasible": False, "error": "nothing fits"}
     mem = plan.chosen.memory
-    return {"feasible": True, "strategy": plan.chosen.name, "micro_batch": plan.chosen.strategy.micro_batch_size,
+    return {"feasible": True, "strategy": plan.chosen.name, "seq_len": plan.config.train.seq_len,
+            "micro_batch": plan.chosen.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "gpu_bytes": mem.gpu_total,
             # The part the caching allocator serves, i.e. comparable with max_memory_reserved.
             "gpu_allocator_bytes": mem.gpu_total - mem.gpu.get("cuda_context", 0),
@@ -216,12 +232,12 @@ def print_table(rows: dict, title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("plan", "strategy", "status", "GPU GiB planned (allocator)", "max alloc GiB", "max reserved GiB",
+    for col in ("plan", "strategy", "seq", "status", "GPU GiB planned (allocator)", "max alloc GiB", "max reserved GiB",
                 "reserved/planned", "tokens/s planned", "tokens/s", "measured/planned"):
         table.add_column(col, no_wrap=col in ("plan", "strategy"))  # names whole, also in a log file
     for name, row in rows.items():
         p, m = row["prediction"], row.get("measured", {})
-        table.add_row(name, p.get("strategy", "-"), row["status"],
+        table.add_row(name, p.get("strategy", "-"), str(p.get("seq_len", "-")), row["status"],
                       f"{_gib(p.get('gpu_bytes'))} ({_gib(p.get('gpu_allocator_bytes'))})",
                       _gib(m.get("gpu_max_allocated_bytes")), _gib(m.get("gpu_max_reserved_bytes")),
                       _ratio(m.get("gpu_max_reserved_bytes"), p.get("gpu_allocator_bytes")),
@@ -231,6 +247,44 @@ def print_table(rows: dict, title: str) -> None:
     Console(width=220).print(table)
 
 
+def entries(args, hw, work: Path) -> tuple[dict[str, dict], list[dict]]:
+    """name -> config of the entries to run (the zoo, or --only's; the 8B entry with --qlora-8b) and
+    the 8B entry's seq_len search (empty without it)."""
+    names = args.only or list(ZOO)
+    unknown = [n for n in names if n not in ZOO and n != qlora_zoo.LLAMA3_8B]
+    if unknown:
+        sys.exit(f"unknown zoo entries {unknown}: choose from {[*ZOO, qlora_zoo.LLAMA3_8B]}")
+    configs = {n: config_for(n, args.steps, work) for n in names if n in ZOO}
+    search: list[dict] = []
+    if args.qlora_8b or qlora_zoo.LLAMA3_8B in names:
+        base = json.loads(json.dumps(BASE))
+        base["train"].update(output_dir=str(work))
+        configs[qlora_zoo.LLAMA3_8B], search = qlora_zoo.llama3_8b_config(base, args.steps, work, hw)
+    return configs, search
+
+
+def run_entry(name: str, config: dict, hw, work: Path, timeout_s: float, keep: bool) -> dict:
+    """Write a QLoRA entry's random base (timed), run the plan, read its metrics, delete its run dir."""
+    out: dict = {}
+    base = config["model"].get("name_or_path")
+    if base is not None:
+        start = time.monotonic()
+        qlora_zoo.write_weights_for(Path(base))
+        out["base_write_s"] = time.monotonic() - start
+        timeout_s -= out["base_write_s"]
+    run_dir = work / name
+    out["run"] = run_plan(config, hw, run_dir, timeout_s)
+    out["measured"] = measured(run_dir)
+    rc = out["run"]["rc"]
+    out["status"] = "ok" if rc == 0 else f"failed (rc {rc})"
+    if rc != 0 and out["measured"].get("steps") == config["train"]["max_steps"]:
+        # Every step's peaks are in metrics.jsonl; what failed came after (the merged save, for 8B a 32 GB write).
+        out["status"] = f"trained, then failed (rc {rc})"
+    if not keep:
+        subprocess.run(["rm", "-rf", str(run_dir)], check=False)  # checkpoints and merged models: GBs each
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="import and plan only; no GPU needed")
@@ -238,8 +292,13 @@ def main() -> int:
     parser.add_argument("--gpu-mem", default="8GiB", help="the planned card's memory, the cap of the real one")
     parser.add_argument("--profile", default=None, help="plan for this hardware preset instead of the detected GPU")
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--budget-s", type=float, default=480, help="the whole check's time budget")
+    parser.add_argument("--budget-s", type=float, default=480, help="the zoo's time budget (without --qlora-8b)")
     parser.add_argument("--keep", type=Path, default=None, help="keep run directories here (default: deleted)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="NAME", help="run only these zoo entries")
+    parser.add_argument("--qlora-8b", action="store_true",
+                        help=f"also {qlora_zoo.LLAMA3_8B}: QLoRA of the Llama-3-8B shape (minutes, 48 GB of disk)")
+    parser.add_argument("--skip-gpu-tests", action="store_true", help="run the zoo only (a short GPU session)")
+    parser.add_argument("--qlora-8b-timeout-s", type=float, default=540, help="the 8B entry's own time limit")
     args = parser.parse_args()
     deadline = time.monotonic() + args.budget_s
     for module in IMPORTS:
@@ -253,12 +312,17 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     device = torch.cuda.get_device_name(0) if cuda else None
     hw = hardware(args, device)
+    configs, search_8b = entries(args, hw, work)
     result = {"dry_run": args.dry_run, "cuda": cuda, "steps": args.steps, "device": device,
               "torch": torch.__version__, "missing_distributions": missing_distributions(),
               "hardware": json.loads(hw.model_dump_json()), "plans": {}}
-    result["gpu_tests"] = {"summary": "not run (dry run)"} if args.dry_run else run_pytest_gpu(
-        min(150.0, deadline - time.monotonic() - 60))
-    if not args.dry_run:
+    if search_8b:
+        result["qlora_8b_seq_search"] = {"gpu_memory_headroom": qlora_zoo.HEADROOM_8B, "tried": search_8b}
+    if args.dry_run or args.skip_gpu_tests:
+        result["gpu_tests"] = {"summary": f"not run ({'dry run' if args.dry_run else '--skip-gpu-tests'})"}
+    else:
+        result["gpu_tests"] = run_pytest_gpu(min(150.0, deadline - time.monotonic() - 60))
+    if not args.dry_run and any(c["strategy"].get("backend") == "deepspeed" for c in configs.values()):
         # DeepSpeed JIT-compiles CPU Adam (the offload plans' optimizer) on first use, about a minute
         # on a fresh machine: here, once, rather than inside the first plan's steps and timeout.
         from orchestrate.backends import prebuild
@@ -266,22 +330,23 @@ def main() -> int:
         start = time.monotonic()
         prebuild.main()
         result["prebuild_s"] = time.monotonic() - start
-    for i, name in enumerate(ZOO):
-        row = {"prediction": predict(name, hw, args.steps, work), "status": "planned"}
+    zoo = [n for n in configs if n != qlora_zoo.LLAMA3_8B]
+    for name, config in configs.items():
+        row = {"prediction": predict(config, hw), "status": "planned"}
         if not row["prediction"]["feasible"]:
             row["status"] = "infeasible"
         elif not args.dry_run:
-            left = deadline - time.monotonic()
-            if left < 45:
+            if name == qlora_zoo.LLAMA3_8B:  # its own limit, outside the zoo's budget
+                row.update(run_entry(name, config, hw, work, args.qlora_8b_timeout_s, args.keep is not None))
+            elif (left := deadline - time.monotonic()) < 45:
                 row["status"] = "skipped: out of time budget"
             else:
-                run_dir = work / name
-                row["run"] = run_plan(config_for(name, args.steps, work), hw, run_dir, left / (len(ZOO) - i))
-                row["measured"] = measured(run_dir)
-                row["status"] = "ok" if row["run"]["rc"] == 0 else f"failed (rc {row['run']['rc']})"
-                if args.keep is None:
-                    subprocess.run(["rm", "-rf", str(run_dir)], check=False)  # checkpoints: GBs each
+                timeout = left / (len(zoo) - zoo.index(name))  # an equal share of what is left
+                row.update(run_entry(name, config, hw, work, timeout, args.keep is not None))
         result["plans"][name] = row
+    if args.keep is None:
+        for base in work.glob("base-*"):
+            subprocess.run(["rm", "-rf", str(base)], check=False)  # the 8B base is 16 GB
     out = args.json or work / "gpu_check.json"
     out.write_text(json.dumps(result, indent=2))
     print_table(result["plans"], f"GPU check ({'dry run: predictions only' if args.dry_run else result['device']}, "

@@ -23,13 +23,16 @@ EXPECTED = {
     "fsdp2-full-shard-cpu-offload": "fsdp-full-offload_opt_cpu-offload_param_cpu",
     "zero2-optimizer-offload": "deepspeed-z2-offload_opt_cpu",
     "zero3-parameter-offload": "deepspeed-z3-offload_opt_cpu-offload_param_cpu",
+    "qlora-ddp-chunked-loss": "ddp-bf16-ce8",  # the pinned 8 loss chunks
+    "qlora-fsdp2-full-shard": "fsdp-full-bf16",
+    "qlora-llama3-8b": "ddp-bf16-ac-actoff-ce",  # with --qlora-8b: what fits 8B on 8 GiB at seq 4096
 }
 
 
 def test_dry_run_plans_every_zoo_entry_and_writes_the_json(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--dry-run", "--json", str(out),
-                           "--keep", str(tmp_path / "work")],
+                           "--keep", str(tmp_path / "work"), "--qlora-8b"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(out.read_text())
@@ -46,6 +49,11 @@ def test_dry_run_plans_every_zoo_entry_and_writes_the_json(tmp_path):
         assert 0 < p["gpu_allocator_bytes"] < p["gpu_bytes"] <= capacity
         assert p["tokens_per_s"] > 0 and "measured" not in row
     assert "fsdp2-full-shard-cpu-offload" in proc.stdout  # the table was printed
+    assert result["plans"]["qlora-llama3-8b"]["prediction"]["seq_len"] == 4096
+    assert result["qlora_8b_seq_search"]["gpu_memory_headroom"] == 0.97
+    # The QLoRA bases were planned from their config.json; a dry run writes no weights.
+    assert {p.name for p in (tmp_path / "work").glob("base-*")} == {"base-llama-0.9b", "base-llama3-8b"}
+    assert not list((tmp_path / "work").rglob("*.safetensors"))
 
 
 def test_cap_fraction_is_the_planned_card_on_the_real_one():
@@ -72,7 +80,11 @@ def test_zoo_configs_pin_the_strategy_and_keep_runs_short(tmp_path):
         cfg = gpu_check.config_for(name, 4, tmp_path)
         assert cfg["strategy"] == pins and cfg["train"]["max_steps"] == 4
         assert cfg["train"]["output_dir"] == str(tmp_path)
-    assert "strategy" not in gpu_check.BASE  # config_for copies, never mutates the base
+        if name.startswith("qlora-"):  # a Llama base read from its directory, as a user's QLoRA run
+            assert cfg["train"]["method"] == "qlora" and set(cfg["model"]) == {"name_or_path"}
+        else:
+            assert cfg["model"] == gpu_check.BASE["model"] and "method" not in cfg["train"]
+    assert "strategy" not in gpu_check.BASE and "method" not in gpu_check.BASE["train"]  # copies, never mutates
 
 
 @pytest.mark.slow
@@ -101,6 +113,6 @@ def test_the_h200_profile_plans_every_zoo_entry_within_the_cap(tmp_path):
     assert hw.gpu.name == "NVIDIA H200" and hw.gpu.memory_bytes == 8 * GiB and hw.gpu.peak_tflops_bf16 > 900
     assert gpu_check.hardware(args, None).gpu.name == "NVIDIA GeForce RTX 3070"  # a dry run without a GPU
     for name in gpu_check.ZOO:
-        p = gpu_check.predict(name, hw, 4, tmp_path)
+        p = gpu_check.predict(gpu_check.config_for(name, 4, tmp_path), hw)
         assert p["feasible"] and p["gpu_bytes"] <= 8 * GiB, (name, p)
         assert p["strategy"].startswith(EXPECTED[name])

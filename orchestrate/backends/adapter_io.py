@@ -66,7 +66,7 @@ def merged_state_dict(model, keys) -> dict[str, torch.Tensor]:
     for name, p in model.get_base_model().named_parameters(remove_duplicate=False):
         key = name.replace(".base_layer.", ".")
         if "lora_" not in name and not any(key.startswith(m) for m in merged):
-            out[key] = p.detach().float().cpu()
+            out[key] = p.detach().cpu().float()  # cast on the host: an fp32 copy of an 8B model's embedding is 2 GiB
     for name, b in model.get_base_model().named_buffers():
         out.setdefault(name, b.detach().cpu())
     if missing := [k for k in keys if k not in out]:

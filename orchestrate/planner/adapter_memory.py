@@ -57,7 +57,7 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
         # (prefetch); shard-grad-op keeps every unsharded parameter after forward.
         gpu["gathered_params"] += (root + 2 * block) if strategy.zero_stage == 3 else whole
     elif sharded:
-        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c)
+        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c, strategy.activation_checkpointing)
     if adapters.quantized:
         # bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (forward, and
         # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
@@ -65,15 +65,18 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
         gpu["gathered_params"] += c * adapters.largest_linear
 
 
-def zero3_gathered_base(shape: ModelShape, whole: float, c: int) -> float:
+def zero3_gathered_base(shape: ModelShape, whole: float, c: int, checkpointing: bool) -> float:
     """Base bytes ZeRO-3 holds gathered at the end of forward. As for full training (memory._deepspeed),
     the coordinator keeps a fetched parameter while its reuse distance in the traced module order is
     under stage3_max_reuse_distance (rendered 1e9; partitioned_param_coordinator.py __params_to_release):
-    every module used again in backward. A frozen input embedding is not: no gradient flows into it
-    (input ids need none), so it is released after its forward; a tied one is reused by the LM head's
-    input gradient. Simulated (bench/memory_accuracy.py --lora): llama, mistral (untied) and qwen2,
-    gpt2 (tied; GPT-2's position embedding is released) within 1 %."""
-    released = shape.embedding_parameters - (shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0)
+    every module used again in backward. A frozen input embedding is not, unless something needs the
+    gradient of its output: without checkpointing nothing does (input ids need none), so it is released
+    after its forward; a tied one is reused by the LM head's input gradient; with checkpointing
+    transformers' `activation_checkpointing_enable` calls `enable_input_require_grads` (modeling_utils.py),
+    so the embedding runs a backward and stays. Simulated (bench/memory_accuracy.py --lora): llama,
+    mistral (untied) and qwen2, gpt2 (tied; GPT-2's position embedding is released) within 1 %."""
+    released = 0 if checkpointing else (
+        shape.embedding_parameters - (shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0))
     kept = whole - c * released
     return min(max(kept, c * shape.largest_layer_parameters), c * k.DS_STAGE3_MAX_LIVE_PARAMETERS)
 

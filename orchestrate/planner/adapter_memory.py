@@ -53,9 +53,10 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
     else:
         gpu["weights"] += per_rank
     if strategy.backend == "fsdp":
-        # As for full training (memory._fsdp): the root stays unsharded, two blocks gathered at once
-        # (prefetch); shard-grad-op keeps every unsharded parameter after forward.
-        gpu["gathered_params"] += (root + 2 * block) if strategy.zero_stage == 3 else whole
+        # The root stays unsharded (memory._fsdp). With a frozen base the peak is where backward starts,
+        # not in it (the adapters' gradients are small): the blocks resharded after forward, the last one's
+        # all-gather for backward in flight: root + one block (simulated). Shard-grad-op keeps them all.
+        gpu["gathered_params"] += (root + block) if strategy.zero_stage == 3 else whole
     elif sharded:
         gpu["gathered_params"] += zero3_gathered_base(shape, whole, c, strategy.activation_checkpointing)
     if adapters.quantized:
@@ -63,6 +64,19 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
         # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
         # MatMul4Bit).
         gpu["gathered_params"] += c * adapters.largest_linear
+
+
+def fsdp_forward_start_excess(shape: ModelShape, strategy: Strategy, adapters: Adapters, c: int,
+                              activations_and_logits: float) -> float:
+    """What the forward start of a frozen base under FSDP2 full shard holds beyond the backward-start
+    peak counted above: each all-gather's output is copied into the unsharded parameters
+    (_fsdp_collectives.py foreach_all_gather_copy_out), so the root and the prefetched first block exist
+    twice before any activation does. The peak is the larger of the two (simulated: llama widths at
+    512 tokens peak there)."""
+    if strategy.backend != "fsdp" or strategy.zero_stage != 3:
+        return 0.0
+    _, block, root = base_bytes(shape, adapters, c)
+    return max(0.0, root + block - activations_and_logits)
 
 
 def zero3_gathered_base(shape: ModelShape, whole: float, c: int, checkpointing: bool) -> float:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.memory_accuracy import CACHE, FAMILIES, LORA, MiB, Cache, Point, compare, strategy  # noqa: E402
+from bench.memory_accuracy import CACHE, FAMILIES, LORA, Cache, MiB, Point, compare, strategy  # noqa: E402
 from orchestrate.planner.adapters import adapters_for  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.simulate.spec import plan_from_parts  # noqa: E402

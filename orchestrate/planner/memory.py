@@ -33,8 +33,12 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs
 from orchestrate.planner import constants as k
-from orchestrate.planner.adapter_memory import (add_frozen_base, fsdp_forward_start_excess, quantized_load_bytes,
-                                               trainable_shape)
+from orchestrate.planner.adapter_memory import (
+    add_frozen_base,
+    fsdp_forward_start_excess,
+    quantized_load_bytes,
+    trainable_shape,
+)
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.prune_memory import mask_memory

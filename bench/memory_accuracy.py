@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/memory_accuracy.py                 # the whole zoo (simulations cached)
     .venv/bin/python bench/memory_accuracy.py --family llama --seq 512 --jobs 2
+    .venv/bin/python bench/memory_accuracy.py --lora          # the LoRA zoo (lora_zoo; docs/memory-model.md)
 
 The zoo: gpt2, llama, qwen2, mistral, phi3 (2-block models with each family's real widths, so a
 simulation takes seconds) x {FSDP2 full shard, FSDP2 shard-grad-op, ZeRO-2, ZeRO-3, DDP} x

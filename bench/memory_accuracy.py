@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/memory_accuracy.py                 # the whole zoo (simulations cached)
     .venv/bin/python bench/memory_accuracy.py --family llama --seq 512 --jobs 2
+    .venv/bin/python bench/memory_accuracy.py --lora          # the LoRA zoo (lora_zoo; docs/memory-model.md)
 
 The zoo: gpt2, llama, qwen2, mistral, phi3 (2-block models with each family's real widths, so a
 simulation takes seconds) x {FSDP2 full shard, FSDP2 shard-grad-op, ZeRO-2, ZeRO-3, DDP} x
@@ -31,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from orchestrate.planner.adapters import adapters_for  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -65,6 +67,11 @@ FAMILIES: dict[str, dict] = {
              "max_position_embeddings": 4096, "tie_word_embeddings": False},
 }
 STRATEGIES = (("fsdp", 3), ("fsdp", 2), ("deepspeed", 2), ("deepspeed", 3), ("ddp", 0))
+# --lora: r=16 on every block linear (train.lora defaults otherwise), under the (backend, stage) pairs
+# LoRA trains on (planner/adapters.py); the frozen base in bf16 as the transform casts it.
+LORA = {"method": "lora", "lora": {"r": 16}}
+LORA_STRATEGIES = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
+LORA_FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "phi3")
 
 
 def strategy(backend: str, stage: int, mb: int, ac: bool) -> Strategy:
@@ -77,12 +84,30 @@ class Point:
     family: str
     strategy: Strategy
     seq_len: int
+    adapters: dict | None = None
+    """`train` keys of a LoRA run (LORA), None for full fine-tuning."""
+
+    def plan(self):
+        return plan_from_parts(FAMILIES[self.family], self.strategy, self.seq_len, WORLD, adapters=self.adapters)
 
 
-def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strategies=STRATEGIES) -> list[Point]:
+def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strategies=STRATEGIES,
+        adapters: dict | None = None) -> list[Point]:
     # Families innermost, so that a partial run covers every family (and both lengths at micro-batch 1).
-    return [Point(f, strategy(b, st, mb, ac), seq) for mb in mbs for seq in seqs for ac in acs
+    return [Point(f, strategy(b, st, mb, ac), seq, adapters) for mb in mbs for seq in seqs for ac in acs
             for (b, st) in strategies for f in (families or FAMILIES)]
+
+
+def lora_zoo(families=None, seqs=(512, 1024)) -> list[Point]:
+    """The LoRA zoo: micro-batch 1 and 2 at each length."""
+    return zoo(families or LORA_FAMILIES, seqs, (1, 2), strategies=LORA_STRATEGIES, adapters=LORA)
+
+
+def spec_key(spec) -> str:
+    data = spec.to_dict()
+    if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
+        data.pop("adapters", None)
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 class Cache:
@@ -94,8 +119,8 @@ class Cache:
 
     def get_or_run(self, point: Point, run: bool = True) -> tuple[SimulationResult | None, bool]:
         with self.lock:  # transformers' lazy imports are not thread-safe
-            spec = make_spec(plan_from_parts(FAMILIES[point.family], point.strategy, point.seq_len, WORLD))
-        key = hashlib.sha256(json.dumps(spec.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:20]
+            spec = make_spec(point.plan())
+        key = spec_key(spec)
         with self.lock:
             hit = self.data.get(key)
         if hit is not None:
@@ -112,8 +137,9 @@ class Cache:
 
 
 def compare(point: Point, sim: SimulationResult) -> dict:
-    plan = plan_from_parts(FAMILIES[point.family], point.strategy, point.seq_len, WORLD)
-    est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len).gpu
+    plan = point.plan()
+    adapters = adapters_for(plan.config, plan.shape)
+    est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len, adapters=adapters).gpu
     seen = sim.peak_bytes_cuda_rounded
     total = seen + sum(_unseen(plan, est).values())
     act = est.get("activations", 0) + est.get("logits", 0)
@@ -138,8 +164,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--cached-only", action="store_true", help="skip the points not simulated yet")
+    parser.add_argument("--lora", action="store_true", help="the LoRA zoo (lora_zoo) instead of full fine-tuning")
     args = parser.parse_args(argv)
-    points = zoo(args.family, tuple(args.seq or (512, 2048)))
+    points = (lora_zoo(args.family, tuple(args.seq or (512, 1024))) if args.lora
+              else zoo(args.family, tuple(args.seq or (512, 2048))))
     cache, start = Cache(args.cache), time.perf_counter()
     print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {LAYERS}-block models; ratio = analytical / simulated")
     print(f"{'family':<8} {'strategy':<30} {'seq':>5} {'analytic':>9} {'simulated':>9} {'ratio':>6} "
@@ -156,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             simulated += not hit
             rows.append(compare(point, sim))
             print(row_text(rows[-1]), flush=True)
-    worst = max(rows, key=lambda r: abs(r["ratio"] - 1))
-    lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
     if not rows:
         print("no simulated points")
         return 1
+    worst = max(rows, key=lambda r: abs(r["ratio"] - 1))
+    lo, hi = min(r["ratio"] for r in rows), max(r["ratio"] for r in rows)
     print(f"\n{len(rows)} points ({simulated} simulated now, the rest cached), ratio {lo:.3f}-{hi:.3f}, "
           f"worst |analytical/simulated - 1| = {abs(worst['ratio'] - 1):.3f} "
           f"({worst['family']} {worst['strategy']} seq {worst['seq']}); {time.perf_counter() - start:.0f} s")

@@ -53,16 +53,46 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
     else:
         gpu["weights"] += per_rank
     if strategy.backend == "fsdp":
-        # As for full training (memory._fsdp): the root stays unsharded, two blocks gathered at once
-        # (prefetch); shard-grad-op keeps every unsharded parameter after forward.
-        gpu["gathered_params"] += (root + 2 * block) if strategy.zero_stage == 3 else whole
+        # The root stays unsharded (memory._fsdp). With a frozen base the peak is where backward starts,
+        # not in it (the adapters' gradients are small): the blocks resharded after forward, the last one's
+        # all-gather for backward in flight: root + one block (simulated). Shard-grad-op keeps them all.
+        gpu["gathered_params"] += (root + block) if strategy.zero_stage == 3 else whole
     elif sharded:
-        gpu["gathered_params"] += c * shape.largest_layer_parameters  # no gradient for a frozen layer
+        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c, strategy.activation_checkpointing)
     if adapters.quantized:
         # bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (forward, and
         # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
         # MatMul4Bit).
         gpu["gathered_params"] += c * adapters.largest_linear
+
+
+def fsdp_forward_start_excess(shape: ModelShape, strategy: Strategy, adapters: Adapters, c: int,
+                              activations_and_logits: float) -> float:
+    """What the forward start of a frozen base under FSDP2 full shard holds beyond the backward-start
+    peak counted above: each all-gather's output is copied into the unsharded parameters
+    (_fsdp_collectives.py foreach_all_gather_copy_out), so the root and the prefetched first block exist
+    twice before any activation does. The peak is the larger of the two (simulated: llama widths at
+    512 tokens peak there)."""
+    if strategy.backend != "fsdp" or strategy.zero_stage != 3:
+        return 0.0
+    _, block, root = base_bytes(shape, adapters, c)
+    return max(0.0, root + block - activations_and_logits)
+
+
+def zero3_gathered_base(shape: ModelShape, whole: float, c: int, checkpointing: bool) -> float:
+    """Base bytes ZeRO-3 holds gathered at the end of forward. As for full training (memory._deepspeed),
+    the coordinator keeps a fetched parameter while its reuse distance in the traced module order is
+    under stage3_max_reuse_distance (rendered 1e9; partitioned_param_coordinator.py __params_to_release):
+    every module used again in backward. A frozen input embedding is not, unless something needs the
+    gradient of its output: without checkpointing nothing does (input ids need none), so it is released
+    after its forward; a tied one is reused by the LM head's input gradient; with checkpointing
+    transformers' `activation_checkpointing_enable` calls `enable_input_require_grads` (modeling_utils.py),
+    so the embedding runs a backward and stays. Simulated (bench/memory_accuracy.py --lora): llama,
+    mistral (untied) and qwen2, gpt2 (tied; GPT-2's position embedding is released) within 1 %."""
+    released = 0 if checkpointing else (
+        shape.embedding_parameters - (shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0))
+    kept = whole - c * released
+    return min(max(kept, c * shape.largest_layer_parameters), c * k.DS_STAGE3_MAX_LIVE_PARAMETERS)
 
 
 def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int) -> float:

@@ -33,7 +33,12 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs
 from orchestrate.planner import constants as k
-from orchestrate.planner.adapter_memory import add_frozen_base, quantized_load_bytes, trainable_shape
+from orchestrate.planner.adapter_memory import (
+    add_frozen_base,
+    fsdp_forward_start_excess,
+    quantized_load_bytes,
+    trainable_shape,
+)
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.prune_memory import mask_memory
@@ -332,6 +337,9 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
             gpu[key] -= reused
             free -= reused
         gpu["gradients"] += max(0.0, step - free)  # step temporaries beyond what is still free
+    if adapters is not None:  # a frozen base's FSDP2 forward start (adapter_memory.py)
+        gpu["gathered_params"] += fsdp_forward_start_excess(shape, strategy, adapters, compute_bytes(strategy),
+                                                            gpu["activations"] + gpu["logits"])
     if teacher is not None:  # precomputed: the first pass runs before the student exists (teacher_memory.py)
         gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
                                         - sum(gpu.values()))

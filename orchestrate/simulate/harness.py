@@ -86,6 +86,7 @@ class Trainer:
         model.train()
         self.hf_model = model
         self._install_phase_hooks(model)
+        model = self._apply_adapters(model, spec)
         classes = list(spec.block_classes or model_block_class_names(model, self.cfg.model_type))
         self.optimizer: Any = None
         self.engine: Any = None
@@ -117,6 +118,19 @@ class Trainer:
         adam: dict[str, Any] = {"lr": 1e-4, "fused": spec.fused_adam or None, "foreach": spec.foreach_adam}
         self.optimizer = torch.optim.AdamW(_adamw_groups(model, spec.weight_decay), **adam)
 
+    @staticmethod
+    def _apply_adapters(model: nn.Module, spec: RunSpec) -> nn.Module:
+        """A LoRA / QLoRA run: the backends' own transform (peft, bitsandbytes), between building and
+        wrapping as they call it; the hooks above stay on the same modules, which peft wraps in place."""
+        if spec.adapters is None:
+            return model
+        from orchestrate.model.transforms import apply_transforms
+        from orchestrate.simulate.spec import plan_from_parts
+
+        plan = plan_from_parts(spec.model_config, spec.strategy_obj, spec.seq_len, spec.world_size,
+                               adapters=spec.adapters)
+        return apply_transforms(model, plan)
+
     def _setup_deepspeed(self, model: nn.Module, s) -> None:
         import deepspeed
 
@@ -127,7 +141,8 @@ class Trainer:
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
         config = dict(self.spec.deepspeed_config or {})
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=self.spec.weight_decay,
+        trainable = [p for p in model.parameters() if p.requires_grad]  # a LoRA base is frozen, as in the backend
+        optimizer = torch.optim.AdamW(trainable, lr=1e-4, weight_decay=self.spec.weight_decay,
                                       foreach=self.spec.foreach_adam)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=config,
                                                                  dist_init_required=False)

@@ -77,8 +77,9 @@ def fake_tensor_patches(spec: RunSpec) -> Iterator[None]:
     foreach_types = torch.utils._foreach_utils._foreach_supported_types
     foreach_types.append(FakeTensor)
     backend = {"deepspeed": _deepspeed_fake_patches, "ddp": _ddp_fake_patches}.get(spec.strategy["backend"])
+    swap = spec.adapters is not None and spec.strategy["backend"] != "deepspeed"  # (DeepSpeed's has it)
     try:
-        with backend() if backend else contextlib.nullcontext():
+        with backend() if backend else contextlib.nullcontext(), _swap_as_set_data() if swap else contextlib.nullcontext():
             yield
     finally:
         masking.is_tracing = orig
@@ -102,18 +103,12 @@ def _ddp_fake_patches() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _deepspeed_fake_patches() -> Iterator[None]:
-    """What DeepSpeed needs to run on fake tensors; each patch keeps the memory behaviour.
-
-    - `nn.Module._apply` swaps fake parameters with `torch.utils.swap_tensors`, which refuses tensors
-      that FakeTensorMode's converter holds weakrefs to; `.data =` is the pre-swap behaviour and
-      frees the old storage the same way.
-    - ZeRO-3's parameter coordinator checks that every rank traced the same module order by
-      broadcasting it: a fake process group carries no data, so the check reads zeros.
-    """
-    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
-
-    orig_swap, orig_check = torch.utils.swap_tensors, coordinator.assert_ints_same_as_other_ranks
+def _swap_as_set_data() -> Iterator[None]:
+    """`nn.Module._apply` (DeepSpeed's moves, the LoRA transform's cast of the base to the compute
+    dtype) swaps fake parameters with `torch.utils.swap_tensors`, which refuses tensors that
+    FakeTensorMode's converter holds weakrefs to; `.data =` is the pre-swap behaviour and frees the
+    old storage the same way."""
+    orig_swap = torch.utils.swap_tensors
 
     def swap(t1: torch.Tensor, t2: torch.Tensor) -> None:
         try:
@@ -124,11 +119,24 @@ def _deepspeed_fake_patches() -> Iterator[None]:
             t1.data = t2
 
     torch.utils.swap_tensors = swap
-    coordinator.assert_ints_same_as_other_ranks = lambda ints: None
     try:
         yield
     finally:
         torch.utils.swap_tensors = orig_swap
+
+
+@contextlib.contextmanager
+def _deepspeed_fake_patches() -> Iterator[None]:
+    """ZeRO-3's parameter coordinator checks that every rank traced the same module order by
+    broadcasting it: a fake process group carries no data, so the check reads zeros."""
+    import deepspeed.runtime.zero.partitioned_param_coordinator as coordinator
+
+    orig_check = coordinator.assert_ints_same_as_other_ranks
+    coordinator.assert_ints_same_as_other_ranks = lambda ints: None
+    try:
+        with _swap_as_set_data():
+            yield
+    finally:
         coordinator.assert_ints_same_as_other_ranks = orig_check
 
 

@@ -46,6 +46,9 @@ class RunSpec:
     block_classes: tuple[str, ...] | None = None
     """Transformer-block class names for fully_shard / activation checkpointing (None: the model's
     `_no_split_modules`)."""
+    adapters: dict[str, Any] | None = None
+    """A LoRA / QLoRA run: {"method", "lora", "quantization"} as in `train` (None: full fine-tuning).
+    The harness applies the backends' own transform (orchestrate/model/lora.py) before wrapping."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -132,13 +135,22 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         world_size=plan.world_size, mesh_shape=mesh, rank=rank, steps=steps, gradient_accumulation=accumulation,
         sync_last_micro_batch_only=sync_last, grad_clip=train.grad_clip,
         fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
-        deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None, notes=notes)
+        deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None,
+        adapters=adapter_settings(train), notes=notes)
+
+
+def adapter_settings(train: Any) -> dict[str, Any] | None:
+    """The `train` keys the LoRA transform reads (None for full fine-tuning)."""
+    if train.method == "full":
+        return None
+    return {"method": train.method, "lora": train.lora.model_dump(), "quantization": train.quantization.model_dump()}
 
 
 def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size: int,
-                    hardware: Any = None) -> Plan:
+                    hardware: Any = None, adapters: dict[str, Any] | None = None) -> Plan:
     """A one-candidate plan for `strategy` (default hardware: the generic 8 GB GPU preset, one rank
-    per GPU), so simulating parts goes through the same renderers as simulating a plan."""
+    per GPU), so simulating parts goes through the same renderers as simulating a plan. `adapters`:
+    `train` keys of a LoRA / QLoRA run (`adapter_settings`)."""
     from orchestrate.config.load import config_from_dict
     from orchestrate.hardware.presets import load_preset
     from orchestrate.model.meta import load_model_config, shape_from_config
@@ -155,7 +167,7 @@ def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size
     cfg = config_from_dict({"model": {"architecture": arch},
                             "train": {"seq_len": seq_len, "global_batch_size": strategy.micro_batch_size * world_size,
                                       "precision": strategy.precision,
-                                      "micro_batch_size": strategy.micro_batch_size}}, None)
+                                      "micro_batch_size": strategy.micro_batch_size, **(adapters or {})}}, None)
     shape = shape_from_config(load_model_config(cfg))
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), 1, fits=True)
     return Plan(config=cfg, hardware=hardware, shape=shape, candidates=[cand], chosen=cand)

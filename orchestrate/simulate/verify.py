@@ -71,6 +71,11 @@ def verify_plan(plan: Plan, *, timeout_s: float = 900) -> VerificationReport:
         raise UserError("plan --simulate runs causal LMs only", [Problem(
             "model.task", f"the fake-tensor simulation builds the causal-LM class, not the {plan.config.model.task} "
             "head, so its peak would describe another model", "drop --simulate: the analytical estimate covers every task")])
+    if plan.config.train.method == "qlora":  # bitsandbytes' Params4bit cannot re-type a FakeTensor
+        raise UserError("plan --simulate cannot run QLoRA", [Problem(
+            "train.method", "the fake-tensor simulation cannot hold a 4-bit base: bitsandbytes' Params4bit is a "
+            "tensor subclass that refuses fake tensors and its kernels read real data (bench/qlora_pieces.py "
+            "checks QLoRA's terms piece by piece instead)", "simulate method: lora, or drop --simulate")])
     analytical = dict(cand.memory.gpu) or estimate_memory(
         plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation).gpu
     sim = simulate(plan, timeout_s=timeout_s)

@@ -71,7 +71,7 @@ STRATEGIES = (("fsdp", 3), ("fsdp", 2), ("deepspeed", 2), ("deepspeed", 3), ("dd
 # LoRA trains on (planner/adapters.py); the frozen base in bf16 as the transform casts it.
 LORA = {"method": "lora", "lora": {"r": 16}}
 LORA_STRATEGIES = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
-LORA_FAMILIES = ("llama", "qwen2", "mistral", "gpt2", "phi3")
+LORA_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # the four simulated (bench/results cache)
 
 
 def strategy(backend: str, stage: int, mb: int, ac: bool) -> Strategy:
@@ -107,6 +107,11 @@ def spec_key(spec) -> str:
     data = spec.to_dict()
     if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
         data.pop("adapters", None)
+    # The memory knobs at their defaults (no chunked loss, no activation offload, fp32 AdamW): the key
+    # it had before strategies named them; the zoo plans none of them.
+    for knob, default in (("loss_chunks", 0), ("activation_offload", False), ("optimizer", "adamw")):
+        if data["strategy"].get(knob) == default:
+            data["strategy"].pop(knob)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 

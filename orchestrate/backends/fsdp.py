@@ -124,13 +124,6 @@ def _shardable(blocks: list[tuple[str, Any]], layout) -> list[bool]:
     return [not split(name + ".") for name, _ in blocks]
 
 
-def _move_buffers(model, device) -> None:
-    for module in model.modules():
-        for name, buf in module._buffers.items():
-            if buf is not None and buf.device != device:
-                module._buffers[name] = buf.to(device)
-
-
 class FSDPEngine(TorchEngine):
     """TrainEngine over a `fully_shard`ed model.
 
@@ -374,7 +367,7 @@ class FSDPBackend:
 
         if not custom and not adapters:
             _materialise(model, st, ctx, layout)
-        _move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
+        hf_io.move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
         # Train mode before any forward: bitsandbytes repacks a 4-bit weight in place for its CPU kernel on
         # an eval-mode no-grad forward (Linear4bit.forward), which would break the sharded parameter.
         model.train()

@@ -66,6 +66,15 @@ def checkpoint_blocks(model: nn.Module, class_names: list[str]) -> list[nn.Modul
     return wrappers
 
 
+def move_buffers(model: nn.Module, device: torch.device) -> None:
+    """Buffers onto `device` after `fully_shard`: FSDP2 shards parameters only, and an offloaded or CPU-built
+    model would otherwise keep its buffers where it was allocated."""
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None and buf.device != device:
+                module._buffers[name] = buf.to(device)
+
+
 def restore_non_persistent_buffers(model: nn.Module, device: torch.device) -> None:
     """Recompute buffers that are in no checkpoint (rotary `inv_freq`, ...) after `to_empty`.
 

@@ -59,12 +59,10 @@ def _sharded(path, device: torch.device, world_size: int, dtype, trust: bool, ta
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     from orchestrate.backends import hf_io
-    from orchestrate.model.loading import load_sharded, meta_model
+    from orchestrate.model.loading import cast_floating_parameters, load_sharded, meta_model
 
     model, hf_config, layout = meta_model(path, trust, task)
-    for param in model.parameters():  # on meta: free; the shards are then allocated in the compute dtype
-        if param.is_floating_point():
-            param.data = param.data.to(dtype)
+    cast_floating_parameters(model, dtype)  # on meta: free; the shards are then allocated in the compute dtype
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("shard",))
     kwargs = {"mesh": mesh, "reshard_after_forward": True,
               "offload_policy": CPUOffloadPolicy(pin_memory=True) if offload else OffloadPolicy()}
@@ -74,8 +72,5 @@ def _sharded(path, device: torch.device, world_size: int, dtype, trust: bool, ta
     model.to_empty(device=torch.device("cpu") if offload else device)
     load_sharded(model, path, layout)
     hf_io.restore_non_persistent_buffers(model, device)
-    for module in model.modules():  # buffers are not sharded: they stay on the compute device
-        for name, buf in module._buffers.items():
-            if buf is not None and buf.device != device:
-                module._buffers[name] = buf.to(device)
+    hf_io.move_buffers(model, device)  # buffers are not sharded: they stay on the compute device
     return model

@@ -100,6 +100,14 @@ def meta_model(model_dir: Path, trust_remote_code: bool = False,
     return model, hf_config, StateLayout.of(model)
 
 
+def cast_floating_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Floating parameters in `dtype`; buffers keep theirs (rotary inv_freq stays fp32), as DeepSpeed's own
+    cast of the module does. Free on the meta device, before anything is allocated."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
+
+
 def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype,
                     trust_remote_code: bool = False, task: str = "causal-lm") -> nn.Module:
     """The whole model on `device`, floating parameters in `dtype`, filled from `model_dir` one tensor at a time."""
@@ -110,9 +118,7 @@ def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype,
     model_dir = Path(model_dir)
     model, _, layout = meta_model(model_dir, trust_remote_code, task)
     plan = plan_reads(model_dir, layout)  # before allocating anything
-    for param in model.parameters():  # on meta: free. Buffers keep their dtype (rotary inv_freq stays
-        if param.is_floating_point():  # fp32), as DeepSpeed's own cast of the module does.
-            param.data = param.data.to(dtype)
+    cast_floating_parameters(model, dtype)  # on meta: free
     model.to_empty(device=device)
     _retie(model, layout)
     targets = model.state_dict()  # detached views of the parameters' storage

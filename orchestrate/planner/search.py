@@ -260,19 +260,17 @@ def _rank_key(c: Candidate) -> tuple:
             s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
 
 
-def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool) -> list[tuple]:
+def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool,
+                 has_8bit_optimizer: bool) -> list[tuple]:
     """(loss_chunks, activation_offload, optimizer) settings to try: the pins, or for "auto" off and on
-    where the knob can run (planner/knobs.py)."""
+    where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed."""
     t = config.train
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks",
                           config.model.task == "causal-lm" and config.model.module is None and config.distill is None,
                           (0, auto_loss_chunks(t.seq_len)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
-    from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
-
-    optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", installed(OPTIMIZER_LIBRARIES["adamw8bit"]),
-                             ("adamw", "adamw8bit"))
+    optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", has_8bit_optimizer, ("adamw", "adamw8bit"))
     return [(c, o, n) for c in chunks for o in offload for n in optimizer]
 
 
@@ -356,15 +354,18 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
             "strategy", f"nothing planned matches {pins} on this hardware",
             "relax a pin (set it to auto)")])
 
+    from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
+
+    has_8bit_optimizer = installed(OPTIMIZER_LIBRARIES["adamw8bit"])  # looked up once per plan (a file-system probe)
     seq_len = config.train.seq_len
     kept: list[Candidate] = []
     refused: list[Problem] = []
     for base in bases:
         for checkpointing in ac_options:
+            combos = _knob_combos(config, hw, base.backend, checkpointing, has_8bit_optimizer)
             strategies = [Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
                                    precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt)
-                          for micro in micros for chunks, offload, opt in _knob_combos(config, hw, base.backend,
-                                                                                       checkpointing)]
+                          for micro in micros for chunks, offload, opt in combos]
             runnable = []
             for strategy in strategies:
                 found = knob_problems(strategy, hw.has_gpu)  # a pinned knob where it cannot run

@@ -121,11 +121,5 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: l
     out_dir = run_dir / INIT_MODEL_DIR
     if local_rank == 0 and not has_weights(out_dir):
         build_initial_model(plan, out_dir, labels)
-    else:
-        # Import transformers' model code now, in parallel with the building rank, instead of
-        # one after the other when the backend loads the model (seconds of start-up on few cores).
-        from orchestrate.model.tasks import model_class
-
-        model_class(initial_config(plan, labels), plan.config.model.task)
-    _barrier()
+    _barrier()  # the other ranks imported the model's code meanwhile (orchestrate.worker.preload)
     return out_dir

@@ -38,11 +38,14 @@ def train(plan_path: Path, stop: StopRequest) -> int:
 
     from orchestrate.worker import stages
     from orchestrate.worker.loop import run_loop
+    from orchestrate.worker.preload import start_preload
 
     plan, run = stages.read_plan(plan_path)
     stages.check_lock(run)
+    preload = start_preload(plan)  # the model's code imports while the ranks meet (worker/preload.py)
     worker = stages.start_process_group(plan, run)
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
+    preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
     data = stages.build_data(plan, run, worker)  # first: a classifier's labels size its head
     teacher = stages.build_teacher(plan, run, worker, data)  # before the student (see the function)
     engine, ctx = stages.build_engine(plan, run, worker, data.label_names, teacher)

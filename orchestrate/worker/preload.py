@@ -1,0 +1,42 @@
+"""Import the model's code in a background thread while the process group forms.
+
+The rendezvous waits for the slowest rank; importing transformers' modeling code (1.6 s of a GPT-2
+worker's start here, most of it transformers' module scan and torch.distributed.tensor:
+`python -X importtime -c "import torch; import transformers.models.gpt2.modeling_gpt2"`) and
+DeepSpeed meanwhile takes that time off the path to step 1. The worker joins the thread before its
+next stage touches transformers: two threads in transformers' lazy modules at once can see a
+half-initialised module ("module 'transformers' has no attribute 'PreTrainedTokenizerBase'", seen
+here when the data stage ran alongside). A failure is left for the stage that needs the module: it
+imports again and reports the error there.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrate.planner.plan import Plan
+
+
+def start_preload(plan: Plan) -> threading.Thread:
+    thread = threading.Thread(target=_preload, args=(plan,), name="orchestrate-preload", daemon=True)
+    thread.start()
+    return thread
+
+
+def _preload(plan: Plan) -> None:
+    from orchestrate.backends.deepspeed_import import import_deepspeed_lean
+
+    model = plan.config.model
+    try:
+        import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
+        # Only a config that is read without the network: a Hub name is resolved by the model stage.
+        if model.module is None and (model.architecture is not None
+                                     or plan.config.resolve_path(model.name_or_path or "").is_dir()):
+            from orchestrate.model.meta import load_model_config
+            from orchestrate.model.tasks import model_class
+
+            model_class(load_model_config(plan.config), model.task)
+    except Exception:  # noqa: BLE001 - reported by the stage that needs it (see the docstring)
+        pass

@@ -19,6 +19,7 @@ right after the orchestrate run it copies; bench/repeats.py); tables show median
 ratio is the median (min-max) of the per-round ratios, so load that drifts between rounds cancels.
 
 Usage: .venv/bin/python bench/overhead.py [--steps 40] [--repeats 3] [--gpus 2] [--out DIR] [--json FILE]
+       [--only deepspeed|fsdp|ddp ...]  (one comparison's rows only; ddp is the start-up comparison)
 The hand-written scripts live in this file (`_hand_deepspeed`, `_hand_fsdp`, `_hand_accelerate`)
 and run under torchrun / accelerate launch as `bench/overhead.py worker <kind> ...`.
 """
@@ -247,6 +248,8 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=2, help="ranks (CPU processes without a GPU)")
     parser.add_argument("--out", type=Path, default=None, help="work directory (default: a temp dir)")
     parser.add_argument("--json", type=Path, default=None, help="also write every measurement and ratio here")
+    parser.add_argument("--only", choices=sorted(PINS), action="append", default=None,
+                        help="run only this backend's comparison (repeatable): deepspeed, fsdp or ddp (start-up)")
     args = parser.parse_args()
     out = (args.out or Path(tempfile.mkdtemp(prefix="orchestrate-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -292,6 +295,8 @@ def main() -> int:
         "orchestrate ddp": orchestrate("ddp"),
         "accelerate launch (ddp)": hand("accelerate", "accelerate", "ddp", accelerate, env={"ACCELERATE_USE_CPU": "true"}),
     }
+    only = args.only or sorted(PINS)
+    arms = {name: measure for name, measure in arms.items() if any(b in name for b in only)}
     rows = interleave(arms, args.repeats,
                       on_result=lambda r, name, v: print(f"round {r + 1}/{args.repeats} {name}: "
                                                          f"{v[0]:,.0f} tokens/s, {v[1]:.1f} s to step 1", flush=True))
@@ -307,13 +312,15 @@ def main() -> int:
         table.add_column(col, justify="right" if col != "run" else "left")
     for name in rows:
         table.add_row(name, spread(tps[name]).format(",.0f"), spread(first[name]).format(".1f"))
-    checks = [  # paired: each round's ratio of two runs that ran next to each other
-        ("throughput vs hand-written DeepSpeed", paired_ratio(tps["orchestrate deepspeed"], tps["hand-written deepspeed"]), ">= 0.98"),
-        ("throughput vs hand-written FSDP2", paired_ratio(tps["orchestrate fsdp"], tps["hand-written fsdp"]), ">= 0.98"),
-        ("start-up vs accelerate launch (ddp)", paired_ratio(first["orchestrate ddp"], first["accelerate launch (ddp)"]), "<= 0.8"),
-        ("rendered deepspeed.json vs DeepSpeed defaults (hand-written)",
-         paired_ratio(tps["hand-written deepspeed"], tps["hand-written deepspeed (DeepSpeed defaults)"]), "-"),
+    pairs = [  # paired: each round's ratio of two runs that ran next to each other
+        ("throughput vs hand-written DeepSpeed", tps, "orchestrate deepspeed", "hand-written deepspeed", ">= 0.98"),
+        ("throughput vs hand-written FSDP2", tps, "orchestrate fsdp", "hand-written fsdp", ">= 0.98"),
+        ("start-up vs accelerate launch (ddp)", first, "orchestrate ddp", "accelerate launch (ddp)", "<= 0.8"),
+        ("rendered deepspeed.json vs DeepSpeed defaults (hand-written)", tps, "hand-written deepspeed",
+         "hand-written deepspeed (DeepSpeed defaults)", "-"),
     ]
+    checks = [(name, paired_ratio(values[a], values[b]), target)
+              for name, values, a, b, target in pairs if a in values and b in values]
     ratios = Table(title="ratios (median of per-round ratios, min-max)")
     for col in ("comparison", "ratio", "target", "median met"):
         ratios.add_column(col)

@@ -151,9 +151,11 @@ def knob_problems(strategy: Strategy, has_gpu: bool, frozen_embedding: bool = Fa
                   tied_embedding: bool = False) -> list[Problem]:
     """Why a strategy with these knobs cannot run (empty when it can); the fixes name what works.
     `frozen_embedding`: a LoRA / QLoRA run; `tied_embedding`: the shape's input embedding is the LM head."""
-    out = []
+    # where the embedding cannot stay on the host under any backend, that alone is the reason
+    out = embedding_offload_problems(frozen_embedding, tied_embedding, has_gpu) if strategy.embedding_offload else []
+    backend_bound = strategy.embedding_offload and not out
     for knob, on in (("loss_chunks", strategy.loss_chunks > 0), ("activation_offload", strategy.activation_offload),
-                     ("adamw8bit", strategy.optimizer == "adamw8bit"), ("embedding_offload", strategy.embedding_offload)):
+                     ("adamw8bit", strategy.optimizer == "adamw8bit"), ("embedding_offload", backend_bound)):
         if on and strategy.backend not in VERIFIED_ON[knob]:
             where = "train.optimizer.name" if knob == "adamw8bit" else f"train.{knob}"
             out.append(Problem(where, f"{knob} is not verified to run under {strategy.backend}",
@@ -164,6 +166,4 @@ def knob_problems(strategy: Strategy, has_gpu: bool, frozen_embedding: bool = Fa
     if strategy.activation_offload and not strategy.activation_checkpointing:
         out.append(Problem("train.activation_offload", "offloads the inputs that activation checkpointing keeps",
                            "set train.activation_checkpointing: true (or auto)"))
-    if strategy.embedding_offload:
-        out += embedding_offload_problems(frozen_embedding, tied_embedding, has_gpu)
     return out

@@ -76,26 +76,30 @@ def test_a_tied_embedding_is_refused():
         route_lookups(model, META)
 
 
-def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path) -> dict:
+def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks: int = 1) -> dict:
     from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.ddp import DDPBackend
     from orchestrate.worker.objective import objective_for
     from tests.helpers.plans import make_plan
 
     strategy = replace(KNOB_STRATEGY, embedding_offload=offload)
-    plan = make_plan(strategy, ranks=1, config={
+    plan = make_plan(strategy, ranks=ranks, config={
         "model": {"architecture": dict(TINY_LLAMA)},
         "train": {"method": method, "max_steps": 3, "optimizer": {"lr": 2e-2}, "schedule": {"warmup_steps": 1}}})
-    ctx = WorkerContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), run_dir=run_dir,
+    rank = torch.distributed.get_rank()
+    ctx = WorkerContext(rank=rank, local_rank=rank, world_size=ranks, device=torch.device("cpu"), run_dir=run_dir,
                         model_dir=Path(model_dir), objective=objective_for(plan))
     engine = DDPBackend().setup(plan, ctx)
-    losses = [engine.train_step(_batches(0)).loss for _ in range(3)]
+    losses = [engine.train_step(_batches(rank)).loss for _ in range(3)]
     engine.save_checkpoint(run_dir / "ckpt", {"step": 3})
     engine.save_hf_model(run_dir / "model")
     saved = torch.load(run_dir / "ckpt" / "trainer_state.pt", weights_only=True)["model"]
+    module = engine.model.module
     return {"losses": losses, "ignored": sorted(engine.model.parameters_to_ignore), "ckpt": sorted(saved),
             "merged": (run_dir / "model" / "model.safetensors").is_file(),
-            "table_grad": engine.model.module.get_input_embeddings().weight.requires_grad}
+            "table_grad": module.get_input_embeddings().weight.requires_grad,
+            "table_sum": module.get_input_embeddings().weight.double().sum().item(),
+            "adapters": sum(p.double().sum().item() for p in module.parameters() if p.requires_grad)}
 
 
 def test_the_ddp_engine_trains_lora_and_qlora_with_the_table_on_the_host_as_without(tmp_path):
@@ -164,3 +168,25 @@ def test_on_a_gpu_the_table_never_touches_the_device(tmp_path):
         assert held[False] - held[True] == pytest.approx(table, rel=0.05)
     finally:
         dist.destroy_process_group()
+
+
+def _two_ranks(model_dir: str, run_dir: str) -> dict:
+    from tests.helpers.dist import init_gloo
+
+    rank, world = init_gloo()
+    out = _engine_run("qlora", True, model_dir, Path(run_dir), ranks=world)  # rank 0 writes, all read
+    return {"losses": out["losses"], "ignored": out["ignored"], "table": out["table_sum"], "adapters": out["adapters"]}
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_train_with_their_own_host_tables_and_stay_replicas(tmp_path):
+    """2 gloo ranks: DDP broadcasts nothing of the table (ignored), each rank's copy came from the same
+    files, and the adapters stay equal across ranks while the loss falls."""
+    from orchestrate.model.init_weights import build_initial_model
+    from tests.helpers.dist import run_on_ranks
+
+    model_dir = str(build_initial_model(knob_plan("full"), tmp_path / "llama"))
+    out = run_on_ranks(_two_ranks, 2, model_dir, str(tmp_path))
+    print({rank: r["losses"] for rank, r in out.items()})
+    assert out[0]["table"] == out[1]["table"] and out[0]["adapters"] == out[1]["adapters"]
+    assert all(r["losses"][-1] < r["losses"][0] and r["ignored"] for r in out.values())

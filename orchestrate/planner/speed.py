@@ -194,9 +194,10 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
         transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
                                                  gradient_accumulation) / hw.gpu.pcie_bandwidth
     # Embedding offload: the looked-up rows up to the GPU each micro-batch over the same one-direction PCIe
-    # bandwidth (GPUSpec.pcie_bandwidth). The first block waits for them, so the copy is not overlapped. The
-    # CPU lookup reads and writes the same b·s·h·c bytes at host memory bandwidth (tens of GB/s: a few ms for
-    # the 32 MiB of seq 4096, h 4096, bf16) against seconds of 6·P FLOPs per token on the GPU: not counted.
+    # bandwidth (hardware/profile.py GPUSpec.pcie_bandwidth: 0.8 of the link rate). The first block waits for
+    # them, so the copy is not overlapped. The CPU lookup reads and writes the same b·s·h·c bytes at host
+    # memory bandwidth (tens of GB/s: a few ms for the 32 MiB of seq 4096, h 4096, bf16) against seconds of
+    # 6·P FLOPs per token on the GPU: not counted.
     embedding_copy = (knobs.embedding_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
                                                      gradient_accumulation) / hw.gpu.pcie_bandwidth
                       if hw.has_gpu else 0.0)

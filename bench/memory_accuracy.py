@@ -107,9 +107,10 @@ def spec_key(spec) -> str:
     data = spec.to_dict()
     if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
         data.pop("adapters", None)
-    # The memory knobs at their defaults (no chunked loss, no activation offload, fp32 AdamW): the key
-    # it had before strategies named them; the zoo plans none of them.
-    for knob, default in (("loss_chunks", 0), ("activation_offload", False), ("optimizer", "adamw")):
+    # The memory knobs at their defaults (no chunked loss, no activation offload, fp32 AdamW, the embedding
+    # on the device): the key it had before strategies named them; the zoo plans none of them.
+    for knob, default in (("loss_chunks", 0), ("activation_offload", False), ("optimizer", "adamw"),
+                          ("embedding_offload", False)):
         if data["strategy"].get(knob) == default:
             data["strategy"].pop(knob)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]

@@ -59,6 +59,7 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
         "grad_clip": train.grad_clip,
         "optimizer": adamw_settings(train, fused=hw.has_gpu, name=s.optimizer),
         "activation_offload": s.activation_offload,
+        "embedding_offload": s.embedding_offload,  # the frozen input embedding in host memory (planner/knobs.py)
         "schedule": schedule_settings(train),
         "seed": train.seed,
     }
@@ -67,6 +68,8 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
         "every rank builds the model on the meta device, allocates it on its device (fp32) and fills it "
         "tensor by tensor from the safetensors files",
         *([f"wrap each {blocks} in checkpoint_wrapper (non-reentrant)"] if s.activation_checkpointing else []),
+        *(["the input embedding is allocated and filled in CPU memory and stays there: each lookup runs on the "
+           "CPU, its rows are copied to the device; DDP leaves it out of its broadcast"] if s.embedding_offload else []),
         "wrap in DistributedDataParallel (rank 0's weights broadcast at construction)",
         f"each step: {cand.gradient_accumulation} micro-batch(es) of {s.micro_batch_size}"
         + (f" under autocast({settings['autocast_dtype']})" if settings["autocast_dtype"] else "")
@@ -184,6 +187,7 @@ class DDPBackend:
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.custom import build_module, is_custom, model_config
+        from orchestrate.model.host_embedding import host_names, route_lookups, to_device_keeping_embedding
         from orchestrate.model.loading import has_safetensors, load_replicated
         from orchestrate.model.quantized_loading import load_quantized
         from orchestrate.model.tasks import auto_class
@@ -202,7 +206,7 @@ class DDPBackend:
         elif has_safetensors(ctx.model_dir):
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
-            model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task)
+            model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task, st["embedding_offload"])
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         if not quantize_on_load:  # (load_quantized returns the unquantized model's layout)
@@ -211,7 +215,15 @@ class DDPBackend:
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)
-        model.to(ctx.device)
+        if st["embedding_offload"]:  # the frozen input embedding stays on the CPU (model/host_embedding.py)
+            to_device_keeping_embedding(model, ctx.device)
+            route_lookups(model, ctx.device)
+            # DDP refuses parameters on two device types and broadcasts every one at construction (NCCL cannot
+            # send CPU tensors): leave the table out; every rank read the same bytes, and frozen, it has no
+            # gradient to reduce (torch/nn/parallel/distributed.py parameters_to_ignore).
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(host_names(model, True)))
+        else:
+            model.to(ctx.device)
         on_gpu = ctx.device.type == "cuda"
         ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if on_gpu else None)
 

@@ -169,6 +169,10 @@ class TrainSection(LossField):  # + loss (custom_module.py)
     """GPU, with activation checkpointing: keep each checkpointed block's input in pinned CPU memory
     until backward (torch save_on_cpu); "auto": the planner's choice (docs/memory-knobs.md)."""
 
+    embedding_offload: bool | Auto = "auto"
+    """GPU, DDP, method lora/qlora, untied embedding: keep the frozen input embedding in host memory (its
+    lookup runs there, only the rows go to the GPU); "auto": the planner's choice (docs/memory-knobs.md)."""
+
     method: Literal["full", "lora", "qlora", "auto"] = "full"
     """full: train every weight. lora: freeze the base, train low-rank adapters on its linear layers
     (peft). qlora: the same on a base stored in 4-bit NF4 (bitsandbytes). auto: the first of full,

@@ -5,8 +5,10 @@ on the device (32 GB for an 8B model, on an 8 GB card) or, on CPU, in RAM. Here 
 meta device and is filled one tensor at a time from the files' memory maps: the weight of every block
 linear becomes a bitsandbytes NF4 `Params4bit`, quantized when it moves to the device
 (bitsandbytes/nn/modules.py `Params4bit.to` -> `_quantize`); everything else is allocated in the compute
-dtype. Host RAM at any moment: one tensor as read plus its cast (planner/adapter_memory.py
-`quantized_load_bytes`); the device never holds more than the quantized model and one 16-bit tensor.
+dtype (with embedding offload the input embedding's tensors are filled on the CPU instead, so the 16-bit
+table never touches the GPU: model/host_embedding.py). Host RAM at any moment: one tensor as read plus its
+cast (planner/adapter_memory.py `quantized_load_bytes`); the device never holds more than the quantized
+model and one 16-bit tensor.
 This is what transformers' `from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
 does, shard by shard; it is not used because it also quantizes the LM head's neighbours by its own
 rules and would not match the planner's (and `LoraTransform`'s) set of block linears.
@@ -79,11 +81,13 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
     from safetensors import safe_open
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
+    from orchestrate.model.host_embedding import HOST, host_names
     from orchestrate.model.lora import compute_dtype
 
     model, _, layout = meta_model(Path(model_dir), trust_remote_code, task)
     reads = plan_reads(Path(model_dir), layout)  # every mismatch is one UserError before anything is read
     quantized, dtype = block_linear_names(model, plan), compute_dtype(plan)
+    host = host_names(model, plan.chosen.strategy.embedding_offload)
     with torch.no_grad():
         for path, items in reads.reads.items():
             with safe_open(str(path), framework="pt") as f:
@@ -94,7 +98,7 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
                         setattr(model.get_submodule(parent), child, _quantized_linear(
                             model.get_submodule(owner_name), f.get_tensor(key), plan, device))
                     else:
-                        _fill(model, target, f.get_tensor(key), dtype, device)
+                        _fill(model, target, f.get_tensor(key), dtype, HOST if target in host else device)
     _retie(model, layout.tie_groups)
     restore_non_persistent_buffers(model, device)
     return model, layout

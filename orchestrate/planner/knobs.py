@@ -1,5 +1,5 @@
-"""Memory knobs the planner can choose: chunked cross-entropy, activation offload and the 8-bit
-optimizer. What each trades (memory terms and speed costs, each with its source), where each is
+"""Memory knobs the planner can choose: chunked cross-entropy, activation offload, the 8-bit
+optimizer and the input embedding in host memory. What each trades (memory terms and speed costs, each with its source), where each is
 verified to run, and the options the search tries. Pure; memory.py, speed.py and search.py call it.
 
 - Chunked cross-entropy (`loss_chunks`): the LM head + cross-entropy run on one chunk of the sequence
@@ -15,6 +15,12 @@ verified to run, and the options the search tries. Pure; memory.py, speed.py and
 - adamw8bit (bitsandbytes AdamW8bit, Dettmers et al. 2022 "8-bit Optimizers via Block-wise
   Quantization"): m and v in uint8 with one fp32 absmax per block of 256 (bitsandbytes/optim/optimizer.py,
   Optimizer8bit: block_wise, blocksize 256): 2 + 8/256 B/param instead of AdamW's 8.
+- Embedding offload: a frozen input embedding (LoRA / QLoRA keep it in the compute dtype, unquantized:
+  adapter_memory.base_bytes) is only looked up, never multiplied, so it can stay in host memory: the
+  lookup (a gather of b·s rows) runs on the CPU and only the rows (b x s x h, compute dtype) cross PCIe
+  to the GPU, once per micro-batch (backends/ddp.py). Llama-3's 128,256 x 4096 table is 1 GiB of bf16.
+  Not where it is tied to the LM head (the head multiplies the same tensor on the GPU), nor where it
+  trains. Each DDP rank keeps its own host copy.
 """
 
 from __future__ import annotations
@@ -41,11 +47,14 @@ ADAMW_STATE_BYTES_PER_PARAM = 8
 ADAM8BIT_BYTES_PER_PARAM = k.ADAM_BYTES_PER_PARAM - 12
 """One 8-bit AdamW update reads and writes m and v as 1 byte each instead of 4: 16 + 12 + 2 B less 12."""
 
-VERIFIED_ON = {"loss_chunks": ("ddp", "fsdp"), "activation_offload": ("ddp", "fsdp"), "adamw8bit": ("ddp",)}
+VERIFIED_ON = {"loss_chunks": ("ddp", "fsdp"), "activation_offload": ("ddp", "fsdp"), "adamw8bit": ("ddp",),
+               "embedding_offload": ("ddp",)}
 """Backends whose engines run each knob (tests/test_memory_knobs_train.py, docs/memory-knobs.md). loss_chunks
 under DeepSpeed: not run (ZeRO-3 releases the LM head after the forward; the chunks call it after). adamw8bit:
 under FSDP2 bitsandbytes gets DTensor parameters (verified to fail, bench/verify_knob_combos.py);
-DeepSpeed builds its own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired."""
+DeepSpeed builds its own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired.
+embedding_offload: under FSDP2 and ZeRO-3 the embedding is a sharded parameter the engine gathers onto the
+GPU, under ZeRO-1/2 a parameter of the engine's flat groups; not built there."""
 
 
 def auto_loss_chunks(seq_len: int) -> int:
@@ -93,6 +102,44 @@ def offload_transfer_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, 
     return 2 * accumulation * offloaded_activation_bytes(shape, strategy, seq_len, c)
 
 
+def input_embedding_bytes(shape: ModelShape, c: int) -> int:
+    """The input embedding table (vocab x hidden) in the compute dtype, as a frozen base stores it."""
+    return shape.vocab_size * shape.hidden_size * c
+
+
+def embedding_rows_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int) -> int:
+    """One micro-batch's looked-up rows (b x s x h, compute dtype): what crosses PCIe per micro-batch."""
+    return strategy.micro_batch_size * seq_len * shape.hidden_size * c
+
+
+def host_embedding_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int) -> int:
+    """Host bytes per rank of embedding offload: the table plus the lookup's output before its copy."""
+    if not strategy.embedding_offload:
+        return 0
+    return input_embedding_bytes(shape, c) + embedding_rows_bytes(shape, strategy, seq_len, c)
+
+
+def embedding_transfer_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int, accumulation: int) -> int:
+    """PCIe bytes per step of embedding offload: the rows of every micro-batch, host to device. The token ids
+    going down (8 B per token) are h·c/8 = 1024x less at h 4096 in bf16, left out."""
+    return accumulation * embedding_rows_bytes(shape, strategy, seq_len, c) if strategy.embedding_offload else 0
+
+
+def embedding_offload_problems(frozen: bool, tied: bool, has_gpu: bool) -> list[Problem]:
+    """Why the input embedding cannot stay in host memory (empty when it can); the fixes name what works."""
+    where, out = "train.embedding_offload", []
+    if not frozen:
+        out.append(Problem(where, "keeps a frozen input embedding in host memory; full fine-tuning trains it",
+                           "set train.method: lora or qlora, or embedding_offload: false (or auto)"))
+    if tied:
+        out.append(Problem(where, "the input embedding is tied to the LM head, which needs it on the GPU",
+                           "set embedding_offload: false (or auto)"))
+    if not has_gpu:
+        out.append(Problem(where, "moves the embedding off a GPU; this profile has none",
+                           "set embedding_offload: false (or auto)"))
+    return out
+
+
 def knob_options(setting: object, backend: str, knob: str, usable: bool, choose: tuple) -> tuple:
     """What the search tries for one knob: the pin, or (auto) `choose` where the knob can run."""
     if setting != "auto":
@@ -100,11 +147,15 @@ def knob_options(setting: object, backend: str, knob: str, usable: bool, choose:
     return choose if usable and backend in VERIFIED_ON[knob] else choose[:1]
 
 
-def knob_problems(strategy: Strategy, has_gpu: bool) -> list[Problem]:
-    """Why a strategy with these knobs cannot run (empty when it can); the fixes name what works."""
-    out = []
+def knob_problems(strategy: Strategy, has_gpu: bool, frozen_embedding: bool = False,
+                  tied_embedding: bool = False) -> list[Problem]:
+    """Why a strategy with these knobs cannot run (empty when it can); the fixes name what works.
+    `frozen_embedding`: a LoRA / QLoRA run; `tied_embedding`: the shape's input embedding is the LM head."""
+    # where the embedding cannot stay on the host under any backend, that alone is the reason
+    out = embedding_offload_problems(frozen_embedding, tied_embedding, has_gpu) if strategy.embedding_offload else []
+    backend_bound = strategy.embedding_offload and not out
     for knob, on in (("loss_chunks", strategy.loss_chunks > 0), ("activation_offload", strategy.activation_offload),
-                     ("adamw8bit", strategy.optimizer == "adamw8bit")):
+                     ("adamw8bit", strategy.optimizer == "adamw8bit"), ("embedding_offload", backend_bound)):
         if on and strategy.backend not in VERIFIED_ON[knob]:
             where = "train.optimizer.name" if knob == "adamw8bit" else f"train.{knob}"
             out.append(Problem(where, f"{knob} is not verified to run under {strategy.backend}",

@@ -48,7 +48,7 @@ from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory, firs
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
-            "offloaded_activations", "pinned_buffers", "loading_spike", "process_runtime")
+            "offloaded_activations", "offloaded_embedding", "pinned_buffers", "loading_spike", "process_runtime")
 MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
 
 
@@ -321,6 +321,8 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     if teacher is not None:
         add_teacher_memory(placed.gpu, placed.cpu, teacher, strategy, hw, seq_len, compute_bytes(strategy))
     gpu = {key: float(v) for key, v in placed.gpu.items()}
+    if strategy.embedding_offload:  # the frozen input embedding stays in host memory (knobs.py)
+        gpu["weights"] -= knobs.input_embedding_bytes(shape, compute_bytes(strategy))
     if prune is not None:
         gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
@@ -356,6 +358,8 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
     cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len,
                                                                           compute_bytes(strategy))
+    # every DDP rank its own copy of the table (each process looks up its own micro-batch)
+    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, strategy, seq_len, compute_bytes(strategy))
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
     load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy))
             if adapters is not None and adapters.quantized and strategy.backend == "ddp"

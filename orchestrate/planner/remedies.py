@@ -119,7 +119,8 @@ def _knob_remedies(config: RunConfig, hw: HardwareProfile, shape: ModelShape) ->
             ("train.optimizer.name", train.optimizer.name == "adamw",
              {"optimizer": train.optimizer.model_copy(update={"name": "auto"})}),
             ("train.loss_chunks", train.loss_chunks == 0, {"loss_chunks": "auto"}),
-            ("train.activation_offload", train.activation_offload is False, {"activation_offload": "auto"})):
+            ("train.activation_offload", train.activation_offload is False, {"activation_offload": "auto"}),
+            ("train.embedding_offload", train.embedding_offload is False, {"embedding_offload": "auto"})):
         if pinned_off:
             changed = config.model_copy(update={"train": train.model_copy(update=update)})
             if (c := _replan(changed, hw, shape)) is not None:

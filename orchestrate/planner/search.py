@@ -35,7 +35,12 @@ from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.adapters import Adapters, adapters_for, trains
 from orchestrate.planner.estimate import MemoryEstimate
-from orchestrate.planner.knobs import auto_loss_chunks, knob_options, knob_problems
+from orchestrate.planner.knobs import (
+    auto_loss_chunks,
+    embedding_offload_problems,
+    knob_options,
+    knob_problems,
+)
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.pruning import check_prune
@@ -250,20 +255,20 @@ def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfil
 def _rank_key(c: Candidate) -> tuple:
     s = c.strategy
     offloads = (s.offload_optimizer != "none") + (s.offload_params != "none")
-    knobs = (s.loss_chunks > 0) + s.activation_offload + (s.optimizer != "adamw")
+    knobs = (s.loss_chunks > 0) + s.activation_offload + (s.optimizer != "adamw") + s.embedding_offload
     # fp32 Adam states before speed (8-bit states change the numerics: optimizer.name auto takes them only
     # where nothing with fp32 states fits); then no activation offload before speed (no GPU has run it
-    # yet: taken only where nothing fits without it); ties: fewer offloads, fewer memory knobs, simpler
-    # backend, lower stage, no recompute, larger micro-batch (fewer steps of Python overhead, which the
-    # speed model does not see)
-    return (s.optimizer != "adamw", s.activation_offload, -c.speed.tokens_per_s, offloads, knobs, _BACKEND_ORDER[s.backend],
-            s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
+    # yet: taken only where nothing fits without it), then likewise no embedding offload; ties: fewer
+    # offloads, fewer memory knobs, simpler backend, lower stage, no recompute, larger micro-batch (fewer
+    # steps of Python overhead, which the speed model does not see)
+    return (s.optimizer != "adamw", s.activation_offload, s.embedding_offload, -c.speed.tokens_per_s, offloads, knobs,
+            _BACKEND_ORDER[s.backend], s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
 
 
 def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool,
-                 has_8bit_optimizer: bool) -> list[tuple]:
-    """(loss_chunks, activation_offload, optimizer) settings to try: the pins, or for "auto" off and on
-    where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed."""
+                 has_8bit_optimizer: bool, embedding_offloadable: bool) -> list[tuple]:
+    """(loss_chunks, activation_offload, optimizer, embedding_offload) settings to try: the pins, or for "auto"
+    off and on where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed."""
     t = config.train
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks",
                           config.model.task == "causal-lm" and config.model.module is None and config.distill is None,
@@ -271,7 +276,8 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
     optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", has_8bit_optimizer, ("adamw", "adamw8bit"))
-    return [(c, o, n) for c in chunks for o in offload for n in optimizer]
+    embedding = knob_options(t.embedding_offload, backend, "embedding_offload", embedding_offloadable, (False, True))
+    return [(c, o, n, e) for c in chunks for o in offload for n in optimizer for e in embedding]
 
 
 _AUTO_METHODS = ("full", "lora", "qlora")
@@ -357,18 +363,20 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
     from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
 
     has_8bit_optimizer = installed(OPTIMIZER_LIBRARIES["adamw8bit"])  # looked up once per plan (a file-system probe)
+    frozen, tied = adapters is not None, shape.tied_embeddings  # what embedding offload needs (knobs.py)
     seq_len = config.train.seq_len
     kept: list[Candidate] = []
     refused: list[Problem] = []
     for base in bases:
         for checkpointing in ac_options:
-            combos = _knob_combos(config, hw, base.backend, checkpointing, has_8bit_optimizer)
+            combos = _knob_combos(config, hw, base.backend, checkpointing, has_8bit_optimizer,
+                                  not embedding_offload_problems(frozen, tied, hw.has_gpu))
             strategies = [Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
-                                   precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt)
-                          for micro in micros for chunks, offload, opt in combos]
+                                   precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt, emb)
+                          for micro in micros for chunks, offload, opt, emb in combos]
             runnable = []
             for strategy in strategies:
-                found = knob_problems(strategy, hw.has_gpu)  # a pinned knob where it cannot run
+                found = knob_problems(strategy, hw.has_gpu, frozen, tied)  # a pinned knob where it cannot run
                 refused += [p for p in found if p not in refused]
                 if not found:
                     runnable.append(strategy)

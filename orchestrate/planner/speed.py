@@ -193,6 +193,14 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
         transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
                                                  gradient_accumulation) / hw.gpu.pcie_bandwidth
+    # Embedding offload: the looked-up rows up to the GPU each micro-batch over the same one-direction PCIe
+    # bandwidth (hardware/profile.py GPUSpec.pcie_bandwidth: 0.8 of the link rate). The first block waits for
+    # them, so the copy is not overlapped. The CPU lookup reads and writes the same b·s·h·c bytes at host
+    # memory bandwidth (tens of GB/s: a few ms for the 32 MiB of seq 4096, h 4096, bf16) against seconds of
+    # 6·P FLOPs per token on the GPU: not counted.
+    embedding_copy = (knobs.embedding_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
+                                                     gradient_accumulation) / hw.gpu.pcie_bandwidth
+                      if hw.has_gpu else 0.0)
     extra: dict[str, float] = {}
     if teacher is not None:
         flop_tokens = gradient_accumulation * strategy.micro_batch_size * seq_len * training_flops_per_token(
@@ -210,10 +218,11 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     step = (busy
             + max(0.0, comm - k.COMM_OVERLAP_FRACTION * busy)
             + max(0.0, transfer - k.OFFLOAD_OVERLAP_FRACTION * busy)
+            + embedding_copy
             + device_opt + cpu_opt + nvme * (1 - k.NVME_OVERLAP_FRACTION))
     tokens = strategy.micro_batch_size * gradient_accumulation * hw.world_size * seq_len
     breakdown = {"compute": compute, "recompute": recompute, "communication": comm,
-                 "offload_transfer": transfer, "optimizer": device_opt, "cpu_optimizer": cpu_opt,
+                 "offload_transfer": transfer + embedding_copy, "optimizer": device_opt, "cpu_optimizer": cpu_opt,
                  "nvme_io": nvme, **extra}
     return SpeedEstimate(step_time_s=step, tokens_per_s=tokens / step if step > 0 else 0.0,
                          breakdown=breakdown)

@@ -49,6 +49,9 @@ class Strategy:
     """Checkpointed blocks' inputs kept in pinned CPU memory until backward (torch save_on_cpu)."""
     optimizer: str = "adamw"
     """adamw (fp32 states) or adamw8bit (bitsandbytes AdamW8bit, block-wise 8-bit states)."""
+    embedding_offload: bool = False
+    """A frozen, untied input embedding kept in host memory: its lookup runs there, the rows go to the GPU
+    (planner/knobs.py)."""
 
     @property
     def name(self) -> str:
@@ -66,6 +69,8 @@ class Strategy:
             parts.append("ac")
         if self.activation_offload:
             parts.append("actoff")
+        if self.embedding_offload:
+            parts.append("embcpu")
         if self.loss_chunks:
             parts.append(f"ce{self.loss_chunks}")
         if self.optimizer != "adamw":

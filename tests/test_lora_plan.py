@@ -90,7 +90,7 @@ def test_rank_zero_is_refused_by_the_schema():
 
 @pytest.mark.parametrize("pins,where", [({"backend": "deepspeed", "zero_stage": 1}, "strategy.backend"),
                                          ({"backend": "fsdp", "zero_stage": 2}, "strategy.backend"),
-                                         ({"backend": "deepspeed", "offload": "cpu"}, "strategy.offload")])
+                                         ({"backend": "fsdp", "offload": "cpu"}, "strategy.offload")])
 def test_an_adapter_pinned_on_an_unverified_backend_is_one_error_naming_what_works(pins, where):
     cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": pins,
                             "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})

@@ -48,7 +48,7 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
     whole, block, root = base_bytes(shape, adapters, c)
     sharded = strategy.backend == "fsdp" or (strategy.backend == "deepspeed" and strategy.zero_stage == 3)
     per_rank = whole / n if sharded else whole
-    if sharded and strategy.offload_params != "none":
+    if sharded and strategy.offload_params != "none":  # ZeRO-3 offload_param: on the host (adapter_offload.py)
         cpu["offloaded_params"] += per_rank
     else:
         gpu["weights"] += per_rank

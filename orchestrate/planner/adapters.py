@@ -18,31 +18,45 @@ from orchestrate.planner.strategy import Sharding
 
 # (backend, ZeRO stage) pairs whose engines train each method, without offload, verified on 2 gloo ranks
 # (tests/test_lora_train.py: DDP; tests/test_lora_backends.py: FSDP2 full shard, ZeRO-2, ZeRO-3). Others
-# (ZeRO-1, FSDP2 shard-grad-op, any offload: never run with adapters) are refused.
+# (ZeRO-1, FSDP2 shard-grad-op: never run with adapters) are refused.
 _VERIFIED = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
 TRAINABLE_ON = {"lora": _VERIFIED, "qlora": _VERIFIED}
+# (backend, ZeRO stage, offload_optimizer, offload_params) verified with offload (tests/test_lora_offload.py,
+# 2 gloo ranks): ZeRO-3 with the frozen base's partitions and the optimizer in host memory, fsdp_qlora's
+# layout. Parameter offload needs optimizer offload (search.py); FSDP2's CPUOffloadPolicy and NVMe are not run.
+_OFFLOADED = (("deepspeed", 3, "cpu", "cpu"),)
+TRAINABLE_OFFLOADED = {"lora": _OFFLOADED, "qlora": _OFFLOADED}
 
 
 def trains(method: str, sharding: Sharding) -> bool:
     """Whether `method`'s adapters are verified to train under this sharding."""
-    return ((sharding.backend, sharding.zero_stage) in TRAINABLE_ON[method]
-            and sharding.offload_optimizer == "none" and sharding.offload_params == "none")
+    if sharding.offload_optimizer == "none" and sharding.offload_params == "none":
+        return (sharding.backend, sharding.zero_stage) in TRAINABLE_ON[method]
+    return (sharding.backend, sharding.zero_stage, sharding.offload_optimizer,
+            sharding.offload_params) in TRAINABLE_OFFLOADED[method]
 
 
 def _where(method: str) -> str:
     stages: dict[str, list[str]] = {}
     for backend, stage in TRAINABLE_ON[method]:
         stages.setdefault(backend, []).append(str(stage))
-    return ", ".join(f"{b} (zero_stage {' or '.join(z)})" for b, z in stages.items()) + ", without offload"
+    offloaded = "; with offload only " + ", ".join(
+        f"{b} zero_stage {z} with offload {o} and offload_params {p}" for b, z, o, p in TRAINABLE_OFFLOADED[method])
+    return ", ".join(f"{b} (zero_stage {' or '.join(z)})" for b, z in stages.items()) + offloaded
 
 
 def _backend_problems(config: RunConfig) -> list[Problem]:
-    """Pins that no verified (backend, stage) of the method matches: one error naming what works."""
+    """Pins that no verified (backend, stage, offload) of the method matches: one error naming what works."""
     method, pins = config.train.method, config.strategy
-    verified = [(b, z) for b, z in TRAINABLE_ON[method] if pins.backend in ("auto", b)
-                and pins.zero_stage in ("auto", z)]
     offload = pins.offload not in ("auto", "none") or pins.offload_params is True
-    if verified and not offload:
+
+    def pinned_ok(backend: str, stage: int) -> bool:
+        return pins.backend in ("auto", backend) and pins.zero_stage in ("auto", stage)
+
+    verified = [(b, z) for b, z in TRAINABLE_ON[method] if pinned_ok(b, z)]
+    offloaded = [(b, z, o, p) for b, z, o, p in TRAINABLE_OFFLOADED[method] if pinned_ok(b, z)
+                 and pins.offload in ("auto", o) and pins.offload_params in ("auto", True)]
+    if (verified and not offload) or offloaded:
         return []
     pinned = {k: v for k, v in pins.model_dump().items()
               if k in ("backend", "zero_stage", "offload", "offload_params") and v not in ("auto", False)}

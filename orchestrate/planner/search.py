@@ -239,7 +239,7 @@ def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_l
                             replace(teacher, placement=p)) for p in auto_placements(hw)]
         return next((c for c in tried if c.fits), tried[-1])
     memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher)
-    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher)
+    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher, adapters)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
                        for what, need, have, word in over)

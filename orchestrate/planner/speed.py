@@ -29,6 +29,9 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
+from orchestrate.planner.adapter_memory import trainable_shape
+from orchestrate.planner.adapter_offload import base_h2d_bytes
+from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import SpeedEstimate
 from orchestrate.planner.memory import compute_bytes, matmul_parameters, shard_group_size
 from orchestrate.planner.strategy import Strategy
@@ -183,13 +186,19 @@ def _optimizer_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strateg
 
 
 def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                   gradient_accumulation: int, teacher: Teacher | None = None) -> SpeedEstimate:
+                   gradient_accumulation: int, teacher: Teacher | None = None,
+                   adapters: Adapters | None = None) -> SpeedEstimate:
     """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model);
-    `teacher`: distillation, its forward, gathers and copies added (teacher_memory.py)."""
+    `teacher`: distillation, its forward, gathers and copies added (teacher_memory.py); `adapters`: a
+    LoRA / QLoRA run, whose offloaded states are the adapters' plus the frozen base (adapter_offload.py)."""
     compute, recompute = _compute_seconds(shape, hw, strategy, seq_len, gradient_accumulation)
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
-    transfer, cpu_opt, nvme = (_offload(shape, hw, strategy, gradient_accumulation)
+    offloaded = trainable_shape(shape, adapters) if adapters is not None else shape
+    transfer, cpu_opt, nvme = (_offload(offloaded, hw, strategy, gradient_accumulation)
                                if hw.has_gpu else (0.0, 0.0, 0.0))
+    if adapters is not None and hw.has_gpu:
+        transfer += base_h2d_bytes(shape, strategy, shard_group_size(hw, strategy), adapters,
+                                   compute_bytes(strategy), gradient_accumulation) / hw.gpu.pcie_bandwidth
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
         transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
                                                  gradient_accumulation) / hw.gpu.pcie_bandwidth

@@ -1,0 +1,79 @@
+"""Planning LoRA / QLoRA with the frozen base offloaded to host memory (DeepSpeed ZeRO-3,
+offload_param cpu + offload_optimizer cpu, planner/adapter_offload.py): what is allowed, what is
+refused with one error naming what works, and the memory and speed terms against hand-computed
+numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrate.config.load import config_from_dict
+from orchestrate.errors import UserError
+from orchestrate.model.formulas import shape_from_dict
+from orchestrate.planner.adapter_memory import base_bytes
+from orchestrate.planner.adapters import adapters_for, trains
+from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.search import make_plan
+from orchestrate.planner.speed import estimate_speed
+from orchestrate.planner.strategy import Sharding
+from tests.test_lora_plan import TINY, config
+from tests.test_memory_model import gpu_hw, strat
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_only_zero3_with_the_base_and_the_optimizer_on_the_cpu_trains_with_offload(method):
+    assert trains(method, Sharding("deepspeed", 3, "cpu", "cpu"))
+    for refused in (Sharding("deepspeed", 3, "cpu", "none"), Sharding("deepspeed", 2, "cpu", "none"),
+                    Sharding("deepspeed", 3, "nvme", "nvme"), Sharding("deepspeed", 3, "cpu", "nvme"),
+                    Sharding("fsdp", 3, "cpu", "cpu"), Sharding("deepspeed", 1, "cpu", "none")):
+        assert not trains(method, refused), refused
+
+
+@pytest.mark.parametrize("pins,where", [({"backend": "fsdp", "offload": "cpu"}, "strategy.offload"),
+                                         ({"backend": "deepspeed", "zero_stage": 2, "offload": "cpu"},
+                                          "strategy.offload"),
+                                         ({"offload": "cpu", "offload_params": False}, "strategy.offload"),
+                                         ({"offload": "nvme"}, "strategy.offload")])
+def test_an_unverified_offload_pin_is_one_error_naming_the_offload_that_works(pins, where):
+    cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": pins,
+                            "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
+    with pytest.raises(UserError) as err:
+        make_plan(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
+    assert [p.where for p in err.value.problems] == [where]
+    assert "deepspeed zero_stage 3 with offload cpu and offload_params cpu" in err.value.problems[0].fix
+
+
+def test_pinning_cpu_offload_plans_zero3_with_the_base_offloaded():
+    cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": {"offload": "cpu"},
+                            "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
+    plan = make_plan(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
+    assert {(c.strategy.backend, c.strategy.zero_stage, c.strategy.offload_optimizer, c.strategy.offload_params)
+            for c in plan.candidates} == {("deepspeed", 3, "cpu", "cpu")}
+
+
+@pytest.mark.parametrize("method", ["lora", "qlora"])
+def test_the_offloaded_base_is_on_the_host_and_zero3_gathers_the_same_as_without_offload(method):
+    shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
+    a = adapters_for(config(TINY, method=method, lora={"r": 4}), shape)
+    off = estimate_memory(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, 1, a)
+    on_gpu = estimate_memory(shape, hw, strat("deepspeed", 3), 32, 1, a)
+    whole, _, _ = base_bytes(shape, a, 2)  # bf16 on a GPU; NF4 block linears for qlora
+    # Per rank: the base's partition and the adapters' bf16 partition, times 2 ranks on the node.
+    assert off.cpu["offloaded_params"] == int(2 * (whole / 2 + 2 * a.trainable / 2))
+    assert off.gpu["weights"] == 0
+    assert off.gpu["gathered_params"] == on_gpu.gpu["gathered_params"]
+    assert off.gpu_total < on_gpu.gpu_total
+
+
+def test_the_offloaded_base_crosses_pcie_before_every_forward_and_backward_gather():
+    shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
+    a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
+    accumulation, c, n, t = 3, 2, 2, a.trainable
+    speed = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation, adapters=a)
+    whole, _, _ = base_bytes(shape, a, c)
+    # base: 2 gathers per micro-batch, up only; adapters (ZeRO-Offload): grads down every micro-batch,
+    # updated values up once, their own 2 gathers per micro-batch (speed._offload).
+    moved = accumulation * 2 * whole / n + accumulation * c * t / n + c * t / n + accumulation * 2 * c * t / n
+    assert speed.breakdown["offload_transfer"] == pytest.approx(moved / hw.gpu.pcie_bandwidth)
+    full_model = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation)
+    assert speed.breakdown["cpu_optimizer"] < full_model.breakdown["cpu_optimizer"]  # Adam on the adapters only

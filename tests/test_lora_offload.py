@@ -23,6 +23,7 @@ CASES = [("zero3_offload", "lora", "llama"), ("zero3_offload", "qlora", "qwen2")
 def test_adapters_train_with_the_base_offloaded(backend, method, family, model_dirs, tmp_path):  # noqa: F811
     out = run_on_ranks(_train, 2, backend, method, family, model_dirs[family], str(tmp_path))
     for rank, r in out.items():
+        assert r["offload"] == ["cpu", "cpu"], f"rank {rank}: not offloaded: {r['offload']}"
         assert r["losses"][-1] < r["losses"][0] - 0.2, f"rank {rank}: {r['losses']}"
         assert r["frozen"] > 0 and not r["changed"], f"rank {rank}: the frozen base changed: {r['changed'][:4]}"
         assert r["resumed"] == pytest.approx(r["losses"][4:], abs=1e-6), (r["resumed"], r["losses"][4:])

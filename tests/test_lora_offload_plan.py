@@ -77,3 +77,15 @@ def test_the_offloaded_base_crosses_pcie_before_every_forward_and_backward_gathe
     assert speed.breakdown["offload_transfer"] == pytest.approx(moved / hw.gpu.pcie_bandwidth)
     full_model = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation)
     assert speed.breakdown["cpu_optimizer"] < full_model.breakdown["cpu_optimizer"]  # Adam on the adapters only
+
+
+def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_fits():
+    from orchestrate.hardware.flags import HardwareFlags
+    from tests.test_lora_plan import LLAMA3_8B
+
+    shape = shape_from_dict(dict(LLAMA3_8B))
+    cfg = config_from_dict({"model": {"architecture": dict(LLAMA3_8B)},
+                            "train": {"seq_len": 4096, "global_batch_size": 8, "method": "qlora"}})
+    plan = make_plan(cfg, HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve(), shape)
+    offloaded = [c for c in plan.candidates if c.fits and c.strategy.offload_params == "cpu"]
+    assert offloaded and plan.chosen.strategy.offload_params == "none"  # both fit; the verified-on-GPU-less one waits

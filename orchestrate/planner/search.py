@@ -33,6 +33,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner.adapter_offload import offloaded_adapters
 from orchestrate.planner.adapters import Adapters, adapters_for, trains
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.knobs import (
@@ -391,7 +392,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
 
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
-    fitting = sorted((c for c in kept if c.fits), key=_rank_key)
+    # an adapter run with offload only where nothing else fits (adapter_offload.py: no GPU has run it)
+    fitting = sorted((c for c in kept if c.fits), key=lambda c: (offloaded_adapters(adapters, c.strategy), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
                 chosen=fitting[0] if fitting else None)

@@ -5,8 +5,8 @@ TRAINABLE_OFFLOADED), fsdp_qlora's layout for a base too large for the GPUs. Pur
 Memory (adapter_memory.add_frozen_base counts it): each rank keeps its partition of the base in host
 memory, in the bytes it is stored in (NF4 codes packed into the compute dtype, `bnb_4bit_quant_storage`;
 16-bit for lora), pinned when the rendered block says `pin_memory: true` (deepspeed_render.py; GPU
-only): stage3.py `_create_fp16_partitions` / partition_parameters.py `_partition_param` put
-`param.ds_tensor` on offload_param's device for every parameter, frozen ones included. On the GPU
+only): partition_parameters.py (Init: remote_device = offload_param.device; `_partition_param`) puts
+`param.ds_tensor` there for every parameter, frozen ones included. On the GPU
 ZeRO-3 holds what it gathers, the same term as without offload (adapter_memory.zero3_gathered_base):
 a gathered parameter is a device tensor whichever device its partition lives on
 (partitioned_param_coordinator.py fetch_sub_module).

@@ -307,9 +307,8 @@ class FSDPBackend:
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.custom import ModuleConfig, build_module, is_custom
-        from orchestrate.model.loading import load_replicated
-        from orchestrate.model.lora import compute_dtype
         from orchestrate.model.meta import build_meta_model
+        from orchestrate.model.quantized_loading import load_adapter_base
         from orchestrate.model.transforms import apply_transforms
 
         st = fsdp_settings(plan)
@@ -330,11 +329,10 @@ class FSDPBackend:
         elif adapters:
             hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
             # The adapted model's keys are not the checkpoint's (peft renames base_layer..., NF4 packs the
-            # weights), so its base is read whole in the compute dtype, transformed, then sharded by
-            # fully_shard below: one copy per rank in CPU memory while it loads (planner: _load_bytes).
-            model = load_replicated(ctx.model_dir, torch.device("cpu"), compute_dtype(plan), trust,
-                                    plan.config.model.task)
-            layout = hf_io.StateLayout.of(model)  # the base's keys: the merged model is saved under them
+            # weights), so each rank reads its base on the CPU (QLoRA: quantized as it loads; LoRA: in the
+            # compute dtype), transforms it, then fully_shard below shards it (planner: _load_bytes).
+            # layout: the base's keys, which the merged model is saved under.
+            model, layout = load_adapter_base(ctx.model_dir, plan, trust, plan.config.model.task)
             model = apply_transforms(model, plan)
         else:
             hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)

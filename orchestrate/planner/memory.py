@@ -271,8 +271,9 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adap
     """Host bytes one node holds while the weights load, as the backends load them."""
     p = shape.parameters
     if adapters is not None and strategy.backend != "ddp":
-        # A LoRA run's base is read whole by every rank in the compute dtype, transformed (peft renames the
-        # keys the sharded loaders fill), then sharded (backends/fsdp.py, deepspeed_backend.py `setup`).
+        # A LoRA run's 16-bit base is read whole by every rank in the compute dtype, transformed (peft renames
+        # the keys the sharded loaders fill), then sharded (model/quantized_loading.py `load_adapter_base`;
+        # QLoRA's quantized base: adapter_memory.quantized_load_bytes).
         return hw.ranks_per_node * compute_bytes(strategy) * p
     if strategy.backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
@@ -357,9 +358,8 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len,
                                                                           compute_bytes(strategy))
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy))
-            if adapters is not None and adapters.quantized and strategy.backend == "ddp"
-            else _load_bytes(shape, hw, strategy, adapters))
+    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy), strategy, adapters)
+            if adapters is not None and adapters.quantized else _load_bytes(shape, hw, strategy, adapters))
     cpu["loading_spike"] = max(0.0, load - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},

@@ -147,3 +147,25 @@ def test_backends_setup_never_reads_the_16bit_base(tmp_path):
     out = run_on_ranks(_setup_without_16bit_load, 2, str(tmp_path / "m"), str(tmp_path / "run"))
     for rank, r in out.items():
         assert r == {b: sorted({str(STORAGE[b]), "n=14"}) for b in SHARDING}, (rank, r)
+
+
+@pytest.mark.parametrize(("backend", "stage"), [("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3)])
+def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_base(backend, stage):
+    """Llama-3-8B shape on 2 GPUs: the host while loading is 2 x (NF4 block linears at 4.127 bits + the rest
+    in bf16 + the embedding read in fp32 and cast to bf16), where it was 2 x 2 B x P."""
+    from orchestrate.model.formulas import shape_from_dict
+    from orchestrate.planner.adapters import adapters_for
+    from orchestrate.planner.memory import estimate_memory
+    from tests.test_lora_plan import LLAMA3_8B
+    from tests.test_memory_knobs import cfg
+    from tests.test_memory_model import gpu_hw, strat
+
+    shape = shape_from_dict(dict(LLAMA3_8B))
+    a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
+    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, a)
+    nf4 = a.quantized * 4.127 / 8 + (shape.parameters - a.quantized) * 2
+    expected = 2 * (nf4 + (4 + 2) * 128256 * 4096)
+    steady = sum(v for key, v in mem.cpu.items() if key not in ("loading_spike", "process_runtime"))
+    assert mem.cpu["loading_spike"] == pytest.approx(max(0.0, expected - steady), rel=1e-3)
+    # 16.5 GiB vs 29.9: the one tensor in flight is the 128k x 4096 embedding (2.9 GiB per rank as read + cast)
+    assert mem.cpu["loading_spike"] + steady < 0.6 * 2 * 2 * shape.parameters

@@ -6,6 +6,8 @@ old path's for the same base, the 16-bit loader is never called (also through th
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -56,7 +58,7 @@ def test_the_sharding_backends_base_equals_the_old_16bit_path(backend, family, t
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from orchestrate.model import loading
-    from orchestrate.model.quantized_loading import load_adapter_base
+    from orchestrate.model.adapter_loading import load_adapter_base
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHS[family])).save_pretrained(tmp_path)
@@ -86,8 +88,8 @@ def test_fsdp_cpu_load_holds_the_nf4_model_and_one_tensor_not_the_16bit_base(tmp
     dtype (fp32 here): at least 4 B/param, so `< params` cannot pass with it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from orchestrate.model.adapter_loading import load_adapter_base
     from orchestrate.model.loading import load_replicated
-    from orchestrate.model.quantized_loading import load_adapter_base
     from orchestrate.planner.adapter_memory import base_bytes, quantized_load_bytes
     from orchestrate.planner.adapters import adapters_for
     from orchestrate.simulate.counter import LiveStorageCounter
@@ -124,6 +126,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     from tests.test_backend_ddp import _ctx
 
     rank, world = init_gloo()
+    original, calls = loading.load_replicated, []
     loading.load_replicated = _no_16bit_load  # every caller imports it from the module at call time
     out = {}
     for backend in ("fsdp", "zero2", "zero3"):
@@ -133,11 +136,34 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
         out[backend] = sorted({str(m.weight.dtype) for m in module.modules() if isinstance(m, bnb.nn.Linear4bit)}
                               | {f"n={sum(isinstance(m, bnb.nn.Linear4bit) for m in module.modules())}"})
         del engine
+    # LoRA (16-bit) under FSDP2: rank 0 alone reads the base; the others get their shards broadcast.
+    loading.load_replicated = lambda *a, **kw: calls.append(1) or original(*a, **kw)
+    plan = make_plan(SHARDING["fsdp"], config={"model": {"architecture": dict(ARCHS["qwen2"])},
+                                               "train": {"method": "lora"}})
+    engine = get_backend("fsdp").setup(plan, _ctx(rank, world, model_dir, run_dir))
+    out["lora_reads"], out["lora_base"] = len(calls), _base_mismatches(engine.model, model_dir)
     return out
+
+
+def _base_mismatches(model, model_dir: str) -> tuple[int, list[str]]:
+    """(how many base tensors were compared, those whose gathered value is not the file's): a rank filled
+    by the broadcast holds the real weights, not to_empty's garbage."""
+    from safetensors.torch import load_file
+
+    files = load_file(str(Path(model_dir) / "model.safetensors"))
+    checked, wrong = 0, []
+    for name, p in model.named_parameters():
+        key = name.removeprefix("base_model.model.").replace(".base_layer", "")
+        if key in files:
+            checked += 1
+            if not torch.equal(p.full_tensor(), files[key].to(p.dtype)):  # collective: every rank, same order
+                wrong.append(key)
+    return checked, wrong
 
 
 @pytest.mark.slow
 def test_backends_setup_never_reads_the_16bit_base(tmp_path):
+    """QLoRA under all three: no 16-bit read at all; LoRA under FSDP2: one, on rank 0."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from tests.helpers.dist import run_on_ranks
@@ -146,7 +172,9 @@ def test_backends_setup_never_reads_the_16bit_base(tmp_path):
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHS["qwen2"])).save_pretrained(tmp_path / "m")
     out = run_on_ranks(_setup_without_16bit_load, 2, str(tmp_path / "m"), str(tmp_path / "run"))
     for rank, r in out.items():
-        assert r == {b: sorted({str(STORAGE[b]), "n=14"}) for b in SHARDING}, (rank, r)
+        assert r["lora_reads"] == (1 if rank == 0 else 0), (rank, r)
+        assert r["lora_base"] == (2 * 12 + 3, []), (rank, r)  # 12 per Qwen2 block, embed, norm, lm_head
+        assert {b: r[b] for b in SHARDING} == {b: sorted({str(STORAGE[b]), "n=14"}) for b in SHARDING}, (rank, r)
 
 
 @pytest.mark.parametrize(("backend", "stage"), [("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3)])
@@ -169,3 +197,19 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
     assert mem.cpu["loading_spike"] == pytest.approx(max(0.0, expected - steady), rel=1e-3)
     # 16.5 GiB vs 29.9: the one tensor in flight is the 128k x 4096 embedding (2.9 GiB per rank as read + cast)
     assert mem.cpu["loading_spike"] + steady < 0.6 * 2 * 2 * shape.parameters
+
+
+@pytest.mark.parametrize(("backend", "stage", "copies"), [("fsdp", 3, 1), ("deepspeed", 2, 2), ("deepspeed", 3, 2)])
+def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_under_deepspeed(backend, stage, copies):
+    from orchestrate.model.formulas import shape_from_dict
+    from orchestrate.planner.adapters import adapters_for
+    from orchestrate.planner.memory import estimate_memory
+    from tests.test_lora_plan import LLAMA3_8B
+    from tests.test_memory_knobs import cfg
+    from tests.test_memory_model import gpu_hw, strat
+
+    shape = shape_from_dict(dict(LLAMA3_8B))
+    a = adapters_for(cfg(LLAMA3_8B, method="lora"), shape)
+    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, a)
+    steady = sum(v for key, v in mem.cpu.items() if key not in ("loading_spike", "process_runtime"))
+    assert mem.cpu["loading_spike"] == pytest.approx(max(0.0, copies * 2 * shape.parameters - steady), rel=1e-3)

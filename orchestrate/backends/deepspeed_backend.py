@@ -82,9 +82,9 @@ class DeepSpeedBackend:
         import deepspeed
         import torch
 
+        from orchestrate.model.adapter_loading import load_adapter_base
         from orchestrate.model.custom import build_module, is_custom
         from orchestrate.model.loading import has_safetensors, load_replicated
-        from orchestrate.model.quantized_loading import load_adapter_base
         from orchestrate.model.tasks import auto_class
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.

@@ -1,5 +1,5 @@
 """Load a QLoRA base from safetensors, quantizing as it loads (`train.method: qlora`; DDP on the rank's
-device, FSDP2 and DeepSpeed ZeRO-2/3 on the CPU before they shard or move it: `load_adapter_base`).
+device, FSDP2 and DeepSpeed ZeRO-2/3 on the CPU before they shard or move it: model/adapter_loading.py).
 
 `load_replicated` allocates the whole model in fp32 before the LoRA transform quantizes it: 4 B/param
 on the device (32 GB for an 8B model, on an 8 GB card) or, on CPU, in RAM. Here the model stays on the
@@ -84,19 +84,3 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
     restore_non_persistent_buffers(model, device)
     return model, layout
 
-
-def load_adapter_base(model_dir: Path, plan: Plan, trust_remote_code: bool = False,
-                      task: str = "causal-lm") -> tuple[nn.Module, StateLayout]:
-    """A LoRA / QLoRA run's base on the CPU, for FSDP2 and DeepSpeed (they shard or move it afterwards), with
-    the StateLayout of the unquantized model. QLoRA from safetensors: quantized as it loads (the rank holds the
-    NF4 base plus one tensor in flight, the storage dtype `lora.quant_storage` picks for the backend); the LoRA
-    transform then adapts these Linear4bit layers as they are. LoRA: the whole base in the compute dtype."""
-    from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.model.loading import has_safetensors, load_replicated
-    from orchestrate.model.lora import compute_dtype
-
-    cpu = torch.device("cpu")
-    if plan.config.train.method == "qlora" and has_safetensors(model_dir):
-        return load_quantized(model_dir, cpu, plan, trust_remote_code, task)
-    model = load_replicated(model_dir, cpu, compute_dtype(plan), trust_remote_code, task)
-    return model, StateLayout.of(model)

@@ -271,10 +271,10 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adap
     """Host bytes one node holds while the weights load, as the backends load them."""
     p = shape.parameters
     if adapters is not None and strategy.backend != "ddp":
-        # A LoRA run's 16-bit base is read whole by every rank in the compute dtype, transformed (peft renames
-        # the keys the sharded loaders fill), then sharded (model/quantized_loading.py `load_adapter_base`;
-        # QLoRA's quantized base: adapter_memory.quantized_load_bytes).
-        return hw.ranks_per_node * compute_bytes(strategy) * p
+        # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
+        # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
+        # DeepSpeed by every rank (model/adapter_loading.py; QLoRA: adapter_memory.quantized_load_bytes).
+        return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * compute_bytes(strategy) * p
     if strategy.backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
         # shard (set_model_state_dict(broadcast_from_rank0=True); orchestrate/backends/fsdp.py).

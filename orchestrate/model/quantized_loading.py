@@ -83,4 +83,3 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
     _retie(model, layout.tie_groups)
     restore_non_persistent_buffers(model, device)
     return model, layout
-

@@ -82,9 +82,9 @@ class DeepSpeedBackend:
         import deepspeed
         import torch
 
+        from orchestrate.model.adapter_loading import load_adapter_base
         from orchestrate.model.custom import build_module, is_custom
         from orchestrate.model.loading import has_safetensors, load_replicated
-        from orchestrate.model.lora import compute_dtype
         from orchestrate.model.tasks import auto_class
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
@@ -121,11 +121,13 @@ class DeepSpeedBackend:
             # In the training dtype: the engine would cast the parameters to it anyway
             # (_cast_module_mixed_precision) and builds the fp32 master from that cast copy
             # (stage_1_and_2.py), so the result is the same and the device holds half the bytes.
-            # A LoRA run's base loads on the CPU in the compute dtype (as adapter_io.merge_adapters re-reads
-            # it) and is quantized there before deepspeed.initialize moves or partitions it.
-            device, dtype = ((torch.device("cpu"), compute_dtype(plan)) if adapters
-                             else (ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision])))
-            model = load_replicated(ctx.model_dir, device, dtype, trust, task)
+            # A LoRA run's base loads on the CPU before deepspeed.initialize moves or partitions it: QLoRA's
+            # quantized as it loads (the NF4 base plus one tensor per rank), LoRA's in the compute dtype.
+            if adapters:
+                model = load_adapter_base(ctx.model_dir, plan, trust, task)[0]
+            else:
+                model = load_replicated(ctx.model_dir, ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision]),
+                                        trust, task)
         else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
         if not custom:

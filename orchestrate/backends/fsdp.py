@@ -306,9 +306,8 @@ class FSDPBackend:
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
+        from orchestrate.model.adapter_loading import fill_from_rank0, fsdp_adapter_model
         from orchestrate.model.custom import ModuleConfig, build_module, is_custom
-        from orchestrate.model.loading import load_replicated
-        from orchestrate.model.lora import compute_dtype
         from orchestrate.model.meta import build_meta_model
         from orchestrate.model.transforms import apply_transforms
 
@@ -329,13 +328,10 @@ class FSDPBackend:
             layout = hf_io.StateLayout.of(model)
         elif adapters:
             hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-            # The adapted model's keys are not the checkpoint's (peft renames base_layer..., NF4 packs the
-            # weights), so its base is read whole in the compute dtype, transformed, then sharded by
-            # fully_shard below: one copy per rank in CPU memory while it loads (planner: _load_bytes).
-            model = load_replicated(ctx.model_dir, torch.device("cpu"), compute_dtype(plan), trust,
-                                    plan.config.model.task)
-            layout = hf_io.StateLayout.of(model)  # the base's keys: the merged model is saved under them
-            model = apply_transforms(model, plan)
+            # QLoRA: each rank's base quantized as it loads on the CPU; LoRA: a meta model, filled from rank 0's
+            # after fully_shard (model/adapter_loading.py). layout: the base's keys, the merged model's.
+            model, layout, rank0_state = fsdp_adapter_model(ctx.model_dir, plan, ctx.rank, trust,
+                                                            plan.config.model.task)
         else:
             hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
             model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task,
@@ -367,6 +363,9 @@ class FSDPBackend:
 
         if not custom and not adapters:
             _materialise(model, st, ctx, layout)
+        elif adapters and rank0_state is not None:
+            fill_from_rank0(model, rank0_state, ctx.device)
+            del rank0_state
         hf_io.move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
         # Train mode before any forward: bitsandbytes repacks a 4-bit weight in place for its CPU kernel on
         # an eval-mode no-grad forward (Linear4bit.forward), which would break the sharded parameter.

@@ -48,32 +48,43 @@ def quant_storage(plan: Plan) -> torch.dtype:
     return compute_dtype(plan) if shards_parameters(plan) else torch.uint8
 
 
-def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
-    """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit` (weights quantized on assignment
-    to a CPU/GPU device; bitsandbytes/nn/modules.py Params4bit)."""
+def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device: torch.device) -> torch.nn.Module:
+    """`linear` as a bitsandbytes NF4 `Linear4bit` on `device`, its `weight` quantized there (Params4bit.to
+    quantizes on the first move to a non-meta device, CPU included: bitsandbytes/nn/modules.py
+    Params4bit.to -> _quantize). The bias, if any, is carried over as it is (meta until read, for
+    model/quantized_loading.py). The one place both the after-load transform and the load-time path build it."""
     import bitsandbytes as bnb
+    import torch
+
+    q = plan.config.train.quantization
+    storage, dtype = quant_storage(plan), compute_dtype(plan)
+    new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
+                            compute_dtype=dtype, quant_type=q.type, compress_statistics=q.double_quant,
+                            quant_storage=storage, device="meta")
+    # module=new: quantizing also records the quant state on the layer, where Linear4bit.forward
+    # recovers it once FSDP2 has swapped the parameter for its unsharded copy (which lacks it).
+    new.weight = bnb.nn.Params4bit(weight.to(dtype), requires_grad=False, quant_type=q.type,
+                                   compress_statistics=q.double_quant, quant_storage=storage, module=new).to(device)
+    if linear.bias is not None:
+        new.bias = torch.nn.Parameter(linear.bias.data, requires_grad=False)
+    return new
+
+
+def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
+    """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit`. A linear already 4-bit (the base was
+    quantized as it loaded, model/quantized_loading.py) is not an nn.Linear and is left as it is."""
     import torch
 
     from orchestrate.backends.hf_io import find_blocks, model_block_class_names
 
-    q = plan.config.train.quantization
-    storage = quant_storage(plan)
     classes = model_block_class_names(model, plan.shape.model_type)
     for _, block in find_blocks(model, classes):
         for parent in list(block.modules()):
             for name, child in list(parent.named_children()):
-                if type(child) is not torch.nn.Linear:
-                    continue
-                new = bnb.nn.Linear4bit(child.in_features, child.out_features, bias=child.bias is not None,
-                                        compute_dtype=compute_dtype(plan), quant_type=q.type,
-                                        compress_statistics=q.double_quant, quant_storage=storage, device="meta")
-                # module=new: quantizing also records the quant state on the layer, where Linear4bit.forward
-                # recovers it once FSDP2 has swapped the parameter for its unsharded copy (which lacks it).
-                new.weight = bnb.nn.Params4bit(child.weight.data.to("cpu"), requires_grad=False, quant_type=q.type,
-                                               compress_statistics=q.double_quant, quant_storage=storage, module=new)
-                if child.bias is not None:
-                    new.bias = torch.nn.Parameter(child.bias.data, requires_grad=False)
-                setattr(parent, name, new.to(child.weight.device))
+                if type(child) is torch.nn.Linear:
+                    # Quantized on the CPU (as before), then moved where the linear was.
+                    new = nf4_linear(child, child.weight.data, plan, torch.device("cpu"))
+                    setattr(parent, name, new.to(child.weight.device))
 
 
 class LoraTransform:

@@ -1,4 +1,5 @@
-"""Load a QLoRA base from safetensors, quantizing as it loads (`train.method: qlora`, DDP).
+"""Load a QLoRA base from safetensors, quantizing as it loads (`train.method: qlora`; DDP on the rank's
+device, FSDP2 and DeepSpeed ZeRO-2/3 on the CPU before they shard or move it: model/adapter_loading.py).
 
 `load_replicated` allocates the whole model in fp32 before the LoRA transform quantizes it: 4 B/param
 on the device (32 GB for an 8B model, on an 8 GB card) or, on CPU, in RAM. Here the model stays on the
@@ -6,9 +7,9 @@ meta device and is filled one tensor at a time from the files' memory maps: the 
 linear becomes a bitsandbytes NF4 `Params4bit`, quantized when it moves to the device
 (bitsandbytes/nn/modules.py `Params4bit.to` -> `_quantize`); everything else is allocated in the compute
 dtype (with embedding offload the input embedding's tensors are filled on the CPU instead, so the 16-bit
-table never touches the GPU: model/host_embedding.py). Host RAM at any moment: one tensor as read plus its
-cast (planner/adapter_memory.py `quantized_load_bytes`); the device never holds more than the quantized
-model and one 16-bit tensor.
+table never touches the GPU: model/host_embedding.py). Host RAM at any moment: one tensor as read plus
+its cast, and, when the device is the CPU, the quantized model (planner/adapter_memory.py
+`quantized_load_bytes`); never the 16-bit base.
 This is what transformers' `from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
 does, shard by shard; it is not used because it also quantizes the LM head's neighbours by its own
 rules and would not match the planner's (and `LoraTransform`'s) set of block linears.
@@ -36,22 +37,6 @@ def block_linear_names(model: nn.Module, plan: Plan) -> set[str]:
     classes = model_block_class_names(model, plan.shape.model_type)
     return {f"{block_name}.{name}" for block_name, block in find_blocks(model, classes)
             for name, child in block.named_modules() if type(child) is nn.Linear}
-
-
-def _quantized_linear(linear: nn.Linear, weight: torch.Tensor, plan: Plan, device: torch.device) -> nn.Module:
-    import bitsandbytes as bnb
-
-    from orchestrate.model.lora import compute_dtype
-
-    q = plan.config.train.quantization
-    new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
-                            compute_dtype=compute_dtype(plan), quant_type=q.type,
-                            compress_statistics=q.double_quant, device="meta")
-    new.weight = bnb.nn.Params4bit(weight.to(compute_dtype(plan)), requires_grad=False, quant_type=q.type,
-                                   compress_statistics=q.double_quant).to(device)  # quantized here
-    if linear.bias is not None:
-        new.bias = linear.bias  # still meta until its own tensor is read (then set on the new module)
-    return new
 
 
 def _fill(model: nn.Module, name: str, tensor: torch.Tensor, dtype: torch.dtype, device: torch.device) -> None:
@@ -82,7 +67,7 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
     from orchestrate.model.host_embedding import HOST, host_names
-    from orchestrate.model.lora import compute_dtype
+    from orchestrate.model.lora import compute_dtype, nf4_linear
 
     model, _, layout = meta_model(Path(model_dir), trust_remote_code, task)
     reads = plan_reads(Path(model_dir), layout)  # every mismatch is one UserError before anything is read
@@ -95,7 +80,7 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
                     owner_name, _, attr = target.rpartition(".")
                     if owner_name in quantized and attr == "weight":
                         parent, _, child = owner_name.rpartition(".")
-                        setattr(model.get_submodule(parent), child, _quantized_linear(
+                        setattr(model.get_submodule(parent), child, nf4_linear(
                             model.get_submodule(owner_name), f.get_tensor(key), plan, device))
                     else:
                         _fill(model, target, f.get_tensor(key), dtype, HOST if target in host else device)

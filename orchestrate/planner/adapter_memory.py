@@ -95,11 +95,17 @@ def zero3_gathered_base(shape: ModelShape, whole: float, c: int, checkpointing: 
     return min(max(kept, c * shape.largest_layer_parameters), c * k.DS_STAGE3_MAX_LIVE_PARAMETERS)
 
 
-def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int) -> float:
-    """Host bytes of a node while QLoRA's base loads under DDP (model/quantized_loading.py): each rank
-    fills its model on its device tensor by tensor, quantizing the block linears as they arrive, so it
-    holds one tensor as read (at most fp32) plus its cast to the compute dtype; the largest tensor is the
-    embedding or LM head (vocab x hidden) or the largest layer. Measured on CPU: 41-47 MiB (two runs) of live tensors
-    at the peak for a 51.7M-parameter model vs 203 MiB loading it in fp32 (tests/test_quantized_loading.py)."""
+def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int, strategy: Strategy,
+                         adapters: Adapters) -> float:
+    """Host bytes of a node while QLoRA's base loads, quantized tensor by tensor as it arrives
+    (model/quantized_loading.py): each rank holds one tensor as read (at most fp32) plus its cast to the
+    compute dtype; the largest tensor is the embedding or LM head (vocab x hidden) or the largest layer.
+    DDP fills its device, so that is all; FSDP2 and DeepSpeed load on the CPU and shard or move the model
+    afterwards, so each rank also holds its whole quantized base there (`base_bytes`: NF4 block linears,
+    the rest in the compute dtype), never the 16-bit one. Measured on CPU (live tensors at the peak,
+    tests/test_quantized_loading.py, test_quantized_loading_sharded.py): 41-47 MiB for a 51.7M-parameter
+    model onto DDP's device vs 203 MiB loading it in fp32; on the CPU for an FSDP2 plan 41 MiB (26 of them the
+    NF4 model) against this term's 48 MiB (fp32 compute dtype)."""
     largest = max(shape.largest_layer_parameters, shape.vocab_size * shape.hidden_size)
-    return ranks_per_node * (k.LOAD_BYTES_PER_PARAM + c) * largest
+    held = 0.0 if strategy.backend == "ddp" else base_bytes(shape, adapters, c)[0]
+    return ranks_per_node * ((k.LOAD_BYTES_PER_PARAM + c) * largest + held)

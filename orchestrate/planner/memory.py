@@ -271,9 +271,10 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adap
     """Host bytes one node holds while the weights load, as the backends load them."""
     p = shape.parameters
     if adapters is not None and strategy.backend != "ddp":
-        # A LoRA run's base is read whole by every rank in the compute dtype, transformed (peft renames the
-        # keys the sharded loaders fill), then sharded (backends/fsdp.py, deepspeed_backend.py `setup`).
-        return hw.ranks_per_node * compute_bytes(strategy) * p
+        # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
+        # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
+        # DeepSpeed by every rank (model/adapter_loading.py; QLoRA: adapter_memory.quantized_load_bytes).
+        return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * compute_bytes(strategy) * p
     if strategy.backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
         # shard (set_model_state_dict(broadcast_from_rank0=True); orchestrate/backends/fsdp.py).
@@ -361,9 +362,8 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     # every DDP rank its own copy of the table (each process looks up its own micro-batch)
     cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, strategy, seq_len, compute_bytes(strategy))
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy))
-            if adapters is not None and adapters.quantized and strategy.backend == "ddp"
-            else _load_bytes(shape, hw, strategy, adapters))
+    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy), strategy, adapters)
+            if adapters is not None and adapters.quantized else _load_bytes(shape, hw, strategy, adapters))
     cpu["loading_spike"] = max(0.0, load - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},

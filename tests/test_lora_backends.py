@@ -32,7 +32,10 @@ FAMILIES = {
 BACKENDS = {"fsdp": Strategy("fsdp", 3, "none", "none", "fp32", False, 2),
             "zero2": Strategy("deepspeed", 2, "none", "none", "fp32", False, 2),
             "zero3": Strategy("deepspeed", 3, "none", "none", "fp32", False, 2),
-            # the frozen base's partitions in host memory (offload_param: cpu), the optimizer with them
+            # tests/test_lora_offload.py: the adapters' optimizer in host memory (offload_optimizer: cpu), and
+            # the frozen base's partitions with it (offload_param: cpu)
+            "zero2_offload_opt": Strategy("deepspeed", 2, "cpu", "none", "fp32", False, 2),
+            "zero3_offload_opt": Strategy("deepspeed", 3, "cpu", "none", "fp32", False, 2),
             "zero3_offload": Strategy("deepspeed", 3, "cpu", "cpu", "fp32", False, 2)}
 CASES = [("fsdp", "lora", "llama"), ("fsdp", "qlora", "qwen2"), ("zero2", "lora", "qwen2"),
          ("zero2", "qlora", "llama"), ("zero3", "lora", "llama"), ("zero3", "qlora", "qwen2")]

@@ -1,5 +1,6 @@
-"""LoRA and QLoRA (NF4) under DeepSpeed ZeRO-3 with the frozen base's partitions offloaded to host
-memory (`offload_param: {device: cpu}`, the optimizer offloaded with it), on 2 gloo ranks: the same
+"""LoRA and QLoRA (NF4) under DeepSpeed with offload, on 2 gloo ranks: ZeRO-2/3 with the adapters'
+optimizer in host memory (`offload_optimizer: {device: cpu}`), and ZeRO-3 with the frozen base's
+partitions there too (`offload_param: {device: cpu}`, fsdp_qlora's layout). The same
 combined run as tests/test_lora_backends.py (loss falls, base bytes identical, adapters-only
 checkpoint resumed bit-exactly, RUN_DIR/adapter loads with peft, RUN_DIR/model merged).
 
@@ -15,7 +16,11 @@ import pytest
 from tests.helpers.dist import run_on_ranks
 from tests.test_lora_backends import MERGE_TOLERANCE, _train, model_dirs  # noqa: F401 (a fixture)
 
-CASES = [("zero3_offload", "lora", "llama"), ("zero3_offload", "qlora", "qwen2")]
+CASES = [("zero2_offload_opt", "lora", "qwen2"), ("zero2_offload_opt", "qlora", "llama"),
+         ("zero3_offload_opt", "lora", "qwen2"), ("zero3_offload_opt", "qlora", "llama"),
+         ("zero3_offload", "lora", "llama"), ("zero3_offload", "qlora", "qwen2")]
+DEVICES = {"zero2_offload_opt": ["cpu", None], "zero3_offload_opt": ["cpu", None], "zero3_offload": ["cpu", "cpu"]}
+"""The engine's (offload_optimizer, offload_param) devices (DeepSpeedEngine.zero_offload_*)."""
 
 
 @pytest.mark.slow
@@ -23,7 +28,7 @@ CASES = [("zero3_offload", "lora", "llama"), ("zero3_offload", "qlora", "qwen2")
 def test_adapters_train_with_the_base_offloaded(backend, method, family, model_dirs, tmp_path):  # noqa: F811
     out = run_on_ranks(_train, 2, backend, method, family, model_dirs[family], str(tmp_path))
     for rank, r in out.items():
-        assert r["offload"] == ["cpu", "cpu"], f"rank {rank}: not offloaded: {r['offload']}"
+        assert r["offload"] == DEVICES[backend], f"rank {rank}: offload devices {r['offload']}"
         assert r["losses"][-1] < r["losses"][0] - 0.2, f"rank {rank}: {r['losses']}"
         assert r["frozen"] > 0 and not r["changed"], f"rank {rank}: the frozen base changed: {r['changed'][:4]}"
         assert r["resumed"] == pytest.approx(r["losses"][4:], abs=1e-6), (r["resumed"], r["losses"][4:])

@@ -21,18 +21,21 @@ from tests.test_memory_model import gpu_hw, strat
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
-def test_only_zero3_with_the_base_and_the_optimizer_on_the_cpu_trains_with_offload(method):
-    assert trains(method, Sharding("deepspeed", 3, "cpu", "cpu"))
-    for refused in (Sharding("deepspeed", 3, "cpu", "none"), Sharding("deepspeed", 2, "cpu", "none"),
-                    Sharding("deepspeed", 3, "nvme", "nvme"), Sharding("deepspeed", 3, "cpu", "nvme"),
+def test_only_zero2_3_with_cpu_optimizer_offload_and_zero3_with_the_base_on_the_cpu_train_with_offload(method):
+    for verified in (Sharding("deepspeed", 3, "cpu", "cpu"), Sharding("deepspeed", 3, "cpu", "none"),
+                     Sharding("deepspeed", 2, "cpu", "none")):
+        assert trains(method, verified), verified
+    for refused in (Sharding("deepspeed", 3, "nvme", "nvme"), Sharding("deepspeed", 3, "cpu", "nvme"),
+                    Sharding("deepspeed", 3, "nvme", "none"),
                     Sharding("fsdp", 3, "cpu", "cpu"), Sharding("deepspeed", 1, "cpu", "none")):
         assert not trains(method, refused), refused
 
 
 @pytest.mark.parametrize("pins,where", [({"backend": "fsdp", "offload": "cpu"}, "strategy.offload"),
-                                         ({"backend": "deepspeed", "zero_stage": 2, "offload": "cpu"},
+                                         ({"backend": "deepspeed", "zero_stage": 1, "offload": "cpu"},
+                                          "strategy.backend"),
+                                         ({"zero_stage": 2, "offload": "cpu", "offload_params": True},
                                           "strategy.offload"),
-                                         ({"offload": "cpu", "offload_params": False}, "strategy.offload"),
                                          ({"offload": "nvme"}, "strategy.offload")])
 def test_an_unverified_offload_pin_is_one_error_naming_the_offload_that_works(pins, where):
     cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": pins,
@@ -43,12 +46,13 @@ def test_an_unverified_offload_pin_is_one_error_naming_the_offload_that_works(pi
     assert "deepspeed zero_stage 3 with offload cpu and offload_params cpu" in err.value.problems[0].fix
 
 
-def test_pinning_cpu_offload_plans_zero3_with_the_base_offloaded():
+def test_pinning_cpu_offload_plans_deepspeed_with_the_verified_offloads():
     cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": {"offload": "cpu"},
                             "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
     plan = make_plan(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
     assert {(c.strategy.backend, c.strategy.zero_stage, c.strategy.offload_optimizer, c.strategy.offload_params)
-            for c in plan.candidates} == {("deepspeed", 3, "cpu", "cpu")}
+            for c in plan.candidates} == {("deepspeed", 3, "cpu", "cpu"), ("deepspeed", 3, "cpu", "none"),
+                                          ("deepspeed", 2, "cpu", "none")}
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
@@ -89,3 +93,21 @@ def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_f
     plan = make_plan(cfg, HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve(), shape)
     offloaded = [c for c in plan.candidates if c.fits and c.strategy.offload_params == "cpu"]
     assert offloaded and plan.chosen.strategy.offload_params == "none"  # both fit; the verified-on-GPU-less one waits
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_optimizer_offload_moves_only_the_adapters_states_and_leaves_the_base_on_the_gpu(stage):
+    shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
+    a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
+    off = estimate_memory(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, a)
+    on_gpu = estimate_memory(shape, hw, strat("deepspeed", stage), 32, 1, a)
+    t = a.trainable
+    # DeepSpeed's fp32 Adam m, v and master partitions of the adapters, 2 ranks on the node (stage_1_and_2.py /
+    # stage3.py with offload_optimizer: the states on the CPU)
+    assert off.cpu["offloaded_optimizer"] == 2 * 8 * t // 2 and off.cpu["offloaded_master_weights"] == 2 * 4 * t // 2
+    assert off.gpu["optimizer_states"] == off.gpu["master_weights"] == 0
+    assert off.gpu["weights"] == on_gpu.gpu["weights"]  # the frozen base (and 16-bit adapters) stay on the GPU
+    assert off.cpu["offloaded_params"] == 0
+    speed = estimate_speed(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, adapters=a)
+    moved = 2 * t / 2 + 2 * t / 2  # the adapters' bf16 gradients down, their update up; the base never moves
+    assert speed.breakdown["offload_transfer"] == pytest.approx(moved / hw.gpu.pcie_bandwidth)

@@ -22,9 +22,10 @@ from orchestrate.planner.strategy import Sharding
 _VERIFIED = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
 TRAINABLE_ON = {"lora": _VERIFIED, "qlora": _VERIFIED}
 # (backend, ZeRO stage, offload_optimizer, offload_params) verified with offload (tests/test_lora_offload.py,
-# 2 gloo ranks): ZeRO-3 with the frozen base's partitions and the optimizer in host memory, fsdp_qlora's
-# layout. Parameter offload needs optimizer offload (search.py); FSDP2's CPUOffloadPolicy and NVMe are not run.
-_OFFLOADED = (("deepspeed", 3, "cpu", "cpu"),)
+# 2 gloo ranks): ZeRO-2/3 with the adapters' optimizer in host memory, and ZeRO-3 with the frozen base's
+# partitions there too, fsdp_qlora's layout. Parameter offload needs optimizer offload (search.py); FSDP2's
+# CPUOffloadPolicy and NVMe are not run.
+_OFFLOADED = (("deepspeed", 2, "cpu", "none"), ("deepspeed", 3, "cpu", "none"), ("deepspeed", 3, "cpu", "cpu"))
 TRAINABLE_OFFLOADED = {"lora": _OFFLOADED, "qlora": _OFFLOADED}
 
 
@@ -55,7 +56,7 @@ def _backend_problems(config: RunConfig) -> list[Problem]:
 
     verified = [(b, z) for b, z in TRAINABLE_ON[method] if pinned_ok(b, z)]
     offloaded = [(b, z, o, p) for b, z, o, p in TRAINABLE_OFFLOADED[method] if pinned_ok(b, z)
-                 and pins.offload in ("auto", o) and pins.offload_params in ("auto", True)]
+                 and pins.offload in ("auto", o) and pins.offload_params in ("auto", p != "none")]
     if (verified and not offload) or offloaded:
         return []
     pinned = {k: v for k, v in pins.model_dump().items()

@@ -98,9 +98,9 @@ def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strat
             for (b, st) in strategies for f in (families or FAMILIES)]
 
 
-def lora_zoo(families=None, seqs=(512, 1024)) -> list[Point]:
+def lora_zoo(families=None, seqs=(512, 1024), strategies=LORA_STRATEGIES) -> list[Point]:
     """The LoRA zoo: micro-batch 1 and 2 at each length."""
-    return zoo(families or LORA_FAMILIES, seqs, (1, 2), strategies=LORA_STRATEGIES, adapters=LORA)
+    return zoo(families or LORA_FAMILIES, seqs, (1, 2), strategies=strategies, adapters=LORA)
 
 
 def spec_key(spec) -> str:
@@ -166,14 +166,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", action="append", choices=sorted(FAMILIES), help="only these (repeatable)")
     parser.add_argument("--seq", type=int, action="append", help="only these sequence lengths")
+    parser.add_argument("--strategy", action="append", metavar="BACKEND:STAGE",
+                        help="only these (repeatable), e.g. deepspeed:3")
     parser.add_argument("--jobs", type=int, default=2, help="simulations run at once (each is one process)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--cached-only", action="store_true", help="skip the points not simulated yet")
     parser.add_argument("--lora", action="store_true", help="the LoRA zoo (lora_zoo) instead of full fine-tuning")
     args = parser.parse_args(argv)
-    points = (lora_zoo(args.family, tuple(args.seq or (512, 1024))) if args.lora
-              else zoo(args.family, tuple(args.seq or (512, 2048))))
+    chosen = LORA_STRATEGIES if args.lora else STRATEGIES
+    if args.strategy:
+        chosen = tuple(pair for pair in chosen if f"{pair[0]}:{pair[1]}" in args.strategy)
+    points = (lora_zoo(args.family, tuple(args.seq or (512, 1024)), chosen) if args.lora
+              else zoo(args.family, tuple(args.seq or (512, 2048)), strategies=chosen))
     cache, start = Cache(args.cache), time.perf_counter()
     print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {LAYERS}-block models; ratio = analytical / simulated")
     print(f"{'family':<8} {'strategy':<30} {'seq':>5} {'analytic':>9} {'simulated':>9} {'ratio':>6} "

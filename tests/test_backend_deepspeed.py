@@ -139,6 +139,11 @@ def test_rendered_config_is_complete_and_deepspeed_accepts_it(strategy, gpu, mon
     if strategy.zero_stage == 3:
         assert zero.prefetch_bucket_size == int(0.9 * hidden * hidden)
         assert zero.param_persistence_threshold == 10 * hidden
+        # Gathered parameters released after use, not DeepSpeed's 1e9 (planner/ds_buckets.py): what
+        # DeepSpeed parsed is what the memory model charges for.
+        block = plan.shape.block_parameters
+        assert zero.max_live_parameters == block + int(0.9 * hidden * hidden) < 10**9
+        assert zero.max_reuse_distance == 2 * block
         assert zero.gather_16bit_weights_on_model_save is True
     for want, block in ((strategy.offload_optimizer, zero.offload_optimizer),
                         (strategy.offload_params, zero.offload_param)):

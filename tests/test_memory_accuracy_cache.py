@@ -20,3 +20,19 @@ def test_every_zoo_point_is_cached_and_within_five_percent(args, tmp_path):
     assert len(rows) == len(lora_zoo() if args else zoo())  # no point missing from the cache
     worst = max(abs(r["ratio"] - 1) for r in rows)
     assert worst <= 0.05, worst
+
+
+def test_the_key_holds_the_rendered_zero3_settings():
+    # A cached simulation must not outlive a change of what DeepSpeed runs with: the key hashes the
+    # whole rendered config, stage3_max_live_parameters / stage3_max_reuse_distance included.
+    import dataclasses
+
+    from bench.memory_accuracy import Point, spec_key, strategy
+    from orchestrate.simulate.api import make_spec
+
+    spec = make_spec(Point("llama", strategy("deepspeed", 3, 1, False), 512).plan())
+    zero = spec.deepspeed_config["zero_optimization"]
+    assert zero["stage3_max_live_parameters"] < 10**9 and zero["stage3_max_reuse_distance"] < 10**9
+    for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance"):
+        changed = {**spec.deepspeed_config, "zero_optimization": {**zero, knob: 10**9}}
+        assert spec_key(dataclasses.replace(spec, deepspeed_config=changed)) != spec_key(spec)

@@ -12,6 +12,7 @@ import pytest
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
+from orchestrate.planner import ds_buckets
 from orchestrate.planner.memory import (
     CPU_KEYS,
     GPU_KEYS,
@@ -158,14 +159,15 @@ def test_zero3_matches_deepspeed_plus_the_16bit_gradient_partition(ds_zero3, sha
     # (grad_partitions_flat_buffer, model dtype, on the optimizer's device: GPU, or CPU when the
     # optimizer is offloaded) besides the 16-bit parameter partition; the estimator's 18·P/N (and its
     # CPU 16 / 18·P per node) leave it out. So ours = DeepSpeed + 2·P/N per rank, 2·P/nodes per node.
-    # A second: the estimator counts 4 B x the largest layer (LL) gathered; ours counts the up to 1e9
-    # 16-bit parameters stage3_max_live_parameters lets stay gathered (memory.py _deepspeed), so
-    # ours = DeepSpeed - 4·LL + 2·1e9 on the GPU.
+    # A second: the estimator counts 4 B x the largest layer (LL) gathered; ours counts the 16-bit
+    # parameters the coordinator holds at the backward-start peak, the larger of LL and the rendered
+    # stage3_max_live_parameters (memory.py _deepspeed, planner/ds_buckets.py), so
+    # ours = DeepSpeed - 4·LL + 2·max(LL, max_live) on the GPU.
     hw = gpu_hw(gpn, nodes)
     p, ll, world = shape.parameters, shape.largest_layer_parameters, gpn * nodes
     gpu_states = (*MODEL_STATE_KEYS, "gathered_params")
     grad16_rank, grad16_node = 2 * p // world, 2 * p // nodes
-    live = 2 * min(p, 10**9) - 4 * ll
+    live = 2 * max(ll, min(p, ds_buckets.stage3_max_live(shape))) - 4 * ll
 
     # No offload: GPU LL + 18P/N.
     _, ds_gpu, _ = ds_zero3(p, ll, gpn, nodes, cpu_offload=False, cpu_offload_params=False,
@@ -191,13 +193,16 @@ def test_zero3_matches_deepspeed_plus_the_16bit_gradient_partition(ds_zero3, sha
 def test_deepspeed_worked_example_llama_7b_two_gpus():
     # The figures DeepSpeed's estimator prints for Llama-7B on 2 GPUs of one node, params+optimizer
     # offload: 0.49 GiB per GPU (4 B x the largest layer) and 169 GiB of CPU RAM (18·P x its 1.5
-    # buffer factor). Ours on the GPU: the 1e9 16-bit parameters stage3_max_live_parameters lets stay
-    # gathered (memory.py _deepspeed); on the CPU 20·P (18·P + the 16-bit gradient partition, see
+    # buffer factor). Ours on the GPU: the 16-bit parameters gathered at the backward-start peak, one
+    # block + a prefetch bucket (the rendered stage3_max_live_parameters, above LL here: 0.40 GiB); on the CPU 20·P (18·P + the 16-bit gradient partition, see
     # above) without the factor.
     shape = llama2_7b()
     mem = estimate_memory(shape, gpu_hw(2), strat(opt="cpu", params="cpu"), 512)
     assert 4 * shape.largest_layer_parameters / GiB == pytest.approx(0.49, abs=0.01)
-    assert model_states(mem, (*MODEL_STATE_KEYS, "gathered_params")) == 2 * 10**9
+    live = ds_buckets.stage3_max_live(shape)
+    assert live == shape.block_parameters + int(0.9 * 4096**2) > shape.largest_layer_parameters
+    assert model_states(mem, (*MODEL_STATE_KEYS, "gathered_params")) == 2 * live
+    assert 2 * live / GiB == pytest.approx(0.40, abs=0.01)
     assert offloaded(mem) == 20 * shape.parameters
     assert offloaded(mem) / GiB == pytest.approx(169.4 / 1.5 * 20 / 18, abs=0.1)
 

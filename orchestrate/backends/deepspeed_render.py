@@ -28,10 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner import ds_buckets
-from orchestrate.planner.constants import (  # the memory model assumes them
-    DS_STAGE3_MAX_LIVE_PARAMETERS,
-    DS_SUB_GROUP_SIZE,
-)
+from orchestrate.planner.constants import DS_SUB_GROUP_SIZE  # the memory model assumes it
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
@@ -41,8 +38,6 @@ CONFIG_FILE = "deepspeed.json"
 
 # DeepSpeed's own defaults, written out so the file shows everything that runs
 # (deepspeed/runtime/zero/config.py, offload_config.py, swap_tensor/constants.py).
-_STAGE3_MAX_LIVE_PARAMETERS = DS_STAGE3_MAX_LIVE_PARAMETERS
-_STAGE3_MAX_REUSE_DISTANCE = 10**9
 _OPTIMIZER_NVME_BUFFERS = 4  # Adam swaps 4 tensors per parameter: param, grad, exp_avg, exp_avg_sq
 _PARAM_NVME_BUFFERS = 5
 _PARAM_NVME_BUFFER_ELEMENTS = 10**8
@@ -181,10 +176,17 @@ def _zero(plan: Plan) -> dict[str, Any]:
     if strategy.offload_optimizer != "none":
         zero["offload_optimizer"] = _offload_optimizer(plan, pin)
     if stage == 3:
-        zero["stage3_prefetch_bucket_size"] = int(0.9 * hidden * hidden)
+        zero["stage3_prefetch_bucket_size"] = ds_buckets.prefetch_elements(plan.shape)
         zero["stage3_param_persistence_threshold"] = 10 * hidden
-        zero["stage3_max_live_parameters"] = _STAGE3_MAX_LIVE_PARAMETERS
-        zero["stage3_max_reuse_distance"] = _STAGE3_MAX_REUSE_DISTANCE
+        # Release gathered parameters after use instead of DeepSpeed's 1e9 defaults, under which a model
+        # below 1e9 parameters stays gathered from forward into backward (up to 2 GB of 16-bit weights
+        # on an 8 GB card): prefetching stops at one block + one bucket gathered (at the LM head, so the
+        # end of forward holds the head alone; the first backward gather is not overlapped), and a
+        # parameter is kept only if reused within two blocks (checkpointing's recompute -> backward,
+        # one gather saved). The coordinator's code behind each, and what the memory model charges,
+        # are in planner/ds_buckets.py.
+        zero["stage3_max_live_parameters"] = ds_buckets.stage3_max_live(plan.shape)
+        zero["stage3_max_reuse_distance"] = ds_buckets.stage3_reuse_distance(plan.shape)
         # save_hf_model consolidates the partitioned weights on rank 0.
         zero["stage3_gather_16bit_weights_on_model_save"] = True
         if strategy.offload_params != "none":

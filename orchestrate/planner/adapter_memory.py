@@ -22,6 +22,7 @@ from dataclasses import replace
 
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
+from orchestrate.planner import ds_buckets
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.strategy import Strategy
 
@@ -58,7 +59,7 @@ def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy,
         # all-gather for backward in flight: root + one block (simulated). Shard-grad-op keeps them all.
         gpu["gathered_params"] += (root + block) if strategy.zero_stage == 3 else whole
     elif sharded:
-        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c, strategy.activation_checkpointing)
+        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c)
     if adapters.quantized:
         # bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (forward, and
         # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
@@ -79,20 +80,13 @@ def fsdp_forward_start_excess(shape: ModelShape, strategy: Strategy, adapters: A
     return max(0.0, root + block - activations_and_logits)
 
 
-def zero3_gathered_base(shape: ModelShape, whole: float, c: int, checkpointing: bool) -> float:
-    """Base bytes ZeRO-3 holds gathered at the end of forward. As for full training (memory._deepspeed),
-    the coordinator keeps a fetched parameter while its reuse distance in the traced module order is
-    under stage3_max_reuse_distance (rendered 1e9; partitioned_param_coordinator.py __params_to_release):
-    every module used again in backward. A frozen input embedding is not, unless something needs the
-    gradient of its output: without checkpointing nothing does (input ids need none), so it is released
-    after its forward; a tied one is reused by the LM head's input gradient; with checkpointing
-    transformers' `activation_checkpointing_enable` calls `enable_input_require_grads` (modeling_utils.py),
-    so the embedding runs a backward and stays. Simulated (bench/memory_accuracy.py --lora): llama,
-    mistral (untied) and qwen2, gpt2 (tied; GPT-2's position embedding is released) within 1 %."""
-    released = 0 if checkpointing else (
-        shape.embedding_parameters - (shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0))
-    kept = whole - c * released
-    return min(max(kept, c * shape.largest_layer_parameters), c * k.DS_STAGE3_MAX_LIVE_PARAMETERS)
+def zero3_gathered_base(shape: ModelShape, whole: float, c: int) -> float:
+    """Base bytes ZeRO-3 holds gathered at the end of forward: as for full training (memory._deepspeed),
+    the module running, the LM head (usually the largest layer), or the up to stage3_max_live_parameters
+    the prefetcher gathers ahead (planner/ds_buckets.py); every block is released after its forward.
+    Frozen or not makes no difference to the coordinator. Simulated (bench/memory_accuracy.py --lora):
+    llama, gpt2 (tied) hold their head alone at the end of forward, with and without checkpointing."""
+    return min(whole, c * max(shape.largest_layer_parameters, ds_buckets.stage3_max_live(shape)))
 
 
 def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int, strategy: Strategy,

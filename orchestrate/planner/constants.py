@@ -81,10 +81,6 @@ DS_BUCKET_ELEMENTS_PER_HIDDEN_SQUARED = 1.0
 DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED = 0.9
 """stage3_prefetch_bucket_size = 0.9 * hidden^2 elements (Accelerate's "auto")."""
 
-DS_STAGE3_MAX_LIVE_PARAMETERS = 10**9
-"""stage3_max_live_parameters (and stage3_max_reuse_distance) rendered into deepspeed.json, DeepSpeed's
-defaults (runtime/zero/config.py): ZeRO-3 keeps up to this many gathered parameter elements."""
-
 DS_SUB_GROUP_SIZE = 100_000_000
 """ZeRO-3 optimizer sub-group (elements), rendered into deepspeed.json from this constant. The NVMe
 optimizer swapper pins buffer_count fp32 buffers of the largest sub-group (deepspeed/runtime/zero/

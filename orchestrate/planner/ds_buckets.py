@@ -51,3 +51,42 @@ def reduce_buffers(has_gpu: bool) -> int:
     """ipg reduce buffers of bucket_elements each DeepSpeed allocates: two with overlap_comm, else one
     (stage_1_and_2.py `setup_buckets`)."""
     return 2 if overlap_comm(has_gpu) else 1
+
+
+def prefetch_elements(shape: ModelShape) -> int:
+    """stage3_prefetch_bucket_size: 0.9 x hidden^2, Accelerate's "auto" (constants.py)."""
+    return int(k.DS_PREFETCH_ELEMENTS_PER_HIDDEN_SQUARED * shape.hidden_size ** 2)
+
+
+def stage3_reuse_distance(shape: ModelShape) -> int:
+    """stage3_max_reuse_distance: two blocks' parameters.
+
+    After each module the coordinator keeps a parameter only if it reappears in the traced module
+    order before `distance` elements of other modules' parameters have gone by
+    (partitioned_param_coordinator.py `__params_to_release`). Under activation checkpointing a block's
+    recompute is followed by its own backward: a module's next use is at most 2 x (the block after
+    it) elements away, so two blocks keep the block gathered from recompute into its backward (one
+    all-gather per block saved, so two per micro-batch, as speed.py counts), while from forward into
+    backward (the LM head, 2·V·h, lies between) nothing of a block is kept unless a block outweighs
+    the head. Simulated (2-block TinyLlama widths, 219M parameters): 373M elements all-gathered per
+    step with and without checkpointing (two gathers less the head). Larger values keep more;
+    DeepSpeed's default 1e9 keeps a model under 1e9 parameters gathered from forward into backward."""
+    return 2 * shape.block_parameters
+
+
+def stage3_max_live(shape: ModelShape) -> int:
+    """stage3_max_live_parameters: one block + one prefetch bucket.
+
+    It caps how far the prefetcher runs ahead: each module's fetch (parameter-less modules too)
+    prefetches up to min(max_live - elements gathered now, prefetch bucket) more
+    (partitioned_param_coordinator.py `max_params_to_prefetch`), so gathered + in-flight parameters
+    grow to max_live. Where that look-ahead reaches past the end of forward, the prefetcher finds the
+    backward uses of parameters still gathered, marks them (`__most_recent_step_id_param_fetched_for`)
+    and `__params_to_release` then keeps them: with DeepSpeed's 1e9 every parameter of a model under
+    1e9 stays gathered from forward into backward (simulated: all 219M of a 2-block TinyLlama at the
+    end of forward). With one block + a bucket the look-ahead covers the next block while the blocks
+    run; at the LM head (usually the largest layer, above this cap) prefetching stops, so the end of
+    forward holds the head alone (simulated: 65.6M of the 219M, 136M of Qwen2.5's 166M) and the first
+    backward gather after the head is not overlapped. A smaller cap would expose gathers inside the
+    blocks too."""
+    return shape.block_parameters + prefetch_elements(shape)

@@ -171,12 +171,13 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int, accumulation: int)
     out.gpu["weights"] = c * p if stage < 3 else c * p / n
     out.gpu["gradients"] = low_grads
     if stage == 3:
-        # The coordinator releases a gathered parameter only past stage3_max_live_parameters (or its
-        # reuse distance, both rendered as DeepSpeed's 1e9), so up to that many elements stay gathered
-        # through forward (partitioned_param_coordinator.py release_sub_module; simulated: every
-        # parameter of a 2-block model at the forward end), at least the largest layer. DeepSpeed's
-        # estimator counts 4·largest_layer bytes instead (the layer and its gradient).
-        out.gpu["gathered_params"] = c * max(shape.largest_layer_parameters, min(p, k.DS_STAGE3_MAX_LIVE_PARAMETERS))
+        # The coordinator holds the module running and prefetches while fewer than
+        # stage3_max_live_parameters (one block + a bucket, rendered from planner/ds_buckets.py) are
+        # gathered (partitioned_param_coordinator.py `max_params_to_prefetch`, `__params_to_release`):
+        # at the backward-start peak that is the LM head (the largest layer) or up to max_live.
+        # Simulated on the zoo: the head alone at the end of forward. DeepSpeed's estimator counts
+        # 4·largest_layer bytes instead (the layer and its gradient).
+        out.gpu["gathered_params"] = c * max(shape.largest_layer_parameters, min(p, ds_buckets.stage3_max_live(shape)))
 
     if offload_opt == "none":
         out.gpu.update(optimizer_states=opt, master_weights=master)

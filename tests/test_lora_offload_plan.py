@@ -115,8 +115,9 @@ def test_optimizer_offload_moves_only_the_adapters_states_and_leaves_the_base_on
 
 @pytest.mark.parametrize("seq_len", [2048, 1024])
 def test_llama2_70b_qlora_on_2x8gib_is_planned_with_the_base_offloaded(seq_len):
-    """The issue's fsdp_qlora setup (docs/lora.md): at 2048 tokens only the GPU side of the closest plan,
-    ZeRO-3 with the NF4 base on the host, overflows (+0.44 GiB when written); at 1024 it fits."""
+    """The issue's fsdp_qlora setup (docs/lora.md): ZeRO-3 with the NF4 base and the optimizer on the
+    host is chosen and predicted to fit at 2048 and 1024 tokens (with ZeRO-3 releasing each block after
+    its forward, planner/ds_buckets.py; it was 0.44 GiB over at 2048 while 1e9 parameters stayed gathered)."""
     from pathlib import Path
 
     from orchestrate.config.load import load_config
@@ -127,10 +128,9 @@ def test_llama2_70b_qlora_on_2x8gib_is_planned_with_the_base_offloaded(seq_len):
     cfg = load_config(example, [f"train.seq_len={seq_len}", "train.method=qlora", "train.optimizer.name=auto"])
     hw = HardwareFlags(gpus=2, gpu_mem="8GiB", cpu_mem="128GiB").resolve()
     plan = plan_for(cfg, hw)
-    closest = plan.candidates[0]
+    closest = plan.chosen
+    assert closest is not None, plan.candidates[0].reason
     s = closest.strategy
     assert (s.backend, s.zero_stage, s.offload_optimizer, s.offload_params) == ("deepspeed", 3, "cpu", "cpu")
     assert closest.memory.cpu["offloaded_params"] > 30 * 2**30  # the NF4 base, on the host
-    assert closest.fits == (seq_len == 1024), closest.reason
-    if seq_len == 2048:
-        assert closest.reason.startswith("GPU") and "CPU" not in closest.reason  # the host fits
+    assert closest.memory.gpu_total <= cfg.strategy.gpu_memory_headroom * hw.gpu.memory_bytes  # the usable 7.2 GiB

@@ -12,9 +12,7 @@
 2. Start-up: seconds from starting the command to the end of the first step, `orchestrate launch`
    vs `accelerate launch` of a hand-written Accelerate script with orchestrate's exported
    accelerate.yaml (target ratio <= 0.8). On CPU Accelerate runs every config as DDP, so this
-   compares orchestrate's DDP plan. One more row times the imports every launcher + worker pair
-   pays one after the other (the launcher's torch, then a worker's torch and GPT-2 modeling code):
-   a start-up below that floor needs workers that do not import these themselves.
+   compares orchestrate's DDP plan.
 
 Every row runs `--repeats` times, interleaved (one round runs every row once, each hand-written row
 right after the orchestrate run it copies; bench/repeats.py); tables show median (min-max), and each
@@ -284,16 +282,6 @@ def main() -> int:
     def accelerate(run_dir: Path) -> list[str]:
         return [py, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml")]
 
-    def import_floor() -> tuple[float, float]:
-        """What any launcher + worker pair pays before step 1, whoever wrote them: the launcher imports
-        torch (torchrun's agent needs it), then each worker imports torch and the model's code."""
-        total = 0.0
-        for code in ("import torch", "import torch, transformers.models.gpt2.modeling_gpt2"):
-            start = time.time()
-            subprocess.check_call([py, "-c", code], cwd=ROOT)
-            total += time.time() - start
-        return 0.0, total
-
     # One round runs every row once; each hand-written row follows the orchestrate run it copies.
     # On CPU, Accelerate turns any distributed config into MULTI_CPU DDP (use_cpu), so the start-up
     # comparison is against orchestrate's DDP plan and its exported accelerate.yaml.
@@ -306,7 +294,6 @@ def main() -> int:
         "hand-written fsdp": hand("fsdp", "hand-written fsdp", "fsdp", lambda _: torchrun),
         "orchestrate ddp": orchestrate("ddp"),
         "accelerate launch (ddp)": hand("accelerate", "accelerate", "ddp", accelerate, env={"ACCELERATE_USE_CPU": "true"}),
-        "import floor (ddp; see the docstring)": import_floor,
     }
     only = args.only or sorted(PINS)
     arms = {name: measure for name, measure in arms.items() if any(b in name for b in only)}
@@ -324,14 +311,11 @@ def main() -> int:
     for col in ("run", "tokens/s (after warm-up)", "command -> end of step 1 (s)"):
         table.add_column(col, justify="right" if col != "run" else "left")
     for name in rows:
-        table.add_row(name, spread(tps[name]).format(",.0f") if max(tps[name]) > 0 else "-",
-                      spread(first[name]).format(".1f"))
+        table.add_row(name, spread(tps[name]).format(",.0f"), spread(first[name]).format(".1f"))
     pairs = [  # paired: each round's ratio of two runs that ran next to each other
         ("throughput vs hand-written DeepSpeed", tps, "orchestrate deepspeed", "hand-written deepspeed", ">= 0.98"),
         ("throughput vs hand-written FSDP2", tps, "orchestrate fsdp", "hand-written fsdp", ">= 0.98"),
         ("start-up vs accelerate launch (ddp)", first, "orchestrate ddp", "accelerate launch (ddp)", "<= 0.8"),
-        ("import floor vs accelerate launch (ddp)", first, next((n for n in arms if n.startswith("import floor")), ""),
-         "accelerate launch (ddp)", "-"),
         ("rendered deepspeed.json vs DeepSpeed defaults (hand-written)", tps, "hand-written deepspeed",
          "hand-written deepspeed (DeepSpeed defaults)", "-"),
     ]

@@ -1,0 +1,139 @@
+"""Where the seconds before step 1 go: one `orchestrate launch` of the demo (tiny GPT-2, DDP, 2 ranks),
+with a timestamp at each launcher phase and at each worker stage, all relative to the command's start.
+
+The launcher's phases are its own functions wrapped in place (planning + run directory, data
+preparation, torchrun); the workers run the same `orchestrate.worker.main` through this file
+(`startup_stages.py worker PLAN START`), which wraps the stages of `orchestrate.worker.stages` the same
+way. Timestamps come from one clock (time.time) shared by all processes of the machine. A table of
+one run, or with --repeats N the median (min-max) of each row over N runs; nothing is compared here
+(`bench/overhead.py --only ddp` compares with accelerate launch).
+
+Usage: .venv/bin/python bench/startup_stages.py [--repeats 3] [--gpus 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CONFIG = ROOT / "examples" / "tiny-gpt2.yaml"
+STAGES = ("start_process_group", "checkpoint_to_resume", "build_data", "build_engine")
+
+
+def _mark(log: Path, label: str, start: float) -> None:
+    with log.open("a") as f:
+        f.write(json.dumps({"label": label, "t": time.time() - start}) + "\n")
+
+
+def _wrap(module, name: str, log: Path, start: float, prefix: str) -> None:
+    original = getattr(module, name)
+
+    def timed(*args, **kwargs):
+        _mark(log, f"{prefix}{name} starts", start)
+        out = original(*args, **kwargs)
+        _mark(log, f"{prefix}{name} ends", start)
+        return out
+
+    setattr(module, name, timed)
+
+
+def _worker(plan: str, start: float) -> int:
+    """One rank, its stages timestamped (rank 0 only: the ranks move together)."""
+    log = Path(plan).parent / "startup_stages.jsonl"
+    if os.environ.get("RANK") == "0":
+        _mark(log, "rank 0: interpreter up", start)
+    import orchestrate.worker.stages as stages
+
+    if os.environ.get("RANK") == "0":
+        _mark(log, "rank 0: torch imported", start)
+        for name in STAGES:
+            _wrap(stages, name, log, start, "rank 0: ")
+    from orchestrate.worker.main import main
+
+    code = main([plan])
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def _launcher(run_dir: Path, gpus: int, start: float) -> int:
+    """`orchestrate launch --gpus N tiny-gpt2.yaml` (DDP, 3 steps) through the Python API, its phases
+    timestamped and its workers started through this file."""
+    import orchestrate.data.pipeline as pipeline
+    import orchestrate.launch.local as local
+    import orchestrate.launch.session as session
+
+    log = run_dir.parent / f"{run_dir.name}-launcher.jsonl"
+    _mark(log, "launcher: interpreter up", start)
+    argv_of = local.torchrun_argv
+
+    def through_here(*args, **kwargs):
+        argv = argv_of(*args, **kwargs)
+        i = argv.index("-m")
+        return [*argv[:i], str(Path(__file__).resolve()), "worker", *argv[i + 2:], repr(start)]
+
+    local.torchrun_argv = through_here
+    _wrap(session, "prepare_run_dir", log, start, "launcher: ")
+    _wrap(pipeline, "prepare_for_plan", log, start, "launcher: ")
+    _wrap(local, "_run_torchrun", log, start, "launcher: ")
+    from orchestrate import api
+    from orchestrate.hardware.resolve import resolve_hardware
+
+    config = api.load_config(CONFIG, ["train.max_steps=3", "train.eval_every=0", "strategy.backend=ddp",
+                                      "strategy.zero_stage=0"])
+    return api.launch(api.launch_request(config, resolve_hardware(gpus=gpus), name="stages", run_dir=run_dir)).exit_code
+
+
+def _one_run(out: Path, gpus: int, index: int) -> dict[str, float]:
+    run_dir = out / f"run-{index}"
+    start = time.time()
+    with (out / f"run-{index}.log").open("w") as f:
+        code = subprocess.call([sys.executable, str(Path(__file__).resolve()), "launcher", str(run_dir), str(gpus),
+                                repr(start)], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+    if code != 0:
+        sys.exit(f"the launch failed (exit {code}); see {out / f'run-{index}.log'}")
+    marks = [json.loads(line) for line in (out / f"run-{index}-launcher.jsonl").read_text().splitlines()]
+    marks += [json.loads(line) for line in (run_dir / "startup_stages.jsonl").read_text().splitlines()]
+    first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    marks.append({"label": "step 1 ends (metrics.jsonl)", "t": first["time"] - start})
+    return {m["label"]: m["t"] for m in sorted(marks, key=lambda m: m["t"])}
+
+
+def main() -> int:
+    from bench.repeats import spread
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--gpus", type=int, default=2, help="ranks (CPU processes without a GPU)")
+    args = parser.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="orchestrate-startup-"))
+    runs = [_one_run(out, args.gpus, i) for i in range(args.repeats)]
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"seconds from the command's start, demo DDP on {args.gpus} ranks, median (min-max) "
+                        f"of {args.repeats} runs ({out})")
+    table.add_column("event")
+    table.add_column("s", justify="right")
+    for label in runs[0]:
+        table.add_row(label, spread([r[label] for r in runs if label in r]).format(".2f"))
+    Console().print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "worker":
+        sys.exit(_worker(sys.argv[2], float(sys.argv[3])))
+    elif len(sys.argv) > 1 and sys.argv[1] == "launcher":
+        sys.exit(_launcher(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
+    else:
+        sys.exit(main())

@@ -14,10 +14,12 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_on_ranks
-from tests.test_lora_backends import MERGE_TOLERANCE, _train, model_dirs  # noqa: F401 (a fixture)
+from tests.test_lora_backends import _train, check_adapter_run, model_dirs  # noqa: F401 (a fixture)
 
-CASES = [("zero2_offload_opt", "lora", "qwen2"), ("zero2_offload_opt", "qlora", "llama"),
-         ("zero3_offload_opt", "lora", "qwen2"), ("zero3_offload_opt", "qlora", "llama"),
+# Each offload setup with both families and both methods over the cases; the optimizer-only setups once
+# each (their offloaded optimizer holds only the adapters: the same code for either method; the other two
+# pairings passed too when this was written, and cost CI a minute).
+CASES = [("zero2_offload_opt", "qlora", "llama"), ("zero3_offload_opt", "lora", "qwen2"),
          ("zero3_offload", "lora", "llama"), ("zero3_offload", "qlora", "qwen2")]
 DEVICES = {"zero2_offload_opt": ["cpu", None], "zero3_offload_opt": ["cpu", None], "zero3_offload": ["cpu", "cpu"]}
 """The engine's (offload_optimizer, offload_param) devices (DeepSpeedEngine.zero_offload_*)."""
@@ -29,14 +31,4 @@ def test_adapters_train_with_the_base_offloaded(backend, method, family, model_d
     out = run_on_ranks(_train, 2, backend, method, family, model_dirs[family], str(tmp_path))
     for rank, r in out.items():
         assert r["offload"] == DEVICES[backend], f"rank {rank}: offload devices {r['offload']}"
-        assert r["losses"][-1] < r["losses"][0] - 0.2, f"rank {rank}: {r['losses']}"
-        assert r["frozen"] > 0 and not r["changed"], f"rank {rank}: the frozen base changed: {r['changed'][:4]}"
-        assert r["resumed"] == pytest.approx(r["losses"][4:], abs=1e-6), (r["resumed"], r["losses"][4:])
-    r0 = out[0]
-    print(f"{backend} {method} {family}: losses {r0['losses'][0]:.3f} -> {r0['losses'][-1]:.3f}, merged-vs-PEFT "
-          f"max |logit diff| {r0['merge_diff']:.2e}, reloaded adapter {r0['adapter_diff']:.2e}, checkpoint "
-          f"{r0['ckpt_bytes']:,} B")
-    assert r0["ckpt_keys"] == r0["trainable"], r0["ckpt_keys"][:5]
-    assert r0["merge_diff"] < MERGE_TOLERANCE[method], r0["merge_diff"]
-    if method == "lora":
-        assert r0["adapter_diff"] < MERGE_TOLERANCE[method], r0["adapter_diff"]
+    check_adapter_run(out, f"{backend} {method} {family}", method)

@@ -141,12 +141,10 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | No
     optimizer and schedule, training the task's objective (distilled from `teacher` with `distill:`)."""
     from transformers.utils import logging as hf_logging
 
-    from orchestrate.backends.deepspeed_import import import_deepspeed_lean
     from orchestrate.backends.registry import get_backend
     from orchestrate.model.init_weights import ensure_initial_weights
     from orchestrate.worker.objective import objective_for
 
-    import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
     ranks = worker.ranks
     model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank, labels)

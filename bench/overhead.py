@@ -207,11 +207,17 @@ def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
 
 def _hand_cfg(run_dir: Path, steps: int) -> dict:
     """The hand-written scripts' settings, read from orchestrate's run of the same config."""
+    from orchestrate.model.init_weights import build_initial_model, has_weights
     from orchestrate.planner.plan import Plan
 
     plan = Plan.read(run_dir / "plan.json")
     t = plan.config.train
-    return {"model": str(run_dir / "init_model"), "corpus": str(run_dir / plan.files["demo_corpus"]),
+    model = run_dir / "init_model"
+    if not has_weights(model):  # DDP builds its from-config model in the workers and writes no weights:
+        model = run_dir.with_name(run_dir.name + "-init_model")  # the same seeded weights, untimed
+        if not has_weights(model):
+            build_initial_model(plan, model)
+    return {"model": str(model), "corpus": str(run_dir / plan.files["demo_corpus"]),
             "seq_len": t.seq_len, "micro": plan.chosen.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "max_steps": steps, "seed": t.seed,
             "lr": t.optimizer.lr, "betas": list(t.optimizer.betas), "eps": t.optimizer.eps,
@@ -342,5 +348,10 @@ if __name__ == "__main__":
     elif len(sys.argv) > 1 and sys.argv[1] == "worker":
         kind, cfg, out = sys.argv[2], json.loads(Path(sys.argv[3]).read_text()), Path(sys.argv[4])
         {"deepspeed": _hand_deepspeed, "fsdp": _hand_fsdp, "accelerate": _hand_accelerate}[kind](cfg, out)
+        # Leave as orchestrate's worker does (orchestrate/worker/__main__.py): a gloo rank torn down at
+        # interpreter exit aborts now and then ("terminate called without an active exception").
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     else:
         sys.exit(main())

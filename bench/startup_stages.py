@@ -2,11 +2,12 @@
 with a timestamp at each launcher phase and at each worker stage, all relative to the command's start.
 
 The launcher's phases are its own functions wrapped in place (planning + run directory, data
-preparation, torchrun); the workers run the same `orchestrate.worker.main` through this file
-(`startup_stages.py worker PLAN START`), which wraps the stages of `orchestrate.worker.stages` the same
-way. Timestamps come from one clock (time.time) shared by all processes of the machine. A table of
-one run, or with --repeats N the median (min-max) of each row over N runs; nothing is compared here
-(`bench/overhead.py --only ddp` compares with accelerate launch).
+preparation, the run through torchrun's agent); the agent process runs the same
+`orchestrate.agent.process.main` through this file (`startup_stages.py agent REPLY_FD START`), which
+wraps its imports and the stages of `orchestrate.worker.stages` the same way before the ranks fork
+from it (so they inherit the wrappers). Timestamps come from one clock (time.time) shared by all
+processes of the machine. A table of one run, or with --repeats N the median (min-max) of each row
+over N runs; nothing is compared here (`bench/overhead.py --only ddp` compares with accelerate launch).
 
 Usage: .venv/bin/python bench/startup_stages.py [--repeats 3] [--gpus 2]
 """
@@ -35,10 +36,12 @@ def _mark(log: Path, label: str, start: float) -> None:
         f.write(json.dumps({"label": label, "t": time.time() - start}) + "\n")
 
 
-def _wrap(module, name: str, log: Path, start: float, prefix: str) -> None:
+def _wrap(module, name: str, log: Path, start: float, prefix: str, only_rank0: bool = False) -> None:
     original = getattr(module, name)
 
     def timed(*args, **kwargs):
+        if only_rank0 and os.environ.get("RANK") != "0":  # the ranks move together
+            return original(*args, **kwargs)
         _mark(log, f"{prefix}{name} starts", start)
         out = original(*args, **kwargs)
         _mark(log, f"{prefix}{name} ends", start)
@@ -47,44 +50,39 @@ def _wrap(module, name: str, log: Path, start: float, prefix: str) -> None:
     setattr(module, name, timed)
 
 
-def _worker(plan: str, start: float) -> int:
-    """One rank, its stages timestamped (rank 0 only: the ranks move together)."""
-    log = Path(plan).parent / "startup_stages.jsonl"
-    if os.environ.get("RANK") == "0":
-        _mark(log, "rank 0: interpreter up", start)
-    import orchestrate.worker.stages as stages
+def _agent(reply_fd: int, log: Path, start: float) -> int:
+    """torchrun's agent, its imports and (rank 0's) worker stages timestamped."""
+    _mark(log, "agent: interpreter up", start)
+    import orchestrate.agent.process as process
 
-    if os.environ.get("RANK") == "0":
-        _mark(log, "rank 0: torch imported", start)
+    def imports(*args):
+        _mark(log, "agent: imports start", start)
+        process_import(*args)
+        _mark(log, "agent: torch, transformers and the worker imported", start)
+        import orchestrate.worker.stages as stages
+
         for name in STAGES:
-            _wrap(stages, name, log, start, "rank 0: ")
-    from orchestrate.worker.main import main
+            _wrap(stages, name, log, start, "rank 0: ", only_rank0=True)
 
-    code = main([plan])
-    sys.stdout.flush()
-    os._exit(code)
+    process_import, process.import_worker_code = process.import_worker_code, imports
+    return process.main(reply_fd)
 
 
 def _launcher(run_dir: Path, gpus: int, start: float) -> int:
     """`orchestrate launch --gpus N tiny-gpt2.yaml` (DDP, 3 steps) through the Python API, its phases
-    timestamped and its workers started through this file."""
+    timestamped and its agent started through this file."""
     import orchestrate.data.pipeline as pipeline
-    import orchestrate.launch.local as local
     import orchestrate.launch.session as session
+    import orchestrate.launch.warm_agent as warm_agent
 
     log = run_dir.parent / f"{run_dir.name}-launcher.jsonl"
     _mark(log, "launcher: interpreter up", start)
-    argv_of = local.torchrun_argv
-
-    def through_here(*args, **kwargs):
-        argv = argv_of(*args, **kwargs)
-        i = argv.index("-m")
-        return [*argv[:i], str(Path(__file__).resolve()), "worker", *argv[i + 2:], repr(start)]
-
-    local.torchrun_argv = through_here
+    # The agent's timestamps go to the same file (appends of one short line each).
+    warm_agent.AGENT_PROGRAM = (str(Path(__file__).resolve()), "agent", str(log), repr(start))
     _wrap(session, "prepare_run_dir", log, start, "launcher: ")
     _wrap(pipeline, "prepare_for_plan", log, start, "launcher: ")
-    _wrap(local, "_run_torchrun", log, start, "launcher: ")
+    _wrap(warm_agent.WarmAgent, "start", log, start, "launcher: agent ")
+    _wrap(warm_agent.WarmAgent, "run", log, start, "launcher: agent ")
     from orchestrate import api
     from orchestrate.hardware.resolve import resolve_hardware
 
@@ -102,7 +100,6 @@ def _one_run(out: Path, gpus: int, index: int) -> dict[str, float]:
     if code != 0:
         sys.exit(f"the launch failed (exit {code}); see {out / f'run-{index}.log'}")
     marks = [json.loads(line) for line in (out / f"run-{index}-launcher.jsonl").read_text().splitlines()]
-    marks += [json.loads(line) for line in (run_dir / "startup_stages.jsonl").read_text().splitlines()]
     first = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     marks.append({"label": "step 1 ends (metrics.jsonl)", "t": first["time"] - start})
     return {m["label"]: m["t"] for m in sorted(marks, key=lambda m: m["t"])}
@@ -131,8 +128,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "worker":
-        sys.exit(_worker(sys.argv[2], float(sys.argv[3])))
+    if len(sys.argv) > 1 and sys.argv[1] == "agent":  # agent LOG START REPLY_FD (the launcher adds the fd)
+        sys.exit(_agent(int(sys.argv[4]), Path(sys.argv[2]), float(sys.argv[3])))
     elif len(sys.argv) > 1 and sys.argv[1] == "launcher":
         sys.exit(_launcher(Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])))
     else:

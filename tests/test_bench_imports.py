@@ -38,12 +38,15 @@ def test_bench_imports_resolve(path: Path):
 
 def test_startup_stages_wraps_functions_that_exist():
     """bench/startup_stages.py wraps launcher and worker functions by name; a rename must fail here."""
+    import orchestrate.agent.process as process
     import orchestrate.data.pipeline as pipeline
-    import orchestrate.launch.local as local
     import orchestrate.launch.session as session
+    import orchestrate.launch.warm_agent as warm_agent
     import orchestrate.worker.stages as stages
     from bench.startup_stages import STAGES
 
-    for module, name in [(session, "prepare_run_dir"), (pipeline, "prepare_for_plan"), (local, "_run_torchrun"),
-                         (local, "torchrun_argv"), *((stages, s) for s in STAGES)]:
+    for module, name in [(session, "prepare_run_dir"), (pipeline, "prepare_for_plan"), (warm_agent.WarmAgent, "start"),
+                         (warm_agent.WarmAgent, "run"), (process, "import_worker_code"), (process, "main"),
+                         *((stages, s) for s in STAGES)]:
         assert callable(getattr(module, name, None)), f"{module.__name__}.{name}"
+    assert warm_agent.AGENT_PROGRAM == ("-m", "orchestrate.agent")  # what the bench replaces

@@ -145,7 +145,7 @@ def test_sigkill_of_a_rank_with_restarts_finishes_with_identical_weights(referen
     proc = _cli("launch", config, "--gpus", 2, "--run-dir", run_dir, "--max-restarts", 2)
     _wait_for_step(run_dir, proc, 6)  # past the checkpoint of step 4
     workers = [p for p in psutil.Process(proc.pid).children(recursive=True)
-               if "orchestrate.worker" in " ".join(p.cmdline()) and p.environ().get("RANK") == "1"]
+               if p.name() == "orchestrate-r1"]  # worker.main.name_this_rank
     assert len(workers) == 1
     workers[0].send_signal(signal.SIGKILL)
     code, out = _finish(proc, timeout=300)

@@ -72,11 +72,10 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     args = parse_args(words[words.index("torchrun") + 1 :])
     assert (args.nproc_per_node, args.nnodes, args.module) == ("2", "1", True)
     assert (args.training_script, args.training_script_args) == ("orchestrate.worker", [str(result.plan_path)])
-    assert args.log_dir == str(tmp_path / "exact" / "logs") and args.rdzv_backend == "c10d"
+    # One node: torchrun's static rendezvous on a free local port (torchrun_args.py says why not c10d).
+    assert args.log_dir == str(tmp_path / "exact" / "logs") and args.rdzv_backend == "static"
     assert args.local_addr == "127.0.0.1"  # where rank 0 hosts the workers' store
-    host, port = args.rdzv_endpoint.split(":")
-    assert host == "127.0.0.1" and int(port) > 0
-    assert args.rdzv_id == "exact"
+    assert args.master_addr == "127.0.0.1" and int(args.master_port) > 0
 
 
 def test_infeasible_plan_is_a_user_error_before_anything_is_written(tmp_path: Path):
@@ -97,10 +96,18 @@ def test_free_port_by_default_and_explicit_port(tmp_path: Path):
     plan = _dry_run(tmp_path).plan
     path = tmp_path / "plan.json"
     argvs = [torchrun_argv(plan, path, LaunchOptions(), tmp_path) for _ in range(3)]
-    ports = {argv[argv.index("--rdzv-endpoint") + 1] for argv in argvs}
-    assert all(p.startswith("127.0.0.1:") for p in ports) and "127.0.0.1:29500" not in ports
-    fixed = torchrun_argv(plan, path, LaunchOptions(master_port=29999, max_restarts=2), tmp_path)
-    assert "127.0.0.1:29999" in fixed and fixed[fixed.index("--max-restarts") + 1] == "2"
+    assert all(" ".join(a).startswith("--nnodes 1 --nproc-per-node 2 --rdzv-backend static --master-addr 127.0.0.1 "
+                                      "--master-port ") for a in argvs)
+    ports = {argv[argv.index("--master-port") + 1] for argv in argvs}
+    assert "29500" not in ports
+    fixed = torchrun_argv(plan, path, LaunchOptions(master_port=29999), tmp_path)
+    assert fixed[fixed.index("--master-port") + 1] == "29999"
+    # Restarts, or c10d asked for by name: torchrun's c10d rendezvous, on a free (or the given) local port.
+    restarts = torchrun_argv(plan, path, LaunchOptions(master_port=29999, max_restarts=2), tmp_path)
+    assert "127.0.0.1:29999" in restarts and restarts[restarts.index("--max-restarts") + 1] == "2"
+    c10d = torchrun_argv(plan, path, LaunchOptions(rdzv_backend="c10d"), tmp_path)
+    for argv in (restarts, c10d):
+        assert argv[argv.index("--rdzv-backend") + 1] == "c10d" and argv[argv.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:")
 
 
 def test_multi_node_rendezvous_options(tmp_path: Path):

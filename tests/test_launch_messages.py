@@ -20,15 +20,14 @@ def _failure(rank: int, exitcode: int, error_file: str = "<N/A>"):
 def _run_with(monkeypatch, tmp_path: Path, exc: BaseException) -> tuple[int, list[str]]:
     import torch.distributed.run as torchrun
 
-    from orchestrate.launch import local
+    from orchestrate.agent.torchrun import run_torchrun
 
     def run(args):
         raise exc
 
     monkeypatch.setattr(torchrun, "run", run)
     said: list[str] = []
-    code = local._run_torchrun(["--nproc-per-node", "2", "-m", "orchestrate.worker", "plan.json"], tmp_path,
-                               said.append)
+    code = run_torchrun(["--nproc-per-node", "2", "-m", "orchestrate.worker", "plan.json"], tmp_path, said.append)
     return code, said
 
 
@@ -42,7 +41,7 @@ def test_a_rank_killed_by_sigkill_is_blamed_not_the_one_torchrun_terminated(monk
 
 
 def test_a_rank_with_its_own_exit_code_wins_and_its_error_file_folder_is_shown(tmp_path: Path):
-    from orchestrate.launch.local import blamed_failure, failure_output
+    from orchestrate.agent.torchrun import blamed_failure, failure_output
 
     error_file = tmp_path / "logs" / "attempt_0" / "1" / "error.json"
     error_file.parent.mkdir(parents=True)  # what @record writes (torch.distributed.elastic...errors)

@@ -97,6 +97,25 @@ def test_initial_weights_are_identical_for_the_same_seed(tmp_path: Path):
     assert ensure_initial_weights(plan, tmp_path / "c", local_rank=0) == a
 
 
+def test_ddp_builds_a_from_config_model_itself_with_the_weights_rank_0_would_have_saved(tmp_path: Path):
+    """Backend.reads_weights: a DDP run from its config writes only config.json, and every rank's
+    seeded build equals build_initial_model's saved weights (so no save + read back before step 1)."""
+    from safetensors.torch import load_file
+
+    from orchestrate.backends.registry import get_backend
+    from orchestrate.model.init_weights import build_from_config, build_initial_model, ensure_initial_weights
+
+    plan = make_plan(DDP, ranks=1)
+    assert not get_backend("ddp").reads_weights(plan)
+    assert get_backend("fsdp").reads_weights(plan) and get_backend("deepspeed").reads_weights(plan)
+    config_only = ensure_initial_weights(plan, tmp_path / "a", local_rank=0, weights=False)
+    assert [p.name for p in config_only.iterdir()] == ["config.json"]
+    torch.manual_seed(plan.config.train.seed)  # as DDPBackend.setup does before building
+    built = build_from_config(config_only, plan.config.model.task, trust_remote_code=False).state_dict()
+    saved = load_file(build_initial_model(plan, tmp_path / "b" / "init_model") / "model.safetensors")
+    assert saved.keys() <= built.keys() and all(torch.equal(built[k], saved[k]) for k in saved)
+
+
 def test_progress_prints_plain_lines_when_not_a_terminal(capsys):
     from orchestrate.worker.progress import ProgressDisplay
 

@@ -38,7 +38,8 @@ class WorkerContext:
     """cuda:<local_rank> on GPU machines, cpu otherwise."""
     run_dir: Path
     model_dir: Path
-    """A Hugging Face model directory (config.json + safetensors) holding the initial weights."""
+    """A Hugging Face model directory (config.json + safetensors) holding the initial weights; only
+    config.json when the backend builds a from-config model itself (Backend.reads_weights)."""
     objective: Objective | None = None
     """What a batch's loss is (orchestrate.worker.objective); None: the causal-LM loss."""
 
@@ -112,6 +113,12 @@ class Backend(Protocol):
     def process_group(self, plan: Plan) -> str:
         """The `torch.distributed.init_process_group` backend the worker starts for this plan
         (e.g. "nccl", "gloo", "cuda:nccl,cpu:gloo"). Pure."""
+        ...
+
+    def reads_weights(self, plan: Plan) -> bool:
+        """Whether `setup` loads the initial weights from files in ctx.model_dir. False: a model
+        trained from its config is built by `setup` itself (seeded, from ctx.model_dir/config.json),
+        so none are written and read back before step 1. Pure."""
         ...
 
     def setup(self, plan: Plan, ctx: WorkerContext) -> TrainEngine:

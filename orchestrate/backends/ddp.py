@@ -164,6 +164,12 @@ class DDPBackend:
             out.append(Problem("strategy", "hybrid shard is an FSDP2 mode", "use backend fsdp"))
         return out
 
+    def reads_weights(self, plan: Plan) -> bool:
+        # Every rank holds the whole model: from its config, each builds it under the same seed (what
+        # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway). Adapters
+        # keep the file: QLoRA quantizes while loading it, `export --merge` re-reads the base.
+        return plan.config.train.method != "full"
+
     def process_group(self, plan: Plan) -> str:
         return device_process_group(plan)
 
@@ -188,6 +194,7 @@ class DDPBackend:
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.model.custom import build_module, is_custom, model_config
         from orchestrate.model.host_embedding import host_names, route_lookups, to_device_keeping_embedding
+        from orchestrate.model.init_weights import build_from_config, has_weights
         from orchestrate.model.loading import has_safetensors, load_replicated
         from orchestrate.model.quantized_loading import load_quantized
         from orchestrate.model.tasks import auto_class
@@ -207,8 +214,10 @@ class DDPBackend:
             # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task, st["embedding_offload"])
-        else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
+        elif has_weights(ctx.model_dir):  # PyTorch .bin weights: transformers' loader, a full fp32 copy per rank
             model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
+        else:  # trained from its config (reads_weights): built here, seeded above, as init_weights would
+            model = build_from_config(ctx.model_dir, task, trust)
         if not quantize_on_load:  # (load_quantized returns the unquantized model's layout)
             layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
         model = apply_transforms(model, plan)

@@ -49,6 +49,9 @@ class DeepSpeedBackend:
     def problems(self, sharding: Sharding) -> list[Problem]:
         return sharding_problems(sharding)
 
+    def reads_weights(self, plan: Plan) -> bool:
+        return True  # the engine's model is filled from the files (ZeRO-3: partitioned as it loads)
+
     def process_group(self, plan: Plan) -> str:
         return device_process_group(plan)
 

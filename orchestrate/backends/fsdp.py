@@ -269,6 +269,9 @@ class FSDPBackend:
             out.append(Problem("strategy.zero_stage", "hybrid shard is full sharding inside a node", "set zero_stage: 3"))
         return out
 
+    def reads_weights(self, plan: Plan) -> bool:
+        return True  # rank 0 (or each rank) fills the sharded model from the files
+
     def process_group(self, plan: Plan) -> str:
         strategy = plan.chosen.strategy
         if plan.hardware.has_gpu and strategy.offload_params == "cpu":

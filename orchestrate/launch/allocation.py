@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rich.console import Console
+
+    from orchestrate.config.schema import RunConfig
 
 
 def hardware_for_allocation(flags: HardwareFlags, alloc: SlurmAllocation) -> HardwareFlags:
@@ -70,6 +73,9 @@ class SrunInAllocation:
 
     def check(self, plan: Plan) -> None:
         pass  # the nodes have the devices, not this shell
+
+    def warm_up(self, config: RunConfig) -> AbstractContextManager:
+        return nullcontext()  # the workers start on other machines
 
     def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:

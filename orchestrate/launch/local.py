@@ -1,38 +1,46 @@
-"""Transport: torchrun on this machine, through torchrun's own launcher in this process
-(`torch.distributed.run.run`, the very argument list that launch.sh shows)."""
+"""Transport: torchrun on this machine, the very argument list that launch.sh shows. orchestrate's
+own worker runs under torchrun's agent in a process started before planning, which imports the
+workers' code meanwhile and forks them (orchestrate.agent.process); a program of the user's (or a
+wrapper module, bench/gpu_worker.py) runs through torchrun's own launcher in this process
+(`torch.distributed.run.run`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import shlex
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.agent.torchrun import run_torchrun
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.progress_bar import follow_metrics
 from orchestrate.launch.session import Prepared, launch_env
 from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torchrun_argv
 from orchestrate.planner.plan import Plan
-from orchestrate.run.exit_codes import EX_TEMPFAIL
-from orchestrate.run.layout import LOG_DIR, PLAN_FILE
+from orchestrate.run.layout import LOG_DIR, PLAN_FILE, WORKER_MODULE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rich.console import Console
 
+    from orchestrate.config.schema import RunConfig
+    from orchestrate.launch.warm_agent import WarmAgent
+
 
 @dataclass
 class LocalTorchrun:
     remote_workers = False
-    """torchrun runs in this process: the workers are its children (they check the lock by that)."""
+    """torchrun runs in this process or its agent child: the workers are its descendants (they check
+    the lock by that)."""
     options: LaunchOptions = field(default_factory=LaunchOptions)
     """torchrun's rendezvous and restart options (a hand-made multi-node launch gives them)."""
     _argv: list[str] = field(default_factory=list, init=False, repr=False)
+    _agent: WarmAgent | None = field(default=None, init=False, repr=False)
 
     def hardware(self, flags: HardwareFlags) -> HardwareFlags:
         return flags
@@ -40,10 +48,31 @@ class LocalTorchrun:
     def intro(self) -> list[str]:
         return []
 
-    def check(self, plan: Plan) -> None:
-        import torch
+    @contextmanager
+    def warm_up(self, config: RunConfig):
+        """torchrun's agent from now on, for orchestrate's worker (module docstring); closed at the end
+        when no run used it (a refused launch)."""
+        if not self._forks_worker():
+            yield
+            return
+        from orchestrate.launch.warm_agent import WarmAgent
 
-        if plan.hardware.has_gpu and not torch.cuda.is_available():
+        self._agent = WarmAgent.start(config)
+        try:
+            yield
+        finally:
+            self._agent.close()
+            self._agent = None
+
+    def _forks_worker(self) -> bool:
+        return not self.options.program and self.options.worker_module == WORKER_MODULE
+
+    def check(self, plan: Plan) -> None:
+        if not plan.hardware.has_gpu:
+            return
+        import torch  # only here: a CPU launch never imports torch in the launcher
+
+        if not torch.cuda.is_available():
             raise UserError("this plan is for GPUs but CUDA is not available on this machine", [Problem(
                 "hardware", f"planned for {plan.hardware.gpus_per_node} x {plan.hardware.gpu.name}",
                 "run it on that machine (`orchestrate config` writes the run directory without starting), "
@@ -66,8 +95,13 @@ class LocalTorchrun:
                         script_comment="The exact command `orchestrate launch` ran for this run.", notices=notices)
 
     def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
-        with _environment(launch_env(plan)), follow_metrics(plan, run_dir, console):
-            return _run_torchrun(self._argv, run_dir, say)
+        if not self._forks_worker():
+            with _environment(launch_env(plan)), follow_metrics(plan, run_dir, console):
+                return run_torchrun(self._argv, run_dir, say)
+        with self.warm_up(plan.config) if self._agent is None else nullcontext():  # `start` without `launch`
+            agent = self._agent
+            with follow_metrics(plan, run_dir, console):
+                return agent.run(self._argv, launch_env(plan), run_dir, say)
 
 
 @contextmanager
@@ -80,44 +114,3 @@ def _environment(env: dict[str, str]):
     finally:
         for key in added:
             os.environ.pop(key, None)
-
-
-def blamed_failure(failures: dict) -> tuple[int, object]:
-    """(rank, failure) of the rank that failed first on its own. torchrun SIGTERMs (then SIGKILLs)
-    the others once one fails, so a negative SIGTERM exit code is torchrun's doing: prefer a rank
-    with its own exit code (> 0), then one killed by another signal (kill -9: -9), and only then
-    a SIGTERMed one; earliest first, then the lowest rank."""
-    import signal
-
-    def own(failure) -> int:
-        code = failure.exitcode or 0
-        return 0 if code > 0 else 1 if code != -int(signal.SIGTERM) else 2
-
-    return min(failures.items(), key=lambda kv: (own(kv[1]), kv[1].timestamp, kv[0]))
-
-
-def failure_output(error_file: str | None, run_dir: Path) -> Path:
-    """Where a failed rank's output is: its error file's folder, or the logs folder when it left no
-    error file (torchrun then reports the placeholder "<N/A>")."""
-    if error_file and os.path.isabs(error_file):
-        return Path(error_file).parent
-    return run_dir / LOG_DIR
-
-
-def _run_torchrun(argv: list[str], run_dir: Path, say: Callable[[str], None]) -> int:
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
-
-    try:
-        run(parse_args(argv))
-    except ChildFailedError as exc:
-        rank, failure = blamed_failure(exc.failures)
-        say(f"worker rank {rank} failed with exit code {failure.exitcode}; its output: "
-            f"{failure_output(failure.error_file, run_dir)}")
-        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
-    except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
-        # A stop signal at any point (even before step 1) means: checkpoint if possible, requeue.
-        say(f"stopped by signal {exc.sigval.name}; resume from the latest checkpoint (or step 0) of {run_dir}")
-        return EX_TEMPFAIL
-    return 0

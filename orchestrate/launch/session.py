@@ -19,7 +19,7 @@ import shlex
 import signal
 import threading
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
@@ -32,6 +32,7 @@ from orchestrate.planner.plan import Plan
 from orchestrate.run.exit_codes import EX_TEMPFAIL
 from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE
 from orchestrate.run.requeue import clear_requeue, read_requeue
+from orchestrate.run.stop_signals import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -94,6 +95,12 @@ class Transport(Protocol):
         (not for dry runs)."""
         ...
 
+    def warm_up(self, config: RunConfig) -> AbstractContextManager:
+        """Entered before planning a launch that will run (not a dry run), left when it ends: what may
+        start before the plan exists (the local transport starts torchrun's agent, which imports the
+        workers' code meanwhile)."""
+        ...
+
     def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:
         ...
@@ -142,7 +149,7 @@ def launch_env(plan: Plan) -> dict[str, str]:
     With it, each attempt's rank 0 hosts a fresh store."""
     return {**(plan.run.env if plan.run else {}),
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(plan.config.train.preemption_grace_s),
-            "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
+            "PET_SIGNALS_TO_HANDLE": ",".join(sig.name for sig in STOP_SIGNALS),
             "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
 
@@ -203,6 +210,8 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
     hw = request.hardware
     hardware = hw if isinstance(hw, HardwareProfile) else transport.hardware(hw).resolve()
     with ExitStack() as held:  # the run directory's lock, from before it is written until the workers end
+        if not request.dry_run:
+            held.enter_context(transport.warm_up(request.config))
         plan, run_dir = prepare_run_dir(request.config, hardware, request.name, request.run_dir, request.resume,
                                         tell, check=None if request.dry_run else transport.check,
                                         force=request.force, hold=held,

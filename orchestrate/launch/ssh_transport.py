@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rich.console import Console
+
+    from orchestrate.config.schema import RunConfig
 
 
 def hardware_for_hosts(flags: HardwareFlags, hosts: Sequence[Host]) -> HardwareFlags:
@@ -80,6 +83,9 @@ class SshHosts:
 
     def check(self, plan: Plan) -> None:
         pass  # the hosts have the devices
+
+    def warm_up(self, config: RunConfig) -> AbstractContextManager:
+        return nullcontext()  # the workers start on other machines
 
     def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:

@@ -48,10 +48,20 @@ def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: 
         raise UserError("node count does not match the plan", [Problem(
             "--nnodes", f"{nnodes} given, the plan is for {plan.hardware.nodes}", "re-plan with --nodes")])
     argv = ["--nnodes", str(nnodes), "--nproc-per-node", str(plan.hardware.ranks_per_node)]
-    if nnodes == 1 and not options.rdzv_endpoint and not options.master_addr:
-        # One node: a c10d store on a free local port, so concurrent runs never collide on 29500.
+    one_node = nnodes == 1 and not options.rdzv_endpoint and not options.master_addr
+    if one_node and (options.rdzv_backend == "static" or (options.rdzv_backend is None and not options.max_restarts)):
+        # One node, no restarts: torchrun's static rendezvous, its store on a free local port (concurrent
+        # runs never collide on 29500). Not c10d: its dynamic rendezvous waits a random 0-0.3 s before
+        # joining and walks the stack with inspect.stack() for every event it records (torch/distributed/
+        # elastic/rendezvous/dynamic_rendezvous.py), 0.2-0.6 s of the start-up here. With --max-restarts,
+        # c10d: after a restart under the static one the new group met the old group's store and gloo
+        # could not connect (tests/test_fault_tolerance.py, torch 2.13), as pytorch/pytorch#135712.
+        # --local-addr: where rank 0 hosts the workers' store (launch_env), not the FQDN.
         port = options.master_port or free_port()
-        # --local-addr: where rank 0 hosts the workers' store (launcher.launch_env), not the FQDN.
+        argv += ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                 "--local-addr", "127.0.0.1"]
+    elif one_node:
+        port = options.master_port or free_port()  # c10d (or the backend asked for), on a free local port
         argv += ["--rdzv-backend", options.rdzv_backend or "c10d", "--local-addr", "127.0.0.1",
                  "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", options.rdzv_id or plan_path.parent.name]
     elif options.rdzv_endpoint:

@@ -3,7 +3,9 @@
 A local `model.name_or_path` directory with weights is used as is. Otherwise local rank 0 of each
 node builds the model from its config with `torch.manual_seed(train.seed)` in fp32 and saves it to
 RUN_DIR/init_model; the other ranks wait at a barrier. The same seed gives bit-identical weights
-on every node, so DeepSpeed, FSDP2 and DDP runs of one config start from the same point.
+on every node, so DeepSpeed, FSDP2 and DDP runs of one config start from the same point. A backend
+that builds such a model itself (Backend.reads_weights: DDP) gets only its config.json there and
+builds it with `build_from_config`, the same seed and the same weights, without a save and a load.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -57,8 +60,34 @@ def initial_config(plan: Plan, labels: list[str] | None):
     return hf_config
 
 
+def build_from_config(model_dir: Path, task: str, trust_remote_code: bool):
+    """The fp32 model of model_dir/config.json with fresh weights from torch's generator as it is (the
+    caller seeds it): what `build_initial_model` saves."""
+    from transformers import AutoConfig
+
+    from orchestrate.model.tasks import auto_class
+
+    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
+    return auto_class(task).from_config(hf_config, trust_remote_code=trust_remote_code, dtype=torch.float32)
+
+
+def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
+    # Unique temp name: on a shared file system several nodes may build at once; the first rename wins
+    # and the others (identical content) are discarded.
+    tmp = out_dir.with_name(f".{out_dir.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    try:
+        tmp.rename(out_dir)
+    except OSError:
+        if not (out_dir / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = None) -> Path:
     """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
+    from orchestrate.backends.deepspeed_import import import_deepspeed_lean
     from orchestrate.model.tasks import auto_class
 
     hf_config = initial_config(plan, labels)
@@ -66,17 +95,9 @@ def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = No
     torch.manual_seed(plan.config.train.seed)
     model = auto_class(plan.config.model.task).from_config(
         hf_config, trust_remote_code=plan.config.model.trust_remote_code, dtype=torch.float32)
-    # Unique temp name: on a shared file system several nodes may build at once; the first rename wins
-    # and the others (identical weights) are discarded.
-    tmp = out_dir.with_name(f".{out_dir.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    try:
-        tmp.rename(out_dir)
-    except OSError:
-        if not has_weights(out_dir):
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)
+    # save_pretrained unwraps the model through accelerate, which imports DeepSpeed (backends/deepspeed_import.py).
+    import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
+    _write_atomically(out_dir, model.save_pretrained)
     return out_dir
 
 
@@ -93,9 +114,11 @@ def existing_weights_dir(plan: Plan, run_dir: Path) -> Path:
     return Path(run_dir) / INIT_MODEL_DIR
 
 
-def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: list[str] | None = None) -> Path:
+def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: list[str] | None = None,
+                           weights: bool = True) -> Path:
     """The model directory to load from; collective when a process group is initialised. `labels`:
-    a classifier's label names (from the data), which size its head."""
+    a classifier's label names (from the data), which size its head. `weights=False`: a model built
+    from its config gets only config.json (the backend builds it: Backend.reads_weights)."""
     name = plan.config.model.name_or_path
     if plan.config.model.module is not None:
         # Your own module is built (and seeded) by the backend; the directory holds only its
@@ -119,7 +142,9 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: l
             if has_weights(snapshot):
                 return snapshot
     out_dir = run_dir / INIT_MODEL_DIR
-    if local_rank == 0 and not has_weights(out_dir):
+    if local_rank == 0 and weights and not has_weights(out_dir):
         build_initial_model(plan, out_dir, labels)
+    elif local_rank == 0 and not weights and not (out_dir / "config.json").is_file():
+        _write_atomically(out_dir, initial_config(plan, labels).save_pretrained)
     _barrier()  # the other ranks imported the model's code meanwhile (orchestrate.worker.preload)
     return out_dir

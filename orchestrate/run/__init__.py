@@ -12,7 +12,8 @@ directory and the workers (`orchestrate.worker`) that train in it; they never im
       launch.sh          the exact command the launcher ran
       job.sbatch         the SLURM batch script (`orchestrate slurm`)
       metrics.jsonl      one JSON object per step (written by rank 0)
-      init_model/        the seeded initial weights (written by the workers when training from scratch)
+      init_model/        the seeded initial weights (written by the workers when training from scratch;
+                         only config.json when the backend builds the model itself: DDP)
       checkpoints/       resumable checkpoints (`orchestrate.run.checkpoints`)
       model/             the trained Hugging Face model
       .orchestrate-run   the marker: this directory is an orchestrate run (`orchestrate.run.marker`)

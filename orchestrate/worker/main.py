@@ -20,6 +20,7 @@ torchrun's rank variables and the library settings recorded in the plan's run se
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,12 +61,21 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     return EX_TEMPFAIL if stopped else 0
 
 
+def name_this_rank() -> None:
+    """`orchestrate-r<RANK>` in ps/top (the kernel's 15-byte process name): a rank forked by torchrun's
+    agent has the agent's command line. Set once the stop handler is in (tests wait for the name)."""
+    from orchestrate.worker.orphans import PR_SET_NAME, prctl
+
+    prctl(PR_SET_NAME, f"orchestrate-r{os.environ.get('RANK', '?')}".encode()[:15])
+
+
 def main(argv: list[str] | None = None) -> int:
     from orchestrate.worker.orphans import guard_parent
     from orchestrate.worker.signals import StopRequest
 
     guard_parent()
     stop = StopRequest().install()  # from here on SIGTERM/SIGUSR1 mean "checkpoint and exit"
+    name_this_rank()
     from torch.distributed.elastic.multiprocessing.errors import record
 
     parser = argparse.ArgumentParser(prog=f"python -m {__package__}",

@@ -27,17 +27,23 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
+PR_SET_NAME = 15
 POLL_S = 1.0
 
 
-def _set_pdeathsig() -> None:
+def prctl(option: int, arg: int | bytes) -> None:
+    """Linux prctl(2); a no-op on other systems (callers have a fallback or can do without)."""
     if not sys.platform.startswith("linux"):
         return
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        libc.prctl(option, arg, 0, 0, 0)
     except (OSError, AttributeError):
-        pass  # the watchdog below still applies
+        pass
+
+
+def _set_pdeathsig() -> None:
+    prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))  # elsewhere the watchdog below still applies
 
 
 def _watch(parent: int) -> None:

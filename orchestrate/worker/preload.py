@@ -16,6 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from orchestrate.config.schema import RunConfig
     from orchestrate.planner.plan import Plan
 
 
@@ -27,16 +28,26 @@ def start_preload(plan: Plan) -> threading.Thread:
 
 def _preload(plan: Plan) -> None:
     from orchestrate.backends.deepspeed_import import import_deepspeed_lean
+    from orchestrate.backends.registry import get_backend
 
-    model = plan.config.model
     try:
-        import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
-        # Only a config that is read without the network: a Hub name is resolved by the model stage.
-        if model.module is None and (model.architecture is not None
-                                     or plan.config.resolve_path(model.name_or_path or "").is_dir()):
-            from orchestrate.model.meta import load_model_config
-            from orchestrate.model.tasks import model_class
-
-            model_class(load_model_config(plan.config), model.task)
+        backend = get_backend(plan.chosen.strategy.backend)
+        # DeepSpeed: its engine, or the initial model's save_pretrained (backends/deepspeed_import.py).
+        if backend.name == "deepspeed" or backend.reads_weights(plan):
+            import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
+        import_model_code(plan.config)
     except Exception:  # noqa: BLE001 - reported by the stage that needs it (see the docstring)
         pass
+
+
+def import_model_code(config: RunConfig) -> None:
+    """Import transformers' code for the model of `config` (also run by torchrun's agent before it
+    forks the workers: orchestrate.agent.process). Only a config that is read without the network: a
+    Hub name is resolved by the model stage."""
+    model = config.model
+    if model.module is None and (model.architecture is not None
+                                 or config.resolve_path(model.name_or_path or "").is_dir()):
+        from orchestrate.model.meta import load_model_config
+        from orchestrate.model.tasks import model_class
+
+        model_class(load_model_config(config), model.task)

@@ -146,11 +146,11 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | No
     from orchestrate.worker.objective import objective_for
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
-    ranks = worker.ranks
-    model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank, labels)
+    ranks, backend = worker.ranks, get_backend(plan.chosen.strategy.backend)
+    model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank, labels, weights=backend.reads_weights(plan))
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
                         device=worker.device, run_dir=run.path, model_dir=model_dir, objective=objective_for(plan, teacher))
-    return get_backend(plan.chosen.strategy.backend).setup(plan, ctx), ctx
+    return backend.setup(plan, ctx), ctx
 
 
 def resume(plan: Plan, ctx: WorkerContext, engine: TrainEngine, data: TrainData,

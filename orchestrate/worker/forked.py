@@ -1,0 +1,54 @@
+"""One rank forked by torchrun's agent (orchestrate.agent.process): what `python -m orchestrate.worker
+PLAN` does, as a function torchrun's `start_method="fork"` can run; and the worker's own modules,
+which the agent imports before it forks."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import signal
+import sys
+
+from orchestrate.worker.main import main
+
+# What a worker imports on its way to step 1 beyond torch and transformers (each brings its own
+# dependencies; the list came from comparing sys.modules in the agent and in a rank at step 1).
+# All three backends: their modules are light (the engines import lazily).
+WORKER_MODULES = (
+    "orchestrate.worker.stages", "orchestrate.worker.loop", "orchestrate.worker.step_callbacks",
+    "orchestrate.worker.checkpointing", "orchestrate.worker.dist_env", "orchestrate.worker.objective",
+    "orchestrate.worker.preload", "orchestrate.data.pipeline", "orchestrate.backends.ddp",
+    "orchestrate.backends.fsdp", "orchestrate.backends.deepspeed_backend", "orchestrate.backends.hf_io",
+    "orchestrate.model.init_weights", "orchestrate.model.loading", "orchestrate.model.transforms",
+    "orchestrate.model.quantized_loading", "orchestrate.model.host_embedding",
+)
+
+# The agent's torchrun handles these (raises in its main thread); a forked rank inherits that
+# handler and gets the defaults back, as a spawned one has them. The worker then installs its own
+# for SIGTERM/SIGUSR1 (orchestrate.worker.signals).
+_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
+
+
+def import_worker_modules() -> None:
+    for name in WORKER_MODULES:
+        importlib.import_module(name)
+
+
+def run(plan_path: str) -> None:
+    """Train one rank of `plan_path`; a non-zero exit status leaves as SystemExit (torchrun then
+    reports that rank as failed with it, as for a spawned worker)."""
+    import torch
+
+    for sig in _AGENT_SIGNALS:
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # OpenMP read OMP_NUM_THREADS when the agent imported torch, before torchrun set this rank's value.
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    code = main([plan_path])
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if code:
+        raise SystemExit(code)

@@ -1,0 +1,126 @@
+"""torchrun's agent process (orchestrate/agent, orchestrate/launch/warm_agent.py): the launcher's side
+of it without a run, a dead agent, signal forwarding; the agent's own once-only stop; a forked rank's
+signals and threads. Every 2-rank launch test runs through the agent as well."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrate.config.load import load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _config():
+    return load_config(ROOT / "examples" / "tiny-gpt2.yaml", [])
+
+
+def test_an_agent_that_gets_no_run_is_gone_when_closed():
+    from orchestrate.launch.warm_agent import WarmAgent
+
+    agent = WarmAgent.start(_config())
+    assert agent.process.poll() is None  # importing the workers' code meanwhile
+    agent.close()
+    assert agent.process.returncode is not None
+
+
+def test_an_agent_that_died_before_the_run_is_reported_with_its_exit_code(tmp_path: Path):
+    from orchestrate.launch.warm_agent import WarmAgent
+
+    agent = WarmAgent.start(_config())
+    agent.process.kill()
+    agent.process.wait()
+    said: list[str] = []
+    code = agent.run(["--nproc-per-node", "1", "-m", "orchestrate.worker", "plan.json"], {}, tmp_path, said.append)
+    assert code == 1 and said == ["torchrun's agent process ended with exit code -9 before the workers finished"]
+    agent.close()
+
+
+_COUNTER = """
+import signal, sys, time
+got = []
+signal.signal(signal.SIGTERM, lambda s, f: got.append(s))
+print("ready", flush=True)
+time.sleep(1.5)
+print(len(got), flush=True)
+"""
+
+
+def test_the_launcher_forwards_the_first_of_each_stop_signal_once():
+    from orchestrate.launch.warm_agent import _Forwarder
+
+    child = subprocess.Popen([sys.executable, "-c", _COUNTER], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline().strip() == "ready"
+    before = signal.getsignal(signal.SIGTERM)
+    with _Forwarder(child.pid):
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # Python runs the handler between bytecodes of the main thread
+    assert signal.getsignal(signal.SIGTERM) is before  # restored on the way out
+    assert child.stdout.readline().strip() == "1"
+    child.wait()
+
+
+def test_the_agent_notes_a_stop_before_torchrun_and_raises_once_after(monkeypatch):
+    import torch.distributed.elastic.multiprocessing.api as pcontext
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from orchestrate.agent.process import _Stops
+
+    monkeypatch.setattr(pcontext, "_terminate_process_handler", pcontext._terminate_process_handler)
+    early = _Stops()
+    early.handle(signal.SIGTERM, None)  # while it imports: noted, nothing raised
+    early.handle(signal.SIGINT, None)
+    assert early.first == signal.SIGTERM
+    stops = _Stops()
+    stops.arm()
+    assert pcontext._terminate_process_handler == stops.handle  # what torchrun installs from now on
+    with pytest.raises(SignalException) as raised:
+        stops.handle(signal.SIGTERM, None)
+    assert raised.value.sigval == signal.SIGTERM
+    stops.handle(signal.SIGTERM, None)  # the same job's signal again (direct + forwarded): ignored
+    stops.handle(signal.SIGINT, None)
+
+
+def test_a_forked_rank_gets_default_signals_and_its_thread_count(monkeypatch):
+    import torch
+
+    import orchestrate.worker.forked as forked
+
+    seen = {}
+
+    def main(argv):
+        seen.update(argv=argv, threads=torch.get_num_threads(), term=signal.getsignal(signal.SIGTERM),
+                    intr=signal.getsignal(signal.SIGINT))
+        return 75
+
+    saved = {sig: signal.getsignal(sig) for sig in (*forked._AGENT_SIGNALS, signal.SIGINT)}
+    threads = torch.get_num_threads()
+    monkeypatch.setattr(forked, "main", main)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    try:
+        signal.signal(signal.SIGTERM, lambda s, f: None)  # as torchrun's agent leaves it
+        with pytest.raises(SystemExit) as exited:
+            forked.run("plan.json")
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        torch.set_num_threads(threads)
+    assert exited.value.code == 75  # a non-zero status leaves as SystemExit: torchrun reports it
+    assert seen == {"argv": ["plan.json"], "threads": 1, "term": signal.SIG_DFL, "intr": signal.default_int_handler}
+
+
+def test_every_module_the_agent_imports_for_the_workers_exists():
+    import importlib
+
+    from orchestrate.worker.forked import WORKER_MODULES
+
+    for name in WORKER_MODULES:
+        importlib.import_module(name)

@@ -102,9 +102,10 @@ def main(reply_fd: int) -> int:
     first = _read_message()
     if first is None:
         return 0
-    # No cyclic garbage collection while some 3,000 modules import (it finds next to nothing there and
-    # took about 0.5 s of 3.1 s in a one-off timing of import_worker_code with and without it); then the imported objects are frozen out of the collector's view, so the
-    # forked ranks neither scan them nor copy their pages by touching them (gc.freeze's purpose).
+    # No cyclic garbage collection while some 3,000 modules import (it finds next to nothing there;
+    # about 0.5 s of 3.1 s in a one-off timing of import_worker_code with and without it). Then the
+    # imported objects are frozen out of the collector's view, so the forked ranks neither scan them
+    # nor copy their pages by touching them (gc.freeze's purpose).
     gc.disable()
     import_worker_code(first["config"], first.get("source_dir"))
     gc.freeze()

@@ -41,22 +41,30 @@ def _launch(run_dir: Path, output=subprocess.DEVNULL) -> subprocess.Popen:
         cwd=ROOT, stdout=output, stderr=subprocess.STDOUT, text=True)
 
 
-@pytest.mark.slow
-def test_sigterm_before_step_1_checkpoints_and_exits_75(tmp_path: Path):
-    run_dir = tmp_path / "run"
+def _sigterm_when(run_dir: Path, ready, settle_s: float = 0.0) -> tuple[int, str]:
+    """Launch, wait until `ready(launcher)`, check that step 1 has not ended, SIGTERM the launcher;
+    its exit code and output."""
     proc = _launch(run_dir, subprocess.PIPE)
     try:
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(_workers(proc.pid)) < 2:
+        while time.monotonic() < deadline and not ready(proc):
             assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.05)
+            time.sleep(0.01)
+        time.sleep(settle_s)
         assert not (run_dir / "metrics.jsonl").exists(), "too late: step 1 is done"
         os.kill(proc.pid, signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == 75, out
+    return proc.returncode, out
+
+
+@pytest.mark.slow
+def test_sigterm_before_step_1_checkpoints_and_exits_75(tmp_path: Path):
+    run_dir = tmp_path / "run"
+    code, out = _sigterm_when(run_dir, lambda proc: len(_workers(proc.pid)) == 2)
+    assert code == 75, out
     assert (run_dir / "REQUEUE").is_file() and (run_dir / "checkpoints" / "latest").is_file(), out
 
 
@@ -93,20 +101,9 @@ def test_sigkill_of_the_launcher_ends_every_worker_within_10_s(tmp_path: Path):
 @pytest.mark.slow
 def test_sigterm_while_the_agent_imports_is_exit_75_without_workers(tmp_path: Path):
     """torchrun's agent process imports for seconds after the launcher is ready (orchestrate/agent):
-    a stop signal then means requeue (75), as anywhere before step 1, and no worker starts."""
+    a stop signal then means requeue (75), as anywhere before step 1, and no worker starts.
+    0.2 s after launch.sh: the cached data is mapped in milliseconds, the agent needs seconds more."""
     run_dir = tmp_path / "run"
-    proc = _launch(run_dir, subprocess.PIPE)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (run_dir / "launch.sh").exists():
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.01)
-        time.sleep(0.2)  # the cached data is mapped in milliseconds; the agent needs seconds more
-        assert _workers(proc.pid) == [] and not (run_dir / "metrics.jsonl").exists()
-        os.kill(proc.pid, signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 75, out
-    assert "stopped by" in out and not (run_dir / "metrics.jsonl").exists(), out
+    code, out = _sigterm_when(run_dir, lambda proc: (run_dir / "launch.sh").exists() and not _workers(proc.pid), 0.2)
+    assert code == 75, out
+    assert "stopped by" in out and not list((run_dir / "logs").rglob("stdout.log")), out

@@ -101,7 +101,9 @@ def test_a_forked_rank_gets_default_signals_and_its_thread_count(monkeypatch):
                     intr=signal.getsignal(signal.SIGINT))
         return 75
 
-    saved = {sig: signal.getsignal(sig) for sig in (*forked._AGENT_SIGNALS, signal.SIGINT)}
+    from orchestrate.run.stop_signals import STOP_SIGNALS
+
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     threads = torch.get_num_threads()
     monkeypatch.setattr(forked, "main", main)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -124,3 +126,21 @@ def test_every_module_the_agent_imports_for_the_workers_exists():
 
     for name in WORKER_MODULES:
         importlib.import_module(name)
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_forked_ranks_train_on_cuda(tmp_path: Path):
+    """The agent never touches CUDA before it forks (orchestrate/agent/process.py): a forked rank
+    initialises CUDA itself and trains. One GPU, the demo, DDP, through the default local launch."""
+    import json
+
+    from orchestrate import api
+    from orchestrate.hardware.resolve import resolve_hardware
+
+    config = load_config(ROOT / "examples" / "tiny-gpt2.yaml", [
+        "train.max_steps=3", "train.eval_every=0", "strategy.backend=ddp", "strategy.zero_stage=0",
+        f"train.output_dir={tmp_path}"])
+    result = api.launch(api.launch_request(config, resolve_hardware(gpus=1), name="gpu-fork", run_dir=tmp_path / "run"))
+    assert result.exit_code == 0, result.messages
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3] and records[-1]["gpu_max_allocated_bytes"] > 0

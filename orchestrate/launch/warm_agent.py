@@ -2,8 +2,8 @@
 hand it the torchrun arguments once the run directory is written, relay its output and the stop
 signals the launcher gets, and read its exit code and messages.
 
-Signals: the agent sits in a process group of its own (with the workers it forks), so a Ctrl-C at the
-terminal reaches the launcher only, and the launcher forwards every stop signal once; torchrun in the
+Signals: the agent sits in a session of its own (with the workers it forks; `start_new_session`, which
+Python 3.10 has), so a Ctrl-C at the terminal reaches the launcher only, and the launcher forwards every stop signal once; torchrun in the
 agent then stops the workers as it always does (forwards the signal, waits the grace period)."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class WarmAgent:
         read_fd, write_fd = os.pipe()
         process = subprocess.Popen([sys.executable, *AGENT_PROGRAM, str(write_fd)],
                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   pass_fds=(write_fd,), process_group=0)
+                                   pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
         agent = cls(process, os.fdopen(read_fd))
         agent.pumps = [threading.Thread(target=_pump, args=(process.stdout, lambda: sys.stdout), daemon=True),

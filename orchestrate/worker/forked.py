@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 
+from orchestrate.run.stop_signals import STOP_SIGNALS
 from orchestrate.worker.main import main
 
 # What a worker imports on its way to step 1 beyond torch and transformers (each brings its own
@@ -24,11 +25,6 @@ WORKER_MODULES = (
     "orchestrate.model.quantized_loading", "orchestrate.model.host_embedding",
 )
 
-# The agent's torchrun handles these (raises in its main thread); a forked rank inherits that
-# handler and gets the defaults back, as a spawned one has them. The worker then installs its own
-# for SIGTERM/SIGUSR1 (orchestrate.worker.signals).
-_AGENT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
-
 
 def import_worker_modules() -> None:
     for name in WORKER_MODULES:
@@ -40,9 +36,11 @@ def run(plan_path: str) -> None:
     reports that rank as failed with it, as for a spawned worker)."""
     import torch
 
-    for sig in _AGENT_SIGNALS:
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The agent's handler for these (torchrun's: it raises in the agent's main thread) came along with
+    # the fork; a spawned rank starts with the defaults, and so does this one. The worker then installs
+    # its own for SIGTERM/SIGUSR1 (orchestrate.worker.signals).
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
     # OpenMP read OMP_NUM_THREADS when the agent imported torch, before torchrun set this rank's value.
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))

@@ -104,6 +104,16 @@ def test_launch_and_worker_never_import_each_other():
     assert crossing == []
 
 
+def test_the_agent_never_imports_the_launcher():
+    """orchestrate/agent/ sits between them: it imports the worker's fork entry, the launcher only
+    starts it as a program (launch/warm_agent.py) and shares the plain torchrun runner."""
+    crossing = [(m, t) for m, targets in GRAPH.items() for t in targets
+                if m.startswith("orchestrate.agent") and t.startswith("orchestrate.launch")]
+    assert crossing == []
+    assert not any(t.startswith("orchestrate.agent.process") for m, targets in GRAPH.items()
+                   if m.startswith("orchestrate.launch") for t in targets)
+
+
 def test_cli_imports_only_the_api_and_the_errors():
     assert GRAPH["orchestrate.cli"] <= {"orchestrate.api", "orchestrate.errors"}
 

@@ -7,7 +7,7 @@ ENOLCK, EOPNOTSUPP) the holder record decides: a record naming a dead pid on thi
 and taken over, any other is honoured.
 
 Workers check it at start (`foreign_holder`): a lock held on this host by a live process that is
-not one of their ancestors (their launcher; torchrun runs in-process) means another launch owns
+not one of their ancestors (their launcher, through torchrun or its agent process) means another launch owns
 the run. A launcher whose workers are not its descendants (srun, SSH) says so in the record
 (`remote_workers`), and its workers then accept it.
 """

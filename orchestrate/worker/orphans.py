@@ -1,9 +1,10 @@
 """Workers never outlive their launcher (issue 10): a worker whose parent dies is killed.
 
-The parent is torchrun's agent: `orchestrate launch` runs torchrun in-process (orchestrate.launch.
-local), so there the agent *is* the launcher, and a SIGKILLed launcher (which cannot forward any
-signal) used to leave both workers running under init, still checkpointing. Under launch.sh,
-srun or SSH the parent is the separate torchrun process, which the same rule ties them to.
+The parent is torchrun's agent. Under `orchestrate launch` that is the agent process the launcher
+starts (orchestrate/agent), which guards its own parent the same way: a SIGKILLed launcher (which
+cannot forward any signal) takes the agent with it, and the agent its ranks; before these guards a
+killed launcher left the workers running under init, still checkpointing. Under launch.sh, srun or
+SSH the parent is the torchrun process, which the same rule ties them to.
 
 Two mechanisms, because each has a gap:
 - PR_SET_PDEATHSIG (Linux prctl(2)): the kernel sends SIGKILL when the parent *thread* that

@@ -3,7 +3,7 @@ with a timestamp at each launcher phase and at each worker stage, all relative t
 
 The launcher's phases are its own functions wrapped in place (planning + run directory, data
 preparation, the run through torchrun's agent); the agent process runs the same
-`orchestrate.agent.process.main` through this file (`startup_stages.py agent REPLY_FD START`), which
+`orchestrate.agent.process.main` through this file (`startup_stages.py agent LOG START REPLY_FD`), which
 wraps its imports and the stages of `orchestrate.worker.stages` the same way before the ranks fork
 from it (so they inherit the wrappers). Timestamps come from one clock (time.time) shared by all
 processes of the machine. A table of one run, or with --repeats N the median (min-max) of each row

@@ -114,6 +114,9 @@ def test_ddp_builds_a_from_config_model_itself_with_the_weights_rank_0_would_hav
     built = build_from_config(config_only, plan.config.model.task, trust_remote_code=False).state_dict()
     saved = load_file(build_initial_model(plan, tmp_path / "b" / "init_model") / "model.safetensors")
     assert saved.keys() <= built.keys() and all(torch.equal(built[k], saved[k]) for k in saved)
+    # A backend that reads weights, later in the same run directory (a re-planned resume), gets them.
+    assert ensure_initial_weights(plan, tmp_path / "a", local_rank=0) == config_only
+    assert load_file(config_only / "model.safetensors").keys() == saved.keys()
 
 
 def test_progress_prints_plain_lines_when_not_a_terminal(capsys):

@@ -18,7 +18,6 @@ def blamed_failure(failures: dict) -> tuple[int, object]:
     the others once one fails, so a negative SIGTERM exit code is torchrun's doing: prefer a rank
     with its own exit code (> 0), then one killed by another signal (kill -9: -9), and only then
     a SIGTERMed one; earliest first, then the lowest rank."""
-    import signal
 
     def own(failure) -> int:
         code = failure.exitcode or 0
@@ -75,13 +74,11 @@ def _run_forked(args) -> None:
     from orchestrate.worker.forked import run as run_worker
 
     if not (args.module and args.training_script == WORKER_MODULE and len(args.training_script_args) == 1):
-        from torch.distributed.run import run
-
-        return run(args)  # another program (a bench wrapper): fresh interpreters, as torchrun starts them
+        # LocalTorchrun sends only its own worker here (_forks_worker); anything else runs in the launcher.
+        raise ValueError(f"the agent forks `-m {WORKER_MODULE} PLAN` only, not {args.training_script!r}")
     torch.multiprocessing._set_thread_name("pt_elastic")
     if args.master_port is None:  # torch.distributed.run.run's default
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
     elastic_launch(config=config, entrypoint=run_worker)(args.training_script_args[0])
-    return None

@@ -51,7 +51,7 @@ class LocalTorchrun:
     @contextmanager
     def warm_up(self, config: RunConfig):
         """torchrun's agent from now on, for orchestrate's worker (module docstring); closed at the end
-        when no run used it (a refused launch)."""
+        (killed if no run used it: a refused launch)."""
         if not self._forks_worker():
             yield
             return

@@ -2,9 +2,10 @@
 hand it the torchrun arguments once the run directory is written, relay its output and the stop
 signals the launcher gets, and read its exit code and messages.
 
-Signals: the agent sits in a session of its own (with the workers it forks; `start_new_session`, which
-Python 3.10 has), so a Ctrl-C at the terminal reaches the launcher only, and the launcher forwards every stop signal once; torchrun in the
-agent then stops the workers as it always does (forwards the signal, waits the grace period)."""
+Signals: the agent sits in a session of its own (with the workers it forks; `start_new_session`,
+which Python 3.10 has), so a Ctrl-C at the terminal reaches the launcher only, and the launcher
+forwards every stop signal once; torchrun in the agent then stops the workers as it always does
+(forwards the signal, waits the grace period)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 
 AGENT_PROGRAM = ("-m", "orchestrate.agent")
 """What the agent runs as, after the interpreter (bench/startup_stages.py puts a timed wrapper here)."""
-
 
 
 def _pump(source: IO[bytes], target: Callable[[], IO[str]]) -> None:

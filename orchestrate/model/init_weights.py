@@ -60,44 +60,51 @@ def initial_config(plan: Plan, labels: list[str] | None):
     return hf_config
 
 
-def build_from_config(model_dir: Path, task: str, trust_remote_code: bool):
-    """The fp32 model of model_dir/config.json with fresh weights from torch's generator as it is (the
-    caller seeds it): what `build_initial_model` saves."""
-    from transformers import AutoConfig
-
+def _fresh_model(hf_config, task: str, trust_remote_code: bool):
+    """The fp32 model of `hf_config` with fresh weights from torch's generator as it is (the caller
+    seeds it)."""
     from orchestrate.model.tasks import auto_class
 
-    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     return auto_class(task).from_config(hf_config, trust_remote_code=trust_remote_code, dtype=torch.float32)
 
 
-def _write_atomically(out_dir: Path, write: Callable[[Path], None]) -> None:
-    # Unique temp name: on a shared file system several nodes may build at once; the first rename wins
-    # and the others (identical content) are discarded.
+def build_from_config(model_dir: Path, task: str, trust_remote_code: bool):
+    """The model of model_dir/config.json, fresh and fp32 (the caller seeds it): what
+    `build_initial_model` saves."""
+    from transformers import AutoConfig
+
+    return _fresh_model(AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code), task,
+                        trust_remote_code)
+
+
+def _write_atomically(out_dir: Path, write: Callable[[Path], None], done: Callable[[Path], bool]) -> None:
+    """`write` into a temporary directory, renamed to out_dir. Unique temp name: on a shared file
+    system several nodes may write at once; the first rename wins and the others (identical content)
+    are discarded once `done(out_dir)` says the winner's is complete."""
     tmp = out_dir.with_name(f".{out_dir.name}.{socket.gethostname()}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     try:
         tmp.rename(out_dir)
     except OSError:
-        if not (out_dir / "config.json").is_file():
+        if not done(out_dir):
             raise
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _has_config(directory: Path) -> bool:
+    return (directory / "config.json").is_file()
 
 
 def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = None) -> Path:
     """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
     from orchestrate.backends.deepspeed_import import import_deepspeed_lean
-    from orchestrate.model.tasks import auto_class
-
-    hf_config = initial_config(plan, labels)
 
     torch.manual_seed(plan.config.train.seed)
-    model = auto_class(plan.config.model.task).from_config(
-        hf_config, trust_remote_code=plan.config.model.trust_remote_code, dtype=torch.float32)
+    model = _fresh_model(initial_config(plan, labels), plan.config.model.task, plan.config.model.trust_remote_code)
     # save_pretrained unwraps the model through accelerate, which imports DeepSpeed (backends/deepspeed_import.py).
     import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
-    _write_atomically(out_dir, model.save_pretrained)
+    _write_atomically(out_dir, model.save_pretrained, has_weights)
     return out_dir
 
 
@@ -143,8 +150,10 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: l
                 return snapshot
     out_dir = run_dir / INIT_MODEL_DIR
     if local_rank == 0 and weights and not has_weights(out_dir):
+        if _has_config(out_dir):  # only the config of a backend that built the model itself (a re-planned resume)
+            shutil.rmtree(out_dir)
         build_initial_model(plan, out_dir, labels)
-    elif local_rank == 0 and not weights and not (out_dir / "config.json").is_file():
-        _write_atomically(out_dir, initial_config(plan, labels).save_pretrained)
+    elif local_rank == 0 and not weights and not _has_config(out_dir):
+        _write_atomically(out_dir, initial_config(plan, labels).save_pretrained, _has_config)
     _barrier()  # the other ranks imported the model's code meanwhile (orchestrate.worker.preload)
     return out_dir

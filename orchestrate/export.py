@@ -92,6 +92,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout, save_hf_dir
+    from orchestrate.data.chat_template import saved_chat_template
     from orchestrate.data.tokenizer import save_tokenizer
     from orchestrate.data.tokenizer_choice import tokenizer_dir_of
     from orchestrate.model.meta import build_meta_model
@@ -129,5 +130,6 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
         save_hf_dir(wanted, hf_config, out_dir, layout)
-        save_tokenizer(tokenizer_dir_of(plan.config), out_dir)  # None: the byte tokenizer
+        # None: the byte tokenizer; the run's chat template from the YAML saved with it
+        save_tokenizer(tokenizer_dir_of(plan.config), out_dir, saved_chat_template(plan.config), trust)
     return ckpt

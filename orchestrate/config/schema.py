@@ -22,6 +22,7 @@ from orchestrate.config.custom_module import (
 from orchestrate.config.distill import DistillSection
 from orchestrate.config.prune import PruneSection
 from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
+from orchestrate.config.sft import ChatDataFields, EvalGenerateField
 from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
 
 
@@ -58,7 +59,7 @@ class ModelSection(ModelModuleFields):  # + module, kwargs (custom_module.py)
         return self
 
 
-class DataSection(DataModuleFields):  # + module, kwargs (custom_module.py)
+class DataSection(DataModuleFields, ChatDataFields):  # + module, kwargs (custom_module.py); chat fields (sft.py)
     train_files: list[str] = Field(default_factory=list)
     """Local training data: files, directories or glob patterns, in any format `datasets.load_dataset`
     reads locally: text (.txt), JSON / JSON-lines (.json, .jsonl), CSV (.csv, .tsv), Parquet
@@ -84,7 +85,7 @@ class DataSection(DataModuleFields):  # + module, kwargs (custom_module.py)
 
     validation_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Share of the training blocks (documents, when packing is off) held out for evaluation when no
-    validation data is given; chosen by a permutation seeded with `train.seed`."""
+    validation data is given; chosen by a permutation seeded with `train.seed`. 0: no evaluation."""
 
     format: Literal["auto", "text", "json", "csv", "parquet", "arrow"] = "auto"
     """The `datasets` builder for `train_files` and `validation_files`; "auto" picks it per file from
@@ -94,8 +95,9 @@ class DataSection(DataModuleFields):  # + module, kwargs (custom_module.py)
     """The column (JSON key, CSV header) holding each document's text."""
 
     template: str | None = None
-    """Instead of `text_field`: a Python format string over the record's columns that makes one
-    document, e.g. "### Question:\\n{prompt}\\n### Answer:\\n{response}" (the loss covers all of it)."""
+    """Instead of `text_field`: plain `{column}` fields over the record's text columns and literal text
+    that make one document, e.g. "### Question:\\n{prompt}\\n### Answer:\\n{response}" (the loss covers all
+    of it; for the loss on the answers only use prompt-completion or chat records, docs/sft.md)."""
 
     label_field: str = "label"
     """model.task sequence-classification: the column holding each document's label (integers or
@@ -144,7 +146,7 @@ class DataSection(DataModuleFields):  # + module, kwargs (custom_module.py)
         return self
 
 
-class TrainSection(LossField):  # + loss (custom_module.py)
+class TrainSection(LossField, EvalGenerateField):  # + loss (custom_module.py), eval_generate (sft.py)
     seq_len: int = Field(gt=0, le=MAX_COUNT)
     """Tokens per sample (packed block length)."""
 

@@ -1,7 +1,8 @@
 """Model transforms: what changes the model after it is built and before the backend wraps it
 (adapters, quantized bases, pruning masks). Each is one class in one file, named in
-`_TRANSFORMS`; `apply_transforms` runs those the plan asks for, in order. lora.py: LoRA / QLoRA
-adapters (`train.method`).
+`_TRANSFORMS`; `apply_transforms` runs those the plan asks for, in order. packed_attention.py: the
+varlen attention of packed chat samples on GPUs (first: it sets the HF model's attention); lora.py:
+LoRA / QLoRA adapters (`train.method`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 from orchestrate.model.lora import LoraTransform
+from orchestrate.model.packed_attention import PackedAttention
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +30,7 @@ class ModelTransform(Protocol):
         ...
 
 
-_TRANSFORMS: tuple[type[ModelTransform], ...] = (LoraTransform,)
+_TRANSFORMS: tuple[type[ModelTransform], ...] = (PackedAttention, LoraTransform)
 
 
 def transforms_for(plan: Plan) -> list[ModelTransform]:

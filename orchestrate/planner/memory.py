@@ -41,6 +41,7 @@ from orchestrate.planner.adapter_memory import (
 )
 from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.packing import SamplePacking, mask_bytes
 from orchestrate.planner.prune_memory import mask_memory
 from orchestrate.planner.strategy import Strategy
 from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory, first_pass_bytes
@@ -315,10 +316,11 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
 
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
                     gradient_accumulation: int = 1, adapters: Adapters | None = None,
-                    prune: PruneSection | None = None, teacher: Teacher | None = None) -> MemoryEstimate:
+                    prune: PruneSection | None = None, teacher: Teacher | None = None,
+                    packing: SamplePacking | None = None) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
     `adapters`: a LoRA / QLoRA run (adapter_memory.py); `prune`: its masks (prune_memory.py);
-    `teacher`: distillation (teacher_memory.py)."""
+    `teacher`: distillation (teacher_memory.py); `packing`: samples packed apart (packing.py)."""
     placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
     if teacher is not None:
         add_teacher_memory(placed.gpu, placed.cpu, teacher, strategy, hw, seq_len, compute_bytes(strategy))
@@ -329,11 +331,13 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
     gpu["activations"] = activation_bytes(shape, strategy, seq_len)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len)
+    if packing is not None:  # chat / instruction samples packed apart (planner/packing.py)
+        gpu["attention_mask"] = float(mask_bytes(packing, shape, strategy, seq_len, compute_bytes(strategy)))
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     if gradient_accumulation == 1:  # see "Peak model" above; with accumulation the gradients persist
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
-        free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
+        free = gpu["activations"] + gpu["logits"] + gpu.get("attention_mask", 0.0) + gpu["gathered_params"]
         trained = trainable_shape(shape, adapters) if adapters is not None else shape  # what has gradients
         backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
         for key, size in backward:

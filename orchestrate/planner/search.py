@@ -43,6 +43,7 @@ from orchestrate.planner.knobs import (
     knob_problems,
 )
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
+from orchestrate.planner.packing import SamplePacking, sample_packing
 from orchestrate.planner.plan import Candidate, Plan
 from orchestrate.planner.pruning import check_prune
 from orchestrate.planner.speed import estimate_speed
@@ -233,13 +234,13 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
                limits: Limits, adapters: Adapters | None = None, prune: PruneSection | None = None,
-               teacher: Teacher | None = None) -> Candidate:
+               teacher: Teacher | None = None, packing: SamplePacking | None = None) -> Candidate:
     if teacher is not None and teacher.placement == "auto":
         # The first placement that fits, cheapest per step first; precomputed last (a first pass, disk).
         tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, adapters, prune,
-                            replace(teacher, placement=p)) for p in auto_placements(hw)]
+                            replace(teacher, placement=p), packing) for p in auto_placements(hw)]
         return next((c for c in tried if c.fits), tried[-1])
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher)
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher, packing)
     speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher, adapters)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
@@ -365,7 +366,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
 
     has_8bit_optimizer = installed(OPTIMIZER_LIBRARIES["adamw8bit"])  # looked up once per plan (a file-system probe)
     frozen, tied = adapters is not None, shape.tied_embeddings  # what embedding offload needs (knobs.py)
-    seq_len = config.train.seq_len
+    seq_len, packing = config.train.seq_len, sample_packing(config, hw, shape)
     kept: list[Candidate] = []
     refused: list[Problem] = []
     for base in bases:
@@ -384,7 +385,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
             if not runnable:
                 continue
             tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters,
-                                config.prune, teacher)
+                                config.prune, teacher, packing)
                      for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
@@ -396,4 +397,4 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
     fitting = sorted((c for c in kept if c.fits), key=lambda c: (offloaded_adapters(adapters, c.strategy), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
-                chosen=fitting[0] if fitting else None)
+                chosen=fitting[0] if fitting else None, notes=[packing.describe()] if packing else [])

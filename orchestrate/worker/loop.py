@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.worker.callbacks import RunInfo, StepCallback, StepEnd
 from orchestrate.worker.metrics import gather_step_stats
+from orchestrate.worker.objective import loss_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -17,16 +18,25 @@ if TYPE_CHECKING:
     from orchestrate.worker.signals import StopRequest
 
 
+def counts_tokens(run: RunInfo) -> bool:
+    """Causal-LM batches carry per-token labels: the record says how many tokens carried loss (fewer than
+    `tokens`, the positions trained on, where prompts, template tokens and padding are left out)."""
+    model = run.plan.config.model
+    return model.task == "causal-lm" and model.module is None
+
+
 def step_record(run: RunInfo, step: int, result: StepResult, step_time: float,
                 stats: dict[str, Any]) -> dict[str, Any]:
     """The step's metrics.jsonl line from the `gather_step_stats` of every rank."""
     chosen = run.plan.chosen
     tokens = (chosen.strategy.micro_batch_size * chosen.gradient_accumulation * run.world_size
               * run.plan.config.train.seq_len)
+    counted = {"loss_tokens": stats["loss_tokens"], "loss_tokens_per_s": stats["loss_tokens"] / step_time} \
+        if counts_tokens(run) else {}
     return {"step": step, "loss": stats["loss"], "lr": result.lr, "grad_norm": result.grad_norm,
-            "skipped": result.skipped, "tokens": tokens, "tokens_per_s": tokens / step_time,
+            "skipped": result.skipped, "tokens": tokens, "tokens_per_s": tokens / step_time, **counted,
             "step_time_s": step_time, "time": time.time(),
-            **{k: v for k, v in stats.items() if k not in ("loss", "stop_max")},
+            **{k: v for k, v in stats.items() if k not in ("loss", "stop_max", "loss_tokens")},
             "predicted_gpu_bytes_per_rank": chosen.memory.gpu_total,
             "predicted_cpu_bytes_per_node": chosen.memory.cpu_total}
 
@@ -45,13 +55,14 @@ def run_loop(run: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReque
     try:
         for step in range(run.start_step + 1, max_steps + 1):
             start = time.perf_counter()
-            result = engine.train_step([{k: v.to(device, non_blocking=True) for k, v in data.micro_batch(micro).items()}
-                                        for _ in range(accumulation)])
+            batches = [data.micro_batch(micro) for _ in range(accumulation)]
+            counted = sum(loss_tokens(b) for b in batches) if counts_tokens(run) else 0
+            result = engine.train_step([{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in batches])
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - start
             # One collective per step: the stats all-gather carries the stop flag too.
-            stats = gather_step_stats(result.loss, node, device, stop.local(checkpointer.last_save_s))
+            stats = gather_step_stats(result.loss, node, device, stop.local(checkpointer.last_save_s), counted)
             record = step_record(run, step, result, step_time, stats)
             stopping, waited_s, save_s = stop.decide(*stats["stop_max"])
             end = StepEnd(step, step == max_steps, stopping, record, waited_s, save_s)

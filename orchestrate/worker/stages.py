@@ -177,8 +177,10 @@ def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInf
 def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
               worker: Worker, resume_from: Path | None) -> list[StepCallback]:
     """Pruning (with `prune:`: everything after sees the pruned weights), then evaluation (it adds
-    eval_loss to the record the others see), then the observers (metrics file, progress, the trackers
+    eval_loss to the record the others see, and with train.eval_generate the generated answers), then the observers (metrics file, progress, the trackers
     of train.report_to, the memory verdict), checkpoints, stop signals last."""
+    from orchestrate.model.packed_attention import packing_notice
+    from orchestrate.worker.generate_callback import EvalGenerate
     from orchestrate.worker.prune_callback import Pruning
     from orchestrate.worker.step_callbacks import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
     from orchestrate.worker.trackers import build_trackers
@@ -190,14 +192,17 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
              f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {info.start_step})")
+    intro += [notice] if (notice := packing_notice(plan)) else []
     pruning = [Pruning(engine)] if plan.config.prune is not None else []
-    return [*pruning, Evaluation(engine, data, worker.device), MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
+    return [*pruning, Evaluation(engine, data, worker.device), EvalGenerate(engine, data, worker.device),
+            MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
             *build_trackers(plan), MemoryVerdictPrinter(), Checkpoints(checkpointer, data),
             StopOnSignal(stop, checkpointer, data)]
 
 
 def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, worker: Worker) -> None:
     """The consolidated Hugging Face model (collective), with the tokenizer next to it."""
+    from orchestrate.data.chat_template import saved_chat_template
     from orchestrate.data.tokenizer import save_tokenizer
 
     engine.save_hf_model(run.model)
@@ -214,7 +219,11 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     if not worker.is_main:
         return
     if plan.config.model.module is None:  # your own module has no tokenizer
-        save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
+        # None: the byte tokenizer, as tokenizer.json; the YAML's chat template saved with it, and the
+        # adapter gets the same tokenizer (PeftModel + AutoTokenizer from one directory).
+        template, trust = saved_chat_template(plan.config), plan.config.model.trust_remote_code
+        for out in (run.model, run.adapter) if plan.config.train.method != "full" else (run.model,):
+            save_tokenizer(data.tokenizer_dir, out, template, trust)
     if data.label_names is not None:
         from orchestrate.model.labels import write_labels
 

@@ -64,6 +64,10 @@ class EvalGenerate:
         longest = max(len(a) for _, a in self.prompts) + _EXTRA_TOKENS
         out = []
         wrapper.eval()
+        if strategy.backend == "fsdp":
+            # generate calls the inner HF model, not FSDP2's root module, whose forward hook would gather the
+            # root's own parameters (embeddings, final norm, head): gather them here (the blocks gather their own).
+            wrapper.unshard()
         try:
             with torch.no_grad():
                 for prompt, _ in self.prompts:
@@ -73,6 +77,8 @@ class EvalGenerate:
                                          synced_gpus=sharded and run.world_size > 1)
                     out.append([t for t in new[0, len(prompt):].tolist() if t not in stops])
         finally:
+            if strategy.backend == "fsdp":
+                wrapper.reshard()
             wrapper.train()
         return out
 

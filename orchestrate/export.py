@@ -73,8 +73,8 @@ def _check_merge(plan, ckpt: Path, merge: bool) -> None:
 
 
 def _merged(plan, run_dir: Path, adapters: dict) -> dict:
-    from orchestrate.backends.adapter_io import merge_adapters
-    from orchestrate.model.init_weights import existing_weights_dir
+    from orchestrate.loading.init_weights import existing_weights_dir
+    from orchestrate.methods.lora.saving import merge_adapters
 
     base = existing_weights_dir(plan, run_dir)
     if not base.is_dir():

@@ -42,7 +42,7 @@ def _imports(tree: ast.Module, module: str) -> set[str]:
         else:
             continue
         for name in names:
-            # `from orchestrate.launch import ssh` names a module; `from x import func` names x.
+            # `from orchestrate.transports.ssh import remote` names a module; `from x import func` names x.
             while name and name not in SOURCES:
                 name = name.rpartition(".")[0]
             if name and name != module and name != "orchestrate":
@@ -106,7 +106,7 @@ def test_launch_and_worker_never_import_each_other():
 
 def test_the_agent_never_imports_the_launcher():
     """orchestrate/agent/ sits between them: it imports the worker's fork entry, the launcher only
-    starts it as a program (launch/warm_agent.py) and shares the plain torchrun runner."""
+    starts it as a program (transports/local/agent.py) and shares the plain torchrun runner."""
     crossing = [(m, t) for m, targets in GRAPH.items() for t in targets
                 if m.startswith("orchestrate.agent") and t.startswith("orchestrate.launch")]
     assert crossing == []

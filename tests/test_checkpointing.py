@@ -253,8 +253,8 @@ def test_stop_request_signal_marker_and_grace(single, tmp_path):
 
 def _stop_early(plan, checkpointer, step, waited_s, save_s, stop, run_dir):
     """The stop-signal callback at a step without a checkpoint of its own, as the loop calls it."""
-    from orchestrate.worker.callbacks import RunInfo, StepEnd
-    from orchestrate.worker.step_callbacks import StopOnSignal
+    from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+    from orchestrate.worker.callbacks.standard import StopOnSignal
 
     callback = StopOnSignal(stop, checkpointer, _Data())
     end = StepEnd(step, final=False, stopping=True, record={}, signal_waited_s=waited_s, slowest_save_s=save_s)

@@ -8,8 +8,8 @@ import pytest
 
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
-from orchestrate.worker.callbacks import RunInfo, StepEnd
-from orchestrate.worker.trackers import TB_DIR, build_trackers
+from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+from orchestrate.worker.callbacks.trackers import TB_DIR, build_trackers
 from tests.helpers.plans import make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)

@@ -12,17 +12,17 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.architecture import architecture_problems
-from orchestrate.config.custom_module import (
+from orchestrate.config.section import MAX_COUNT, Auto, Section
+from orchestrate.config.train import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
+from orchestrate.methods.custom.config import (
     DataModuleFields,
     LossField,
     ModelModuleFields,
     WrapField,
     check_custom_sections,
 )
-from orchestrate.config.distill import DistillSection
-from orchestrate.config.prune import PruneSection
-from orchestrate.config.sections_base import MAX_COUNT, Auto, Section
-from orchestrate.config.train_parts import LoraSection, OptimizerSection, QuantizationSection, ScheduleSection
+from orchestrate.methods.distill.config import DistillSection
+from orchestrate.methods.prune.config import PruneSection
 
 
 class ModelSection(ModelModuleFields):  # + module, kwargs (custom_module.py)
@@ -220,7 +220,7 @@ class TrainSection(LossField):  # + loss (custom_module.py)
     @field_validator("method")
     @classmethod
     def _adapter_libraries(cls, v: str) -> str:
-        from orchestrate.config.finetune_deps import check_method_libraries
+        from orchestrate.config.requirements import check_method_libraries
 
         return check_method_libraries(v)  # a missing library fails at plan time, not inside the worker
 
@@ -304,7 +304,7 @@ class RunConfig(Section):
     prune: PruneSection | None = None
     """Prune while training (docs/pruning.md); null: no pruning."""
     distill: DistillSection | None = None
-    """Knowledge distillation from a frozen teacher (orchestrate/config/distill.py); null: none."""
+    """Knowledge distillation from a frozen teacher (orchestrate/methods/distill/config.py); null: none."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrate.config.sections_base import MAX_COUNT, Section
+from orchestrate.config.section import MAX_COUNT, Section
 
 
 class OptimizerSection(Section):
@@ -18,7 +18,7 @@ class OptimizerSection(Section):
     @field_validator("name")
     @classmethod
     def _library(cls, v: str) -> str:
-        from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
+        from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 
         if not installed(OPTIMIZER_LIBRARIES[v]):
             raise ValueError(f"optimizer {v} needs bitsandbytes, not installed: run `pip install 'orchestrate[lora]'` "

@@ -51,7 +51,7 @@ def _hub_snapshot(name: str, download: bool) -> Path:
 
 def initial_config(plan: Plan, labels: list[str] | None):
     """The transformers config the initial model is built from, with the data's labels for a classifier."""
-    from orchestrate.model.labels import apply_labels
+    from orchestrate.loading.labels import apply_labels
     from orchestrate.model.meta import load_model_config
 
     hf_config = load_model_config(plan.config)
@@ -130,7 +130,7 @@ def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: l
     if plan.config.model.module is not None:
         # Your own module is built (and seeded) by the backend; the directory holds only its
         # description (config.json: module path and kwargs), which checkpoints copy.
-        from orchestrate.model.custom import ModuleConfig
+        from orchestrate.methods.custom.module import ModuleConfig
 
         out_dir = run_dir / INIT_MODEL_DIR
         if local_rank == 0:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
-from orchestrate.model.lora import LoraTransform
+from orchestrate.methods.lora.transform import LoraTransform
 
 if TYPE_CHECKING:
     import torch

@@ -111,11 +111,11 @@ def cast_floating_parameters(model: nn.Module, dtype: torch.dtype) -> None:
 def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype, trust_remote_code: bool = False,
                     task: str = "causal-lm", host_embedding: bool = False) -> nn.Module:
     """The whole model on `device`, floating parameters in `dtype`, filled from `model_dir` one tensor at a time;
-    `host_embedding`: the input embedding allocated and filled on the CPU instead (model/host_embedding.py)."""
+    `host_embedding`: the input embedding allocated and filled on the CPU instead (loading/host_embedding.py)."""
     from safetensors import safe_open
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
-    from orchestrate.model.host_embedding import allocate
+    from orchestrate.loading.host_embedding import allocate
 
     model_dir = Path(model_dir)
     model, _, layout = meta_model(model_dir, trust_remote_code, task)

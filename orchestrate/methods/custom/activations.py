@@ -76,8 +76,8 @@ def measure_step(model_factory: Any, kwargs: dict[str, Any], batch: dict[str, An
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from orchestrate.model.custom import instantiate
-    from orchestrate.model.custom_loss import LABELS, loss_and_output
+    from orchestrate.methods.custom.loss import LABELS, loss_and_output
+    from orchestrate.methods.custom.module import instantiate
     from orchestrate.simulate.counter import LiveStorageCounter
 
     mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -100,7 +100,7 @@ def measure_step(model_factory: Any, kwargs: dict[str, Any], batch: dict[str, An
 def _output_sum(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     """An own loop's stand-in loss: the sum of the output (or its logits), which backward needs and
     which keeps no temporaries of its own."""
-    from orchestrate.model.custom_loss import call, logits_of
+    from orchestrate.methods.custom.loss import call, logits_of
 
     output = call(model, batch, with_labels=False)
     logits = logits_of(output)
@@ -121,7 +121,7 @@ def _batches(config: RunConfig) -> list[dict[str, Any]]:
     """One micro-batch per size of _BATCHES: from model.example_input, else data.module's first samples."""
     if config.model.example_input is not None:
         return [_example_batch(config, size) for size in _BATCHES]
-    from orchestrate.data.module_data import collate, load_dataset
+    from orchestrate.methods.custom.data import collate, load_dataset
 
     dataset = load_dataset(config)
     return [collate([dataset[i % len(dataset)] for i in range(size)]) for size in _BATCHES]
@@ -146,8 +146,8 @@ def _measure(config: RunConfig, model_factory: Any) -> tuple[int, int]:
 
 def with_measured_activations(config: RunConfig, shape: ModelShape) -> ModelShape:
     """`shape` with the module's activation bytes, read from the cache or measured (and cached)."""
-    from orchestrate.data.module_data import load_dataset
-    from orchestrate.model.custom import import_object, module_factory
+    from orchestrate.methods.custom.data import load_dataset
+    from orchestrate.methods.custom.module import import_object, module_factory
 
     model_factory = module_factory(config)
     if config.data.module is None and config.model.example_input is None:
@@ -172,7 +172,7 @@ def with_measured_activations(config: RunConfig, shape: ModelShape) -> ModelShap
 
 def custom_shape(config: RunConfig) -> ModelShape:
     """The planner's shape of `config.model.module`: counted on the meta device, activations measured."""
-    from orchestrate.model.custom import module_factory, shape_of_module
+    from orchestrate.methods.custom.module import module_factory, shape_of_module
 
     shape = shape_of_module(module_factory(config), config.model.kwargs, config.strategy.wrap)
     return with_measured_activations(config, shape)

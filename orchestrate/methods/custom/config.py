@@ -4,7 +4,7 @@ mixed into the sections of schema.py, with their validation. See docs/custom-mod
 A module path is "package.module:Name" (the entry-point syntax of setuptools/importlib.metadata):
 `Name` is an nn.Module class or a factory returning one (`model.module`), or a factory returning a
 torch Dataset (`data.module`). Modules next to the YAML file import as they are (its directory is
-put first on sys.path while importing, see orchestrate.model.custom.import_object).
+put first on sys.path while importing, see orchestrate.methods.custom.module.import_object).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrate.config.sections_base import Section
+from orchestrate.config.section import Section
 
 _PATH = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 

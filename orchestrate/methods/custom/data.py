@@ -1,9 +1,9 @@
 """Data from your own dataset factory (`data.module`): the Dataset, its samples as batches and the
-validation split (the worker's TrainData is made in orchestrate.data.module_train).
+validation split (the worker's TrainData is made in orchestrate.methods.custom.train_data).
 
 Samples are dicts (keys: the model's keyword arguments, `labels` the target) or tuples
 (inputs..., label); `torch.utils.data.default_collate` stacks them, tuples become the dict
-{"_0": input, ..., "labels": label} (orchestrate.model.custom_loss).
+{"_0": input, ..., "labels": label} (orchestrate.methods.custom.loss).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.model.custom import import_object
-from orchestrate.model.custom_loss import LABELS, POSITIONAL
+from orchestrate.methods.custom.loss import LABELS, POSITIONAL
+from orchestrate.methods.custom.module import import_object
 
 if TYPE_CHECKING:
     import torch

@@ -1,7 +1,7 @@
 """How your own module (`model.module`) is called on a batch and what its loss is (`train.loss`).
 
 A batch is a dict of tensors. Samples that were tuples (inputs..., label) arrive with their
-inputs under the positional keys "_0", "_1", ... (orchestrate.data.module_data), passed to the
+inputs under the positional keys "_0", "_1", ... (orchestrate.methods.custom.data), passed to the
 model in that order; any other key except `labels` is a keyword argument. With `train.loss: model`
 the labels are passed too and the output's own `loss` (key or attribute) is the loss;
 `cross_entropy` is `torch.nn.functional.cross_entropy(logits, labels)`, where the logits are the

@@ -5,7 +5,7 @@ own training loop hands over): it builds the module under `torch.device("meta")`
 init) and counts what the planner needs: parameters (shared ones once), the largest layer
 (DeepSpeed's largest_layer_params: parameters held directly by one module) and the repeated block
 classes FSDP2 shards one by one. Activations have no formula for an arbitrary module; they are
-measured by `orchestrate.model.custom_activations`.
+measured by `orchestrate.methods.custom.activations`.
 """
 
 from __future__ import annotations

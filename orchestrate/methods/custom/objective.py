@@ -1,12 +1,12 @@
 """The objective of your own module (`model.module`): the loss of `train.loss`
-(orchestrate.model.custom_loss); evaluation adds accuracy when the output has logits and the
+(orchestrate.methods.custom.loss); evaluation adds accuracy when the output has logits and the
 batch has integer labels of one class per sample."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrate.model.custom_loss import LABELS, logits_of, loss_and_output
+from orchestrate.methods.custom.loss import LABELS, logits_of, loss_and_output
 
 if TYPE_CHECKING:
     import torch

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrate.data.module_data import WHERE, load_dataset, split
 from orchestrate.data.pipeline import TrainData
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.custom.data import WHERE, load_dataset, split
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan

@@ -1,10 +1,10 @@
 """Build the frozen distillation teacher on a worker, placed as the plan's chosen candidate says
-(`Candidate.teacher_placement`, searched by the planner: orchestrate/planner/teacher_memory.py). The same builder serves every student
+(`Candidate.teacher_placement`, searched by the planner: orchestrate/methods/distill/memory.py). The same builder serves every student
 backend: it runs before the backend's `setup`, so no `HfDeepSpeedConfig` of a ZeRO-3 student is
 alive yet (while one is, transformers builds every model inside `deepspeed.zero.Init`: the teacher
 would come out partitioned, with nothing to gather it for its forward).
 
-- replicated: the whole teacher on this rank's device, filled tensor by tensor (model/loading.py).
+- replicated: the whole teacher on this rank's device, filled tensor by tensor (loading/weights.py).
 - sharded / offload: FSDP2 `fully_shard(reshard_after_forward=True)` per block and the root over
   all ranks, from the meta device, each rank reading only its own rows (as the FSDP backend loads
   the student); offload adds `CPUOffloadPolicy` (shards in CPU RAM, which needs an accelerator:
@@ -27,7 +27,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
     """The placement this worker builds: the plan's, with offload as replicated on a CPU device
     and sharding over one rank as replicated (nothing to split)."""
-    from orchestrate.planner.teacher_memory import resolve_placement
+    from orchestrate.methods.distill.memory import resolve_placement
 
     placement = plan.chosen.teacher_placement or resolve_placement(plan.config.distill.placement,
                                                                     plan.chosen.strategy, world_size)
@@ -39,8 +39,8 @@ def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
 def build_teacher(plan: Plan, device: torch.device, world_size: int, placement: str) -> torch.nn.Module:
     import torch
 
-    from orchestrate.model.loading import load_replicated
-    from orchestrate.model.teacher import teacher_dir
+    from orchestrate.loading.weights import load_replicated
+    from orchestrate.methods.distill.teacher import teacher_dir
 
     dtype = getattr(torch, _DTYPES[plan.chosen.strategy.precision])
     path, trust, task = teacher_dir(plan.config), plan.config.model.trust_remote_code, plan.config.model.task
@@ -59,7 +59,7 @@ def _sharded(path, device: torch.device, world_size: int, dtype, trust: bool, ta
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
     from orchestrate.backends import hf_io
-    from orchestrate.model.loading import cast_floating_parameters, load_sharded, meta_model
+    from orchestrate.loading.weights import cast_floating_parameters, load_sharded, meta_model
 
     model, hf_config, layout = meta_model(path, trust, task)
     cast_floating_parameters(model, dtype)  # on meta: free; the shards are then allocated in the compute dtype

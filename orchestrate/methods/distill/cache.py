@@ -41,7 +41,7 @@ def _expected(plan: Plan, data: TrainData) -> dict:
     """What a complete cache must have been made from: the samples' shape, top_k, and the
     teacher's weight files by name, size and modification time (a teacher retrained in place
     invalidates the cache; resuming with the same teacher reuses it)."""
-    from orchestrate.model.teacher import teacher_dir
+    from orchestrate.methods.distill.teacher import teacher_dir
 
     weights = sorted(teacher_dir(plan.config).glob("*.safetensors"))
     return {"rows": int(data.train.shape[0]), "seq_len": plan.config.train.seq_len,

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from orchestrate.config.sections_base import Section
+from orchestrate.config.section import Section
 
 Placement = Literal["replicated", "sharded", "offload", "precomputed"]
 

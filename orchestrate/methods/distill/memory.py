@@ -23,7 +23,7 @@ from orchestrate.planner.strategy import Strategy
 
 SOFT_TARGET_BYTES_PER_TOKEN_VOCAB = 20
 """Peak of the distillation loss's full-vocabulary temporaries per token (forward and backward of
-orchestrate/worker/distill.py `soft_target_kl`), besides the student's own logits (counted by
+orchestrate/methods/distill/objective.py `soft_target_kl`), besides the student's own logits (counted by
 memory.logits_bytes) and the teacher's: fp32 log-softmax of teacher/T and of student/T, the
 element-wise KL and their gradients. Measured with orchestrate.simulate's live-storage counter on
 fp32 and bf16 logits: 20.0 bytes (tests/test_distill.py)."""

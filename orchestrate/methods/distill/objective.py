@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.config.distill import DistillSection
+    from orchestrate.methods.distill.config import DistillSection
 
 TeacherLogits = Callable[[dict], "tuple[torch.Tensor, torch.Tensor | None]"]
 """batch -> (teacher logits, None) for a live teacher, or (top-k logits, their token ids) from the cache."""

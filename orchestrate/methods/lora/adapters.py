@@ -2,7 +2,7 @@
 the adapted linears, the trainable adapter parameters and how the frozen base is stored. Pure.
 
 The memory terms that use it are in `adapter_memory.py`; the model transform that does it is
-`orchestrate/model/lora.py`.
+`orchestrate/methods/lora/transform.py`.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ adapted model. Instead:
   broadcast_from_rank0). One 16-bit copy per node, on rank 0.
 - LoRA under DeepSpeed: every rank reads the whole base in the compute dtype (`load_adapter_base`).
 
-The planner's host terms: planner/adapter_memory.py `quantized_load_bytes`, planner/memory.py `_load_bytes`.
+The planner's host terms: methods/lora/memory.py `quantized_load_bytes`, planner/memory.py `_load_bytes`.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ def load_adapter_base(model_dir: Path, plan: Plan, trust_remote_code: bool = Fal
     """The base on the CPU (QLoRA from safetensors: quantized as it loads; else whole in the compute dtype),
     untransformed, with the StateLayout of the unquantized model (checkpoints and the merged export use it)."""
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.model.loading import has_safetensors, load_replicated
-    from orchestrate.model.lora import compute_dtype
-    from orchestrate.model.quantized_loading import load_quantized
+    from orchestrate.loading.weights import has_safetensors, load_replicated
+    from orchestrate.methods.lora.quantized_loading import load_quantized
+    from orchestrate.methods.lora.transform import compute_dtype
 
     cpu = torch.device("cpu")
     if plan.config.train.method == "qlora" and has_safetensors(model_dir):
@@ -51,9 +51,9 @@ def fsdp_adapter_model(model_dir: Path, plan: Plan, rank: int, trust_remote_code
                        task: str = "causal-lm") -> tuple[nn.Module, StateLayout, dict[str, torch.Tensor] | None]:
     """(the transformed model FSDP2's setup shards, the base's StateLayout, and for LoRA the full state dict
     `fill_from_rank0` broadcasts after fully_shard: rank 0's, {} elsewhere; None for QLoRA, filled already)."""
-    from orchestrate.model.loading import cast_floating_parameters, meta_model
-    from orchestrate.model.lora import compute_dtype
-    from orchestrate.model.transforms import apply_transforms
+    from orchestrate.loading.transforms import apply_transforms
+    from orchestrate.loading.weights import cast_floating_parameters, meta_model
+    from orchestrate.methods.lora.transform import compute_dtype
 
     if plan.config.train.method == "qlora":
         model, layout = load_adapter_base(model_dir, plan, trust_remote_code, task)

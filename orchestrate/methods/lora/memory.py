@@ -20,10 +20,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from orchestrate.methods.lora.adapters import Adapters
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets
-from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.strategy import Strategy
 
 
@@ -92,7 +92,7 @@ def zero3_gathered_base(shape: ModelShape, whole: float, c: int) -> float:
 def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int, strategy: Strategy,
                          adapters: Adapters) -> float:
     """Host bytes of a node while QLoRA's base loads, quantized tensor by tensor as it arrives
-    (model/quantized_loading.py): each rank holds one tensor as read (at most fp32) plus its cast to the
+    (methods/lora/quantized_loading.py): each rank holds one tensor as read (at most fp32) plus its cast to the
     compute dtype; the largest tensor is the embedding or LM head (vocab x hidden) or the largest layer.
     DDP fills its device, so that is all; FSDP2 and DeepSpeed load on the CPU and shard or move the model
     afterwards, so each rank also holds its whole quantized base there (`base_bytes`: NF4 block linears,

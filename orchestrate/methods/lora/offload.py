@@ -1,5 +1,5 @@
 """What offloading the frozen base to host memory adds to a LoRA / QLoRA run under DeepSpeed ZeRO-3
-(`offload_param: {device: cpu}` with `offload_optimizer: {device: cpu}`; planner/adapters.py
+(`offload_param: {device: cpu}` with `offload_optimizer: {device: cpu}`; methods/lora/adapters.py
 TRAINABLE_OFFLOADED), fsdp_qlora's layout for a base too large for the GPUs. Pure.
 
 Memory (adapter_memory.add_frozen_base counts it): each rank keeps its partition of the base in host
@@ -23,9 +23,9 @@ run only where nothing without offload fits (`offloaded_adapters`), as it does f
 
 from __future__ import annotations
 
+from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.lora.memory import base_bytes
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.adapter_memory import base_bytes
-from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.strategy import Strategy
 
 

@@ -1,5 +1,5 @@
 """Load a QLoRA base from safetensors, quantizing as it loads (`train.method: qlora`; DDP on the rank's
-device, FSDP2 and DeepSpeed ZeRO-2/3 on the CPU before they shard or move it: model/adapter_loading.py).
+device, FSDP2 and DeepSpeed ZeRO-2/3 on the CPU before they shard or move it: methods/lora/loading.py).
 
 `load_replicated` allocates the whole model in fp32 before the LoRA transform quantizes it: 4 B/param
 on the device (32 GB for an 8B model, on an 8 GB card) or, on CPU, in RAM. Here the model stays on the
@@ -7,8 +7,8 @@ meta device and is filled one tensor at a time from the files' memory maps: the 
 linear becomes a bitsandbytes NF4 `Params4bit`, quantized when it moves to the device
 (bitsandbytes/nn/modules.py `Params4bit.to` -> `_quantize`); everything else is allocated in the compute
 dtype (with embedding offload the input embedding's tensors are filled on the CPU instead, so the 16-bit
-table never touches the GPU: model/host_embedding.py). Host RAM at any moment: one tensor as read plus
-its cast, and, when the device is the CPU, the quantized model (planner/adapter_memory.py
+table never touches the GPU: loading/host_embedding.py). Host RAM at any moment: one tensor as read plus
+its cast, and, when the device is the CPU, the quantized model (methods/lora/memory.py
 `quantized_load_bytes`); never the 16-bit base.
 This is what transformers' `from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
 does, shard by shard; it is not used because it also quantizes the LM head's neighbours by its own
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from orchestrate.model.loading import meta_model, plan_reads
+from orchestrate.loading.weights import meta_model, plan_reads
 
 if TYPE_CHECKING:
     from orchestrate.backends.hf_io import StateLayout
@@ -66,8 +66,8 @@ def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remo
     from safetensors import safe_open
 
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
-    from orchestrate.model.host_embedding import HOST, host_names
-    from orchestrate.model.lora import compute_dtype, nf4_linear
+    from orchestrate.loading.host_embedding import HOST, host_names
+    from orchestrate.methods.lora.transform import compute_dtype, nf4_linear
 
     model, _, layout = meta_model(Path(model_dir), trust_remote_code, task)
     reads = plan_reads(Path(model_dir), layout)  # every mismatch is one UserError before anything is read

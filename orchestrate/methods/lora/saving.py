@@ -85,9 +85,9 @@ def merge_adapters(plan: Plan, model_dir: Path, adapters: dict[str, torch.Tensor
     import torch
 
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.model.loading import load_replicated
-    from orchestrate.model.lora import compute_dtype
-    from orchestrate.model.transforms import apply_transforms
+    from orchestrate.loading.transforms import apply_transforms
+    from orchestrate.loading.weights import load_replicated
+    from orchestrate.methods.lora.transform import compute_dtype
 
     # In the compute dtype the sharding backends load it in, so the NF4 codes are the trained ones.
     model = load_replicated(model_dir, torch.device("cpu"), compute_dtype(plan), plan.config.model.trust_remote_code,

@@ -52,7 +52,7 @@ def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device
     """`linear` as a bitsandbytes NF4 `Linear4bit` on `device`, its `weight` quantized there (Params4bit.to
     quantizes on the first move to a non-meta device, CPU included: bitsandbytes/nn/modules.py
     Params4bit.to -> _quantize). The bias, if any, is carried over as it is (meta until read, for
-    model/quantized_loading.py). The one place both the after-load transform and the load-time path build it."""
+    methods/lora/quantized_loading.py). The one place both the after-load transform and the load-time path build it."""
     import bitsandbytes as bnb
     import torch
 
@@ -72,7 +72,7 @@ def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device
 
 def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
     """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit`. A linear already 4-bit (the base was
-    quantized as it loaded, model/quantized_loading.py) is not an nn.Linear and is left as it is."""
+    quantized as it loaded, methods/lora/quantized_loading.py) is not an nn.Linear and is left as it is."""
     import torch
 
     from orchestrate.backends.hf_io import find_blocks, model_block_class_names

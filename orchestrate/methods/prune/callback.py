@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from orchestrate.planner.pruning import prunable_linears, scheduled_sparsity, sparsity_at, updates_mask
-from orchestrate.worker import prune_masks
-from orchestrate.worker.callbacks import RunInfo, StepEnd
+from orchestrate.methods.prune import masks as prune_masks
+from orchestrate.methods.prune.schedule import prunable_linears, scheduled_sparsity, sparsity_at, updates_mask
+from orchestrate.worker.callbacks.base import RunInfo, StepEnd
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine

@@ -1,7 +1,7 @@
 """The `prune:` section: magnitude or structured pruning on a gradual schedule (docs/pruning.md).
 
 Checks that need the model or the other sections (a schedule past `train.max_steps`, structured
-pruning of a family it cannot prune) are in `orchestrate/planner/pruning.py`, at plan time.
+pruning of a family it cannot prune) are in `orchestrate/methods/prune/schedule.py`, at plan time.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from orchestrate.config.sections_base import MAX_COUNT, Section
+from orchestrate.config.section import MAX_COUNT, Section
 
 
 class PruneScheduleSection(Section):

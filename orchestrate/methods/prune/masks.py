@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from orchestrate.planner.pruning import pruned_count
+from orchestrate.methods.prune.schedule import pruned_count
 
 _INF_BITS = 0x7F800000  # the bits of +inf: above every finite |w|
 _LAYER = re.compile(r"\.(\d+)\.")

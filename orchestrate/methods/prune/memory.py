@@ -1,6 +1,6 @@
 """The memory of pruning masks, per rank (called from `memory.py` when the plan prunes). Pure.
 
-The worker (orchestrate/worker/prune_masks.py) keeps one bool mask (1 byte per element, torch.bool)
+The worker (orchestrate/methods/prune/masks.py) keeps one bool mask (1 byte per element, torch.bool)
 per pruned weight, shaped like the weight *as this rank holds it*: FSDP2's DTensor shard (both fsdp
 stages shard the parameters) and ZeRO-3's partition are 1/n of it; DDP and ZeRO-0/1/2 hold full
 parameters on every rank, so the masks are replicated too. (torch.nn.utils.prune instead keeps an
@@ -9,9 +9,9 @@ fp32 mask buffer plus an fp32 weight_orig copy, 8 bytes per element, replicated.
 
 from __future__ import annotations
 
-from orchestrate.config.prune import PruneSection
+from orchestrate.methods.prune.config import PruneSection
+from orchestrate.methods.prune.schedule import prunable_linears
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.pruning import prunable_linears
 from orchestrate.planner.strategy import Strategy
 
 MASK_BYTES = 1

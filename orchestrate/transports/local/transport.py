@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 from orchestrate.agent.torchrun import run_torchrun
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.launch.progress_bar import follow_metrics
 from orchestrate.launch.session import Prepared, launch_env
 from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torchrun_argv
 from orchestrate.planner.plan import Plan
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE, WORKER_MODULE
+from orchestrate.transports.local.progress import follow_metrics
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrate.config.schema import RunConfig
-    from orchestrate.launch.warm_agent import WarmAgent
+    from orchestrate.transports.local.agent import WarmAgent
 
 
 @dataclass
@@ -55,7 +55,7 @@ class LocalTorchrun:
         if not self._forks_worker():
             yield
             return
-        from orchestrate.launch.warm_agent import WarmAgent
+        from orchestrate.transports.local.agent import WarmAgent
 
         self._agent = WarmAgent.start(config)
         try:

@@ -1,7 +1,7 @@
 """Talking to a live Slurm: the allocation a process runs in (Slurm's environment variables),
 Slurm's answers (pure parsers), and the few functions that run Slurm commands (sbatch, scontrol).
 
-The job and its batch script are `orchestrate.launch.slurm`'s (pure rendering).
+The job and its batch script are `orchestrate.transports.slurm.job`'s (pure rendering).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch.slurm import SlurmJob, default_rdzv_port, render_sbatch, srun_argv
 from orchestrate.run.layout import SBATCH_SCRIPT
+from orchestrate.transports.slurm.job import SlurmJob, default_rdzv_port, render_sbatch, srun_argv
 
 TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",

@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.launch import slurm, slurm_cluster
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.launch.session import describe, launch_env, say
-from orchestrate.launch.slurm import SlurmJob
 from orchestrate.launch.torchrun_args import worker_torchrun_args
 from orchestrate.planner.plan import Plan
 from orchestrate.run.layout import PLAN_FILE, worker_program
+from orchestrate.transports.slurm import cluster as slurm_cluster
+from orchestrate.transports.slurm import job as slurm
+from orchestrate.transports.slurm.job import SlurmJob
 
 if TYPE_CHECKING:
     from rich.console import Console

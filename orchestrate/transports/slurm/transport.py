@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.launch import slurm_cluster
 from orchestrate.launch.session import Prepared, describe, env_prefix
-from orchestrate.launch.slurm_cluster import SlurmAllocation
-from orchestrate.launch.slurm_job import STOP_MARGIN_S, SlurmOptions, slurm_job_for_plan
 from orchestrate.planner.plan import Plan
+from orchestrate.transports.slurm import cluster as slurm_cluster
+from orchestrate.transports.slurm.cluster import SlurmAllocation
+from orchestrate.transports.slurm.submit import STOP_MARGIN_S, SlurmOptions, slurm_job_for_plan
 
 if TYPE_CHECKING:
     from collections.abc import Callable

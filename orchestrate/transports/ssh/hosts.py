@@ -1,6 +1,6 @@
 """What runs on each host, as text (pure): the torchrun command per host of a hostfile, the shell
 line sent over SSH (with the wrapper that reports the command's process group, see `PGID_TAG`),
-and the equivalent OpenSSH command line for launch.sh. Running them is `orchestrate.launch.ssh`'s job.
+and the equivalent OpenSSH command line for launch.sh. Running them is `orchestrate.transports.ssh.remote`'s job.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.launch.hostfile import Host
+from orchestrate.transports.ssh.hostfile import Host
 
 if TYPE_CHECKING:
-    from orchestrate.launch.ssh_options import SshOptions
+    from orchestrate.transports.ssh.options import SshOptions
 
 PGID_TAG = "__orchestrate_pgid__"
 # Runs remotely (through the login shell) with the command's own interpreter: add the environment

@@ -1,4 +1,4 @@
-"""Transport: over SSH, one torchrun per host of a hostfile (`ssh.run_commands`), rendezvous on
+"""Transport: over SSH, one torchrun per host of a hostfile (`remote.run_commands`), rendezvous on
 the first host; one host failing stops all. Output streams as `[host:position] line`."""
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, TextIO
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.launch import ssh, ssh_commands
-from orchestrate.launch.hostfile import Host
 from orchestrate.launch.session import Prepared, describe
-from orchestrate.launch.slurm_job import STOP_MARGIN_S
 from orchestrate.launch.torchrun_args import worker_torchrun_args
 from orchestrate.planner.plan import Plan
 from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, worker_program
+from orchestrate.transports.slurm.submit import STOP_MARGIN_S
+from orchestrate.transports.ssh import hosts, remote
+from orchestrate.transports.ssh.hostfile import Host
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -68,7 +68,7 @@ class SshHosts:
     remote_workers = True  # started over SSH
 
     hosts: Sequence[Host]
-    options: ssh.SshOptions = field(default_factory=ssh.SshOptions)
+    options: remote.SshOptions = field(default_factory=remote.SshOptions)
     python: str = sys.executable
     rdzv_port: int | None = None
     out: TextIO | None = None
@@ -92,11 +92,11 @@ class SshHosts:
         if self.options.stop_grace_s is None:
             self.options = dataclasses.replace(self.options,
                                                stop_grace_s=plan.config.train.preemption_grace_s + STOP_MARGIN_S)
-        self._commands = ssh.plan_commands(
+        self._commands = remote.plan_commands(
             self.hosts, worker_program(run_dir / PLAN_FILE), python=self.python, options=self.options,
             torchrun_args=worker_torchrun_args(run_dir, max_restarts), rdzv_port=self.rdzv_port,
             rdzv_id=run_dir.name, env=env, probe_port=not dry_run)
-        lines = [ssh_commands.ssh_command_line(c, self.options) + " &" for c in self._commands]
+        lines = [hosts.ssh_command_line(c, self.options) + " &" for c in self._commands]
         command = "\n".join([*lines, "wait"])
         endpoint = next(a.split("=", 1)[1] for a in self._commands[0].argv if a.startswith("--rdzv-endpoint="))
         return Prepared(command=command, script=command,
@@ -108,9 +108,9 @@ class SshHosts:
 
     def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
         try:
-            ssh.run_commands(self._commands, self.options, self.out)
+            remote.run_commands(self._commands, self.options, self.out)
             return 0
-        except ssh.HostFailure as failure:
+        except remote.HostFailure as failure:
             say(f"error: {failure}")
             return failure.failed.exit_code if failure.failed.exit_code and failure.failed.exit_code > 0 else 1
         except KeyboardInterrupt:

@@ -1,5 +1,5 @@
 """The built-in step callbacks, in the order the loop calls them: evaluation, metrics file,
-progress, checkpoints, stop signals (`orchestrate.worker.callbacks` describes the protocol)."""
+progress, checkpoints, stop signals (`orchestrate.worker.callbacks.base` describes the protocol)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from orchestrate.report.progress_text import memory_and_mfu
 from orchestrate.run.checkpoints import latest_checkpoint, read_meta
 from orchestrate.run.layout import REQUEUE_FILE
 from orchestrate.run.requeue import write_requeue
-from orchestrate.worker.callbacks import RunInfo, StepEnd
+from orchestrate.worker.callbacks.base import RunInfo, StepEnd
 from orchestrate.worker.metrics import MetricsWriter, sum_over_ranks
 from orchestrate.worker.progress import ProgressDisplay
 

@@ -1,4 +1,4 @@
-"""Experiment trackers as step callbacks (`orchestrate/worker/callbacks.py`): TensorBoard, wandb
+"""Experiment trackers as step callbacks (`orchestrate/worker/callbacks/base.py`): TensorBoard, wandb
 (offline) and MLflow (local file store), each writing under the run directory, on rank 0 only.
 
 `train.report_to` names them; `build_trackers(plan)` returns one callback per name from `TRACKERS`.
@@ -24,7 +24,7 @@ from orchestrate.worker.scalars import step_scalars
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import Plan
-    from orchestrate.worker.callbacks import RunInfo, StepCallback, StepEnd
+    from orchestrate.worker.callbacks.base import RunInfo, StepCallback, StepEnd
 
 TB_DIR = "tb"
 WANDB_DIR = "."  # wandb adds its own "wandb/" below the directory it is given

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.report.verdict import memory_verdict
 
 if TYPE_CHECKING:
-    from orchestrate.worker.callbacks import RunInfo, StepEnd
+    from orchestrate.worker.callbacks.base import RunInfo, StepEnd
 
 
 class MemoryVerdictPrinter:

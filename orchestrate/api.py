@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE
 
 if TYPE_CHECKING:
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.launch.session import LaunchRequest, LaunchResult, Transport
     from orchestrate.planner.plan import Plan
-    from orchestrate.transports.slurm.submit import PreparedJob, SlurmOptions
-    from orchestrate.transports.ssh.options import SshOptions
+    from orchestrate.transports.slurm.transport import PreparedJob, SlurmOptions
+    from orchestrate.transports.ssh.hosts import SshOptions
 
 __all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
@@ -157,7 +157,7 @@ class Rendezvous:
 
 
 def ssh_options(**kwargs: Any) -> SshOptions:
-    from orchestrate.transports.ssh.options import SshOptions
+    from orchestrate.transports.ssh.hosts import SshOptions
 
     return SshOptions(**kwargs)
 
@@ -174,7 +174,7 @@ def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None
     if program:
         return _own_program_transport(tuple(program), hosts, rendezvous)
     if hosts is not None:
-        from orchestrate.transports.ssh.hostfile import load_hostfile
+        from orchestrate.transports.ssh.hosts import load_hostfile
         from orchestrate.transports.ssh.transport import SshHosts, reject_with_hosts
 
         reject_with_hosts(**{k: v for k, v in rendezvous.__dict__.items() if k != "master_port"})
@@ -229,7 +229,7 @@ def launch_request(config: RunConfig, hardware: HardwareFlags | HardwareProfile 
 
 
 def slurm_options(**kwargs: Any) -> SlurmOptions:
-    from orchestrate.transports.slurm.submit import SlurmOptions
+    from orchestrate.transports.slurm.transport import SlurmOptions
 
     return SlurmOptions(**kwargs)
 
@@ -237,7 +237,7 @@ def slurm_options(**kwargs: Any) -> SlurmOptions:
 def prepare_slurm(config: RunConfig, flags: HardwareFlags, *, console: Console | None = None,
                   **kwargs: Any) -> PreparedJob:
     """`orchestrate slurm`: plan, write the run directory and RUN_DIR/job.sbatch; submit nothing."""
-    from orchestrate.transports.slurm.submit import prepare_slurm_job
+    from orchestrate.transports.slurm.transport import prepare_slurm_job
 
     return prepare_slurm_job(config, flags, console=console, **kwargs)
 

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
-from orchestrate.run.layout import EXPORT_MARKER_FILE
-from orchestrate.run.write_errors import os_errors_as_user_errors
+from orchestrate.run.layout import EXPORT_MARKER_FILE, os_errors_as_user_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable

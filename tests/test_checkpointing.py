@@ -220,7 +220,7 @@ def test_ddp_checkpoint_with_foreign_code_is_refused(tmp_path):
 
 
 def test_stop_request_signal_marker_and_grace(single, tmp_path):
-    from orchestrate.run.requeue import clear_requeue, read_requeue
+    from orchestrate.run.layout import clear_requeue, read_requeue
     from orchestrate.worker.signals import StopRequest
 
     plan, engine, checkpointer = single

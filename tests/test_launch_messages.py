@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 
 
 def _failure(rank: int, exitcode: int, error_file: str = "<N/A>"):

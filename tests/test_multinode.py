@@ -34,7 +34,7 @@ from orchestrate.planner.plan import Plan
 from orchestrate.transports.slurm import cluster as slurm_cluster
 from orchestrate.transports.slurm.cluster import detect_slurm_allocation
 from orchestrate.transports.slurm.transport import allocation_to_use, hardware_for_allocation
-from orchestrate.transports.ssh.hostfile import Host
+from orchestrate.transports.ssh.hosts import Host
 from orchestrate.transports.ssh.remote import SshOptions
 from orchestrate.transports.ssh.transport import SshHosts, hardware_for_hosts
 from tests.daemons import require_slurm, require_sshd, wait_job

@@ -20,8 +20,7 @@ import pytest
 from orchestrate.errors import UserError
 from orchestrate.transports.ssh import hosts as ssh_commands
 from orchestrate.transports.ssh import remote as ssh
-from orchestrate.transports.ssh.hostfile import Host, load_hostfile, parse_hostfile
-from orchestrate.transports.ssh.hosts import node_commands
+from orchestrate.transports.ssh.hosts import Host, load_hostfile, node_commands, parse_hostfile
 from orchestrate.transports.ssh.remote import (
     HostFailure,
     SshOptions,

@@ -116,7 +116,7 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
 
 
 def test_missing_tracker_library_is_a_user_error(monkeypatch):
-    import orchestrate.worker.tracker_deps as deps
+    import orchestrate.config.requirements as deps
 
     real = importlib.util.find_spec
     monkeypatch.setattr(deps.importlib.util, "find_spec", lambda n: None if n == "wandb" else real(n))

@@ -101,7 +101,7 @@ def test_a_forked_rank_gets_default_signals_and_its_thread_count(monkeypatch):
                     intr=signal.getsignal(signal.SIGINT))
         return 75
 
-    from orchestrate.run.stop_signals import STOP_SIGNALS
+    from orchestrate.run.exits import STOP_SIGNALS
 
     saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     threads = torch.get_num_threads()

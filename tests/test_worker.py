@@ -82,7 +82,7 @@ def test_worker_reports_a_data_error_and_exits_2(tmp_path: Path):
 def test_initial_weights_are_identical_for_the_same_seed(tmp_path: Path):
     from safetensors.torch import load_file
 
-    from orchestrate.config.schema import ModelSection
+    from orchestrate.config.model import ModelSection
     from orchestrate.loading.init_weights import build_initial_model, ensure_initial_weights
 
     plan = make_plan(FSDP, ranks=1)

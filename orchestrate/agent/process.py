@@ -29,8 +29,7 @@ import signal
 import sys
 from pathlib import Path
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
-from orchestrate.run.stop_signals import STOP_SIGNALS
+from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
 
 
 def _read_message() -> dict | None:

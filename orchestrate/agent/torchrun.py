@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, WORKER_MODULE
 
 

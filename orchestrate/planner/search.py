@@ -291,7 +291,7 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teac
     """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
     which and why; if none fits, the last one planned (the closest to fitting)."""
     from orchestrate.config.requirements import METHOD_LIBRARIES, installed
-    from orchestrate.config.train import LoraSection, QuantizationSection
+    from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 
     why: list[str] = []
     plan = None

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 
-from orchestrate.run.stop_signals import STOP_SIGNALS
+from orchestrate.run.exits import STOP_SIGNALS
 from orchestrate.worker.main import main
 
 # What a worker imports on its way to step 1 beyond torch and transformers (each brings its own

@@ -13,8 +13,7 @@ from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.plan import Plan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
-from orchestrate.run.layout import RunDir
-from orchestrate.run.requeue import clear_requeue
+from orchestrate.run.layout import RunDir, clear_requeue
 from orchestrate.run.resume_rules import check_resumable
 from orchestrate.worker.callbacks.base import RunInfo, StepCallback
 

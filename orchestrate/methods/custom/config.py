@@ -1,5 +1,5 @@
-"""The fields of your own nn.Module (`model.module`, `data.module`, `train.loss`, `strategy.wrap`),
-mixed into the sections of schema.py, with their validation. See docs/custom-module.md.
+"""The validation of your own nn.Module's fields (`model.module`, `model.example_input`, `data.module`,
+`train.loss`, `strategy.wrap`, declared in their sections' files). See docs/custom-module.md.
 
 A module path is "package.module:Name" (the entry-point syntax of setuptools/importlib.metadata):
 `Name` is an nn.Module class or a factory returning one (`model.module`), or a factory returning a
@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from orchestrate.config.section import Section
 
@@ -44,55 +44,6 @@ class ExampleTensor(Section):
         if any(size < 1 for size in v):
             raise ValueError(f"{v}: every size is at least 1")
         return v
-
-
-class ModelModuleFields(Section):
-    module: str | None = None
-    """Your own nn.Module instead of a Hugging Face model: "package.module:ClassOrFactory", called
-    with `kwargs`. Exactly one of `name_or_path`, `architecture` and `module`."""
-
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of `module` (plain YAML values); part of the activation cache fingerprint."""
-
-    example_input: dict[str, ExampleTensor] | None = None
-    """Your own training loop (`launch -- python train.py`) brings its own data, so there is no
-    data.module to measure the activations on: one sample's inputs by forward's argument name,
-    e.g. {x: [16]} or {tokens: {shape: [128], dtype: int64}}. Fake tensors of these shapes (batch
-    dimension added, 1 and 2 samples) run forward and backward; a `labels` entry makes the loss `train.loss`'s,
-    without one it is the sum of the output (docs/own-loop.md)."""
-
-    @field_validator("module")
-    @classmethod
-    def _module_path(cls, v: str | None) -> str | None:
-        return check_module_path(v)
-
-
-class DataModuleFields(Section):
-    module: str | None = None
-    """With `model.module`: "package.module:factory" returning a torch Dataset (map-style: `len` and
-    `[i]`) of dicts (keys = the model's keyword arguments, `labels` the target) or tuples (inputs...,
-    label). `validation_ratio` of it is held out for evaluation."""
-
-    kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of `data.module`."""
-
-    @field_validator("module")
-    @classmethod
-    def _module_path(cls, v: str | None) -> str | None:
-        return check_module_path(v)
-
-
-class LossField(Section):
-    loss: Literal["auto", "cross_entropy", "model"] = "auto"
-    """`model.module` only: cross_entropy of the output (or its `logits`) against `labels`; model:
-    the output's own `loss` (key or attribute), the batch's `labels` passed to the model; auto:
-    the model's loss when its output has one, else cross_entropy."""
-
-
-class WrapField(Section):
-    wrap: list[str] | None = None
-    """`model.module` only: the block classes FSDP2 shards one by one and activation checkpointing
-    wraps, e.g. [ResidualBlock]; null detects them (the most repeated submodule class holding parameters)."""
 
 
 def check_custom_sections(config: Any) -> None:

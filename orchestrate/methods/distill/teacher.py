@@ -24,7 +24,7 @@ def teacher_dir(config: RunConfig) -> Path:
 
 def teacher_config(config: RunConfig) -> RunConfig:
     """`config` with the teacher as its model: what the worker builds the teacher from."""
-    from orchestrate.config.schema import ModelSection
+    from orchestrate.config.model import ModelSection
 
     model = ModelSection(name_or_path=str(teacher_dir(config)), task=config.model.task,
                          trust_remote_code=config.model.trust_remote_code)

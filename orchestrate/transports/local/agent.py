@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-from orchestrate.run.stop_signals import STOP_SIGNALS
+from orchestrate.run.exits import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from collections.abc import Callable

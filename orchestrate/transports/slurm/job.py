@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import PLAN_FILE, REQUEUE_FILE, worker_program
 
 DEFAULT_SIGNAL_LEAD_S = 120

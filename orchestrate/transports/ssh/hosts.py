@@ -1,23 +1,28 @@
-"""What runs on each host, as text (pure): the torchrun command per host of a hostfile, the shell
-line sent over SSH (with the wrapper that reports the command's process group, see `PGID_TAG`),
-and the equivalent OpenSSH command line for launch.sh. Running them is `orchestrate.transports.ssh.remote`'s job.
-"""
+"""The hosts of `launch --hosts` and what runs on each, as text (pure): the hostfile, how the hosts
+are reached (`SshOptions`; each host's own settings belong in the ssh config), the torchrun command
+per host, the shell line sent over SSH (with the wrapper that reports the command's process group,
+see `PGID_TAG`), and the equivalent OpenSSH command line for launch.sh. Running them is
+`orchestrate.transports.ssh.remote`'s job.
+
+Hostfiles are DeepSpeed's: one `HOST slots=N` per line, `#` comments and blank lines allowed.
+
+    # two machines with 4 GPUs each
+    node-a slots=4
+    node-b slots=4   # an SSH config alias works as well as a name or address
+
+The first host hosts the rendezvous. Every problem is reported at once, with its line number."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.transports.ssh.hostfile import Host
-
-if TYPE_CHECKING:
-    from orchestrate.transports.ssh.options import SshOptions
 
 PGID_TAG = "__orchestrate_pgid__"
 # Runs remotely (through the login shell) with the command's own interpreter: add the environment
@@ -94,3 +99,73 @@ def is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return False
+
+
+_SLOTS = re.compile(r"^slots=(?P<n>\S*)$")
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str
+    """A host name, address or SSH config alias (user@ and :port are not part of it)."""
+    slots: int
+    """Processes (GPUs) to start on this host."""
+    line: int
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
+    hosts: list[Host] = []
+    problems: list[Problem] = []
+    seen: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{number}"
+        name, *rest = line.split()
+        if "@" in name or name.count(":") == 1:
+            problems.append(Problem(where, f"{name!r}: user and port do not belong in the hostfile",
+                                    "put them in ~/.ssh/config (Host alias / User / Port) or use --ssh-user/--ssh-port"))
+            continue
+        slots = _SLOTS.match(rest[0]) if len(rest) == 1 else None
+        if not slots:
+            problems.append(Problem(where, f"expected `HOST slots=N`, got {line!r}", "e.g. `node-a slots=4`"))
+            continue
+        value = slots["n"]
+        if not value.isdigit() or int(value) < 1:
+            problems.append(Problem(where, f"slots={value} is not a positive whole number", "e.g. slots=4"))
+            continue
+        if name in seen:
+            problems.append(Problem(where, f"{name} is listed twice (first on line {seen[name]})",
+                                    "one line per host; slots= counts its processes"))
+            continue
+        seen[name] = number
+        hosts.append(Host(name=name, slots=int(value), line=number))
+    if not hosts and not problems:
+        problems.append(Problem(source, "no hosts in the file", "one `HOST slots=N` line per machine"))
+    if problems:
+        raise UserError(f"cannot read the hostfile {source}", problems)
+    return hosts
+
+
+def load_hostfile(path: Path) -> list[Host]:
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise UserError("cannot read the hostfile", [Problem("--hosts", f"{path}: {e.strerror}")]) from None
+    return parse_hostfile(text, str(path))
+
+
+@dataclass(frozen=True)
+class SshOptions:
+    user: str | None = None
+    port: int | None = None
+    key_filename: str | None = None
+    ssh_config: Path | None = None
+    """An ssh_config file to use instead of ~/.ssh/config and /etc/ssh/ssh_config."""
+    known_hosts: Path | None = None
+    """Trusted host keys in addition to ~/.ssh/known_hosts and the ssh config's UserKnownHostsFile."""
+    trust_on_first_use: bool = False
+    connect_timeout: float = 15
+    stop_grace_s: float | None = None
+    """SIGTERM to SIGKILL when stopping a host's command; None: DEFAULT_STOP_GRACE_S."""

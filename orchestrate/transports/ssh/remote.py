@@ -37,15 +37,15 @@ from pathlib import Path
 from typing import TextIO
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.transports.ssh.hostfile import Host
 from orchestrate.transports.ssh.hosts import (
     PGID_TAG,
+    Host,
     NodeCommand,
+    SshOptions,
     is_loopback,
     node_commands,
     remote_command,
 )
-from orchestrate.transports.ssh.options import SshOptions
 
 # Runs remotely with the same interpreter: stop a process group and everything it started.
 _STOP = r"""

@@ -17,9 +17,9 @@ from orchestrate.launch.session import Prepared, describe
 from orchestrate.launch.torchrun_args import worker_torchrun_args
 from orchestrate.planner.plan import Plan
 from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, worker_program
-from orchestrate.transports.slurm.submit import STOP_MARGIN_S
+from orchestrate.transports.slurm.transport import STOP_MARGIN_S
 from orchestrate.transports.ssh import hosts, remote
-from orchestrate.transports.ssh.hostfile import Host
+from orchestrate.transports.ssh.hosts import Host
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.report.progress_text import memory_and_mfu
 from orchestrate.run.checkpoints import latest_checkpoint, read_meta
-from orchestrate.run.layout import REQUEUE_FILE
-from orchestrate.run.requeue import write_requeue
+from orchestrate.run.layout import REQUEUE_FILE, write_requeue
 from orchestrate.worker.callbacks.base import RunInfo, StepEnd
 from orchestrate.worker.metrics import MetricsWriter, sum_over_ranks
 from orchestrate.worker.progress import ProgressDisplay

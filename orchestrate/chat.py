@@ -74,8 +74,8 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None) -> ChatModel:
     if use_adapter:
         from peft import PeftModel
 
-        from orchestrate.model.adapter_loading import load_adapter_base
-        from orchestrate.model.init_weights import existing_weights_dir
+        from orchestrate.methods.lora.loading import load_adapter_base
+        from orchestrate.loading.init_weights import existing_weights_dir
 
         base, _ = load_adapter_base(existing_weights_dir(plan, run.path), plan, trust, plan.config.model.task)
         model = PeftModel.from_pretrained(base, str(source))

@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.config.sft import ROLES
+from orchestrate.config.data import ROLES
 
 if TYPE_CHECKING:
-    from orchestrate.config.schema import DataSection
+    from orchestrate.config.data import DataSection
 
 SFT_FORMATS = ("chat", "prompt-completion", "alpaca")
 SHAREGPT_MESSAGES = "conversations"

@@ -21,7 +21,8 @@ from orchestrate.data.sft_tokens import TemplateNotIncremental, encode_chat, enc
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
-    from orchestrate.config.schema import DataSection, RunConfig
+    from orchestrate.config.data import DataSection
+    from orchestrate.config.schema import RunConfig
     from orchestrate.data.sources import Source
     from orchestrate.data.tokenizer import Tokenizer
 

@@ -227,7 +227,7 @@ def _check_columns(ds, source: Source, spec: TextSpec) -> None:
             "data.label_field", f"{source.describe()} has no column {spec.label_field!r} (it has: {columns})",
             f"set data.label_field to the column that holds the labels (one of {columns})")])
     not_text = [(f, ds.features[f]) for f in spec.fields()
-                if not (isinstance(ds.features[f], datasets.Value) and ds.features[f].dtype in ("string", "large_string"))]
+                if not (isinstance(ds.features[f], datasets.Value) and ds.features[f].dtype in ("string", "large_string", "null"))]
     if not_text:
         name, feature = not_text[0]
         chat = "chat records (data.record_format auto detects a messages list)"

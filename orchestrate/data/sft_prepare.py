@@ -1,6 +1,7 @@
 """Chat and instruction records into the cache: the settings that decide ids and masks (part of the
 cache key), the column checks, and the `Dataset.map` function that writes each record's ids, its
-loss mask (RUN entry/mask.bin, one uint8 per token) and what is wrong with it.
+loss mask (entry/mask.bin, one uint8 per token: TRAINED, plus ANSWER on the answers, which evaluation
+cuts held-out samples at) and what is wrong with it.
 
 A bad record is not raised inside `Dataset.map` (its worker processes would lose the error's
 problems): the function returns its problem as a column and `raise_record_problems` raises one
@@ -27,6 +28,8 @@ if TYPE_CHECKING:
     from orchestrate.data.tokenizer import Tokenizer
 
 MASK_FILE = "mask.bin"
+TRAINED, ANSWER = 1, 2
+"""Bits of a mask.bin byte: the loss trains the token; the token is part of an answer."""
 TEMPLATE_PROBLEM = "template: "
 """Prefix of a problem that is the template's, not the record's."""
 _SHOWN = 5
@@ -48,7 +51,7 @@ class SftSettings:
         d = self.data
         return {"record_format": d.record_format, "columns": d.columns.model_dump(), "roles": dict(sorted(d.roles.items())),
                 "chat_template": self.template.source if self.template else None,
-                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "version": 1}
+                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "version": 2}
 
     def template_for(self, record_format: str, tokenizer: Tokenizer) -> ChatTemplate | None:
         """The template the records of `record_format` render with (prompt-completion and Alpaca only
@@ -132,7 +135,8 @@ def tokenize_records(batch: dict, indices: list[int], *, tokenizer: Tokenizer, s
         encoded, problem = _encode({k: v[row] for k, v in batch.items()}, record_format, settings, template, tokenizer)
         trained = encoded is not None and any(encoded.mask)
         ids_out.append(np.asarray(encoded.ids if trained else [], dtype=dtype))
-        mask_out.append(np.asarray(encoded.mask if trained else [], dtype=np.uint8))
+        bits = (TRAINED * np.asarray(encoded.mask) + ANSWER * np.asarray(encoded.answer)) if trained else []
+        mask_out.append(np.asarray(bits, dtype=np.uint8))
         problems.append("" if problem is None else problem if problem.startswith(TEMPLATE_PROBLEM)
                         else f"record {index}: {problem}")
     return {"input_ids": ids_out, "mask": mask_out, "problem": problems}
@@ -145,10 +149,10 @@ def raise_record_problems(problems: list[str], source: Source, record_format: st
     if any(p.startswith(TEMPLATE_PROBLEM) for p in problems):
         first = next(p for p in problems if p.startswith(TEMPLATE_PROBLEM))[len(TEMPLATE_PROBLEM):]
         raise UserError("the chat template's trained tokens cannot be found", [Problem(
-            "data.chat_template", f"{template.origin if template else 'the template'}: {first}, so a turn's tokens "
-            "cannot be told apart by rendering it turn by turn",
-            "wrap each assistant turn in {% generation %} ... {% endgeneration %}, or use a named template "
-            "(chatml, llama-3, mistral, phi-3, gemma)")])
+            "data.chat_template", f"{template.origin if template else 'the template'}: {first}, so the answers' "
+            "tokens cannot be found by rendering the conversation turn by turn",
+            "render message.content in every assistant turn and wrap it (with its end-of-turn token) in "
+            "{% generation %} ... {% endgeneration %}, or use a named template (chatml, llama-3, mistral, phi-3, gemma)")])
     shown = "; ".join(problems[:_SHOWN]) + (f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else "")
     raise UserError(f"{len(problems)} {record_format} record(s) of {source.describe()} cannot be trained on", [Problem(
         source.where, shown, "fix or remove those records (data.roles maps other role names; "

@@ -2,6 +2,8 @@
 
 Labels are the token where the mask trains it and -100 elsewhere (the model shifts them); a
 sample's first label is always -100, so in a packed block no sample learns from the one before it.
+Validation views label the answers only (`ANSWER`), so eval_loss is the answer-token loss whatever
+the training loss covers (`train_on_inputs`, `roles_to_train`): comparable between such runs.
 
 - `PackedSamples` (`data.packing: true`): whole samples in blocks of seq_len (best-fit decreasing,
   packing.py), `position_ids` restarting at 0 for every sample and no `attention_mask`, from which
@@ -25,7 +27,7 @@ import numpy as np
 from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.cache import TokenStream
 from orchestrate.data.packing import Blocks, best_fit_decreasing
-from orchestrate.data.sft_prepare import MASK_FILE
+from orchestrate.data.sft_prepare import ANSWER, MASK_FILE, TRAINED
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -71,15 +73,15 @@ def kept_samples(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: st
     else:  # truncate: a sample whose first seq_len tokens train nothing has nothing left to learn
         for d in long.tolist():
             start = int(stream.offsets[d])
-            drop[d] = not mask[start: start + seq_len].any()
+            drop[d] = not (np.asarray(mask[start: start + seq_len]) & TRAINED).any()
     keep = np.flatnonzero(~drop)
     return KeptSamples(keep, np.minimum(lengths[keep], seq_len), 0 if policy == "drop" else len(long) - int(drop.sum()),
                        int(drop.sum()))
 
 
 class _Samples:
-    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int):
-        self.seq_len, self.kept = seq_len, kept
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int, labelled: int = TRAINED):
+        self.seq_len, self.kept, self.labelled = seq_len, kept, labelled
         self._tokens, self._mask, self._offsets = stream.tokens, mask, stream.offsets
         self._pad = int(stream.meta["eos_id"])
 
@@ -88,20 +90,23 @@ class _Samples:
         start = int(self._offsets[self.kept.ids[k]])
         end = start + int(self.kept.lengths[k])
         ids = np.asarray(self._tokens[start:end], dtype=np.int64)
-        labels = np.where(self._mask[start:end] > 0, ids, IGNORE_INDEX)
+        labels = np.where(np.asarray(self._mask[start:end]) & self.labelled, ids, IGNORE_INDEX)
         labels[0] = IGNORE_INDEX
         return ids, labels
 
-    def prompt_and_answer(self, k: int) -> tuple[list[int], list[int]]:
-        """Kept sample k cut before its last trained run: the prompt a model answers, and the answer."""
+    def prompt_and_answer(self, k: int) -> tuple[list[int], list[int]] | None:
+        """Kept sample k cut before its last answer: the prompt a model answers, and the answer (None
+        when the sample has no answer, or none that starts after a prompt)."""
         start = int(self._offsets[self.kept.ids[k]])
-        trained = np.asarray(self._mask[start: start + int(self.kept.lengths[k])]) > 0
-        ids = np.asarray(self._tokens[start: start + len(trained)], dtype=np.int64).tolist()
-        last = int(np.flatnonzero(trained)[-1])
+        answer = (np.asarray(self._mask[start: start + int(self.kept.lengths[k])]) & ANSWER) > 0
+        if not answer.any():
+            return None
+        ids = np.asarray(self._tokens[start: start + len(answer)], dtype=np.int64).tolist()
+        last = int(np.flatnonzero(answer)[-1])
         first = last
-        while first > 0 and trained[first - 1]:
+        while first > 0 and answer[first - 1]:
             first -= 1
-        return ids[:first], ids[first: last + 1]
+        return (ids[:first], ids[first: last + 1]) if first > 0 else None
 
     @property
     def samples(self) -> int:
@@ -109,8 +114,9 @@ class _Samples:
 
 
 class PackedSamples(_Samples):
-    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int, flatten: bool = False):
-        super().__init__(stream, mask, kept, seq_len)
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int, labelled: int = TRAINED,
+                 flatten: bool = False):
+        super().__init__(stream, mask, kept, seq_len, labelled)
         self.blocks: Blocks = best_fit_decreasing(kept.lengths, seq_len)
         self.flatten = flatten
 
@@ -173,10 +179,10 @@ def sft_views(train: TokenStream, validation: TokenStream | None, config, flatte
 
     seq_len, data = config.train.seq_len, config.data
 
-    def view(stream: TokenStream, kept: KeptSamples) -> SftSamples:
+    def view(stream: TokenStream, kept: KeptSamples, labelled: int = TRAINED) -> SftSamples:
         if data.packing:
-            return PackedSamples(stream, read_mask(stream), kept, seq_len, flatten)
-        return PaddedSamples(stream, read_mask(stream), kept, seq_len)
+            return PackedSamples(stream, read_mask(stream), kept, seq_len, labelled, flatten)
+        return PaddedSamples(stream, read_mask(stream), kept, seq_len, labelled)
 
     def kept_of(stream: TokenStream, where: str) -> KeptSamples:
         return kept_samples(stream, read_mask(stream), seq_len, data.truncation, where)
@@ -187,10 +193,10 @@ def sft_views(train: TokenStream, validation: TokenStream | None, config, flatte
             raise UserError("the validation data is in another record format", [Problem(
                 "data.validation_files", f"{validation.meta.get('record_format')} records, the training data has "
                 f"{train.meta.get('record_format')}", "validate on records of the training data's format")])
-        return view(train, kept), view(validation, kept_of(validation, "the validation data"))
+        return view(train, kept), view(validation, kept_of(validation, "the validation data"), ANSWER)
     held = split_ids(len(kept.ids), data.validation_ratio, config.train.seed)
     rest = np.setdiff1d(np.arange(len(kept.ids)), held)
-    return view(train, kept.subset(rest)), view(train, kept.subset(held))
+    return view(train, kept.subset(rest)), view(train, kept.subset(held), ANSWER)
 
 
 def describe_sft(stream: TokenStream, train: SftSamples, validation: SftSamples, config, tokenized: list[str],

@@ -13,7 +13,8 @@ own end-of-turn token, no EOS is appended. The trained tokens are
   the end of the conversation including it, trailing whitespace left out (the newline ChatML puts
   after `<|im_end|>`); another trained role's span is its whole rendered turn. Tokens overlapping a
   span are trained (transformers' rule). A template that re-renders earlier turns differently once
-  later ones follow cannot be split this way and is refused with the fix (markers).
+  later ones follow, or renders an answer without its content, cannot be split this way and is
+  refused with the fix (markers, or a template that renders message.content).
 
 Either way the span includes the end-of-turn token after the answer, so the model learns to stop.
 
@@ -38,7 +39,8 @@ COMPLETION = "the completion and its EOS"
 
 
 class TemplateNotIncremental(ValueError):
-    """The template renders a conversation's beginning differently once more turns follow."""
+    """The template renders a conversation's beginning differently once more turns follow, or an
+    answer without its content: its trained tokens cannot be found by rendering turn by turn."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,9 @@ class Encoded:
     ids: list[int]
     mask: list[int]
     """1 where the token is a target of the loss."""
+    answer: list[int]
+    """1 on the assistant's answers (or the completion) with their end token, whatever the loss covers:
+    where evaluation cuts a held-out sample into prompt and reference (`train.eval_generate`)."""
 
 
 def mask_method(template: ChatTemplate | None, roles_to_train: list[str], train_on_inputs: bool) -> str:
@@ -77,6 +82,9 @@ def _spans(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained:
                     raise TemplateNotIncremental(f"the generation prompt before turn {i} is not where its answer starts")
                 start = len(prompt)
             end = len(upto.rstrip())
+            content = (message.get("content") or "").strip()
+            if message["role"] == "assistant" and content and content not in full[start:end]:
+                raise TemplateNotIncremental(f"turn {i} (assistant): its content is not rendered inside its answer")
             if end > start:
                 spans.append((start, end))
         before = upto
@@ -91,17 +99,22 @@ def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -
 def encode_chat(tok, template: ChatTemplate, messages: list[dict[str, Any]], roles_to_train: list[str],
                 train_on_inputs: bool) -> Encoded:
     """A conversation's ids and mask (module docstring). `tok`: a fast transformers tokenizer."""
-    method = mask_method(template, roles_to_train, train_on_inputs)
-    if method == MARKERS:
+    if template.has_generation_markers:
         out = tok.apply_chat_template(messages, chat_template=template.source, tokenize=True, return_dict=True,
                                       return_assistant_tokens_mask=True)
-        return Encoded(list(out["input_ids"]), list(out["assistant_masks"]))
+        ids, answer = list(out["input_ids"]), list(out["assistant_masks"])
+        if mask_method(template, roles_to_train, train_on_inputs) == MARKERS:
+            return Encoded(ids, answer, answer)
     full = _render(tok, template, messages, False)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
-    if method == ALL_TOKENS:
-        return Encoded(list(enc["input_ids"]), [1] * len(enc["input_ids"]))
-    spans = _spans(tok, template, messages, list(roles_to_train), full)
-    return Encoded(list(enc["input_ids"]), _overlapping(enc["offset_mapping"], spans))
+    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    if not template.has_generation_markers:
+        answer = _overlapping(offsets, _spans(tok, template, messages, ["assistant"], full))
+    if train_on_inputs:
+        return Encoded(ids, [1] * len(ids), answer)
+    if list(roles_to_train) == ["assistant"]:
+        return Encoded(ids, answer, answer)
+    return Encoded(ids, _overlapping(offsets, _spans(tok, template, messages, list(roles_to_train), full)), answer)
 
 
 @lru_cache(maxsize=8)
@@ -130,4 +143,5 @@ def encode_completion(tok, prompt: str, completion: str, eos_id: int) -> Encoded
         end.append(eos_id)
     head = [*prefix, *prompt_ids]
     tail = [*completion_ids, *end]
-    return Encoded(head + tail, [0] * len(head) + [1] * len(tail))
+    answer = [0] * len(head) + [1] * len(tail)
+    return Encoded(head + tail, answer, answer)

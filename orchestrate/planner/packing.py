@@ -9,11 +9,13 @@ flash-attention support) transformers builds a block-diagonal causal mask from t
 (masking_utils `find_packed_sequence_indices`) for sdpa, which costs memory quadratic in seq_len.
 
 The mask's bytes were measured on CPU with the storage counter (orchestrate/simulate/counter.py; a
-Llama shape, sdpa, fp32, packed position ids against plain ones): per micro-batch row and
-seq_len^2, 1 byte for the boolean mask plus about c bytes (the compute dtype's) per layer whose
-attention saved it for backward (every layer, or one at a time with activation checkpointing,
-recomputed once more), plus h/8 for the head-dependent rest: 5.0-22.0 bytes measured, the formula
-gives 7-13.5 (tests/test_sft_packing.py keeps it above the measurement and within 1.6x).
+Llama shape, sdpa, fp32, packed position ids against plain ones, forward and backward): per
+micro-batch row and seq_len^2, 1 byte for the boolean mask plus about c bytes (the compute dtype's)
+for each layer whose attention saved it for backward (every layer, or one with activation
+checkpointing, plus one being recomputed), and a head-dependent rest growing with those layers. The
+term, 2 + c (layers + 1) + h layers / 8, is 10.5-26 where 6.0-22.0 was measured
+(tests/test_sft_packing.py keeps it above each measurement and within 2x). On a GPU sdpa's
+memory-efficient kernel takes the mask too: c is 2 there (unmeasured, no GPU here).
 """
 
 from __future__ import annotations
@@ -77,5 +79,5 @@ def mask_bytes(packing: SamplePacking | None, shape: ModelShape, strategy: Strat
     if packing is None or packing.attention != BLOCK_MASK:
         return 0
     saved_layers = 1 if strategy.activation_checkpointing else shape.num_layers
-    per_square = 1 + compute_bytes * (saved_layers + 1) + shape.num_heads / 8
+    per_square = 2 + compute_bytes * (saved_layers + 1) + shape.num_heads * saved_layers / 8
     return int(strategy.micro_batch_size * seq_len * seq_len * per_square)

@@ -58,7 +58,8 @@ class CausalLMObjective:
 
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         loss, tokens = float(self.loss(model, batch).float()), float(loss_tokens(batch))
-        return {"loss": loss, "loss_sum": loss * tokens, "loss_tokens": tokens}
+        # A batch without a loss-carrying token has a nan mean; it adds nothing to the token-weighted sum.
+        return {"loss": loss, "loss_sum": loss * tokens if tokens else 0.0, "loss_tokens": tokens}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
         """eval_loss: the mean over every loss-carrying token (the answers of chat samples), weighted

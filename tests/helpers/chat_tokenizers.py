@@ -45,3 +45,23 @@ def family_tokenizer(directory: Path, family: str, with_template: bool = True, t
                                   pad_token=eos, chat_template=chat)
     tok.save_pretrained(directory)
     return directory
+
+
+def word_chat_tokenizer(directory: Path, words: list[str], specials: list[str], eos: str, bos: str | None = None,
+                        template: str | None = None) -> Path:
+    """A word-level tokenizer (ids: the specials, then [UNK], then `words`; whitespace and punctuation
+    split) whose token-by-token encodings a test can write down by hand; with `bos`, `tokenizer(text)`
+    prepends it (as Llama's does)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {t: i for i, t in enumerate([*specials, "[UNK]", *words])}
+    raw = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    if bos is not None:
+        raw.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, vocab[bos])])
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=bos, eos_token=eos, unk_token="[UNK]",
+                                  pad_token=eos, chat_template=template, additional_special_tokens=[
+                                      s for s in specials if s not in (bos, eos)])
+    tok.save_pretrained(directory)
+    return directory

@@ -11,6 +11,7 @@ with (the template's end-of-turn token, trained after every answer) and at EOS.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from orchestrate.worker.callbacks.base import RunInfo, StepEnd
@@ -38,7 +39,8 @@ class EvalGenerate:
     def on_train_start(self, run: RunInfo) -> None:
         count, validation = run.plan.config.train.eval_generate, self.data.validation
         if count and hasattr(validation, "prompt_and_answer"):  # chat / instruction samples only
-            self.prompts = [validation.prompt_and_answer(k) for k in range(min(count, validation.samples))]
+            cut = (validation.prompt_and_answer(k) for k in range(validation.samples))
+            self.prompts = list(itertools.islice((pair for pair in cut if pair is not None), count))
 
     def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
         every = run.plan.config.train.eval_every

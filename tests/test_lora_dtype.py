@@ -41,6 +41,7 @@ def model_dir(tmp_path_factory) -> str:
     return str(build_initial_model(_plan("fp32"), tmp_path_factory.mktemp("m") / "llama"))
 
 
+@pytest.mark.slow  # two short trainings in-process: ~40 s on 2 busy cores
 def test_the_adapters_train_in_the_configured_dtype(model_dir, tmp_path):
     import torch.distributed as dist
 

@@ -330,3 +330,12 @@ CASES.append(Case(
     left_out=("the stated sequence length does not reach the script: the yaml's `max_seq_len: 3072` is no field of "
               "ScriptArguments (`max_seq_length`, default 512) and trl 0.8.6's TrlParser merges only matching fields "
               "(trl/commands/cli_utils.py YamlConfigParser.merge_dataclasses), so the run packed 512-token rows")))
+
+RESERVE_PAIRS = [
+    ("llama2-7b lora fsdp bs1 512 (alloc)", "llama2-7b lora fsdp bs1 512"),
+    ("llama2-7b lora fsdp bs1 2048 (alloc)", "llama2-7b lora fsdp bs1 2048"),
+    *((f"mistral-7b {run} (alloc)", f"mistral-7b {run} (smi)")
+      for run in ("lora bs4", "lora bs8", "lora fsdp bs2", "lora fsdp bs4", "qlora fsdp bs2", "qlora fsdp bs4")),
+]
+"""Runs whose source published the allocated peak and the reserved (or nvidia-smi) one: what the caching
+allocator held above the tensors, measured (nvidia-smi less the modelled CUDA context and NCCL buffers)."""

@@ -19,13 +19,14 @@ import argparse
 import json
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.published_cases import CASES, Case  # noqa: E402, F401  (Case: for callers building variants)
+from bench.published_cases import CASES, RESERVE_PAIRS, Case  # noqa: E402, F401  (Case: for callers building variants)
 from orchestrate.config.schema import RunConfig  # noqa: E402
 from orchestrate.hardware.profile import HardwareProfile  # noqa: E402
 from orchestrate.hardware.units import GiB  # noqa: E402
@@ -57,17 +58,34 @@ def comparable_bytes(gpu: dict, case: Case) -> float:
     return in_allocator if case.metric == "max_memory_reserved" else in_allocator - gpu["allocator_reserve"]
 
 
-def evaluate(case: Case) -> dict:
+def _inputs(case: Case) -> tuple:
     config = _config(case)
     shape = shape_for(config)
-    adapters = adapters_for(config, shape)
-    memory = estimate_memory(shape, _hardware(case), case.strategy, case.train["seq_len"], case.accumulation, adapters)
+    return shape, _hardware(case), case.strategy, case.train["seq_len"], case.accumulation, adapters_for(config, shape)
+
+
+def evaluate(case: Case) -> dict:
+    memory = estimate_memory(*_inputs(case))
     predicted = comparable_bytes(memory.gpu, case)
     return {"name": case.name, "source": case.source, "metric": case.metric, "published_gib": case.published_bytes / GiB,
             "predicted_gib": predicted / GiB, "ratio": predicted / case.published_bytes,
             "reserve_gib": memory.gpu["allocator_reserve"] / GiB, "left_out": case.left_out,
             "residual": case.residual, "unpinned": case.unpinned, "settings": case.settings,
             "strategy": case.strategy.name, "fsdp1": case.fsdp1}
+
+
+def measured_reserves() -> list[dict]:
+    """Reserved (or nvidia-smi less context and NCCL) over allocated, where a source published both."""
+    by_name = {case.name: case for case in CASES}
+    out = []
+    for allocated_name, other_name in RESERVE_PAIRS:
+        allocated, other = by_name[allocated_name], by_name[other_name]
+        memory = estimate_memory(*_inputs(other))
+        outside = sum(memory.gpu.values()) - comparable_bytes(memory.gpu, replace(other, metric="max_memory_reserved"))
+        reserved = other.published_bytes - (outside if other.metric == "nvidia-smi" else 0)
+        out.append({"run": other_name, "engine": "FSDP1" if other.fsdp1 else "one GPU",
+                    "fraction": reserved / allocated.published_bytes - 1})
+    return out
 
 
 def summary(rows: list[dict], without_fsdp1: bool = False) -> dict:
@@ -99,6 +117,9 @@ def main(argv: list[str] | None = None) -> int:
     print("the FSDP1 rows aside (orchestrate runs FSDP2):")
     for metric, s in summary(rows, without_fsdp1=True).items():
         print(f"{metric:21} cases {s['cases']:2}  median {s['median']:.3f}  worst low {s['min']:.3f}  high {s['max']:.3f}")
+    print("\nmeasured reserve (reserved, or nvidia-smi less the modelled context and NCCL, over allocated):")
+    for m in measured_reserves():
+        print(f"- {m['run']:32} {m['engine']:8} {100 * m['fraction']:5.1f} %")
     print("\nsources (and what none of their cases could pin):")
     for source in dict.fromkeys(r["source"] for r in rows):
         unpinned = next((r["unpinned"] for r in rows if r["source"] == source and r["unpinned"]), "")

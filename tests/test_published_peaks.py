@@ -58,3 +58,10 @@ def test_issue_bounds(rows):
     assert len(counted) >= 20 and len({r["source"] for r in counted}) >= 4
     for metric, s in bench.summary(evaluated).items():
         assert 0.97 <= s["median"] <= 1.05 and s["min"] >= 0.95 and s["max"] <= 1.15, metric
+
+
+def test_measured_reserves_pair_a_published_allocated_peak_with_its_reserved_one(rows):
+    bench, _ = rows
+    measured = bench.measured_reserves()
+    assert len(measured) == len(bench.RESERVE_PAIRS) >= 8
+    assert all(0 < m["fraction"] < 1 for m in measured), measured  # reserved above allocated, below 2x

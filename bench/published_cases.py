@@ -202,7 +202,7 @@ _FMS_SETTINGS = {"model": "mistralai/Mistral-7B-v0.1", "torch_dtype": "bfloat16"
                             "peak averaged over the GPUs (MiB)"}
 _FMS_LOADED = ("allocated: the 16-bit logits, their fp32 up-cast, transformers 4.48's shifted fp32 copy and the "
                "log-softmax at the end of forward (14 B per token and vocabulary entry) are counted")
-_FMS_FSDP = ("FSDP1 adds ~80 KiB per token over the one-GPU slope of the same runs (0.78 vs 0.68 MiB/token), not "
+_FMS_FSDP = ("FSDP1 adds 60-90 KiB per token over the one-GPU slope of the same runs (0.74-0.78 vs 0.68 MiB/token), not "
              "traced in its code here")
 _FMS_SMI = ("nvidia-smi: the caching allocator reserves 14 % (1 GPU) to 26 % (FSDP1, its all-gather stream's pool) "
             "above allocated in these rows, beyond the flat reserve")

@@ -129,5 +129,5 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
         save_hf_dir(wanted, hf_config, out_dir, layout)
-        save_tokenizer(tokenizer_dir_of(plan.config), out_dir)  # None: the byte tokenizer
+        save_tokenizer(tokenizer_dir_of(plan.config), out_dir, trust)  # None: the byte tokenizer
     return ckpt

@@ -45,7 +45,9 @@ class ModelSection(ModelModuleFields):  # + module, kwargs (custom_module.py)
     values of `data.label_field`); when given it must agree with the data."""
 
     trust_remote_code: bool = False
-    """Allow model code from the model directory to run. Off by default: it executes foreign code."""
+    """The one switch that lets code named by the config run: `model.module` / `data.module` (imported
+    and called by `plan`, `config`, `launch` and the workers) and the `auto_map` code of a model or
+    tokenizer directory. Off by default: such code can do anything you can (docs/security.md)."""
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> ModelSection:

@@ -115,7 +115,8 @@ def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tok
     """The configured tokenizer, checked against the model's vocabulary when `vocab_size` is given."""
     tokenizer_dir = tokenizer_dir_of(config)  # data.tokenizer, else the model directory's own
     # The memo lets a cache hit skip loading an HF tokenizer (and importing transformers).
-    tokenizer = load_tokenizer(tokenizer_dir, cache_dir_of(config) / TOKENIZER_MEMO_SUBDIR)
+    tokenizer = load_tokenizer(tokenizer_dir, cache_dir_of(config) / TOKENIZER_MEMO_SUBDIR,
+                               config.model.trust_remote_code)
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise UserError("the tokenizer does not fit the model", [Problem(
             "data.tokenizer", f"tokenizer has {tokenizer.vocab_size} ids, the model's vocab_size is {vocab_size}",

@@ -214,7 +214,8 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     if not worker.is_main:
         return
     if plan.config.model.module is None:  # your own module has no tokenizer
-        save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
+        # None: the byte tokenizer, as tokenizer.json
+        save_tokenizer(data.tokenizer_dir, run.model, plan.config.model.trust_remote_code)
     if data.label_names is not None:
         from orchestrate.model.labels import write_labels
 

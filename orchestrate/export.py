@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
 from orchestrate.run.layout import EXPORT_MARKER_FILE
+from orchestrate.run.marker import check_output_dir
 from orchestrate.run.write_errors import os_errors_as_user_errors
 
 if TYPE_CHECKING:
@@ -42,17 +43,8 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def check_export_dir(out_dir: Path) -> None:
     """UserError unless `out_dir` is new, empty, or an earlier export (it has EXPORT_MARKER_FILE):
-    export never replaces files it did not write (issue 10)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError("the export directory is a file", [Problem("--out", f"{out_dir} is not a directory",
-                                                                   "give a new directory: --out NEW")])
-    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    if entries and EXPORT_MARKER_FILE not in entries:
-        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-        raise UserError("the export directory holds files orchestrate export did not write", [Problem(
-            "--out", f"{out_dir} holds {shown}; config.json, model.safetensors and tokenizer files would replace "
-            "any of the same name", "give a new directory: --out NEW (or empty that one)")])
+    export never replaces files it did not write."""
+    check_output_dir(out_dir, EXPORT_MARKER_FILE, "config.json, model.safetensors and tokenizer files")
 
 
 def _stderr(text: str) -> None:

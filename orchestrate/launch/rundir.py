@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
 from orchestrate.planner.plan import Plan, RunSection
@@ -123,6 +124,23 @@ def _write_run_files(plan: Plan, run_dir: Path, rendered: dict[str, str] | None)
     return plan
 
 
+def write_plan_dir(plan: Plan, out: Path) -> Path:
+    """`orchestrate plan --out DIR`: DIR/plan.json, with the rules of a run directory (the marker, the
+    lock): never over a plan.json orchestrate did not write, never into a run that has checkpoints
+    (its plan.json is what --resume continues with)."""
+    from orchestrate.run.checkpoints import list_checkpoints
+
+    out = Path(out).resolve()
+    check_run_dir_writable(out, [PLAN_FILE], plan.config.source_dir, where="--out")
+    if list_checkpoints(out):
+        raise UserError("the --out directory is a run with checkpoints", [Problem(
+            "--out", f"{out} holds {', '.join(p.name for p in list_checkpoints(out)[-3:])}; its plan.json is "
+            "the one --resume continues with", "give a new directory: --out NEW")])
+    with lock_run_dir(out, "orchestrate plan --out"), os_errors_as_user_errors("--out"):
+        write_marker(out)
+        return plan.write(out / PLAN_FILE)
+
+
 def run_dir_writes(rendered: dict[str, str]) -> list[str]:
     """The names `prepare_run` and the launch write into a run directory (`rendered`: the
     backend's config files)."""
@@ -153,6 +171,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.pipeline import check_data_config
     from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
+    from orchestrate.model.weight_files import check_model_weights
     from orchestrate.planning import feasible_plan
 
     rendered = None
@@ -165,6 +184,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         rendered = get_backend(plan.chosen.strategy.backend).render(plan)
         check_run_dir_writable(run_dir, run_dir_writes(rendered), config.source_dir, force, where)
         refuse_checkpointed(run_dir)
+    check_model_weights(plan.config)
     if check_data:
         check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     if check is not None:

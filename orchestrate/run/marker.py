@@ -69,3 +69,18 @@ def check_run_dir_writable(run_dir: Path, writes: Iterable[str], config_dir: Pat
             where, f"{run_dir} holds {_short(entries)} (no {MARKER_FILE})",
             f"give a new directory: {where} NEW, or add --force to put the run there "
             "(none of those files would be replaced)")])
+
+
+def check_output_dir(out_dir: Path, marker: str, writes: str, owned: bool = False) -> None:
+    """UserError unless `out_dir` (an `--out DIR`) is new, empty, or was written by the same command
+    before (it holds `marker`, which that command writes first) or `owned` (the caller knows it is
+    its own): a command never replaces files it did not write. `writes`: what it would put there."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError("the output directory is a file", [Problem("--out", f"{out_dir} is not a directory",
+                                                                   "give a new directory: --out NEW")])
+    entries = _entries(out_dir)
+    if entries and marker not in entries and not owned:
+        raise UserError("the output directory holds files orchestrate did not write", [Problem(
+            "--out", f"{out_dir} holds {_short(entries)}; {writes} would replace any of the same name",
+            "give a new directory: --out NEW (or empty that one)")])

@@ -23,14 +23,21 @@ from orchestrate.run.layout import (
     CONFIG_FILE,
     DEMO_CORPUS_FILE,
     LAUNCH_SCRIPT,
+    LOCK_FILE,
     LOG_DIR,
+    MARKER_FILE,
     METRICS_FILE,
     MODEL_DIR,
     PLAN_FILE,
+    REQUEUE_FILE,
 )
 from orchestrate.run.lock import RunLock
-from orchestrate.run.marker import check_run_dir_writable, write_marker
+from orchestrate.run.marker import check_no_links, check_run_dir_writable, write_marker
 from orchestrate.run.write_errors import os_errors_as_user_errors
+
+
+RUN_DIR_OWN_FILES = (MARKER_FILE, LOCK_FILE, REQUEUE_FILE)
+"""Written into any run directory besides `run_dir_writes`, marked or not."""
 
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
@@ -132,6 +139,7 @@ def write_plan_dir(plan: Plan, out: Path) -> Path:
 
     out = Path(out).resolve()
     check_run_dir_writable(out, [PLAN_FILE], plan.config.source_dir, where="--out")
+    check_no_links(out, [PLAN_FILE, *RUN_DIR_OWN_FILES])
     if list_checkpoints(out):
         raise UserError("the --out directory is a run with checkpoints", [Problem(
             "--out", f"{out} holds {', '.join(p.name for p in list_checkpoints(out)[-3:])}; its plan.json is "
@@ -189,6 +197,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     if check is not None:
         check(plan)
+    check_no_links(run_dir, run_dir_writes(rendered or {}) + list(RUN_DIR_OWN_FILES))
     with ExitStack() as own:
         lock: AbstractContextManager = lock_run_dir(run_dir, f"orchestrate {name}", remote_workers)
         (hold if hold is not None else own).enter_context(lock)

@@ -14,6 +14,7 @@ directory, so a user's own files are never replaced by config.yaml, plan.json, l
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -84,3 +85,26 @@ def check_output_dir(out_dir: Path, marker: str, writes: str, owned: bool = Fals
         raise UserError("the output directory holds files orchestrate did not write", [Problem(
             "--out", f"{out_dir} holds {_short(entries)}; {writes} would replace any of the same name",
             "give a new directory: --out NEW (or empty that one)")])
+
+
+def check_no_links(run_dir: Path, writes: Iterable[str] = ()) -> None:
+    """UserError naming every symbolic link where orchestrate writes in `run_dir`: anywhere in a
+    marked run directory (all of it is orchestrate's), else at the names in `writes` and below. A
+    write through such a link would land outside the run (RUN_DIR/.lock linked to a user's file
+    was truncated by the lock). Links are looked at, never followed."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    names = _entries(run_dir) if is_run_dir(run_dir) else sorted({Path(w).parts[0] for w in writes})
+    links = []
+    for name in names:
+        top = run_dir / name
+        if top.is_symlink():
+            links.append(top)
+        elif top.is_dir():
+            for parent, dirs, files in os.walk(top):  # followlinks=False: a linked directory is listed, not entered
+                links += [Path(parent) / n for n in (*dirs, *files) if (Path(parent) / n).is_symlink()]
+    if links:
+        raise UserError("the run directory holds symbolic links", [Problem(
+            str(link), f"a symbolic link to {os.readlink(link)}: orchestrate writes only inside its run directory "
+            "and never through a link", f"remove the link (rm {link}), or give another directory") for link in links[:5]])

@@ -42,7 +42,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     from orchestrate.worker.preload import start_preload
 
     plan, run = stages.read_plan(plan_path)
-    stages.check_lock(run)
+    stages.check_run_dir(run)
     preload = start_preload(plan)  # the model's code imports while the ranks meet (worker/preload.py)
     worker = stages.start_process_group(plan, run)
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built

@@ -35,7 +35,6 @@ from orchestrate.run.lock import RunLock
 from orchestrate.run.marker import check_no_links, check_run_dir_writable, write_marker
 from orchestrate.run.write_errors import os_errors_as_user_errors
 
-
 RUN_DIR_OWN_FILES = (MARKER_FILE, LOCK_FILE, REQUEUE_FILE)
 """Written into any run directory besides `run_dir_writes`, marked or not."""
 

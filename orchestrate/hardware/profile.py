@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrate.hardware.software import SoftwareStack
+
 MAX_MEMORY_BYTES = 2**50
 """1 PiB: more than any GPU or node has (the largest GPUs hold a few hundred GB, the largest nodes
 tens of TB); a bigger number is a typo, and planning with it would accept any strategy."""
@@ -82,6 +84,9 @@ class HardwareProfile(_Spec):
     """Per-node network bandwidth between machines, bytes/s (default: 10 GbE)."""
     driver_version: str | None = None
     """NVIDIA driver version, when detected (some NCCL quirks depend on it)."""
+    software: SoftwareStack = Field(default_factory=SoftwareStack)
+    """Library versions the plan is for (what each keeps on the GPU differs): this interpreter's, read
+    when the profile is resolved, or pinned by a profile file."""
 
     @property
     def has_gpu(self) -> bool:

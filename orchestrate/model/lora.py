@@ -108,7 +108,10 @@ class LoraTransform:
                                  target_modules=target_modules(plan), task_type="CAUSAL_LM",
                                  fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
         model = peft.get_peft_model(model, config)
-        for p in model.parameters():  # adapters train in fp32 (the planner's 16 B/param)
+        import torch
+
+        adapter_dtype = torch.bfloat16 if lora.dtype == "bf16" else torch.float32  # train.lora.dtype
+        for p in model.parameters():  # the planner's 16 B/param (fp32) or 8 (bf16)
             if p.requires_grad:
-                p.data = p.data.float()
+                p.data = p.data.to(adapter_dtype)
         return model

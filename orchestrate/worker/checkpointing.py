@@ -29,6 +29,7 @@ import torch
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import (
+    DAMAGED_PREFIX,
     HF_CONFIG,
     LATEST_FILE,
     PLAN_COPY,
@@ -269,10 +270,19 @@ def _os_error(exc: BaseException | None) -> OSError | None:
 
 
 def _publish(tmp: Path, final: Path) -> None:
-    """Rename the finished directory into place. A `final` already there is a stale copy (written
-    before a crash, never named by `latest`, or the same step saved again): it goes first."""
+    """Rename the finished directory into place. A `final` already there is one the resume skipped
+    as damaged (discovery takes the newest intact one, so an intact step N is never saved again):
+    it may hold intact weights (only its manifest lost, say), so it is moved aside to
+    `damaged-step-N`, not deleted, and said so."""
     if final.exists():
-        _remove(final)
+        aside = final.with_name(DAMAGED_PREFIX + final.name)
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = final.with_name(f"{DAMAGED_PREFIX}{final.name}-{n}")
+        os.rename(final, aside)
+        print(f"orchestrate: {final} was there already (skipped as damaged when the run resumed): kept as "
+              f"{aside.name} for you to look at or delete; the new save of that step replaces it", flush=True)
     os.rename(tmp, final)
 
 

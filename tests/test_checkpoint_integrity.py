@@ -336,14 +336,35 @@ def test_export_skips_a_truncated_distcp_and_a_verified_but_unreadable_one_is_a_
 
 
 def test_disk_full_inside_dcp_is_recognised_through_its_checkpoint_exception(run):
-    from torch.distributed.checkpoint.api import CheckpointException
+    """DCP gathers each rank's failure as an (exception, traceback summary) pair."""
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
     _, engine, checkpointer, run_dir = run
     _save(checkpointer, engine, 20)
-    engine.save_error = CheckpointException("write_data", {0: OSError(errno.ENOSPC, "No space left on device")})
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as exc:
+        wrapped = _wrap_exception(exc)
+    engine.save_error = CheckpointException("write_data", {0: wrapped, 1: wrapped})
     with pytest.raises(UserError, match="no space left on device"):
         _save(checkpointer, engine, 30)
-    assert _steps(run_dir) == ["step-00000020"]
+    assert _steps(run_dir) == ["step-00000020"] and not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize(("free", "said"), [(0, "no space left on device"), (2**40, "Input/output error")])
+def test_torch_saves_runtime_error_on_a_refused_write_is_recognised(run, monkeypatch, free: int, said: str):
+    """torch.save(obj, path) (DeepSpeed's files, DDP's trainer_state.pt) reports a refused write as a
+    RuntimeError without errno; here a real one, from writing to /dev/full (ENOSPC on every write)."""
+    _, engine, checkpointer, run_dir = run
+    _save(checkpointer, engine, 20)
+    with pytest.raises(RuntimeError) as real:
+        torch.save({"w": torch.zeros(100_000)}, "/dev/full")
+    engine.save_error = real.value
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(2**41, 2**41 - free, free))
+    with pytest.raises(UserError, match=f"step 30 could not be written: {said}") as err:
+        _save(checkpointer, engine, 30)
+    assert "step-00000020 (step 20) is kept, intact" in str(err.value)
+    assert _steps(run_dir) == ["step-00000020"] and not list((run_dir / "checkpoints").glob(".tmp-*"))
 
 
 # --- a run still training prunes checkpoints under the export -----------------------------------

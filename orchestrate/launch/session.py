@@ -183,7 +183,7 @@ class StoppedBeforeWorkers(Exception):
 
 @contextmanager
 def stop_signals_raise() -> Iterator[None]:
-    """SIGTERM/SIGUSR1 raise StoppedBeforeWorkers inside (main thread only: signal.signal's rule),
+    """SIGTERM/SIGHUP/SIGQUIT/SIGUSR1 raise StoppedBeforeWorkers inside (main thread only: signal.signal's rule),
     so that a stop at any point is exit 75 (nothing to checkpoint yet: the resume starts at step 0),
     not the default death by signal (143)."""
     def stop(signum: int, frame: object) -> None:
@@ -191,7 +191,7 @@ def stop_signals_raise() -> Iterator[None]:
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+        previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if sig != signal.SIGINT}
     try:
         yield
     finally:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
-from orchestrate.run.exit_codes import EX_TEMPFAIL, EXIT_USER_ERROR
+from orchestrate.run.exit_codes import EX_PEER_LOST, EX_TEMPFAIL, EXIT_USER_ERROR
 
 if TYPE_CHECKING:
     from orchestrate.worker.signals import StopRequest
@@ -91,3 +91,20 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
+    except Exception as exc:
+        if not peer_lost(exc):
+            raise
+        print(f"error: lost contact with another rank, which stopped or died first ({str(exc).splitlines()[0]})",
+              file=sys.stderr, flush=True)
+        return EX_PEER_LOST
+
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
+              "remote process exited")
+"""What a collective raises when another rank's process is gone: gloo's tcp transport (pair.cc: "Read
+error ... Connection reset by peer", seen here after a kill -9 of the other rank) and NCCL's abort
+messages (those unverified on a GPU here)."""
+
+
+def peer_lost(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in _PEER_GONE)

@@ -85,9 +85,16 @@ def main(argv: list[str] | None = None) -> int:
     if not args.plan.is_file():
         print(f"error: plan file {args.plan} not found", file=sys.stderr)
         return EXIT_USER_ERROR
+    # @record writes the traceback of an unexpected error to torchrun's per-rank error file. Not of a
+    # UserError or a lost peer: those are told in one line and are not crashes, and on a full disk
+    # writing that file fails and leaves it empty, which torchrun's agent cannot parse.
+    return record(_exit_code)(args.plan, stop)
+
+
+def _exit_code(plan_path: Path, stop: StopRequest) -> int:
+    """`train`, with a UserError or a lost peer as its exit code (any other error propagates)."""
     try:
-        # @record writes the traceback of an unexpected error to torchrun's per-rank error file.
-        return record(train)(args.plan, stop)
+        return train(plan_path, stop)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrate.planner.adapters import adapters_for  # noqa: E402
+from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -68,7 +68,7 @@ FAMILIES: dict[str, dict] = {
 }
 STRATEGIES = (("fsdp", 3), ("fsdp", 2), ("deepspeed", 2), ("deepspeed", 3), ("ddp", 0))
 # --lora: r=16 on every block linear (train.lora defaults otherwise), under the (backend, stage) pairs
-# LoRA trains on (planner/adapters.py); the frozen base in bf16 as the transform casts it.
+# LoRA trains on (methods/lora/adapters.py); the frozen base in bf16 as the transform casts it.
 LORA = {"method": "lora", "lora": {"r": 16}}
 LORA_STRATEGIES = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
 LORA_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # the four simulated (bench/results cache)

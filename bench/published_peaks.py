@@ -31,9 +31,9 @@ from orchestrate.config.schema import RunConfig  # noqa: E402
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile  # noqa: E402
 from orchestrate.hardware.software import SoftwareStack  # noqa: E402
 from orchestrate.hardware.units import GiB, MiB  # noqa: E402
+from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.model.meta import shape_for  # noqa: E402
 from orchestrate.planner import constants as k  # noqa: E402
-from orchestrate.planner.adapters import adapters_for  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 

@@ -44,7 +44,7 @@ def test_a_module_from_the_config_is_not_imported_or_called_without_the_opt_in(t
 
 
 def test_data_module_is_gated_by_the_same_switch(tmp_path: Path):
-    from orchestrate.data.module_data import load_dataset
+    from orchestrate.methods.custom.data import load_dataset
 
     marker = tmp_path / "ran"
     config = config_from_dict({"model": {"module": "tests.helpers.custom_modules:ResMLP"},
@@ -57,7 +57,7 @@ def test_data_module_is_gated_by_the_same_switch(tmp_path: Path):
 
 
 def test_with_the_switch_the_module_is_used(tmp_path: Path):
-    from orchestrate.model.custom import module_factory
+    from orchestrate.methods.custom.module import module_factory
 
     config = config_from_dict({"model": {"module": "tests.helpers.custom_modules:ResMLP", "trust_remote_code": True},
                                "data": {"module": "tests.helpers.custom_modules:rule"},

@@ -61,7 +61,7 @@ def test_a_truncated_model_safetensors_is_a_user_error_in_the_worker_too(truncat
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.model.loading import plan_reads
+    from orchestrate.loading.weights import plan_reads
 
     layout = StateLayout.of(GPT2LMHeadModel(GPT2Config(**{k: v for k, v in TINY_GPT2.items() if k != "model_type"})))
     with pytest.raises(UserError, match="cannot be read") as err:

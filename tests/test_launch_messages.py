@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 
 
 def _failure(rank: int, exitcode: int, error_file: str = "<N/A>"):
@@ -48,7 +48,7 @@ def test_a_rank_that_only_lost_its_dead_peer_is_not_blamed(monkeypatch, tmp_path
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     from orchestrate.agent.torchrun import blamed_failure
-    from orchestrate.run.exit_codes import EX_PEER_LOST
+    from orchestrate.run.exits import EX_PEER_LOST
     from orchestrate.worker import forked
 
     rank, _ = blamed_failure({0: _failure(0, EX_PEER_LOST), 1: _failure(1, -int(signal.SIGKILL))})
@@ -118,8 +118,8 @@ def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path
     from orchestrate import api
     from orchestrate.config.load import load_config
     from orchestrate.data import pipeline
-    from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.session import start
+    from orchestrate.transports.local.transport import LocalTorchrun
     from tests.helpers.plans import cpu_hardware
 
     def tokenising(plan, run_dir, progress):

@@ -61,7 +61,7 @@ def test_a_linked_checkpoints_directory_is_refused_by_config_and_plan_out(run_di
 
 
 def test_a_link_deeper_in_the_run_is_found_without_following_it(run_dir: Path, precious: Path):
-    from orchestrate.run.marker import check_no_links
+    from orchestrate.run.layout import check_no_links
 
     (run_dir / "logs" / "attempt_0").mkdir(parents=True)
     (run_dir / "logs" / "attempt_0" / "stdout.log").symlink_to(precious)

@@ -10,10 +10,10 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.hardware.software import SoftwareStack
 from orchestrate.hardware.units import GiB, MiB
+from orchestrate.methods.lora.adapters import adapters_for
+from orchestrate.methods.lora.memory import adapter_saved_delta
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import software_terms as st
-from orchestrate.planner.adapter_memory import adapter_saved_delta
-from orchestrate.planner.adapters import adapters_for
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.strategy import Strategy
 

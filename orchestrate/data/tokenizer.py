@@ -158,7 +158,7 @@ def auto_tokenizer(directory: Path, trust_remote_code: bool):
     bypass the config's switch. Custom code without the switch is a UserError naming it."""
     from transformers import AutoTokenizer
 
-    from orchestrate.model.custom import TRUST_SWITCH
+    from orchestrate.methods.custom.module import TRUST_SWITCH
 
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)

@@ -18,7 +18,7 @@ from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
 from orchestrate.data.sources import resolve_sources
 from orchestrate.errors import Problem, UserError
-from orchestrate.run.write_errors import os_errors_as_user_errors
+from orchestrate.run.layout import os_errors_as_user_errors
 
 EOS_TOKEN = "<|endoftext|>"
 MIN_VOCAB = 256 + 1 + 1

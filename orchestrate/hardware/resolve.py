@@ -102,7 +102,7 @@ def profile_to_yaml(profile: HardwareProfile) -> str:
 def write_profile(profile: HardwareProfile, path: Path) -> Path:
     """`profile --out FILE`: a new file, or one an earlier `profile --out` wrote (it starts with
     PROFILE_HEADER); any other file is left alone (UserError), as is an unwritable path."""
-    from orchestrate.run.write_errors import os_errors_as_user_errors
+    from orchestrate.run.layout import os_errors_as_user_errors
 
     path = Path(path)
     if path.is_dir() or (path.exists() and not _starts_with(path, PROFILE_HEADER)):

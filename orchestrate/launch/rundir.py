@@ -30,10 +30,12 @@ from orchestrate.run.layout import (
     MODEL_DIR,
     PLAN_FILE,
     REQUEUE_FILE,
+    check_no_links,
+    check_run_dir_writable,
+    os_errors_as_user_errors,
+    write_marker,
 )
 from orchestrate.run.lock import RunLock
-from orchestrate.run.marker import check_no_links, check_run_dir_writable, write_marker
-from orchestrate.run.write_errors import os_errors_as_user_errors
 
 RUN_DIR_OWN_FILES = (MARKER_FILE, LOCK_FILE, REQUEUE_FILE)
 """Written into any run directory besides `run_dir_writes`, marked or not."""
@@ -168,7 +170,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
                     force: bool = False, hold: ExitStack | None = None, remote_workers: bool = False,
                     where: str = "--run-dir", check_data: bool = True) -> tuple[Plan, Path]:
     """Plan (UserError when nothing fits), check the data, run `check` on the plan, check that the
-    directory may be written (orchestrate.run.marker; `force`), then lock it and write it;
+    directory may be written (orchestrate.run.layout; `force`), then lock it and write it;
     notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest run of `name`)
     keeps its own plan when it still fits and is not written again (`orchestrate.launch.resume`);
     otherwise a `run_dir` that already holds checkpoints is refused. The lock is kept in `hold`
@@ -178,7 +180,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.pipeline import check_data_config
     from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
-    from orchestrate.model.weight_files import check_model_weights
+    from orchestrate.loading.weight_files import check_model_weights
     from orchestrate.planning import feasible_plan
 
     rendered = None

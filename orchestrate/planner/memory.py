@@ -28,13 +28,11 @@ process's RAM) with no CUDA context, workspace or allocator reserve; callers com
 
 from __future__ import annotations
 
-from orchestrate.config.prune import PruneSection
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.software import SoftwareStack
-from orchestrate.model.shape import ModelShape
-from orchestrate.planner import activations, ds_buckets, knobs, software_terms
-from orchestrate.planner import constants as k
-from orchestrate.planner.adapter_memory import (
+from orchestrate.methods.distill.memory import Teacher, add_teacher_memory, first_pass_bytes
+from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.lora.memory import (
     adapter_saved_delta,
     add_frozen_base,
     fsdp_forward_start_excess,
@@ -42,11 +40,13 @@ from orchestrate.planner.adapter_memory import (
     scale_adapter_states,
     trainable_shape,
 )
-from orchestrate.planner.adapters import Adapters
+from orchestrate.methods.prune.config import PruneSection
+from orchestrate.methods.prune.memory import mask_memory
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner import activations, ds_buckets, knobs, software_terms
+from orchestrate.planner import constants as k
 from orchestrate.planner.estimate import MemoryEstimate
-from orchestrate.planner.prune_memory import mask_memory
 from orchestrate.planner.strategy import Strategy
-from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory, first_pass_bytes
 
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
@@ -86,7 +86,7 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, adapte
     offloaded, two block inputs stay on the device (knobs.py); `adapters`: what they change per block."""
     if shape.task == "custom":
         # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
-        # sample (orchestrate/model/custom_activations.py), loss temporaries included.
+        # sample (orchestrate/methods/custom/activations.py), loss temporaries included.
         fp32 = shape.activation_bytes_fixed + strategy.micro_batch_size * shape.activation_bytes_per_sample
         return int(fp32 * compute_bytes(strategy) / 4)
     tokens, c = strategy.micro_batch_size * seq_len, compute_bytes(strategy)
@@ -291,7 +291,7 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adap
     if adapters is not None and strategy.backend != "ddp":
         # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
         # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
-        # DeepSpeed by every rank (model/adapter_loading.py; QLoRA: adapter_memory.quantized_load_bytes).
+        # DeepSpeed by every rank (methods/lora/loading.py; QLoRA: adapter_memory.quantized_load_bytes).
         return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * compute_bytes(strategy) * p
     if strategy.backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by

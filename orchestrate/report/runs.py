@@ -8,8 +8,7 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
-from orchestrate.run.layout import METRICS_FILE, PLAN_FILE
-from orchestrate.run.metrics_file import read_records
+from orchestrate.run.layout import METRICS_FILE, PLAN_FILE, read_records
 
 NUMERIC_FIELDS = ("step", "loss", "eval_loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s",
                   "rss_peak_bytes_max_rank", "node_rss_peak_bytes", "gpu_max_allocated_bytes",

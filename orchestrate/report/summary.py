@@ -11,9 +11,13 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.report.plots import FIGURES
 from orchestrate.report.runs import Run, load_run
 from orchestrate.report.verdict import memory_verdict
-from orchestrate.run.layout import REPORT_DIR, REPORT_MARKER_FILE
-from orchestrate.run.marker import check_output_dir, is_run_dir
-from orchestrate.run.write_errors import os_errors_as_user_errors
+from orchestrate.run.layout import (
+    REPORT_DIR,
+    REPORT_MARKER_FILE,
+    check_output_dir,
+    is_run_dir,
+    os_errors_as_user_errors,
+)
 
 SUMMARY_FILE = "summary.md"
 

@@ -13,7 +13,7 @@ DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
 
 def fake_run(path: Path, marked: bool = True) -> Path:
     """`path` with the run marker (unless `marked` is False), a DDP plan and two steps of metrics."""
-    from orchestrate.run.marker import write_marker
+    from orchestrate.run.layout import write_marker
 
     path.mkdir(parents=True)
     if marked:

@@ -12,24 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from click.testing import CliRunner
 
-from orchestrate.cli import cli
 from orchestrate.errors import UserError
+from tests.helpers.cli import assert_one_message, invoke
 from tests.helpers.plans import TINY_GPT2
 
 TRAIN = {"seq_len": 32, "global_batch_size": 8, "micro_batch_size": 2, "max_steps": 2}
-
-
-def _invoke(*args: object):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _assert_one_message(result, *names: object) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
-    for name in names:
-        assert str(name) in result.output, result.output
 
 
 def _yaml(path: Path, config: dict) -> Path:
@@ -51,8 +39,8 @@ def truncated_model(tmp_path: Path) -> Path:
 def test_a_truncated_model_safetensors_is_refused_before_any_worker(tmp_path: Path, truncated_model: Path):
     config = _yaml(tmp_path / "ft.yaml", {"model": {"name_or_path": str(truncated_model)}, "train": TRAIN,
                                           "data": {"generate_demo_corpus": True}})
-    result = _invoke("launch", "--gpus", 2, config, "--dry-run", "--run-dir", tmp_path / "run")
-    _assert_one_message(result, truncated_model / "model.safetensors", "damaged")
+    result = invoke("launch", "--gpus", 2, config, "--dry-run", "--run-dir", tmp_path / "run")
+    assert_one_message(result, truncated_model / "model.safetensors", "damaged")
     assert not (tmp_path / "run").exists()
 
 
@@ -73,23 +61,23 @@ def test_token_ids_past_the_vocabulary_in_the_data_cache_are_one_message(tmp_pat
     cache = tmp_path / "cache"
     config = _yaml(tmp_path / "tiny.yaml", {"model": {"architecture": dict(TINY_GPT2)}, "train": TRAIN,
                                             "data": {"generate_demo_corpus": True, "cache_dir": str(cache)}})
-    assert _invoke("prepare", config).exit_code == 0
+    assert invoke("prepare", config).exit_code == 0
     [tokens] = cache.glob("demo_corpus-*/tokens.bin")
     ids = np.memmap(tokens, dtype=np.uint16, mode="r+")
     ids[:] = 60000  # same size, so every size check of the entry still passes
     ids.flush()
     del ids
-    _assert_one_message(_invoke("prepare", config), tokens, "60,000", "orchestrate prepare CONFIG --force")
+    assert_one_message(invoke("prepare", config), tokens, "60,000", "orchestrate prepare CONFIG --force")
 
 
 def test_a_garbage_plan_json_on_resume_is_one_message(tmp_path: Path):
     config = _yaml(tmp_path / "tiny.yaml", {"model": {"architecture": dict(TINY_GPT2)}, "train": TRAIN,
                                             "data": {"generate_demo_corpus": True}})
     run = tmp_path / "run"
-    assert _invoke("launch", "--gpus", 2, config, "--dry-run", "--run-dir", run).exit_code == 0
+    assert invoke("launch", "--gpus", 2, config, "--dry-run", "--run-dir", run).exit_code == 0
     (run / "plan.json").write_text("garbage{")
-    result = _invoke("launch", "--gpus", 2, config, "--resume", "--run-dir", run, "--dry-run")
-    _assert_one_message(result, run / "plan.json", "checkpoints/step-N/plan.json")
+    result = invoke("launch", "--gpus", 2, config, "--resume", "--run-dir", run, "--dry-run")
+    assert_one_message(result, run / "plan.json", "checkpoints/step-N/plan.json")
 
 
 def test_a_loss_that_is_a_string_in_metrics_is_one_message_naming_the_record(tmp_path: Path):
@@ -98,17 +86,17 @@ def test_a_loss_that_is_a_string_in_metrics_is_one_message_naming_the_record(tmp
     run = fake_run(tmp_path / "run")
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"step": 3, "loss": "nan-ish"}) + "\n")
-    _assert_one_message(_invoke("report", run), "record 3 (step 3)", "loss is 'nan-ish'")
+    assert_one_message(invoke("report", run), "record 3 (step 3)", "loss is 'nan-ish'")
 
 
 def test_a_memory_size_no_machine_has_is_refused_with_its_flag_or_yaml_path(tmp_path: Path):
     tiny = _yaml(tmp_path / "tiny.yaml", {"model": {"architecture": dict(TINY_GPT2)}, "train": TRAIN})
-    result = _invoke("plan", tiny, "--gpus", 2, "--gpu-mem", "99999999999999999999999999TiB")
-    _assert_one_message(result, "--gpu-mem", "e.g. 8GiB")
-    profile = yaml.safe_load(_invoke("profile", "--profile", "rtx3070", "--yaml").output)
+    result = invoke("plan", tiny, "--gpus", 2, "--gpu-mem", "99999999999999999999999999TiB")
+    assert_one_message(result, "--gpu-mem", "e.g. 8GiB")
+    profile = yaml.safe_load(invoke("profile", "--profile", "rtx3070", "--yaml").output)
     profile["gpu"]["memory_bytes"] = 10**40
-    result = _invoke("plan", tiny, "--profile", _yaml(tmp_path / "hw.yaml", profile))
-    _assert_one_message(result, "gpu.memory_bytes")
+    result = invoke("plan", tiny, "--profile", _yaml(tmp_path / "hw.yaml", profile))
+    assert_one_message(result, "gpu.memory_bytes")
 
 
 @pytest.mark.slow
@@ -117,6 +105,6 @@ def test_a_launch_refused_on_its_data_leaves_no_run_directory(tmp_path: Path):
     config = _yaml(tmp_path / "small.yaml", {"model": {"architecture": dict(TINY_GPT2)},
                                              "train": {**TRAIN, "output_dir": str(tmp_path / "runs")},
                                              "data": {"train_files": ["small.txt"]}})
-    result = _invoke("launch", "--gpus", 2, config)
-    _assert_one_message(result, "not enough training data", "fewer than the 2 ranks")
+    result = invoke("launch", "--gpus", 2, config)
+    assert_one_message(result, "not enough training data", "fewer than the 2 ranks")
     assert [p.name for p in (tmp_path / "runs").iterdir()] == ["data_cache"]  # the shared cache stays

@@ -12,24 +12,12 @@ import os
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from orchestrate.cli import cli
-from tests.helpers.fake_runs import fake_run as _run
+from tests.helpers.cli import assert_one_message, invoke
+from tests.helpers.fake_runs import fake_run
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
-
-
-def _invoke(*args: object):
-    return CliRunner().invoke(cli, [str(a) for a in args])
-
-
-def _assert_one_message(result, *names: object) -> None:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output and isinstance(result.exception, SystemExit), result.output
-    for name in names:
-        assert str(name) in result.output, result.output
 
 
 # --- never over files the command did not write -----------------------------------------------
@@ -38,57 +26,57 @@ def _assert_one_message(result, *names: object) -> None:
 def test_profile_out_refuses_a_users_file_and_replaces_its_own(tmp_path: Path):
     mine = tmp_path / "hw.yaml"
     mine.write_text("my notes\n")
-    refused = _invoke("profile", "--profile", "rtx3070", "--out", mine)
-    _assert_one_message(refused, mine, "--out")
+    refused = invoke("profile", "--profile", "rtx3070", "--out", mine)
+    assert_one_message(refused, mine, "--out")
     assert mine.read_text() == "my notes\n"
     fresh = tmp_path / "new.yaml"
-    assert _invoke("profile", "--profile", "rtx3070", "--out", fresh).exit_code == 0
-    again = _invoke("profile", "--profile", "rtx3070", "--gpus", "2", "--out", fresh)  # its own file
+    assert invoke("profile", "--profile", "rtx3070", "--out", fresh).exit_code == 0
+    again = invoke("profile", "--profile", "rtx3070", "--gpus", "2", "--out", fresh)  # its own file
     assert again.exit_code == 0, again.output
     assert "gpus_per_node: 2" in fresh.read_text()
-    assert _invoke("plan", TINY, "--profile", fresh).exit_code == 0  # still a profile file
+    assert invoke("plan", TINY, "--profile", fresh).exit_code == 0  # still a profile file
 
 
 def test_plan_out_refuses_a_users_plan_json_and_a_run_with_checkpoints(tmp_path: Path):
     users = tmp_path / "mine"
     users.mkdir()
     (users / "plan.json").write_text('{"mine": 1}')
-    _assert_one_message(_invoke("plan", "--gpus", 2, TINY, "--out", users), "plan.json", "--out NEW")
+    assert_one_message(invoke("plan", "--gpus", 2, TINY, "--out", users), "plan.json", "--out NEW")
     assert (users / "plan.json").read_text() == '{"mine": 1}'
 
-    run = _run(tmp_path / "run")
+    run = fake_run(tmp_path / "run")
     (run / "checkpoints" / "step-00000002").mkdir(parents=True)
     before = (run / "plan.json").read_bytes()
-    _assert_one_message(_invoke("plan", "--gpus", 2, TINY, "--out", run), "step-00000002", "--out NEW")
+    assert_one_message(invoke("plan", "--gpus", 2, TINY, "--out", run), "step-00000002", "--out NEW")
     assert (run / "plan.json").read_bytes() == before
 
     fresh = tmp_path / "fresh"
-    assert _invoke("plan", "--gpus", 2, TINY, "--out", fresh).exit_code == 0
+    assert invoke("plan", "--gpus", 2, TINY, "--out", fresh).exit_code == 0
     first = json.loads((fresh / "plan.json").read_text())
-    assert _invoke("plan", "--gpus", 2, TINY, "--out", fresh, "--set", "train.seq_len=64").exit_code == 0
+    assert invoke("plan", "--gpus", 2, TINY, "--out", fresh, "--set", "train.seq_len=64").exit_code == 0
     assert json.loads((fresh / "plan.json").read_text())["config"]["train"]["seq_len"] == 64 != \
         first["config"]["train"]["seq_len"]
 
 
 @pytest.mark.parametrize("users_file", ["summary.md", "loss.png"])
 def test_report_out_refuses_a_directory_of_user_files(tmp_path: Path, users_file: str):
-    run = _run(tmp_path / "run")
+    run = fake_run(tmp_path / "run")
     out = tmp_path / "docs"
     out.mkdir()
     (out / users_file).write_text("mine\n")
-    _assert_one_message(_invoke("report", run, "--out", out), users_file, "--out NEW")
+    assert_one_message(invoke("report", run, "--out", out), users_file, "--out NEW")
     assert (out / users_file).read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == [users_file]
 
 
 def test_report_rewrites_its_own_output_and_a_runs_report_directory(tmp_path: Path):
-    run = _run(tmp_path / "run")
+    run = fake_run(tmp_path / "run")
     out = tmp_path / "out"
     for _ in range(2):  # the second time over its own files
-        result = _invoke("report", run, "--out", out)
+        result = invoke("report", run, "--out", out)
         assert result.exit_code == 0, result.output
     (run / "report").mkdir()
     (run / "report" / "summary.md").write_text("an older report, before the marker existed\n")
-    result = _invoke("report", run)  # RUN_DIR/report of an orchestrate run is the report's own place
+    result = invoke("report", run)  # RUN_DIR/report of an orchestrate run is the report's own place
     assert result.exit_code == 0, result.output
     assert (run / "report" / "summary.md").read_text().startswith("# orchestrate report")
 
@@ -101,16 +89,16 @@ def test_an_out_that_cannot_be_written_is_one_message(tmp_path: Path, command: s
     (tmp_path / "file").write_text("")
     out = tmp_path / "file" / "out"  # under a regular file: no one can create it, root included
     args = {"plan": ["plan", "--gpus", 2, TINY, "--out", out],
-            "report": ["report", _run(tmp_path / "run"), "--out", out],
+            "report": ["report", fake_run(tmp_path / "run"), "--out", out],
             "profile": ["profile", "--profile", "rtx3070", "--out", out],
             "tokenizer": ["tokenizer", "train", TINY, "--vocab-size", 300, "--out", out,
                           "--set", f"data.cache_dir={tmp_path / 'cache'}"]}[command]
-    _assert_one_message(_invoke(*args), tmp_path / "file")
+    assert_one_message(invoke(*args), tmp_path / "file")
 
 
 def test_report_on_a_read_only_run_is_one_message(tmp_path: Path, monkeypatch):
     """The run's directory refuses writes as a read-only mount does (EROFS; chmod does not stop root)."""
-    run = _run(tmp_path / "run")
+    run = fake_run(tmp_path / "run")
     real_mkdir = Path.mkdir
 
     def mkdir(self, *args, **kwargs):
@@ -119,15 +107,15 @@ def test_report_on_a_read_only_run_is_one_message(tmp_path: Path, monkeypatch):
         return real_mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
-    result = _invoke("report", run)
-    _assert_one_message(result, run / "report", "Read-only file system", "--out")
+    result = invoke("report", run)
+    assert_one_message(result, run / "report", "Read-only file system", "--out")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_report_on_a_run_without_write_permission_is_one_message(tmp_path: Path):
-    run = _run(tmp_path / "run")
+    run = fake_run(tmp_path / "run")
     run.chmod(0o555)
     try:
-        _assert_one_message(_invoke("report", run), run / "report")
+        assert_one_message(invoke("report", run), run / "report")
     finally:
         run.chmod(0o755)

@@ -19,6 +19,7 @@ from orchestrate.config.strategy import StrategySection
 from orchestrate.config.train import TrainSection
 from orchestrate.methods.custom.config import check_custom_sections
 from orchestrate.methods.distill.config import DistillSection
+from orchestrate.methods.preference.config import PreferenceSection
 from orchestrate.methods.prune.config import PruneSection
 
 
@@ -41,6 +42,8 @@ class RunConfig(Section):
     """Prune while training (docs/pruning.md); null: no pruning."""
     distill: DistillSection | None = None
     """Knowledge distillation from a frozen teacher (orchestrate/methods/distill/config.py); null: none."""
+    preference: PreferenceSection | None = None
+    """Preference tuning: DPO, IPO, ORPO, KTO on preference records (docs/preference.md); null: none."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""

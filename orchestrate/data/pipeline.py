@@ -177,7 +177,7 @@ def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False
     (`flatten`: one row per micro-batch, for the flash-attention varlen path) or padded."""
     seq_len, data = config.train.seq_len, config.data
     record_format = prepared.train.meta.get("record_format", "text")
-    check_preference_data(config, record_format, prepared.sources.train[0].where)
+    check_preference_data(config.preference, record_format, prepared.sources.train[0].where)
     if record_format in PREFERENCE_FORMATS:
         return preference_views(prepared.train, prepared.validation, config, flatten)
     if is_sft(record_format):

@@ -32,6 +32,7 @@ from orchestrate.methods.preference.records import encode_preference, to_prefere
 if TYPE_CHECKING:
     from orchestrate.config.data import DataSection
     from orchestrate.config.schema import RunConfig
+    from orchestrate.methods.preference.config import PreferenceSection
     from orchestrate.data.sources import Source
     from orchestrate.data.tokenizer import Tokenizer
 
@@ -52,10 +53,13 @@ class SftSettings:
     data: DataSection
     template: ChatTemplate | None
     """The YAML's chat template (None: the tokenizer's own, if the records need one)."""
+    preference: PreferenceSection | None = None
+    """The `preference:` section, which decides the record format the data must have (not how it is
+    tokenised: no part of `identity`)."""
 
     @classmethod
     def of(cls, config: RunConfig) -> SftSettings:
-        return cls(config.data, yaml_template(config))
+        return cls(config.data, yaml_template(config), config.preference)
 
     def identity(self) -> dict[str, Any]:
         d = self.data

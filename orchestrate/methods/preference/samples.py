@@ -226,10 +226,9 @@ class PackedPreferences(_Preferences):
 PreferenceSamples = PaddedPreferences | PackedPreferences
 
 
-def check_preference_data(config, record_format: str, where: str) -> None:
-    """Preference records are trained with a `preference:` section and it with them: pairs for the
-    pairwise losses, labelled answers for kto."""
-    section = config.preference
+def check_preference_data(section, record_format: str, where: str) -> None:
+    """Preference records are trained with a `preference:` section (`section`) and it with them: pairs
+    for the pairwise losses, labelled answers for kto."""
     if section is None:
         if record_format in PREFERENCE_FORMATS:
             raise UserError("the records are preference records", [Problem(

@@ -129,7 +129,7 @@ def test_token_log_probs_are_zero_where_nothing_is_scored():
     logits = torch.randn(1, 4, 5)
     labels = torch.tensor([[-100, 3, -100, 1]])
     per_token, scored = token_logps(logits, labels)
-    assert scored.tolist() == [[True, False, True]]
-    assert per_token[0, 1].item() == 0.0
+    assert scored.tolist() == [[True, False, True, False]]  # position t scores label t + 1
+    assert per_token[0, 1].item() == per_token[0, 3].item() == 0.0
     assert sequence_sums(per_token, torch.tensor([[0, 0, 0, 0]]), 1).item() == pytest.approx(
         per_token.sum().item())

@@ -35,19 +35,21 @@ IGNORE_INDEX = -100
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log-probability of each label under the logits before it, whether it is scored): the causal
-    shift as Hugging Face models make it (logits at t predict the token at t + 1), in fp32 at least."""
-    targets = labels[:, 1:]
-    scored = targets != IGNORE_INDEX
-    shifted = logits[:, :-1].to(torch.promote_types(logits.dtype, torch.float32))
-    picked = shifted.gather(-1, targets.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    return (picked - torch.logsumexp(shifted, dim=-1)) * scored, scored
+    """(log-probability of each position's next label, whether it is scored), both (rows, positions):
+    the causal shift as Hugging Face models make it (logits at t predict the token at t + 1; the last
+    position predicts nothing), in fp32 at least. Computed as transformers' ForCausalLMLoss computes
+    its cross-entropy (the labels shifted, not the logits), so its temporaries are the ones the memory
+    model's logits term measured: none beyond them (tests/test_preference_memory.py)."""
+    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+    upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    per_token = -F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
+    return per_token.view(targets.shape), targets != IGNORE_INDEX
 
 
 def sequence_sums(values: torch.Tensor, sequence: torch.Tensor, count: int) -> torch.Tensor:
-    """Per sequence, the sum of `values` (one per target position) over its positions: `sequence`
-    names the sequence of every input position (−1: padding), `count` how many there are."""
-    owner = sequence[:, 1:].reshape(-1) + 1  # 0: no sequence
+    """Per sequence, the sum of `values` (one per position, for the position's next label): `sequence`
+    names the sequence of every position (-1: padding), `count` how many there are."""
+    owner = F.pad(sequence[:, 1:], (0, 1), value=-1).reshape(-1) + 1  # 0: no sequence
     sums = torch.zeros(count + 1, dtype=values.dtype, device=values.device)
     return sums.index_add(0, owner, values.reshape(-1))[1:]
 

@@ -32,22 +32,17 @@ from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entrie
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
-from orchestrate.methods.preference.samples import (
-    PackedPreferences,
-    PaddedPreferences,
-    check_preference_data,
-    describe_preferences,
-    preference_views,
-)
 
 if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
     import torch
 
+    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
     from orchestrate.planner.plan import Plan
+
+    Samples = PackedBlocks | PaddedDocuments | PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences
 
 __all__ = ["DEMO_CORPUS_ROLE", "PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
 
-Samples = PackedBlocks | PaddedDocuments | PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences
 TOKENIZER_MEMO_SUBDIR = "tokenizers"
 """Under the data cache: each HF tokenizer's vocab_size and EOS id by file hash (`HFTokenizer`)."""
 
@@ -175,6 +170,10 @@ def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False
     """(train, validation) views: packed blocks or padded documents, split by ratio when no
     validation data is given; for chat and instruction records whole samples packed apart
     (`flatten`: one row per micro-batch, for the flash-attention varlen path) or padded."""
+    # Imported here: orchestrate.methods.preference imports orchestrate.data's modules, whose package
+    # imports this one.
+    from orchestrate.methods.preference.samples import check_preference_data, preference_views
+
     seq_len, data = config.train.seq_len, config.data
     record_format = prepared.train.meta.get("record_format", "text")
     check_preference_data(config.preference, record_format, prepared.sources.train[0].where)
@@ -255,6 +254,8 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
 
 def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     """One line for people: what was tokenised or found in the cache, and what it gives."""
+    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences, describe_preferences
+
     train, validation = samples_for(prepared, config)
     if isinstance(train, PackedPreferences | PaddedPreferences):
         return describe_preferences(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
@@ -287,6 +288,8 @@ def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
 
 def check_eval_generate(config: RunConfig, train: Samples, validation: Samples) -> None:
     """train.eval_generate answers held-out prompts: it needs chat / instruction samples held out."""
+    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
+
     if not config.train.eval_generate:
         return
     if not isinstance(train, PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences):

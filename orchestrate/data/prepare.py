@@ -49,7 +49,6 @@ from orchestrate.data.sources import Source, source_identity, total_bytes
 from orchestrate.data.text_template import render, template_fields
 from orchestrate.data.tokenizer import Tokenizer, token_dtype
 from orchestrate.errors import Problem, UserError
-from orchestrate.methods.preference.samples import check_preference_data
 
 _PARAGRAPH_BREAK = re.compile(r"\n\s*\n")
 AUTO_PARALLEL_BYTES = 64 * 2**20
@@ -304,6 +303,8 @@ def _mapped(ds, source: Source, spec: TextSpec, tokenizer: Tokenizer, work: Path
     source_spec, paragraphs = _spec_for(source, spec)
     record_format = detect_format(ds.column_names, spec.sft.data) if spec.sft is not None else "text"
     if spec.sft is not None:
+        from orchestrate.methods.preference.samples import check_preference_data  # (pipeline.py: why here)
+
         check_preference_data(spec.sft.preference, record_format, source.where)
     info: dict = {"record_format": record_format}
     if is_sft(record_format):

@@ -27,7 +27,6 @@ from orchestrate.data.records import (
 )
 from orchestrate.data.sft_tokens import TemplateNotIncremental, encode_chat, encode_completion, mask_method
 from orchestrate.errors import Problem, UserError
-from orchestrate.methods.preference.records import encode_preference, to_preference
 
 if TYPE_CHECKING:
     from orchestrate.config.data import DataSection
@@ -174,6 +173,8 @@ def _preference_tokens(record: dict, record_format: str, data: DataSection, temp
     """A preference record's document: its sequences one after the other, each answer TRAINED | ANSWER,
     the rejected (or undesirable) sequence REJECTED; None when a sequence has no answer token."""
     import jinja2
+
+    from orchestrate.methods.preference.records import encode_preference, to_preference  # (pipeline.py: why here)
 
     preference, problem = to_preference(record, record_format, data)
     if preference is None:

@@ -34,13 +34,18 @@ from orchestrate.methods.preference.config import PreferenceSection
 IGNORE_INDEX = -100
 
 
+def next_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts (the next one; the last position's is IGNORE_INDEX)."""
+    return F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+
+
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(log-probability of each position's next label, whether it is scored), both (rows, positions):
     the causal shift as Hugging Face models make it (logits at t predict the token at t + 1; the last
     position predicts nothing), in fp32 at least. Computed as transformers' ForCausalLMLoss computes
     its cross-entropy (the labels shifted, not the logits), so its temporaries are the ones the memory
     model's logits term measured: none beyond them (tests/test_preference_memory.py)."""
-    targets = F.pad(labels, (0, 1), value=IGNORE_INDEX)[:, 1:]
+    targets = next_labels(labels)
     upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))
     per_token = -F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
     return per_token.view(targets.shape), targets != IGNORE_INDEX
@@ -65,6 +70,11 @@ class AnswerLogps:
     def of(cls, logits: torch.Tensor, labels: torch.Tensor, sequence: torch.Tensor, count: int) -> AnswerLogps:
         per_token, scored = token_logps(logits, labels)
         return cls(sequence_sums(per_token, sequence, count), sequence_sums(scored.to(per_token.dtype), sequence, count))
+
+    @staticmethod
+    def scored_tokens(labels: torch.Tensor, sequence: torch.Tensor, count: int) -> torch.Tensor:
+        """The scored tokens of each sequence (what `of` counts), from the labels alone."""
+        return sequence_sums((next_labels(labels) != IGNORE_INDEX).float(), sequence, count)
 
     def halves(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.logps.chunk(2)

@@ -95,8 +95,18 @@ def kept_records(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: st
 class _Preferences:
     def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool):
         self.seq_len, self.kept, self.paired = seq_len, kept, paired
+        self.stream = stream
         self._tokens, self._mask, self._offsets = stream.tokens, mask, stream.offsets
         self._pad = int(stream.meta["eos_id"])
+
+    @property
+    def stream_key(self) -> str:
+        """The cache entry's key (what the records were tokenised from)."""
+        return str(self.stream.meta["key"])
+
+    @property
+    def documents(self) -> int:
+        return len(self._offsets) - 1
 
     @property
     def samples(self) -> int:
@@ -148,6 +158,11 @@ class _Preferences:
 
 
 class PaddedPreferences(_Preferences):
+    @classmethod
+    def like(cls, view: _Preferences) -> PaddedPreferences:
+        """The records of `view`, padded one sequence per row."""
+        return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired)
+
     @property
     def shape(self) -> tuple[int, int]:
         return (self.samples, self.seq_len)

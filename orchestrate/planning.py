@@ -21,9 +21,14 @@ def plan_for(config: RunConfig, hardware: HardwareProfile) -> Plan:
 
 def plan_with_shape(config: RunConfig, hardware: HardwareProfile, shape: ModelShape) -> Plan:
     """`make_plan` with the distillation teacher's shape (and the check that teacher and student
-    share a vocabulary) when the config has a `distill:` section."""
+    share a vocabulary) when the config has a `distill:` section, or the preference reference's
+    (checked likewise, and its placement against the method and hardware) with a `preference:` one."""
     from orchestrate.planner.search import make_plan
 
+    if config.preference is not None:
+        from orchestrate.methods.preference.reference_plan import reference_shape
+
+        return make_plan(config, hardware, shape, reference_shape=reference_shape(config, hardware, shape))
     if config.distill is None:
         return make_plan(config, hardware, shape)
     from orchestrate.methods.distill.teacher import teacher_shape

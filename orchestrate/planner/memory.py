@@ -32,6 +32,7 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.software import SoftwareStack
 from orchestrate.methods.distill.memory import Teacher, add_teacher_memory, first_pass_bytes
 from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.preference.memory import PreferenceTerms, add_reference_memory, reference_first_pass_bytes
 from orchestrate.methods.lora.memory import (
     adapter_saved_delta,
     add_frozen_base,
@@ -333,10 +334,12 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
                     gradient_accumulation: int = 1, adapters: Adapters | None = None,
                     prune: PruneSection | None = None, teacher: Teacher | None = None,
-                    packing: SamplePacking | None = None) -> MemoryEstimate:
+                    packing: SamplePacking | None = None, preference: PreferenceTerms | None = None
+                    ) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
     `adapters`: a LoRA / QLoRA run (adapter_memory.py); `prune`: its masks (prune_memory.py);
-    `teacher`: distillation (teacher_memory.py); `packing`: samples packed apart (packing.py)."""
+    `teacher`: distillation (teacher_memory.py); `packing`: samples packed apart (packing.py);
+    `preference`: two sequences per record and the reference model (methods/preference/memory.py)."""
     placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
     if teacher is not None:
         add_teacher_memory(placed.gpu, placed.cpu, teacher, strategy, hw, seq_len, compute_bytes(strategy))
@@ -346,10 +349,13 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     if prune is not None:
         gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
     sw = hw.software
-    gpu["activations"] = activation_bytes(shape, strategy, seq_len, adapters, sw)
-    gpu["logits"] = logits_bytes(shape, strategy, seq_len, sw)
+    rows, rows_seq = preference.rows(strategy, seq_len) if preference is not None else (strategy, seq_len)
+    gpu["activations"] = activation_bytes(shape, rows, rows_seq, adapters, sw)
+    gpu["logits"] = logits_bytes(shape, rows, rows_seq, sw)
     if packing is not None:  # chat / instruction samples packed apart (planner/packing.py)
-        gpu["attention_mask"] = float(mask_bytes(packing, shape, strategy, seq_len, compute_bytes(strategy)))
+        gpu["attention_mask"] = float(mask_bytes(packing, shape, rows, rows_seq, compute_bytes(strategy)))
+    if preference is not None:
+        add_reference_memory(gpu, placed.cpu, preference, strategy, hw, seq_len, compute_bytes(strategy))
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
     if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):
@@ -369,6 +375,9 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     if teacher is not None:  # precomputed: the first pass runs before the student exists (teacher_memory.py)
         gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
                                         - sum(gpu.values()))
+    if preference is not None and preference.reference is not None and preference.reference.placement == "precomputed":
+        gpu["reference_first_pass"] = max(0.0, reference_first_pass_bytes(preference, strategy, hw, seq_len,
+                                                                          compute_bytes(strategy)) - sum(gpu.values()))
     if hw.has_gpu:
         gpu["cuda_context"] = software_terms.cuda_context_bytes(sw)
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
@@ -380,10 +389,10 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
-    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len,
+    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, rows, rows_seq,
                                                                           compute_bytes(strategy))
     # every DDP rank its own copy of the table (each process looks up its own micro-batch)
-    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, strategy, seq_len, compute_bytes(strategy))
+    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, rows, rows_seq, compute_bytes(strategy))
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
     load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy), strategy, adapters)
             if adapters is not None and adapters.quantized else _load_bytes(shape, hw, strategy, adapters))

@@ -31,6 +31,10 @@ class Candidate:
     """Why it was rejected ("" when it fits): which limit it overflows and by how much."""
     teacher_placement: str | None = None
     """distill: where the teacher lives in this candidate (methods/distill/memory.py); None without one."""
+    reference_placement: str | None = None
+    """preference: where the reference model lives in this candidate (methods/preference/memory.py)."""
+    reference_reason: str = ""
+    """preference.placement auto: why this placement (the ones before it that did not fit, and by how much)."""
 
     @property
     def name(self) -> str:
@@ -49,6 +53,8 @@ class Candidate:
             "memory": self.memory.to_dict(),
             "speed": self.speed.to_dict(),
             **({"teacher_placement": self.teacher_placement} if self.teacher_placement else {}),
+            **({"reference_placement": self.reference_placement, "reference_reason": self.reference_reason}
+               if self.reference_placement else {}),
         }
 
     @classmethod
@@ -61,6 +67,8 @@ class Candidate:
             fits=bool(data["fits"]),
             reason=data.get("reason", ""),
             teacher_placement=data.get("teacher_placement"),
+            reference_placement=data.get("reference_placement"),
+            reference_reason=data.get("reference_reason", ""),
         )
 
 

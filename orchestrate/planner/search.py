@@ -34,6 +34,7 @@ from orchestrate.hardware.units import gib
 from orchestrate.methods.distill.memory import Teacher, auto_placements
 from orchestrate.methods.lora.adapters import Adapters, adapters_for, trains
 from orchestrate.methods.lora.offload import offloaded_adapters
+from orchestrate.methods.preference.memory import PreferenceTerms, placements, preference_terms, reference_speed_stand_in
 from orchestrate.methods.prune.config import PruneSection
 from orchestrate.methods.prune.schedule import check_prune
 from orchestrate.model.shape import ModelShape
@@ -234,19 +235,46 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
                limits: Limits, adapters: Adapters | None = None, prune: PruneSection | None = None,
-               teacher: Teacher | None = None, packing: SamplePacking | None = None) -> Candidate:
+               teacher: Teacher | None = None, packing: SamplePacking | None = None,
+               preference: PreferenceTerms | None = None) -> Candidate:
     if teacher is not None and teacher.placement == "auto":
         # The first placement that fits, cheapest per step first; precomputed last (a first pass, disk).
         tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, adapters, prune,
                             replace(teacher, placement=p), packing) for p in auto_placements(hw)]
         return next((c for c in tried if c.fits), tried[-1])
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher, packing)
-    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher, adapters)
+    if preference is not None and preference.reference is not None and preference.reference.placement == "auto":
+        return _reference_auto(shape, hw, strategy, seq_len, accumulation, limits, adapters, prune, packing, preference)
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher, packing, preference)
+    if preference is None:
+        speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher, adapters)
+    else:  # both sequences of every record, and the reference's forward priced as a teacher's (preference/memory.py)
+        rows, rows_seq = preference.rows(strategy, seq_len)
+        speed = estimate_speed(shape, hw, rows, rows_seq, accumulation, reference_speed_stand_in(preference, hw), adapters)
+        speed = replace(speed, breakdown={k.replace("teacher_", "reference_"): v for k, v in speed.breakdown.items()})
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
                        for what, need, have, word in over)
+    reference = preference.reference if preference is not None else None
     return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason,
-                     teacher_placement=teacher.placement if teacher is not None else None)
+                     teacher_placement=teacher.placement if teacher is not None else None,
+                     reference_placement=reference.placement if reference is not None else None)
+
+
+def _reference_auto(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
+                    limits: Limits, adapters: Adapters | None, prune: PruneSection | None,
+                    packing: SamplePacking | None, preference: PreferenceTerms) -> Candidate:
+    """preference.placement auto: the first placement of `placements` that fits this strategy, with
+    why (the ones before it that did not fit, by how much); none fitting: the last, not fitting."""
+    order = placements(preference, adapters is not None, hw)
+    tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, adapters, prune, None, packing,
+                        preference.with_placement(p)) for p in order]
+    chosen = next((c for c in tried if c.fits), tried[-1])
+    before = [f"{c.reference_placement} does not fit ({c.reason})" for c in tried[: tried.index(chosen)]]
+    first = {"adapter": "the base with the adapters disabled: no extra weights",
+             "replicated": "a full copy per rank, the cheapest live reference per step",
+             "precomputed": "a first pass before step 1, nothing of the reference held while training"}
+    why = "; ".join([*before, f"{chosen.reference_placement}: {first.get(chosen.reference_placement, 'the first that fits')}"])
+    return replace(chosen, reference_reason=f"auto: {why}")
 
 
 def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfile) -> float:
@@ -287,8 +315,8 @@ _AUTO_METHODS = ("full", "lora", "qlora")
 the training precision; the same on a base rounded to 4-bit NF4."""
 
 
-def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None
-                 ) -> Plan:
+def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None,
+                 reference_shape: ModelShape | None = None) -> Plan:
     """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
     which and why; if none fits, the last one planned (the closest to fitting)."""
     from orchestrate.config.requirements import METHOD_LIBRARIES, installed
@@ -305,7 +333,7 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teac
             unused["quantization"] = QuantizationSection()
         train = config.train.model_copy(update={"method": method, **unused})
         try:
-            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape, teacher_shape)
+            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape, teacher_shape, reference_shape)
         except UserError as err:  # e.g. a family LoRA is not planned for, or pins this method cannot train under
             why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
             continue
@@ -330,16 +358,18 @@ def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
     return [False]
 
 
-def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None = None
-              ) -> Plan:
+def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None = None,
+              reference_shape: ModelShape | None = None) -> Plan:
     """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc);
-    `teacher_shape`: the distillation teacher's (config.distill), counted in every candidate."""
+    `teacher_shape`: the distillation teacher's (config.distill), counted in every candidate;
+    `reference_shape`: a preference run's reference model (config.preference; None: the model's)."""
     if config.train.method == "auto":
-        return _method_plan(config, hw, shape, teacher_shape)
+        return _method_plan(config, hw, shape, teacher_shape, reference_shape)
     adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
     check_prune(config, shape)  # a UserError for pruning settings that do not fit the model
     teacher = (Teacher(teacher_shape, config.distill.placement, config.distill.top_k)
                if config.distill is not None and teacher_shape is not None else None)
+    preference = preference_terms(config, reference_shape or shape)
     problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
@@ -385,7 +415,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
             if not runnable:
                 continue
             tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters,
-                                config.prune, teacher, packing)
+                                config.prune, teacher, packing, preference)
                      for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
@@ -396,5 +426,30 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
     # an adapter run with offload only where nothing else fits (adapter_offload.py: no GPU has run it)
     fitting = sorted((c for c in kept if c.fits), key=lambda c: (offloaded_adapters(adapters, c.strategy), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
+    notes = [packing.describe()] if packing else []
+    if preference is not None:
+        best = (fitting + rest)[0]
+        longest = _longest_seq_len(shape, hw, best, limits, adapters, config.prune, packing, preference)
+        where = (f"reference model: {best.reference_placement} ({best.reference_reason or 'preference.placement'})"
+                 if best.reference_placement else f"no reference model (preference.loss {config.preference.loss})")
+        notes.append(f"preference: {where}; the longest train.seq_len that fits {best.name}: "
+                     + (f"{longest}" if longest else "none (not even 64)"))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
-                chosen=fitting[0] if fitting else None, notes=[packing.describe()] if packing else [])
+                chosen=fitting[0] if fitting else None, notes=notes)
+
+
+def _longest_seq_len(shape: ModelShape, hw: HardwareProfile, best: Candidate, limits: Limits,
+                     adapters: Adapters | None, prune: PruneSection | None, packing: SamplePacking | None,
+                     preference: PreferenceTerms) -> int:
+    """The longest seq_len (a multiple of 64, up to the model's positions) at which `best`'s strategy
+    fits with the configured reference placement (auto: chosen again per length); 0: not even 64.
+    Memory grows with seq_len, so a bisection."""
+    def fits(seq: int) -> bool:
+        return _candidate(shape, hw, best.strategy, seq, best.gradient_accumulation, limits, adapters, prune,
+                          None, packing, preference).fits
+
+    low, high = 0, max(1, shape.max_position_embeddings // 64)  # in units of 64 tokens
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(64 * middle) else (low, middle - 1)
+    return 64 * low

@@ -29,8 +29,9 @@ def step_record(run: RunInfo, step: int, result: StepResult, step_time: float,
                 stats: dict[str, Any]) -> dict[str, Any]:
     """The step's metrics.jsonl line from the `gather_step_stats` of every rank."""
     chosen = run.plan.chosen
+    sequences = 2 if run.plan.config.preference is not None else 1  # a record's two (methods/preference/memory.py)
     tokens = (chosen.strategy.micro_batch_size * chosen.gradient_accumulation * run.world_size
-              * run.plan.config.train.seq_len)
+              * run.plan.config.train.seq_len * sequences)
     counted = {"loss_tokens": stats["loss_tokens"], "loss_tokens_per_s": stats["loss_tokens"] / step_time} \
         if counts_tokens(run) else {}
     return {"step": step, "loss": stats["loss"], "lr": result.lr, "grad_norm": result.grad_norm,

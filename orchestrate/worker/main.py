@@ -49,7 +49,8 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
     data = stages.build_data(plan, run, worker)  # first: a classifier's labels size its head
     teacher = stages.build_teacher(plan, run, worker, data)  # before the student (see the function)
-    engine, ctx = stages.build_engine(plan, run, worker, data.label_names, teacher)
+    reference = stages.build_reference(plan, run, worker, data)  # likewise
+    engine, ctx = stages.build_engine(plan, run, worker, data.label_names, teacher, reference)
     checkpointer, start_step = stages.resume(plan, ctx, engine, data, resume_from)
     info = stages.run_info(plan, run, worker, start_step)
     callbacks = stages.callbacks(info, engine, data, stop, checkpointer, worker, resume_from)

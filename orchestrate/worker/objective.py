@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.methods.distill.objective import TeacherLogits
+    from orchestrate.methods.preference.build import References
     from orchestrate.planner.plan import Plan
 
 
@@ -123,10 +124,15 @@ class SequenceClassificationObjective:
 _OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, SequenceClassificationObjective)}
 
 
-def objective_for(plan: Plan, teacher: TeacherLogits | None = None) -> Objective:
+def objective_for(plan: Plan, teacher: TeacherLogits | None = None, reference: References | None = None) -> Objective:
     """The objective of the plan's task (model.task), or of your own module (train.loss); with
     `distill:` the distillation objective around the task's (orchestrate/methods/distill/objective.py), fed by
-    `teacher`."""
+    `teacher`; with `preference:` its loss against `reference` (orchestrate/methods/preference/objective.py)."""
+    if plan.config.preference is not None:
+        from orchestrate.methods.preference.objective import PreferenceObjective
+
+        train, evaluation = reference if reference is not None else (None, None)
+        return PreferenceObjective(plan.config.preference, train, evaluation)
     if plan.config.model.module is not None:
         from orchestrate.methods.custom.objective import CustomObjective
 

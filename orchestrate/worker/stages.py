@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine
     from orchestrate.data.pipeline import TrainData
     from orchestrate.methods.distill.objective import TeacherLogits
+    from orchestrate.methods.preference.build import References
     from orchestrate.worker.checkpointing import Checkpointer
     from orchestrate.worker.dist_env import RankInfo
     from orchestrate.worker.signals import StopRequest
@@ -138,10 +139,23 @@ def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> T
     return TeacherCache(run.path, data)
 
 
+def build_reference(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> References | None:
+    """preference: the reference model where the plan places it, or its precomputed first pass
+    (orchestrate/methods/preference/build.py). Before the trained model, as a teacher."""
+    if plan.config.preference is None:
+        return None
+    from orchestrate.methods.preference.build import build_reference as build
+
+    ranks = worker.ranks
+    return build(plan, run.path, data, worker.device, ranks.rank, ranks.local_rank, ranks.world_size)
+
+
 def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | None,
-                 teacher: TeacherLogits | None = None) -> tuple[TrainEngine, WorkerContext]:
+                 teacher: TeacherLogits | None = None, reference: References | None = None
+                 ) -> tuple[TrainEngine, WorkerContext]:
     """Initial weights -> the backend's model (with the plan's model transforms), wrapper,
-    optimizer and schedule, training the task's objective (distilled from `teacher` with `distill:`)."""
+    optimizer and schedule, training the task's objective (distilled from `teacher` with `distill:`,
+    a preference loss against `reference` with `preference:`)."""
     from transformers.utils import logging as hf_logging
 
     from orchestrate.backends.registry import get_backend
@@ -152,7 +166,8 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | No
     ranks, backend = worker.ranks, get_backend(plan.chosen.strategy.backend)
     model_dir = ensure_initial_weights(plan, run.path, ranks.local_rank, labels, weights=backend.reads_weights(plan))
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
-                        device=worker.device, run_dir=run.path, model_dir=model_dir, objective=objective_for(plan, teacher))
+                        device=worker.device, run_dir=run.path, model_dir=model_dir,
+                        objective=objective_for(plan, teacher, reference))
     return backend.setup(plan, ctx), ctx
 
 
@@ -179,7 +194,8 @@ def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInf
 
 def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
               worker: Worker, resume_from: Path | None) -> list[StepCallback]:
-    """Pruning (with `prune:`: everything after sees the pruned weights), then evaluation (it adds
+    """Pruning (with `prune:`: everything after sees the pruned weights), the preference metrics (with
+    `preference:`), then evaluation (it adds
     eval_loss to the record the others see, and with train.eval_generate the generated answers), then the observers (metrics file, progress, the trackers
     of train.report_to, the memory verdict), checkpoints, stop signals last."""
     from orchestrate.loading.packed_attention import packing_notice
@@ -202,8 +218,12 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {info.start_step})")
     intro += [notice] if (notice := packing_notice(plan)) else []
-    pruning = [Pruning(engine)] if plan.config.prune is not None else []
-    return [*pruning, Evaluation(engine, data, worker.device), EvalGenerate(engine, data, worker.device),
+    first = [Pruning(engine)] if plan.config.prune is not None else []
+    if plan.config.preference is not None:  # the step's rewards into its record, before anything reads it
+        from orchestrate.methods.preference.callback import PreferenceMetrics
+
+        first.append(PreferenceMetrics(engine.objective, worker.device))
+    return [*first, Evaluation(engine, data, worker.device), EvalGenerate(engine, data, worker.device),
             MetricsFile(RunDir(info.run_dir).metrics), Progress(intro),
             *build_trackers(plan), MemoryVerdictPrinter(), Checkpoints(checkpointer, data),
             StopOnSignal(stop, checkpointer, data)]

@@ -37,13 +37,20 @@ def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
 
 
 def build_teacher(plan: Plan, device: torch.device, world_size: int, placement: str) -> torch.nn.Module:
+    from orchestrate.methods.distill.teacher import teacher_dir
+
+    return build_frozen(plan, teacher_dir(plan.config), device, world_size, placement)
+
+
+def build_frozen(plan: Plan, path, device: torch.device, world_size: int, placement: str) -> torch.nn.Module:
+    """The frozen model at `path` (a teacher, a preference reference) at `placement`, in the plan's
+    compute dtype."""
     import torch
 
     from orchestrate.loading.weights import load_replicated
-    from orchestrate.methods.distill.teacher import teacher_dir
 
     dtype = getattr(torch, _DTYPES[plan.chosen.strategy.precision])
-    path, trust, task = teacher_dir(plan.config), plan.config.model.trust_remote_code, plan.config.model.task
+    trust, task = plan.config.model.trust_remote_code, plan.config.model.task
     if placement == "replicated":
         model = load_replicated(path, device, dtype, trust, task)
     else:

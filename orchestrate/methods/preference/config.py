@@ -57,13 +57,12 @@ class PreferenceSection(Section):
 
     @model_validator(mode="after")
     def _settings_of_the_loss(self) -> PreferenceSection:
-        given = self.model_fields_set
-        if self.loss in REFERENCE_FREE and ({"reference", "placement"} & given) and (
-                self.reference is not None or self.placement != "auto"):
+        # By value, not by the fields given: plan.json writes every field back.
+        if self.loss in REFERENCE_FREE and (self.reference is not None or self.placement != "auto"):
             raise ValueError(f"loss {self.loss} has no reference model: drop preference.reference and "
                              "preference.placement")
         if self.label_smoothing and self.loss not in ("dpo", "robust"):
             raise ValueError(f"label_smoothing is for the dpo and robust losses, not {self.loss}: drop it")
-        if self.loss not in UNPAIRED and {"desirable_weight", "undesirable_weight"} & given:
+        if self.loss not in UNPAIRED and (self.desirable_weight, self.undesirable_weight) != (1.0, 1.0):
             raise ValueError("desirable_weight and undesirable_weight are for loss kto: drop them")
         return self

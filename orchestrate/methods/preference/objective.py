@@ -48,9 +48,12 @@ def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
 class PreferenceObjective:
     name = "preference"
 
-    def __init__(self, settings: PreferenceSection, reference: ReferenceLogps | None) -> None:
+    def __init__(self, settings: PreferenceSection, reference: ReferenceLogps | None,
+                 eval_reference: ReferenceLogps | None = None) -> None:
         self.settings = settings
         self.reference = reference  # None: orpo
+        self.eval_reference = eval_reference or reference
+        """The validation records' (a precomputed reference reads another table)."""
         self.sums: dict[str, torch.Tensor] = {}
         """This step's sums so far (callback.py reads and resets them)."""
 
@@ -84,14 +87,15 @@ class PreferenceObjective:
                 "logps/rejected": (own.detach() * bad).sum(), "kl": kl, "batches": torch.tensor(1.0, device=own.device)}
         return out.loss, sums
 
-    def _reference(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> AnswerLogps | None:
-        if self.reference is None:
+    def _reference(self, model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                   reference: ReferenceLogps | None) -> AnswerLogps | None:
+        if reference is None:
             return None
         with torch.no_grad():
-            return self.reference(model, batch)
+            return reference(model, batch)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        reference = self._reference(model, batch)  # first: its logits are gone before the model's forward
+        reference = self._reference(model, batch, self.reference)  # first: its logits are gone before the model's forward
         loss, sums = self._sums(answer_logps(model, batch), reference, batch)
         for key, value in sums.items():
             self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()
@@ -103,7 +107,8 @@ class PreferenceObjective:
         return sums
 
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        loss, sums = self._sums(answer_logps(model, batch), self._reference(model, batch), batch)
+        reference = self._reference(model, batch, self.eval_reference)
+        loss, sums = self._sums(answer_logps(model, batch), reference, batch)
         return {"loss": float(loss), **{key: float(value) for key, value in sums.items()}}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:

@@ -69,7 +69,7 @@ def build_reference(plan: Plan, run_dir: Path, data: TrainData, device: torch.de
     from orchestrate.methods.preference.cache import identity, is_complete, precomputed_reference, write_reference_logps
 
     views = {"train": data.train, "validation": data.validation}
-    expected = identity(plan.config, views, path, plan.chosen.strategy.precision)
+    expected = identity(plan.config, views, path, plan.chosen.strategy.precision, run_dir)
     if not is_complete(run_dir, expected):  # a resumed run with the same data and reference reuses the files
         lean = "offload" if device.type == "cuda" else "sharded" if world_size > 1 else "replicated"
         reference = build_frozen(plan, path, device, world_size, lean)

@@ -34,13 +34,17 @@ if TYPE_CHECKING:
 _DONE = "complete.json"
 
 
-def identity(config: RunConfig, views: dict[str, PreferenceSamples], reference_dir: Path, precision: str) -> dict:
+def identity(config: RunConfig, views: dict[str, PreferenceSamples], reference_dir: Path, precision: str,
+             run_dir: Path) -> dict:
     weights = sorted(Path(reference_dir).glob("*.safetensors"))
+    inside = Path(reference_dir).resolve().is_relative_to(Path(run_dir).resolve())
+    # the model's initial weights under the run directory: named relative to it (a copied run is the same)
+    named = str(Path(reference_dir).resolve().relative_to(Path(run_dir).resolve())) if inside else str(reference_dir)
     d = config.data
     return {"streams": {split: str(view.stream_key) for split, view in views.items()},
             "records": {split: view.samples for split, view in views.items()},
             "seq_len": config.train.seq_len, "truncation": d.truncation, "validation_ratio": d.validation_ratio,
-            "seed": config.train.seed, "loss": config.preference.loss, "reference": str(reference_dir),
+            "seed": config.train.seed, "loss": config.preference.loss, "reference": named,
             "weights": [[w.name, w.stat().st_size, w.stat().st_mtime_ns] for w in weights], "precision": precision,
             "version": 1}
 

@@ -1,7 +1,10 @@
 """Where the reference's answer log-probabilities come from on a worker (config.py `placement`):
 
-- adapter: the trained model itself with its LoRA adapters disabled (peft `disable_adapter`), in eval
-  mode for that forward: the frozen base, as TRL computes the reference of a peft model;
+- adapter: the trained model itself with its LoRA adapters disabled (peft `disable_adapter`), its
+  dropout off for that forward: the frozen base, as TRL computes the reference of a peft model (TRL
+  turns dropout off for the whole run: DPOConfig.disable_dropout). Not eval mode: bitsandbytes' CPU
+  path repacks NF4 weights for inference on `eval()`, and its results differ from the training
+  kernel's (by up to 6e-3 on a 64 x 64 layer's outputs, bitsandbytes 0.50 here), so a QLoRA reference would differ from the model at step 1;
 - replicated / sharded / offload: a frozen copy of the reference model, built at its placement like
   any auxiliary model (orchestrate/loading/auxiliary.py), run on the same batch;
 - precomputed: read from the first pass's files (cache.py) by the batch's `record_index`.
@@ -26,19 +29,22 @@ def peft_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
-def _evaluating(model: torch.nn.Module):
-    was = model.training
-    model.eval()
+def _without_dropout(model: torch.nn.Module):
+    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
+    rates = [m.p for m in dropouts]
+    for m in dropouts:
+        m.p = 0.0
     try:
         yield
     finally:
-        model.train(was)
+        for m, p in zip(dropouts, rates, strict=True):
+            m.p = p
 
 
 def adapter_reference() -> ReferenceLogps:
-    """The trained model with its adapters disabled (no dropout, no activation recompute: eval mode)."""
+    """The trained model with its adapters disabled and no dropout (under no_grad: nothing recomputed)."""
     def logps(model: torch.nn.Module, batch: dict) -> AnswerLogps:
-        with peft_model(model).disable_adapter(), _evaluating(model):
+        with peft_model(model).disable_adapter(), _without_dropout(model):
             return answer_logps(model, batch)
 
     return logps

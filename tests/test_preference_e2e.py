@@ -3,7 +3,8 @@ generated pairs (the chosen answer is the word in capitals, the rejected one in 
 DPO raises the reward accuracy from the ties of the first step (the model is its reference: every
 reward 0) to above 0.8 and the held-out pairs' log-prob margin beyond the reference's, under full
 fine-tuning, LoRA and QLoRA; every reference placement this machine can run gives the losses of
-`replicated` within 1e-6 (adapter against replicated under LoRA); a run resumed from its mid-run
+`replicated` within 1e-6 (adapter against replicated under LoRA); KTO on the same answers labelled
+rewards the desirable ones above the undesirable; a run resumed from its mid-run
 checkpoint ends bit-identical and reuses its precomputed reference log-probabilities.
 
 Each run is built once per module (a fixture shared by the tests); the learning check with
@@ -12,46 +13,20 @@ repeats over seeds is bench/preference_learning.py."""
 from __future__ import annotations
 
 import json
-import runpy
 from pathlib import Path
 
 import pytest
-import yaml
 
+from tests.helpers.preference import PreferenceRuns
 from tests.test_fault_tolerance import _launch, _metrics, _roll_back, _weights
 
 pytestmark = pytest.mark.slow
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "preference"
 PLACEMENT_STEPS = 8
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """run(name, method, steps, **preference) -> the run directory, trained once per name."""
-    base = tmp_path_factory.mktemp("preference")
-    train, held_out = runpy.run_path(str(EXAMPLE / "make_pairs.py"))["make"](400, 40, 0)
-    for name, rows in (("pairs.jsonl", train), ("held_out.jsonl", held_out)):
-        (base / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
-    done: dict[str, Path] = {}
-
-    def run(name: str, method: str = "full", steps: int = 40, **preference) -> Path:
-        if name not in done:
-            config = yaml.safe_load((EXAMPLE / "model.yaml").read_text())
-            config["train"].update(method=method, max_steps=steps, output_dir=str(base),
-                                   checkpoint_every=steps // 2, eval_every=steps // 2)
-            if method != "full":
-                config["train"]["optimizer"]["lr"] = 1e-2  # adapters start at zero: a larger step
-            config["data"].update(train_files=[str(base / "pairs.jsonl")],
-                                  validation_files=[str(base / "held_out.jsonl")], cache_dir=str(base / "cache"))
-            config["preference"].update(preference)
-            path = base / f"{name}.yaml"
-            path.write_text(yaml.safe_dump(config))
-            code, out = _launch(path, base / name)
-            assert code == 0, out[-3000:]
-            done[name] = base / name
-        return done[name]
-
-    return run
+    return PreferenceRuns(tmp_path_factory.mktemp("preference"))
 
 
 @pytest.mark.parametrize("method", ["full", "lora", "qlora"])
@@ -68,6 +43,15 @@ def test_dpo_prefers_the_rule_s_answers_on_held_out_pairs(runs, method):
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
         assert all(key in r for r in records), key
     assert records[-1]["rewards/chosen"] > records[-1]["rewards/rejected"]
+
+
+def test_kto_rewards_the_desirable_answers_above_the_undesirable_ones(runs):
+    records = _metrics(runs("kto", "full", loss="kto"))
+    final = [r for r in records if "eval_rewards/margins" in r][-1]
+    print(f"kto: held-out rewards desirable {final['eval_rewards/chosen']:.4f}, undesirable "
+          f"{final['eval_rewards/rejected']:.4f}, kl {final['eval_kl']:.4f}")
+    assert final["eval_rewards/chosen"] > 0 > final["eval_rewards/rejected"]
+    assert all(r["rewards/margins"] > 0 for r in records[-10:])
 
 
 def _losses(run_dir: Path) -> list[float]:

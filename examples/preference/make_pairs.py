@@ -6,6 +6,7 @@ margin log p(chosen) - log p(rejected) grows learnt the rule, not the pairs.
 
     python examples/preference/make_pairs.py OUT_DIR [--pairs 400] [--held-out 40] [--seed 0]
     python examples/preference/make_pairs.py OUT_DIR --messages   # chat message lists instead of strings
+    python examples/preference/make_pairs.py OUT_DIR --unpaired   # KTO: each answer alone, with a label
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ def make(pairs: int, held_out: int, seed: int, messages: bool = False) -> tuple[
     return ([pair(rng, w, messages) for w in words[:pairs]], [pair(rng, w, messages) for w in words[pairs:]])
 
 
+def unpaired(pairs: list[dict]) -> list[dict]:
+    """Each text pair as two labelled answers (KTO's records: prompt, completion, label)."""
+    return [{"prompt": p["prompt"], "completion": p[side], "label": side == "chosen"}
+            for p in pairs for side in ("chosen", "rejected")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
@@ -49,8 +56,11 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--messages", action="store_true")
+    parser.add_argument("--unpaired", action="store_true")
     args = parser.parse_args()
     train, held = make(args.pairs, args.held_out, args.seed, args.messages)
+    if args.unpaired:
+        train, held = unpaired(train), unpaired(held)
     args.out.mkdir(parents=True, exist_ok=True)
     for name, rows in (("pairs.jsonl", train), ("held_out.jsonl", held)):
         (args.out / name).write_text("".join(json.dumps(r) + "\n" for r in rows))

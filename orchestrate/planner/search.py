@@ -301,7 +301,8 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
     off and on where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed."""
     t = config.train
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks",
-                          config.model.task == "causal-lm" and config.model.module is None and config.distill is None,
+                          config.model.task == "causal-lm" and config.model.module is None and config.distill is None
+                          and config.preference is None,  # the preference losses take whole logits
                           (0, auto_loss_chunks(t.seq_len)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
@@ -429,11 +430,12 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
     notes = [packing.describe()] if packing else []
     if preference is not None:
         best = (fitting + rest)[0]
-        longest = _longest_seq_len(shape, hw, best, limits, adapters, config.prune, packing, preference)
         where = (f"reference model: {best.reference_placement} ({best.reference_reason or 'preference.placement'})"
                  if best.reference_placement else f"no reference model (preference.loss {config.preference.loss})")
-        notes.append(f"preference: {where}; the longest train.seq_len that fits {best.name}: "
-                     + (f"{longest}" if longest else "none (not even 64)"))
+        longest, longest_on = max((_longest_seq_len(shape, hw, c, limits, adapters, config.prune, packing, preference),
+                                   c.name) for c in fitting + rest)
+        notes.append(f"preference: {where}; the longest train.seq_len that fits: "
+                     + (f"{longest} ({longest_on})" if longest else "none (not even 64)"))
     return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
                 chosen=fitting[0] if fitting else None, notes=notes)
 

@@ -52,6 +52,7 @@ def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and
     plan = make_plan(_config({"method": "qlora", "seq_len": 1024}, {"loss": "dpo"}), hw, shape)
     assert plan.chosen is not None and plan.chosen.reference_placement == "adapter"
     assert plan.chosen.memory.gpu["reference_weights"] == 0
+    assert all(c.strategy.loss_chunks == 0 for c in plan.candidates)  # the losses take whole logits
     note = next(n for n in plan.notes if n.startswith("preference:"))
     found = re.search(r"the longest train.seq_len that fits: (\d+) \((\S+)\)", note)
     longest, name = int(found.group(1)), found.group(2)

@@ -57,7 +57,9 @@ def _end_of_turn(tok) -> list[int]:
 def load_chat_model(run_dir: Path, adapter: bool | None = None) -> ChatModel:
     """The run's model (or base + adapter, see the module doc) with its saved tokenizer, in eval mode."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from orchestrate.data.tokenizer import auto_tokenizer
 
     run = RunDir(Path(run_dir))
     plan = _plan(run)
@@ -69,13 +71,13 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None) -> ChatModel:
         raise UserError(f"the run has no trained {what}", [Problem(
             "RUN_DIR", f"{source} is missing or incomplete", "let the run finish (or `orchestrate export` a "
             "checkpoint and chat with that run), or choose the other one (--adapter / --model)")])
-    tok = AutoTokenizer.from_pretrained(str(source), trust_remote_code=trust)
+    tok = auto_tokenizer(source, trust)
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if use_adapter:
         from peft import PeftModel
 
-        from orchestrate.methods.lora.loading import load_adapter_base
         from orchestrate.loading.init_weights import existing_weights_dir
+        from orchestrate.methods.lora.loading import load_adapter_base
 
         base, _ = load_adapter_base(existing_weights_dir(plan, run.path), plan, trust, plan.config.model.task)
         model = PeftModel.from_pretrained(base, str(source))

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
@@ -17,8 +16,14 @@ from transformers import AutoTokenizer
 from orchestrate.config.load import config_from_dict
 from orchestrate.data.chat_template import ChatTemplate, chat_template_for
 from orchestrate.data.chat_templates import NAMED_TEMPLATES
-from orchestrate.data.sft_tokens import INCREMENTAL, MARKERS, TemplateNotIncremental, encode_chat, encode_completion, \
-    mask_method
+from orchestrate.data.sft_tokens import (
+    INCREMENTAL,
+    MARKERS,
+    TemplateNotIncremental,
+    encode_chat,
+    encode_completion,
+    mask_method,
+)
 from tests.helpers.chat_tokenizers import FAMILIES, family_tokenizer
 
 CHAT = [{"role": "system", "content": "you are a helpful assistant"}, {"role": "user", "content": "hello there"},

@@ -42,7 +42,7 @@ def full(workspace) -> Path:
 def _chat(run_dir: Path, prompt: str, *flags: str) -> str:
     result = CliRunner().invoke(cli, ["chat", str(run_dir), "--prompt", prompt, *flags])
     assert result.exit_code == 0, result.output
-    return result.output.strip()
+    return result.stdout.strip()  # the answer; transformers' loading bar goes to stderr
 
 
 def _held_out_prompt(record: dict) -> tuple[str, str]:

@@ -251,6 +251,21 @@ def test_a_tokenizer_without_a_template_and_none_in_the_yaml_is_refused(tmp_path
     assert p.where == "data.tokenizer" and "no chat_template" in p.message and "chatml" in p.fix
 
 
+def test_bad_chat_records_are_one_message_from_the_cli(tmp_path):
+    import yaml
+
+    from tests.helpers.cli import assert_one_message, invoke
+
+    _jsonl(tmp_path / "bad.jsonl", [{"messages": [{"role": "user", "content": "hi"}, {"role": "bot", "content": "yes"}]}])
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({
+        "model": {"architecture": {**TINY_GPT2, "vocab_size": 64, "n_positions": 128}},
+        "train": {"seq_len": 64, "global_batch_size": 2},
+        "data": {"train_files": ["bad.jsonl"], "tokenizer": _chat_tokenizer(tmp_path), "num_proc": 1,
+                 "cache_dir": str(tmp_path / "cache")}}))
+    assert_one_message(invoke("prepare", tmp_path / "model.yaml"), "data.train_files[0]", "'bot'",
+                       "data.roles: {bot: assistant}")
+
+
 def test_an_unknown_template_name_is_refused_before_any_data_is_read(tmp_path):
     config = _config(tmp_path, {"train_files": ["absent.jsonl"], "chat_template": "chatlm"})
     with pytest.raises(UserError) as err:

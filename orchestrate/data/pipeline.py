@@ -281,8 +281,8 @@ def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
     prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
     check_labels(plan.config, prepared)  # before any worker starts
     train, validation = samples_for(prepared, plan.config)
-    check_eval_generate(plan.config, train, validation)
     require_sample_per_rank(len(train), plan.world_size, prepared, plan.config)
+    check_eval_generate(plan.config, train, validation)
     return describe_prepared(prepared, plan.config)
 
 

@@ -225,10 +225,7 @@ def save_tokenizer(tokenizer_dir: Path | None, out_dir: Path, chat_template: str
     a copy of a Hugging Face tokenizer directory, or the byte tokenizer (None) as tokenizer.json; with
     `chat_template` (the YAML's data.chat_template) as its chat template (chat_template.jinja)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if tokenizer_dir is None:
-        tok = byte_tokenizer_fast()
-    else:
-        tok = auto_tokenizer(tokenizer_dir, trust_remote_code)
+    tok = byte_tokenizer_fast() if tokenizer_dir is None else auto_tokenizer(tokenizer_dir, trust_remote_code)
     if chat_template is not None:
         tok.chat_template = chat_template
     tok.save_pretrained(str(out_dir))

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.cache import cache_dir_of, temp_dir_for
+from orchestrate.data.chat_templates import NAMED_TEMPLATES, NamedTemplate
 from orchestrate.data.checks import check_vocab_size, ensure_cache_dir
 from orchestrate.data.corpus import write_demo_corpus
-from orchestrate.data.chat_templates import NAMED_TEMPLATES, NamedTemplate
 from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
 from orchestrate.data.sources import resolve_sources
 from orchestrate.errors import Problem, UserError
@@ -104,10 +104,11 @@ def _named_template(config: RunConfig) -> NamedTemplate | None:
 def iter_records_as_text(sources, config: RunConfig, named: NamedTemplate, work: Path):
     """Batches of texts: chat / instruction records as `named` renders them (records that cannot be
     rendered are left to `orchestrate prepare` to report), plain-text records as they are."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
     from orchestrate.data.prepare import _load
     from orchestrate.data.records import as_chat, detect_format, to_sample
     from orchestrate.data.sft_prepare import is_sft
-    from transformers.utils.chat_template_utils import render_jinja_template
 
     tokens = {"bos_token": named.bos or "", "eos_token": named.eos}
     for source in sources:

@@ -2,11 +2,12 @@
 
 - adapter: the trained model itself with its LoRA adapters disabled (peft `disable_adapter`), its
   dropout off for that forward: the frozen base, as TRL computes the reference of a peft model (TRL
-  turns dropout off for the whole run: DPOConfig.disable_dropout). Not eval mode: bitsandbytes' CPU
-  path repacks NF4 weights for inference on `eval()`, and its results differ from the training
-  kernel's (by up to 6e-3 on a 64 x 64 layer's outputs, bitsandbytes 0.50 here), so a QLoRA reference would differ from the model at step 1;
+  turns dropout off for the whole run: DPOConfig.disable_dropout). The model stays in training mode,
+  so the reference runs the kernels the model's own forward runs (bitsandbytes' CPU NF4 layer takes
+  another path in eval mode unless it is switched off: methods/lora/transform.py; before that switch a
+  QLoRA reference differed from the model at step 1);
 - replicated / sharded / offload: a frozen copy of the reference model, built at its placement like
-  any auxiliary model (orchestrate/loading/auxiliary.py), run on the same batch;
+  as distillation's teacher (build.py, methods/distill/build.py `build_frozen`), run on the same batch;
 - precomputed: read from the first pass's files (cache.py) by the batch's `record_index`.
 """
 

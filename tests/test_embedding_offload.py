@@ -12,6 +12,7 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for
+from orchestrate.methods.lora.method import AdapterTerms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import constants as k
 from orchestrate.planner.memory import estimate_memory
@@ -41,7 +42,7 @@ def test_the_table_leaves_the_gpu_weights_and_each_rank_keeps_a_host_copy():
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
     off = replace(strat("ddp", 0, ac=True), loss_chunks=16)
     on = replace(off, embedding_offload=True)
-    m_off, m_on = estimate_memory(shape, hw, off, 4096, 1, a), estimate_memory(shape, hw, on, 4096, 1, a)
+    m_off, m_on = estimate_memory(shape, hw, off, 4096, 1, [AdapterTerms(a)]), estimate_memory(shape, hw, on, 4096, 1, [AdapterTerms(a)])
     assert m_off.gpu["weights"] - m_on.gpu["weights"] == TABLE
     # the allocator reserve is a fraction of what is accounted, so it shrinks with the table
     assert m_off.gpu_total - m_on.gpu_total == pytest.approx(TABLE * (1 + k.ALLOCATOR_FRAGMENTATION_FRACTION), abs=2)

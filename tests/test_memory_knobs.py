@@ -12,6 +12,7 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for
+from orchestrate.methods.lora.method import AdapterTerms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
@@ -87,7 +88,7 @@ def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
 def test_llama3_8b_qlora_host_load_is_one_tensor_not_the_fp32_model():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB").resolve()
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
-    mem = estimate_memory(shape, hw, replace(strat("ddp", 0, ac=True), loss_chunks=16), 4096, 1, a)
+    mem = estimate_memory(shape, hw, replace(strat("ddp", 0, ac=True), loss_chunks=16), 4096, 1, [AdapterTerms(a)])
     # embedding (128256 x 4096) read in fp32 and cast to bf16: 6 B x 525M = 2.9 GiB, less the steady host bytes
     assert mem.cpu["loading_spike"] <= 6 * 128256 * 4096
     full = estimate_memory(shape, hw, strat("ddp", 0, ac=True), 4096)

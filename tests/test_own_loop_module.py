@@ -113,9 +113,9 @@ def test_the_example_plans_its_own_net_and_the_builtin_worker_still_needs_data_m
     plan = api.plan_for(config, cpu_hardware(2))
     assert plan.shape.parameters == sum(p.numel() for p in Net().parameters()) == 19_204
     assert plan.shape.activation_bytes_per_sample > 0 and plan.chosen is not None
-    from orchestrate.planner.report import activation_note
+    from orchestrate.methods.custom.method import CUSTOM
 
-    assert "one micro-batch of model.example_input" in activation_note(plan)
+    assert "one micro-batch of model.example_input" in CUSTOM.report(plan)[0][0]
     with pytest.raises(UserError, match="needs data.module"):  # no program after `--`: the worker has no data
         api.launch(api.launch_request(config, cpu_hardware(2), dry_run=True, run_dir=tmp_path / "plain"))
 

@@ -15,7 +15,6 @@ from orchestrate.backends.hf_io import find_blocks, model_block_class_names
 from orchestrate.hardware.presets import load_preset
 from orchestrate.model.meta import build_meta_model, load_model_config, shape_from_config
 from orchestrate.planner import constants as k
-from orchestrate.planner.memory import root_parameters
 from orchestrate.planner.report import memory_table
 from tests.helpers.plans import TINY_GPT2
 from tests.test_tasks import BERT
@@ -69,4 +68,4 @@ def test_the_fsdp_root_unit_is_what_the_backend_wraps_around(tmp_path, task):
     outside = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in inside)
     assert len(blocks) == shape.num_layers
     assert {sum(p.numel() for p in b.parameters()) for _, b in blocks} == {shape.block_parameters}
-    assert root_parameters(shape) == outside
+    assert shape.root_parameters == outside

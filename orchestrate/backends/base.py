@@ -100,6 +100,19 @@ class Backend(Protocol):
     name: str
     zero_stages: tuple[int, ...]
     """The ZeRO-style stages it implements, in the planner's search order."""
+    preference: int
+    """Tie-break between equally fast candidates, lower first: simpler to run and debug."""
+    priced_as: str
+    """The built-in backend whose memory and speed terms describe it (planner/memory.py, speed.py):
+    its own name for the built-in ones."""
+    knobs: frozenset[str]
+    """The memory knobs its engine is verified to run (planner/knobs.py: loss_chunks,
+    activation_offload, adamw8bit, embedding_offload; docs/memory-knobs.md)."""
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        """Whether every parameter is sharded (flattened, gathered per use) under `sharding`, frozen
+        ones too. Pure."""
+        ...
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         """Why it cannot run `sharding` (empty: it can). The one rule set the planner's candidate

@@ -152,6 +152,13 @@ class DDPEngine(TorchEngine):
 class DDPBackend:
     name = "ddp"
     zero_stages = (0,)
+    preference = 0
+    priced_as = "ddp"
+    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py
+    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload"})
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        return False  # every rank holds every parameter
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         out = []

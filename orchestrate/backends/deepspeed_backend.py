@@ -45,6 +45,14 @@ _CLIENT_KEY = "orchestrate"
 class DeepSpeedBackend:
     name = "deepspeed"
     zero_stages = (1, 2, 3)
+    preference = 2
+    priced_as = "deepspeed"
+    # None verified: ZeRO-3 releases the LM head before the loss chunks call it; DeepSpeed builds its own
+    # optimizer from the rendered config; the embedding is a parameter of its flat groups (knobs.py).
+    knobs: frozenset[str] = frozenset()
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         return sharding_problems(sharding)

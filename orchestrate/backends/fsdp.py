@@ -248,6 +248,13 @@ def check_device(settings: dict[str, Any], device: torch.device) -> None:
 class FSDPBackend:
     name = "fsdp"
     zero_stages = (2, 3)
+    preference = 1
+    priced_as = "fsdp"
+    # tests/test_memory_knobs_train.py; adamw8bit gets DTensor parameters here (bench/verify_knob_combos.py)
+    knobs = frozenset({"loss_chunks", "activation_offload"})
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        return True  # both stages shard the parameters (DTensor); shard-grad-op only keeps them gathered
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         out, stage = [], sharding.zero_stage

@@ -29,8 +29,9 @@ class Candidate:
     fits: bool
     reason: str = ""
     """Why it was rejected ("" when it fits): which limit it overflows and by how much."""
-    teacher_placement: str | None = None
-    """distill: where the teacher lives in this candidate (methods/distill/memory.py); None without one."""
+    placements: dict[str, str] = field(default_factory=dict)
+    """Where each auxiliary model of its methods lives in this candidate ({"teacher": "sharded"};
+    orchestrate/methods/auxiliary.py); plan.json names each `<model>_placement`."""
 
     @property
     def name(self) -> str:
@@ -48,7 +49,7 @@ class Candidate:
             "strategy": self.strategy.to_dict(),
             "memory": self.memory.to_dict(),
             "speed": self.speed.to_dict(),
-            **({"teacher_placement": self.teacher_placement} if self.teacher_placement else {}),
+            **{f"{name}_placement": placement for name, placement in self.placements.items()},
         }
 
     @classmethod
@@ -60,7 +61,8 @@ class Candidate:
             gradient_accumulation=int(data["gradient_accumulation"]),
             fits=bool(data["fits"]),
             reason=data.get("reason", ""),
-            teacher_placement=data.get("teacher_placement"),
+            placements={key.removesuffix("_placement"): value for key, value in data.items()
+                        if key.endswith("_placement")},
         )
 
 

@@ -10,6 +10,7 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import GiB, gib
+from orchestrate.methods.registry import methods
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
@@ -39,14 +40,17 @@ def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
     return f"{c.name} fits ({', '.join(parts)})"
 
 
-def _adapter_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, method: str) -> Problem | None:
-    """What the plan would be with LoRA / QLoRA adapters (default settings) instead of full training."""
-    train = config.train.model_copy(update={"method": method})
+_METHOD_WORDS = {"lora": "LoRA adapters on a frozen base", "qlora": "LoRA adapters on a frozen NF4 (4-bit) base"}
+
+
+def _method_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, method: str,
+                   variant: RunConfig) -> Problem | None:
+    """What the plan would be with another training method (a method's `alternatives`)."""
     try:
-        plan = make_plan(config.model_copy(update={"train": train}), hw, shape)
-    except UserError:  # a family LoRA is not planned for, or pins the method cannot train under
+        plan = make_plan(variant, hw, shape)
+    except UserError:  # e.g. a family LoRA is not planned for, or pins the method cannot train under
         return None
-    what = "LoRA adapters on a frozen base" if method == "lora" else "LoRA adapters on a frozen NF4 (4-bit) base"
+    what = _METHOD_WORDS.get(method, f"train.method: {method}")
     if plan.chosen is not None:
         return Problem("train.method", f"with {what}, {_fit_summary(plan.chosen, hw)}", f"train.method: {method}")
     closest = min(plan.candidates, key=lambda c: overflow_score(c, Limits.of(config, hw), hw))
@@ -107,8 +111,8 @@ def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
         if (c := _replan(free, hw, shape)) is not None:
             out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
                                "set backend, zero_stage, offload and offload_params to auto"))
-    if config.train.method == "full":
-        out += [p for method in ("lora", "qlora") if (p := _adapter_remedy(config, hw, shape, method))]
+    out += [p for m in methods() for name, variant in m.alternatives(config)
+            if (p := _method_remedy(config, hw, shape, name, variant))]
     return out + _knob_remedies(config, hw, shape)
 
 

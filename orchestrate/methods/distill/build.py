@@ -27,9 +27,9 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
     """The placement this worker builds: the plan's, with offload as replicated on a CPU device
     and sharding over one rank as replicated (nothing to split)."""
-    from orchestrate.methods.distill.memory import resolve_placement
+    from orchestrate.methods.auxiliary import resolve_placement
 
-    placement = plan.chosen.teacher_placement or resolve_placement(plan.config.distill.placement,
+    placement = plan.chosen.placements.get("teacher") or resolve_placement(plan.config.distill.placement,
                                                                     plan.chosen.strategy, world_size)
     if (placement == "offload" and device.type == "cpu") or (placement == "sharded" and world_size == 1):
         return "replicated"

@@ -13,14 +13,16 @@ the base is frozen (no gradients, no optimizer states; peft sets requires_grad=F
   need the same saved inputs (LoRA's own saved tensors, the dropout output and x·A of width r, are
   below the measurement's resolution for r << hidden).
 
-Pure arithmetic; memory.py calls it.
+Pure arithmetic; the method's terms (method.py) call it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from orchestrate.backends.registry import shards_parameters
 from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.spec import PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets
@@ -39,32 +41,32 @@ def base_bytes(shape: ModelShape, adapters: Adapters, c: int) -> tuple[float, fl
     bits = adapters.base_bits_quantized
     whole = (shape.parameters - adapters.quantized) * c + adapters.quantized * bits / 8
     block = (shape.block_parameters - adapters.block_quantized) * c + adapters.block_quantized * bits / 8
-    root = max(0, shape.parameters - shape.num_layers * shape.block_parameters) * c
-    return whole, block, root
+    return whole, block, shape.root_parameters * c
 
 
-def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy, n: int, adapters: Adapters,
-                    c: int) -> None:
-    """Add the frozen base's bytes to a placement of the adapters' states (`gpu`, `cpu` per rank)."""
+def frozen_base_bytes(shape: ModelShape, strategy: Strategy, n: int, adapters: Adapters, c: int) -> PlacedBytes:
+    """The frozen base's bytes beside a placement of the adapters' states (per rank)."""
+    out = PlacedBytes()
     whole, block, root = base_bytes(shape, adapters, c)
-    sharded = strategy.backend == "fsdp" or (strategy.backend == "deepspeed" and strategy.zero_stage == 3)
+    sharded = shards_parameters(strategy.sharding)
     per_rank = whole / n if sharded else whole
-    if sharded and strategy.offload_params != "none":  # ZeRO-3 offload_param: on the host (adapter_offload.py)
-        cpu["offloaded_params"] += per_rank
+    if sharded and strategy.offload_params != "none":  # ZeRO-3 offload_param: on the host (offload.py)
+        out.on_cpu("offloaded_params", per_rank)
     else:
-        gpu["weights"] += per_rank
+        out.on_gpu("weights", per_rank)
     if strategy.backend == "fsdp":
         # The root stays unsharded (memory._fsdp). With a frozen base the peak is where backward starts,
         # not in it (the adapters' gradients are small): the blocks resharded after forward, the last one's
         # all-gather for backward in flight: root + one block (simulated). Shard-grad-op keeps them all.
-        gpu["gathered_params"] += (root + block) if strategy.zero_stage == 3 else whole
+        out.on_gpu("gathered_params", (root + block) if strategy.zero_stage == 3 else whole)
     elif sharded:
-        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c)
+        out.on_gpu("gathered_params", zero3_gathered_base(shape, whole, c))
     if adapters.quantized:
         # bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (forward, and
         # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
         # MatMul4Bit).
-        gpu["gathered_params"] += c * adapters.largest_linear
+        out.on_gpu("gathered_params", c * adapters.largest_linear)
+    return out
 
 
 def fsdp_forward_start_excess(shape: ModelShape, strategy: Strategy, adapters: Adapters, c: int,

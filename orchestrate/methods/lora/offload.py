@@ -18,7 +18,7 @@ micro-batch (backward gathers it again for the input gradients), as full trainin
 offload term does (speed._offload), but nothing comes back down: it has no gradient and no update.
 
 Ranking: verified on CPU only (tests/test_lora_offload.py), so the search takes an offloaded adapter
-run only where nothing without offload fits (`offloaded_adapters`), as it does for activation offload.
+run only where nothing without offload fits (method.py `AdapterTerms.ranks_last`), as it does for activation offload.
 """
 
 from __future__ import annotations
@@ -38,7 +38,3 @@ def base_h2d_bytes(shape: ModelShape, strategy: Strategy, n: int, adapters: Adap
     whole, _, _ = base_bytes(shape, adapters, c)
     return accumulation * 2 * whole / n
 
-
-def offloaded_adapters(adapters: Adapters | None, strategy: Strategy) -> bool:
-    """An adapter run that offloads (ranked after every fitting plan that does not: no GPU has run it)."""
-    return adapters is not None and (strategy.offload_optimizer != "none" or strategy.offload_params != "none")

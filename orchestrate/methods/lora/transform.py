@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.registry import shards_parameters
+
 if TYPE_CHECKING:
     import torch
 
@@ -32,12 +34,6 @@ def target_modules(plan: Plan) -> list[str]:
     return sorted({name for name, _, _ in block_linears(plan.shape) or []}) if wanted == "auto" else list(wanted)
 
 
-def shards_parameters(plan: Plan) -> bool:
-    """FSDP2 and ZeRO-3 shard (flatten, gather) every parameter, the frozen 4-bit ones too."""
-    s = plan.chosen.strategy
-    return s.backend == "fsdp" or (s.backend == "deepspeed" and s.zero_stage == 3)
-
-
 def quant_storage(plan: Plan) -> torch.dtype:
     """The dtype the packed NF4 bytes are stored as. uint8 by default; where the backend shards the base it
     must be the compute dtype, as transformers' `bnb_4bit_quant_storage` for FSDP-QLoRA: FSDP2's mixed
@@ -45,7 +41,7 @@ def quant_storage(plan: Plan) -> torch.dtype:
     Answer.AI fsdp_qlora)."""
     import torch
 
-    return compute_dtype(plan) if shards_parameters(plan) else torch.uint8
+    return compute_dtype(plan) if shards_parameters(plan.chosen.strategy.sharding) else torch.uint8
 
 
 def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device: torch.device) -> torch.nn.Module:

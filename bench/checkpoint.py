@@ -55,7 +55,7 @@ def _plan(model: str, backend: str, ranks: int):
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.model.meta import load_model_config, shape_from_config
     from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
-    from orchestrate.planner.plan import Candidate, Plan
+    from orchestrate.planner.plan import Candidate, RunPlan
     from orchestrate.planner.strategy import Strategy
 
     name, stage = STRATEGY[backend]
@@ -66,7 +66,7 @@ def _plan(model: str, backend: str, ranks: int):
     hardware = HardwareProfile(name="cpu-bench", gpus_per_node=0, cpu_processes=ranks,
                                cpu_memory_bytes=16 * 2**30, cpu_cores=2)
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), 1, fits=True)
-    return Plan(config=cfg, hardware=hardware, shape=shape_from_config(load_model_config(cfg)),
+    return RunPlan(config=cfg, hardware=hardware, shape=shape_from_config(load_model_config(cfg)),
                 candidates=[cand], chosen=cand)
 
 

@@ -94,7 +94,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     from orchestrate.data.tokenizer import save_tokenizer
     from orchestrate.data.tokenizer_choice import tokenizer_dir_of
     from orchestrate.model.meta import build_meta_model
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
     check_export_dir(Path(out_dir))
     found = find_checkpoint(Path(run_dir), step)
@@ -106,7 +106,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
             str(ckpt), f"no {HF_CONFIG}: it was written by orchestrate.save from your own loop's module",
             "restore it in your script with orchestrate.load(), then save the module as you like")])
     try:
-        plan = Plan.read(ckpt / PLAN_COPY)
+        plan = RunPlan.read(ckpt / PLAN_COPY)
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ckpt / HF_CONFIG, trust_remote_code=trust)
         layout = StateLayout.of(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust))

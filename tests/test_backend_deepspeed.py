@@ -21,7 +21,7 @@ from orchestrate.backends.deepspeed_render import CONFIG_FILE, render, render_co
 from orchestrate.backends.schedule import lr_multiplier
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import TINY_GPT2, make_plan
 
@@ -41,9 +41,9 @@ def _ds(stage: int, opt: str = "none", param: str = "none", precision: str = "fp
     return Strategy("deepspeed", stage, opt, param, precision, ac, micro)
 
 
-def _plan(strategy: Strategy, gpu: bool = False, config: dict | None = None) -> Plan:
+def _plan(strategy: Strategy, gpu: bool = False, config: dict | None = None) -> RunPlan:
     plan = make_plan(strategy, config=config)
-    return dataclasses.replace(plan, hardware=_gpu_hardware()) if gpu else plan
+    return plan.model_copy(update={"hardware": _gpu_hardware()}) if gpu else plan
 
 
 # name -> plan: a few representative renderings kept byte for byte in tests/golden/deepspeed/.
@@ -160,13 +160,13 @@ def test_parameter_offload_nvme_buffer_holds_the_largest_partition():
     cfg = render_config(_plan(_ds(3, "nvme", "nvme"), config={"strategy": {"nvme_path": NVME}}))
     assert cfg["zero_optimization"]["offload_param"]["buffer_size"] == 10**8  # tiny model: the default
     plan = _plan(_ds(3, "nvme", "nvme"), config={"strategy": {"nvme_path": NVME}})
-    plan = dataclasses.replace(plan, shape=dataclasses.replace(plan.shape, largest_layer_parameters=525_336_576))
+    plan = plan.model_copy(update={"shape": dataclasses.replace(plan.shape, largest_layer_parameters=525_336_576)})
     assert render_config(plan)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
 
 
 def test_nvme_path_comes_from_the_config_first_then_the_hardware(tmp_path):
     plan = make_plan(_ds(2, "nvme"), config={"strategy": {"nvme_path": "swap"}}, source_dir=tmp_path)
-    plan = dataclasses.replace(plan, hardware=_gpu_hardware())
+    plan = plan.model_copy(update={"hardware": _gpu_hardware()})
     assert render_config(plan)["zero_optimization"]["offload_optimizer"]["nvme_path"] == str(tmp_path / "swap")
     plan = _plan(_ds(2, "nvme"), gpu=True)
     assert render_config(plan)["zero_optimization"]["offload_optimizer"]["nvme_path"] == NVME
@@ -213,7 +213,7 @@ class _FakeDeepSpeedEngine:
     """DeepSpeed's step semantics in miniature (engine.py `step`/`_take_model_step`): the update happens
     on the accumulation boundary, and an fp16 overflow skips it *and* the scheduler step."""
 
-    def __init__(self, plan: Plan, overflow_on: set[int]):
+    def __init__(self, plan: RunPlan, overflow_on: set[int]):
         import torch
 
         from orchestrate.backends.schedule import make_scheduler
@@ -279,7 +279,7 @@ STEPS = 6
 RESUME_AT = 3
 
 
-def _micro_batches(plan: Plan, rank: int, step: int):
+def _micro_batches(plan: RunPlan, rank: int, step: int):
     """Fixed random tokens: two distinct batches per rank, alternating. Drawn from 16 of the 257 ids,
     so a few steps can learn that (the loss falls from ln 257 towards ln 16)."""
     import torch

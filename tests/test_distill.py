@@ -31,6 +31,7 @@ from orchestrate.methods.distill.objective import DistillationObjective, soft_ta
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.constants import NCCL_BUFFER_BYTES_PER_COMMUNICATOR
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.plan import Refusal, RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.worker.objective import CausalLMObjective
@@ -131,9 +132,9 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     hw = gpu_hw(2)
     for placement in ("replicated", "sharded"):
         plan = make_plan(_config({"teacher": "t", "placement": placement}), hw, student, {"teacher": teacher})
-        assert plan.chosen is None, placement
+        assert isinstance(plan, Refusal), placement
     plan = make_plan(_config({"teacher": "t", "placement": "precomputed"}), hw, student, {"teacher": teacher})
-    assert plan.chosen is not None and plan.chosen.memory.gpu["teacher_weights"] == 0
+    assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["teacher_weights"] == 0
     assert plan.chosen.memory.gpu["teacher_logits"] < 64 * 2**20  # top-k entries + the student's soft targets
     # Its first pass holds the gathered root and two blocks of the offloaded 7B (1.3 GB) before the
     # student exists: the rank's peak is that pass, not the tiny student's training.
@@ -154,9 +155,8 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     # a small teacher fits replicated beside the student: the cheapest placement per step.
     small = make_plan(_config({"teacher": "t"}), hw, student, {"teacher": shape_from_dict(dict(GPT2))})
     assert small.chosen.placements["teacher"] == "replicated"
-    from orchestrate.planner.plan import Plan
 
-    assert Plan.from_dict(small.to_dict()).chosen.placements["teacher"] == "replicated"
+    assert RunPlan.model_validate(small.to_dict()).chosen.placements["teacher"] == "replicated"
 
 
 def _teacher_dir(path: Path, vocab: int, tokenizer_words: list[str] | None) -> Path:

@@ -13,6 +13,7 @@ from orchestrate.methods.lora.method import AdapterTerms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.constants import nf4_bits_per_param
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.plan import Refusal
 from orchestrate.planner.remedies import infeasible_error
 from orchestrate.planner.search import make_plan
 from tests.test_memory_model import cpu_hw, gpu_hw, strat
@@ -128,7 +129,7 @@ def test_full_training_that_does_not_fit_gets_lora_and_qlora_remedies_with_numbe
     hw = HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB").resolve()
     plan = make_plan(config_from_dict({"model": {"architecture": dict(LLAMA3_8B)},
                                        "train": {"seq_len": 4096, "global_batch_size": 8}}), hw, shape)
-    assert plan.chosen is None
+    assert isinstance(plan, Refusal)
     remedies = {p.fix.split(",")[0]: p.message for p in infeasible_error(plan).problems if p.where == "train.method"}
     assert set(remedies) == {"train.method: lora", "train.method: qlora"}
     assert all("GiB" in m for m in remedies.values())

@@ -17,6 +17,7 @@ from orchestrate.methods.prune.schedule import (
 )
 from orchestrate.model.meta import load_model_config, shape_from_config
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
 
@@ -118,7 +119,7 @@ def test_structured_prediction_counts_the_removed_channels():
     magnitude = _config(_prune()).prune
     assert pruned_parameters(shape, magnitude) == shape.parameters
     plan = make_plan(cfg, _cpu(), shape)
-    assert plan.chosen is not None and plan.chosen.memory.gpu["prune_masks"] > 0
+    assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["prune_masks"] > 0
 
 
 def test_plan_report_states_the_saved_size():

@@ -15,6 +15,7 @@ from orchestrate.backends.hf_io import find_blocks, model_block_class_names
 from orchestrate.hardware.presets import load_preset
 from orchestrate.model.meta import build_meta_model, load_model_config, shape_from_config
 from orchestrate.planner import constants as k
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.report import memory_table
 from tests.helpers.plans import TINY_GPT2
 from tests.test_tasks import BERT
@@ -35,8 +36,8 @@ def _plan(tmp_path, task: str):
 @pytest.mark.parametrize("task", sorted(MODELS))
 def test_plan_shows_memory_for_every_task(tmp_path, task):
     plan = _plan(tmp_path, task)
+    assert isinstance(plan, RunPlan) and plan.chosen.fits
     chosen = plan.chosen
-    assert chosen is not None and chosen.fits
     gpu = chosen.memory.gpu
     mb = chosen.strategy.micro_batch_size
     per = k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if chosen.strategy.precision == "fp32" else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT

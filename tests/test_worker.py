@@ -10,7 +10,7 @@ import torch
 
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
@@ -69,7 +69,7 @@ def test_worker_reports_a_data_error_and_exits_2(tmp_path: Path):
         _run(tmp_path, FSDP, data={"train_files": ["docs.jsonl"], "generate_demo_corpus": False})
     # Workers started on the run directory directly (as a hand-run launch.sh does) say it too.
     run_dir = (tmp_path / "run").resolve()
-    plan = Plan.read(run_dir / "plan.json")
+    plan = RunPlan.read(run_dir / "plan.json")
     transport = LocalTorchrun()
     transport.prepare(plan, run_dir, launch_env(plan), max_restarts=0, dry_run=False)
     code = transport.run(plan, run_dir, print, None)

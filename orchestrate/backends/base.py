@@ -21,7 +21,7 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
     from orchestrate.worker.objective import Objective
@@ -119,22 +119,22 @@ class Backend(Protocol):
         generation, its pin check and `render` all use. Pure."""
         ...
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         """Backend config files for this plan, file name -> content. Pure: no I/O, no devices."""
         ...
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         """The `torch.distributed.init_process_group` backend the worker starts for this plan
         (e.g. "nccl", "gloo", "cuda:nccl,cpu:gloo"). Pure."""
         ...
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         """Whether `setup` loads the initial weights from files in ctx.model_dir. False: a model
         trained from its config is built by `setup` itself (seeded, from ctx.model_dir/config.json),
         so none are written and read back before step 1. Pure."""
         ...
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> TrainEngine:
+    def setup(self, plan: RunPlan, ctx: WorkerContext) -> TrainEngine:
         """Build model, wrapper, optimizer and schedule on this rank. Collective."""
         ...
 
@@ -149,7 +149,7 @@ class Backend(Protocol):
         ...
 
 
-def device_process_group(plan: Plan) -> str:
+def device_process_group(plan: RunPlan) -> str:
     """nccl between GPUs, gloo between CPU processes: what a backend needs that keeps every tensor
     its collectives touch on the ranks' own devices."""
     return "nccl" if plan.hardware.has_gpu else "gloo"

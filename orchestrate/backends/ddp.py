@@ -32,14 +32,14 @@ from orchestrate.methods.lora.saving import is_peft, merged_state_dict, save_ada
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
 
 TRAINER_STATE_FILE = "trainer_state.pt"
 
 
-def ddp_settings(plan: Plan) -> dict[str, Any]:
+def ddp_settings(plan: RunPlan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.model.block_classes import block_class_names
 
@@ -171,13 +171,13 @@ class DDPBackend:
             out.append(Problem("strategy", "hybrid shard is an FSDP2 mode", "use backend fsdp"))
         return out
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         # Every rank holds the whole model: from its config, each builds it under the same seed (what
         # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway). Adapters
         # keep the file: QLoRA quantizes while loading it, `export --merge` re-reads the base.
         return plan.config.train.method != "full"
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         return device_process_group(plan)
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
@@ -190,10 +190,10 @@ class DDPBackend:
         return torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
                           mmap=True)["model"]
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> DDPEngine:
+    def setup(self, plan: RunPlan, ctx: WorkerContext) -> DDPEngine:
         import torch
         from torch.nn.parallel import DistributedDataParallel
 

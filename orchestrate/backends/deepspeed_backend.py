@@ -25,7 +25,7 @@ from orchestrate.run.resume_rules import EXPORT_FIX
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
 
@@ -57,10 +57,10 @@ class DeepSpeedBackend:
     def problems(self, sharding: Sharding) -> list[Problem]:
         return sharding_problems(sharding)
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         return True  # the engine's model is filled from the files (ZeRO-3: partitioned as it loads)
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         return device_process_group(plan)
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
@@ -86,10 +86,10 @@ class DeepSpeedBackend:
             with contextlib.redirect_stdout(io.StringIO()):  # a line per tensor group
                 return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=_CKPT_TAG)
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         return render(plan)
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> DeepSpeedTrainEngine:
+    def setup(self, plan: RunPlan, ctx: WorkerContext) -> DeepSpeedTrainEngine:
         import deepspeed
         import torch
 
@@ -181,7 +181,7 @@ class DeepSpeedBackend:
 class DeepSpeedTrainEngine:
     """orchestrate's TrainEngine over a `deepspeed.DeepSpeedEngine`."""
 
-    def __init__(self, engine: Any, plan: Plan, ctx: WorkerContext, hf_ds_config: Any = None) -> None:
+    def __init__(self, engine: Any, plan: RunPlan, ctx: WorkerContext, hf_ds_config: Any = None) -> None:
         strategy = plan.chosen.strategy
         self.engine = engine
         self._custom = plan.config if plan.config.model.module is not None else None

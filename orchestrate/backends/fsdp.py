@@ -32,14 +32,14 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
 
 ENGINE_STATE_FILE = "engine_state.json"
 
 
-def fsdp_settings(plan: Plan) -> dict[str, Any]:
+def fsdp_settings(plan: RunPlan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.model.block_classes import block_class_names
 
@@ -131,7 +131,7 @@ class FSDPEngine(TorchEngine):
     so the default `_gradient_sync` applies; mixed precision comes from the MixedPrecisionPolicy.
     """
 
-    def __init__(self, plan: Plan, *args: Any) -> None:
+    def __init__(self, plan: RunPlan, *args: Any) -> None:
         super().__init__(*args)
         self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
 
@@ -276,10 +276,10 @@ class FSDPBackend:
             out.append(Problem("strategy.zero_stage", "hybrid shard is full sharding inside a node", "set zero_stage: 3"))
         return out
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         return True  # rank 0 (or each rank) fills the sharded model from the files
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         strategy = plan.chosen.strategy
         if plan.hardware.has_gpu and strategy.offload_params == "cpu":
             # Offloaded shards, gradients and the clip norm are CPU tensors: their collectives need
@@ -304,10 +304,10 @@ class FSDPBackend:
         dcp.load({"model": state}, storage_reader=reader, no_dist=True)
         return state
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         return {"fsdp.json": json.dumps(fsdp_settings(plan), indent=2) + "\n"}
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> FSDPEngine:
+    def setup(self, plan: RunPlan, ctx: WorkerContext) -> FSDPEngine:
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh

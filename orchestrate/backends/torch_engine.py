@@ -20,13 +20,13 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.config.train import TrainSection
-    from orchestrate.planner.plan import Candidate, Plan
+    from orchestrate.planner.plan import Candidate, RunPlan
 
 CLIENT_STATE_FILE = "client_state.json"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def chosen_for(plan: Plan, backend: str) -> Candidate:
+def chosen_for(plan: RunPlan, backend: str) -> Candidate:
     """The plan's chosen candidate; ValueError unless its strategy uses `backend`."""
     cand = plan.chosen
     if cand is None or cand.strategy.backend != backend:
@@ -34,7 +34,7 @@ def chosen_for(plan: Plan, backend: str) -> Candidate:
     return cand
 
 
-def run_settings(plan: Plan) -> dict[str, Any]:
+def run_settings(plan: RunPlan) -> dict[str, Any]:
     """The leading entries of ddp.json and fsdp.json: which backend, strategy, device and world size."""
     s = plan.chosen.strategy
     return {"backend": s.backend, "strategy": s.name, "device_type": "cuda" if plan.hardware.has_gpu else "cpu",

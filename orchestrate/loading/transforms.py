@@ -13,17 +13,17 @@ from orchestrate.methods.lora.transform import LoraTransform
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
 class ModelTransform(Protocol):
     name: str
 
-    def applies(self, plan: Plan) -> bool:
+    def applies(self, plan: RunPlan) -> bool:
         """Whether the plan asks for this transform."""
         ...
 
-    def apply(self, model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+    def apply(self, model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
         """The transformed model (may be the same object). Runs on every rank alike."""
         ...
 
@@ -31,11 +31,11 @@ class ModelTransform(Protocol):
 _TRANSFORMS: tuple[type[ModelTransform], ...] = (LoraTransform,)
 
 
-def transforms_for(plan: Plan) -> list[ModelTransform]:
+def transforms_for(plan: RunPlan) -> list[ModelTransform]:
     return [t for t in (cls() for cls in _TRANSFORMS) if t.applies(plan)]
 
 
-def apply_transforms(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+def apply_transforms(model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
     """Every backend calls this between building the module and wrapping it."""
     for transform in transforms_for(plan):
         model = transform.apply(model, plan)

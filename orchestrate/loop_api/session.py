@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
     from orchestrate.backends.base import WorkerContext
     from orchestrate.loop_api.loader import EpochLoader
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.worker.stages import Worker
 
 _LAUNCH_FIX = "start the script with `orchestrate launch CONFIG.yaml -- python SCRIPT ARGS`"
@@ -35,7 +35,7 @@ _LAUNCH_FIX = "start the script with `orchestrate launch CONFIG.yaml -- python S
 
 @dataclass
 class Session:
-    plan: Plan
+    plan: RunPlan
     worker: Worker
     ctx: WorkerContext
     model: Any
@@ -57,7 +57,7 @@ def _plan_path() -> Path:
     return launch_state.plan_path
 
 
-def _check_size(plan: Plan, parameters: int, warn: bool) -> None:
+def _check_size(plan: RunPlan, parameters: int, warn: bool) -> None:
     """The plan's memory is for the YAML's model. `model.module` names the script's own module: it must
     be that module (an error with the numbers); an HF model stands in for it: a warning when far off."""
     planned, module = plan.shape.parameters, plan.config.model.module
@@ -71,7 +71,7 @@ def _check_size(plan: Plan, parameters: int, warn: bool) -> None:
               f"the module given to prepare has {parameters:,}: name it in model.module (docs/own-loop.md)", flush=True)
 
 
-def _input_dtype(plan: Plan) -> Any:
+def _input_dtype(plan: RunPlan) -> Any:
     """The dtype float inputs need: DeepSpeed's bf16/fp16 modes cast the module itself and do not
     autocast (DDP autocasts, FSDP2's MixedPrecisionPolicy casts the inputs), so its inputs must match."""
     import torch
@@ -82,7 +82,7 @@ def _input_dtype(plan: Plan) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
 
 
-def _wrap(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, worker: Worker,
+def _wrap(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, worker: Worker,
           ctx: WorkerContext) -> tuple[Any, Any, Any]:
     """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
     from orchestrate.loop_api.optim import DeepSpeedOptimizer, PlannedOptimizer

@@ -13,7 +13,7 @@ from orchestrate.hardware.units import GiB, gib
 from orchestrate.methods.registry import methods
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import node_host_bytes
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.search import Limits, describe_hardware, make_plan, nvme_available, overflow_score
 
 _CLOSEST = 3
@@ -27,9 +27,10 @@ def _replan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Candid
         config = config.model_copy(update={"train": config.train.model_copy(
             update={"global_batch_size": -(-batch // world) * world})})
     try:
-        return make_plan(config, hw, shape).chosen
+        plan = make_plan(config, hw, shape)
     except UserError:
         return None
+    return plan.chosen if isinstance(plan, RunPlan) else None
 
 
 def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
@@ -51,14 +52,14 @@ def _method_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, me
     except UserError:  # e.g. a family LoRA is not planned for, or pins the method cannot train under
         return None
     what = _METHOD_WORDS.get(method, f"train.method: {method}")
-    if plan.chosen is not None:
+    if isinstance(plan, RunPlan):
         return Problem("train.method", f"with {what}, {_fit_summary(plan.chosen, hw)}", f"train.method: {method}")
     closest = min(plan.candidates, key=lambda c: overflow_score(c, Limits.of(config, hw), hw))
     return Problem("train.method", f"with {what}, the closest, {closest.name}, still overflows: {closest.reason}",
                    f"train.method: {method}, with one of the other remedies")
 
 
-def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
+def _remedies(plan: Refusal, limits: Limits) -> list[Problem]:
     config, hw, shape = plan.config, plan.hardware, plan.shape
     out: list[Problem] = []
     only = {what: [c for c in plan.candidates if [o[0] for o in limits.overflows(c.memory, hw)] == [what]]
@@ -132,7 +133,7 @@ def _knob_remedies(config: RunConfig, hw: HardwareProfile, shape: ModelShape) ->
     return out
 
 
-def infeasible_error(plan: Plan) -> UserError:
+def infeasible_error(plan: Refusal) -> UserError:
     """The `UserError` for a plan without a fitting candidate (see `require_feasible`)."""
     hw, shape = plan.hardware, plan.shape
     limits = Limits.of(plan.config, hw)
@@ -149,9 +150,9 @@ def infeasible_error(plan: Plan) -> UserError:
     return UserError(headline, _remedies(plan, limits), "\n".join(lines))
 
 
-def require_feasible(plan: Plan) -> Candidate:
-    """The chosen candidate, or a `UserError` (exit 2) naming the closest candidates, by how much
-    each overflows, and concrete remedies. Call it before launching."""
-    if plan.chosen is not None:
-        return plan.chosen
+def require_feasible(plan: RunPlan | Refusal) -> RunPlan:
+    """The runnable plan, or for a Refusal the `UserError` (exit 2) naming the closest candidates, by
+    how much each overflows, and concrete remedies. Call it before launching."""
+    if isinstance(plan, RunPlan):
+        return plan
     raise infeasible_error(plan)

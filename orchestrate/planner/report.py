@@ -14,7 +14,7 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib, parameter_count
 from orchestrate.methods.registry import active_methods
 from orchestrate.planner.memory import node_host_bytes
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, RunPlan, Weighed
 from orchestrate.planner.search import Limits, describe_hardware
 
 
@@ -22,7 +22,7 @@ def _size(n: int) -> str:
     return gib(n) if n else "-"
 
 
-def candidates_table(plan: Plan) -> Table:
+def candidates_table(plan: Weighed) -> Table:
     """Every candidate: name, fits, GPU peak per rank, CPU peak per node, tokens/s, reason; chosen
     highlighted. On CPU-only profiles the per-rank column is the rank's RAM and the node column the
     whole node (ranks x rank + host terms)."""
@@ -39,7 +39,7 @@ def candidates_table(plan: Plan) -> Table:
         table.add_column(header, justify=justify, no_wrap=True)
     table.add_column("reason")
     for c in plan.candidates:
-        chosen = plan.chosen is not None and c.name == plan.chosen.name
+        chosen = isinstance(plan, RunPlan) and c.name == plan.chosen.name
         table.add_row("*" if chosen else "", c.name, "yes" if c.fits else "no", gib(c.memory.gpu_total),
                       gib(node_host_bytes(c.memory, hw)), gib(c.memory.nvme_bytes) if c.memory.nvme_bytes else "",
                       f"{c.speed.tokens_per_s:,.0f}", c.reason,
@@ -78,23 +78,23 @@ def speed_table(candidate: Candidate) -> Table:
     return table
 
 
-def render_plan(plan: Plan) -> Group:
+def render_plan(plan: Weighed) -> Group:
     """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns, then
     what its methods say about themselves (`Method.report`)."""
     parts: list[Any] = [candidates_table(plan), *plan.notes]
-    if plan.chosen is not None:
+    if isinstance(plan, RunPlan):
         parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
     for method in active_methods(plan.config):
         parts += method.report(plan)[0]
     return Group(*parts)
 
 
-def print_plan(plan: Plan, console: Console | None = None) -> None:
+def print_plan(plan: Weighed, console: Console | None = None) -> None:
     (console or Console()).print(render_plan(plan))
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
-    """`orchestrate plan --json`: `Plan.to_dict()` plus the limits each candidate was checked against,
+def plan_json(plan: Weighed) -> dict[str, Any]:
+    """`orchestrate plan --json`: `RunPlan.to_dict()` (a Refusal's: chosen null) plus the limits each candidate was checked against,
     each candidate's whole-node host bytes and what the plan's methods add (see docs/plan-json.md)."""
     data = plan.to_dict()
     limits = Limits.of(plan.config, plan.hardware)

@@ -1,10 +1,10 @@
 """The planner: enumerate strategies, estimate each, keep what fits, choose the fastest.
 
 Pure: no I/O, no devices. Two entry points:
-- `make_plan(config, hw, shape) -> Plan`: every candidate weighed; `chosen` is None when nothing
+- `make_plan(config, hw, shape) -> RunPlan | Refusal`: every candidate weighed; a Refusal when nothing
   fits, so `orchestrate plan` can still print the table. Raises `UserError` only for inputs that
   cannot be planned at all (batch not divisible by the world size, contradictory pins).
-- `planner.remedies.require_feasible(plan) -> Candidate`: the chosen candidate, or a `UserError`
+- `planner.remedies.require_feasible(plan) -> RunPlan`: the runnable plan, or a `UserError`
   (exit 2) listing the closest candidates and remedies computed by re-planning variations.
 
 Search space: backend x ZeRO stage x offload x activation checkpointing x micro-batch, at one
@@ -44,7 +44,7 @@ from orchestrate.planner.knobs import (
     knob_problems,
 )
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy
 
@@ -290,7 +290,7 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
 
 
 def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
-                 auxiliary: dict[str, ModelShape] | None) -> Plan:
+                 auxiliary: dict[str, ModelShape] | None) -> RunPlan | Refusal:
     """train.method auto: the plan of the first method in methods/registry.py AUTO_METHODS that fits, with
     a note saying which and why; if none fits, the last one planned (the closest to fitting)."""
     variants, why = auto_variants(config)
@@ -302,7 +302,7 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
             why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
             continue
         plan = attempt
-        if plan.chosen is not None:
+        if isinstance(plan, RunPlan):
             because = f" ({'; '.join(why)})" if why else ""
             plan.notes.append(f"train.method auto: {method}, the most faithful method that fits{because}")
             return plan
@@ -314,8 +314,9 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
 
 
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
-              auxiliary: dict[str, ModelShape] | None = None) -> Plan:
-    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc);
+              auxiliary: dict[str, ModelShape] | None = None) -> RunPlan | Refusal:
+    """Every candidate, best first: a RunPlan whose `chosen` is the fastest fitting one, or a Refusal
+    when none fits (see module doc);
     `auxiliary`: the shapes of the methods' auxiliary models (the distillation teacher's), counted in
     every candidate."""
     if config.train.method == "auto":
@@ -377,5 +378,6 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     fitting = sorted((c for c in kept if c.fits),
                      key=lambda c: (any(m.ranks_last(c.strategy) for m in methods), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
-    return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
-                chosen=fitting[0] if fitting else None)
+    if not fitting:
+        return Refusal(config=config, hardware=hw, shape=shape, candidates=rest)
+    return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0])

@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
 from orchestrate.simulate.spec import OFFLOAD_NOTE
@@ -47,7 +47,7 @@ class VerificationReport:
         return "\n".join([line, *(f"  note: {n}" for n in self.notes)])
 
 
-def _unseen(plan: Plan, analytical: dict[str, int]) -> dict[str, int]:
+def _unseen(plan: RunPlan, analytical: dict[str, int]) -> dict[str, int]:
     from orchestrate.planner import constants as k
 
     hw, strategy = plan.hardware, plan.chosen.strategy
@@ -60,7 +60,7 @@ def _unseen(plan: Plan, analytical: dict[str, int]) -> dict[str, int]:
             "nccl_buffers": nccl, "allocator_reserve": analytical.get("allocator_reserve", 0)}
 
 
-def verify_plan(plan: Plan, *, timeout_s: float = 900) -> VerificationReport:
+def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
     """Simulate `plan.chosen` (one rank, rank 0) and compare its peak with the plan's estimate."""
     from orchestrate.planner.memory import estimate_memory
 

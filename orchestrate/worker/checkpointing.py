@@ -51,7 +51,7 @@ from orchestrate.run.checkpoints import (
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine, WorkerContext
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
 # --- per-rank state ----------------------------------------------------------------------------
@@ -116,7 +116,7 @@ class Checkpointer:
     """Saves and restores a TrainEngine plus everything else a bit-exact resume needs. Collective:
     every rank calls `save` / `load` at the same step."""
 
-    def __init__(self, plan: Plan, engine: TrainEngine, ctx: WorkerContext):
+    def __init__(self, plan: RunPlan, engine: TrainEngine, ctx: WorkerContext):
         self.plan = plan
         self.engine = engine
         self.ctx = ctx

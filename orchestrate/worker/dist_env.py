@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def rank_info() -> RankInfo:
                     int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
 
 
-def init_distributed(plan: Plan, info: RankInfo, backend: str) -> torch.device:
+def init_distributed(plan: RunPlan, info: RankInfo, backend: str) -> torch.device:
     """Initialise the default process group with `backend` (what the plan's training backend asks
     for: `Backend.process_group`); returns this rank's device."""
     import torch.distributed as dist

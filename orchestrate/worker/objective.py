@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.methods.distill.objective import TeacherLogits
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
 class Objective(Protocol):
@@ -108,7 +108,7 @@ class SequenceClassificationObjective:
 _OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, SequenceClassificationObjective)}
 
 
-def objective_for(plan: Plan, teacher: TeacherLogits | None = None) -> Objective:
+def objective_for(plan: RunPlan, teacher: TeacherLogits | None = None) -> Objective:
     """The objective of the plan's task (model.task), or of your own module (train.loss); with
     `distill:` the distillation objective around the task's (orchestrate/methods/distill/objective.py), fed by
     `teacher`."""
@@ -120,6 +120,6 @@ def objective_for(plan: Plan, teacher: TeacherLogits | None = None) -> Objective
         from orchestrate.methods.distill.objective import DistillationObjective
 
         return DistillationObjective(_OBJECTIVES[plan.config.model.task](), teacher, plan.config.distill)
-    if plan.config.model.task == "causal-lm" and plan.chosen is not None:  # the loss in chunks when planned
+    if plan.config.model.task == "causal-lm":  # the loss in chunks when planned
         return CausalLMObjective(plan.chosen.strategy.loss_chunks)
     return _OBJECTIVES[plan.config.model.task]()

@@ -11,7 +11,7 @@ import torch
 
 from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
 from orchestrate.run.layout import RunDir, clear_requeue
 from orchestrate.run.resume_rules import check_resumable
@@ -42,13 +42,11 @@ class Worker:
         return self.ranks.rank // max(1, self.ranks.local_world_size)
 
 
-def read_plan(plan_path: Path) -> tuple[Plan, RunDir]:
+def read_plan(plan_path: Path) -> tuple[RunPlan, RunDir]:
     """The plan, with the library settings of its run section put in the environment (NCCL reads
     them at communicator creation, after this); the user's own values win."""
     plan_path = plan_path.resolve()
-    plan = Plan.read(plan_path)
-    if plan.chosen is None:
-        raise UserError(f"{plan_path} has no feasible strategy to run; see `orchestrate plan`")
+    plan = RunPlan.read(plan_path)  # a UserError for a plan without a feasible strategy
     for key, value in (plan.run.env if plan.run else {}).items():
         os.environ.setdefault(key, value)
     return plan, RunDir(plan_path.parent)
@@ -61,7 +59,7 @@ def check_lock(run: RunDir) -> None:
     check_worker_may_run(run.path)
 
 
-def start_process_group(plan: Plan, run: RunDir) -> Worker:
+def start_process_group(plan: RunPlan, run: RunDir) -> Worker:
     """The process group the plan's backend asks for; the seed every rank starts from."""
     from orchestrate.backends.registry import get_backend
     from orchestrate.worker.dist_env import init_distributed, rank_info
@@ -72,7 +70,7 @@ def start_process_group(plan: Plan, run: RunDir) -> Worker:
     return Worker(ranks, device)
 
 
-def checkpoint_to_resume(plan: Plan, run: RunDir, worker: Worker) -> Path | None:
+def checkpoint_to_resume(plan: RunPlan, run: RunDir, worker: Worker) -> Path | None:
     """The run's newest intact checkpoint, checked against the plan before anything is built (a
     mismatch fails fast); a starting worker also clears an old REQUEUE marker. Rank 0 verifies
     (checksums included) and tells the others, so every rank continues from the same one."""
@@ -99,7 +97,7 @@ def checkpoint_to_resume(plan: Plan, run: RunDir, worker: Worker) -> Path | None
     return resume_from
 
 
-def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
+def build_data(plan: RunPlan, run: RunDir, worker: Worker) -> TrainData:
     """This rank's data (maps the launcher's cache entry, or builds it on local rank 0)."""
     from orchestrate.data import build_data as build
 
@@ -111,7 +109,7 @@ def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
     return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)
 
 
-def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> TeacherLogits | None:
+def build_teacher(plan: RunPlan, run: RunDir, worker: Worker, data: TrainData) -> TeacherLogits | None:
     """distill: the frozen teacher where the plan places it (orchestrate/methods/distill/build.py), or,
     precomputed, the first pass into RUN_DIR/teacher_cache and its reader. Before the student."""
     if plan.config.distill is None:
@@ -134,7 +132,7 @@ def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> T
     return TeacherCache(run.path, data)
 
 
-def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | None,
+def build_engine(plan: RunPlan, run: RunDir, worker: Worker, labels: list[str] | None,
                  teacher: TeacherLogits | None = None) -> tuple[TrainEngine, WorkerContext]:
     """Initial weights -> the backend's model (with the plan's model transforms), wrapper,
     optimizer and schedule, training the task's objective (distilled from `teacher` with `distill:`)."""
@@ -152,7 +150,7 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | No
     return backend.setup(plan, ctx), ctx
 
 
-def resume(plan: Plan, ctx: WorkerContext, engine: TrainEngine, data: TrainData,
+def resume(plan: RunPlan, ctx: WorkerContext, engine: TrainEngine, data: TrainData,
            resume_from: Path | None) -> tuple[Checkpointer, int]:
     """The engine, optimizer, schedule, scaler, RNG and sampler restored from `resume_from`;
     returns the checkpointer and the step to continue after."""
@@ -168,7 +166,7 @@ def resume(plan: Plan, ctx: WorkerContext, engine: TrainEngine, data: TrainData,
     return checkpointer, restored["step"]
 
 
-def run_info(plan: Plan, run: RunDir, worker: Worker, start_step: int) -> RunInfo:
+def run_info(plan: RunPlan, run: RunDir, worker: Worker, start_step: int) -> RunInfo:
     return RunInfo(plan=plan, run_dir=run.path, rank=worker.ranks.rank, world_size=worker.ranks.world_size,
                    start_step=start_step)
 
@@ -201,7 +199,7 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
             StopOnSignal(stop, checkpointer, data)]
 
 
-def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, worker: Worker) -> None:
+def save_model(plan: RunPlan, run: RunDir, engine: TrainEngine, data: TrainData, worker: Worker) -> None:
     """The consolidated Hugging Face model (collective), with the tokenizer next to it."""
     from orchestrate.data.tokenizer import save_tokenizer
 
@@ -224,7 +222,7 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
         from orchestrate.loading.labels import write_labels
 
         write_labels(run.model, data.label_names)
-    names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]
+    names = [*plan.files.backend, *([plan.files.accelerate_config] if plan.files.accelerate_config else [])]
     adapter = f"      adapter: {run.adapter}\n" if plan.config.train.method != "full" else ""
     print(f"done. model:   {run.model}\n{adapter}"
           f"      metrics: {run.metrics}\n"

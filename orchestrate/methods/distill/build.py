@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
+def teacher_placement(plan: RunPlan, device: torch.device, world_size: int) -> str:
     """The placement this worker builds: the plan's, with offload as replicated on a CPU device
     and sharding over one rank as replicated (nothing to split)."""
     from orchestrate.methods.auxiliary import resolve_placement
@@ -36,7 +36,7 @@ def teacher_placement(plan: Plan, device: torch.device, world_size: int) -> str:
     return placement
 
 
-def build_teacher(plan: Plan, device: torch.device, world_size: int, placement: str) -> torch.nn.Module:
+def build_teacher(plan: RunPlan, device: torch.device, world_size: int, placement: str) -> torch.nn.Module:
     import torch
 
     from orchestrate.loading.weights import load_replicated

@@ -15,26 +15,26 @@ from orchestrate.backends.registry import shards_parameters
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def compute_dtype(plan: Plan) -> torch.dtype:
+def compute_dtype(plan: RunPlan) -> torch.dtype:
     import torch
 
     q = plan.config.train.quantization.compute_dtype
     return getattr(torch, _DTYPES[plan.chosen.strategy.precision if q == "auto" else q])
 
 
-def target_modules(plan: Plan) -> list[str]:
+def target_modules(plan: RunPlan) -> list[str]:
     from orchestrate.model.linears import block_linears
 
     wanted = plan.config.train.lora.target_modules
     return sorted({name for name, _, _ in block_linears(plan.shape) or []}) if wanted == "auto" else list(wanted)
 
 
-def quant_storage(plan: Plan) -> torch.dtype:
+def quant_storage(plan: RunPlan) -> torch.dtype:
     """The dtype the packed NF4 bytes are stored as. uint8 by default; where the backend shards the base it
     must be the compute dtype, as transformers' `bnb_4bit_quant_storage` for FSDP-QLoRA: FSDP2's mixed
     precision casts every parameter to its param_dtype, uint8 codes too (bitsandbytes docs "FSDP-QLoRA";
@@ -44,7 +44,7 @@ def quant_storage(plan: Plan) -> torch.dtype:
     return compute_dtype(plan) if shards_parameters(plan.chosen.strategy.sharding) else torch.uint8
 
 
-def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device: torch.device) -> torch.nn.Module:
+def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: RunPlan, device: torch.device) -> torch.nn.Module:
     """`linear` as a bitsandbytes NF4 `Linear4bit` on `device`, its `weight` quantized there (Params4bit.to
     quantizes on the first move to a non-meta device, CPU included: bitsandbytes/nn/modules.py
     Params4bit.to -> _quantize). The bias, if any, is carried over as it is (meta until read, for
@@ -66,7 +66,7 @@ def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device
     return new
 
 
-def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
+def _quantize_block_linears(model: torch.nn.Module, plan: RunPlan) -> None:
     """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit`. A linear already 4-bit (the base was
     quantized as it loaded, methods/lora/quantized_loading.py) is not an nn.Linear and is left as it is."""
     import torch
@@ -86,10 +86,10 @@ def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
 class LoraTransform:
     name = "lora"
 
-    def applies(self, plan: Plan) -> bool:
+    def applies(self, plan: RunPlan) -> bool:
         return plan.config.train.method in ("lora", "qlora")
 
-    def apply(self, model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+    def apply(self, model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
         import peft
 
         lora = plan.config.train.lora

@@ -20,14 +20,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
 @dataclass(frozen=True)
 class RunInfo:
     """What every callback may know about the run it observes."""
 
-    plan: Plan
+    plan: RunPlan
     run_dir: Path
     rank: int
     world_size: int

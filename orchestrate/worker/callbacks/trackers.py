@@ -23,7 +23,7 @@ from orchestrate.run.layout import CONFIG_FILE, PLAN_FILE
 from orchestrate.worker.scalars import step_scalars
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.worker.callbacks.base import RunInfo, StepCallback, StepEnd
 
 TB_DIR = "tb"
@@ -32,15 +32,15 @@ MLFLOW_DIR = "mlruns"
 _MLFLOW_RUN_ID = "orchestrate_run_id"  # in MLFLOW_DIR: a resumed run appends to the same MLflow run
 
 
-def plan_text(plan: Plan) -> str:
+def plan_text(plan: RunPlan) -> str:
     return json.dumps(plan.to_dict(), indent=2)
 
 
-def config_text(plan: Plan) -> str:
+def config_text(plan: RunPlan) -> str:
     return yaml.safe_dump(plan.config.model_dump(mode="json"), sort_keys=False)
 
 
-def flat_params(plan: Plan) -> dict[str, str]:
+def flat_params(plan: RunPlan) -> dict[str, str]:
     """The config as dotted key -> string, plus the chosen strategy (MLflow params are flat strings)."""
     out: dict[str, str] = {}
 
@@ -52,10 +52,9 @@ def flat_params(plan: Plan) -> dict[str, str]:
             out[prefix] = json.dumps(value) if not isinstance(value, str) else value
 
     walk("", plan.config.model_dump(mode="json"))
-    if plan.chosen is not None:
-        out["plan.chosen"] = plan.chosen.name
-        out["plan.gradient_accumulation"] = str(plan.chosen.gradient_accumulation)
-        out["plan.world_size"] = str(plan.world_size)
+    out["plan.chosen"] = plan.chosen.name
+    out["plan.gradient_accumulation"] = str(plan.chosen.gradient_accumulation)
+    out["plan.world_size"] = str(plan.world_size)
     return out
 
 
@@ -180,5 +179,5 @@ TRACKERS: dict[str, Callable[[], StepCallback]] = {
 }
 
 
-def build_trackers(plan: Plan) -> list[StepCallback]:
+def build_trackers(plan: RunPlan) -> list[StepCallback]:
     return [TRACKERS[name]() for name in plan.config.train.report_to if name != "none"]

@@ -39,7 +39,7 @@ def nf4_bytes(family: str) -> tuple[int, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from orchestrate.loading.transforms import apply_transforms
+    from orchestrate.methods.registry import apply_transforms
     from orchestrate.simulate.patches import hf_config_for_simulation
 
     plan = plan_from_parts(FAMILIES[family], strategy("ddp", 0, 1, False), 512, 2, adapters=QLORA)

@@ -219,6 +219,7 @@ class _FakeDeepSpeedEngine:
         from orchestrate.backends.schedule import make_scheduler
 
         self.weight = torch.nn.Parameter(torch.ones(()))
+        self.module = torch.nn.ParameterList([self.weight])  # what the engine wraps (its inputs' dtype)
         self.optimizer = torch.optim.SGD([self.weight], lr=plan.config.train.optimizer.lr)
         self.lr_scheduler = make_scheduler(self.optimizer, plan.config.train)
         self.accumulation = plan.chosen.gradient_accumulation
@@ -254,12 +255,13 @@ class _FakeDeepSpeedEngine:
 def test_train_step_reports_unscaled_loss_and_keeps_the_schedule_through_skipped_steps(tmp_path):
     import torch
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
+    from orchestrate.worker.objective import CausalLMObjective
+    from tests.helpers.engines import cpu_rank
 
     plan = make_plan(_ds(2, precision="fp16"), config=TRAIN_CONFIG)
-    ctx = WorkerContext(0, 0, 2, torch.device("cpu"), tmp_path, tmp_path)
-    engine = DeepSpeedTrainEngine(_FakeDeepSpeedEngine(plan, overflow_on={0}), plan, ctx)
+    engine = DeepSpeedTrainEngine(_FakeDeepSpeedEngine(plan, overflow_on={0}), plan, cpu_rank(0, 2), tmp_path,
+                                  CausalLMObjective())
     batches = [{"input_ids": torch.full((2, 4), float(v)), "labels": torch.zeros(2, 4)} for v in (1, 3)]
     results = [engine.train_step(batches) for _ in range(3)]
     assert [r.skipped for r in results] == [True, False, False]
@@ -311,19 +313,19 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | N
     import torch
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.deepspeed_backend import DeepSpeedBackend
     from tests.helpers.dist import init_gloo
+    from tests.helpers.engines import cpu_rank, setup_engine
 
     torch.set_num_threads(1)  # 2 ranks on 2 shared cores
     rank, world = init_gloo()
     work_dir = Path(work)
     plan = make_plan(strategy, config=TRAIN_CONFIG)
-    ctx = WorkerContext(rank, int(os.environ["LOCAL_RANK"]), world, torch.device("cpu"), work_dir, Path(model_dir))
+    me = cpu_rank(rank, world, int(os.environ["LOCAL_RANK"]))
     backend = DeepSpeedBackend()
     out: dict = {}
 
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     out["zero3_init"] = is_deepspeed_zero3_enabled()  # the switch that made from_pretrained use zero.Init
     out["checkpointing"] = engine.engine.module.is_gradient_checkpointing
     out["a"] = _train(engine, plan, rank, RESUME_AT)
@@ -336,18 +338,18 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | N
         out["logits"] = engine.model(input_ids=_probe()).logits
     del engine
 
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     out["b"] = _train(engine, plan, rank, STEPS)
     del engine
 
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     out["client_state"] = engine.load_checkpoint(work_dir / "ckpt")
     out["c"] = _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
     del engine
 
     if also is not None:
         other = make_plan(also, config=TRAIN_CONFIG)
-        out["also"] = _train(backend.setup(other, ctx), other, rank, 2)
+        out["also"] = _train(setup_engine(backend, other, me, model_dir), other, rank, 2)
     return out
 
 

@@ -255,7 +255,7 @@ def test_the_objective_is_alpha_ce_plus_t_squared_kl_and_evaluates_the_student_a
 def test_the_teacher_is_frozen_in_eval_mode(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from orchestrate.methods.distill.build import build_teacher, teacher_placement
+    from orchestrate.methods.distill.runtime import build_teacher, teacher_placement
     from tests.helpers.plans import make_plan as pinned_plan
 
     GPT2LMHeadModel(GPT2Config(**GPT2)).save_pretrained(tmp_path / "teacher")

@@ -22,7 +22,7 @@ def _plan(teacher: str):
 def _on_rank(teacher: str) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from orchestrate.methods.distill.build import build_teacher, teacher_placement
+    from orchestrate.methods.distill.runtime import build_teacher, teacher_placement
 
     init_gloo()
     plan, cpu = _plan(teacher), torch.device("cpu")

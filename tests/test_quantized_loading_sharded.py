@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.methods.lora.transform import LoraTransform, compute_dtype, quant_storage
+from orchestrate.methods.lora.transform import add_adapters, compute_dtype, quant_storage
 from orchestrate.planner.strategy import Strategy
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
 from tests.test_quantized_loading import ARCHS, BIG
 
@@ -73,9 +74,9 @@ def test_the_sharding_backends_base_equals_the_old_16bit_path(backend, family, t
         assert m.weight.bnb_quantized and m.weight.dtype == STORAGE[backend] == quant_storage(plan)
         assert m.quant_state is m.weight.quant_state  # module=new: FSDP2's unsharded copy finds it there
     torch.manual_seed(1)  # the adapters' random init
-    before = LoraTransform().apply(old, plan).state_dict()
+    before = add_adapters(old, plan).state_dict()
     torch.manual_seed(1)
-    during = LoraTransform().apply(new, plan).state_dict()
+    during = add_adapters(new, plan).state_dict()
     assert before.keys() == during.keys()
     assert sum(k.endswith("weight.absmax") for k in during) == 2 * 7  # quantized once, not again
     for key in before:
@@ -123,7 +124,6 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     from orchestrate.backends.registry import get_backend
     from orchestrate.loading import weights as loading
     from tests.helpers.dist import init_gloo
-    from tests.test_backend_ddp import _ctx
 
     rank, world = init_gloo()
     original, calls = loading.load_replicated, []
@@ -131,7 +131,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     out = {}
     for backend in ("fsdp", "zero2", "zero3"):
         plan = _plan(backend, ARCHS["qwen2"])
-        engine = get_backend(plan.chosen.strategy.backend).setup(plan, _ctx(rank, world, model_dir, run_dir))
+        engine = setup_engine(get_backend(plan.chosen.strategy.backend), plan, cpu_rank(rank, world), model_dir)
         module = getattr(engine.model, "module", engine.model)
         out[backend] = sorted({str(m.weight.dtype) for m in module.modules() if isinstance(m, bnb.nn.Linear4bit)}
                               | {f"n={sum(isinstance(m, bnb.nn.Linear4bit) for m in module.modules())}"})
@@ -140,7 +140,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     loading.load_replicated = lambda *a, **kw: calls.append(1) or original(*a, **kw)
     plan = make_plan(SHARDING["fsdp"], config={"model": {"architecture": dict(ARCHS["qwen2"])},
                                                "train": {"method": "lora"}})
-    engine = get_backend("fsdp").setup(plan, _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(get_backend("fsdp"), plan, cpu_rank(rank, world), model_dir)
     out["lora_reads"], out["lora_base"] = len(calls), _base_mismatches(engine.model, model_dir)
     return out
 

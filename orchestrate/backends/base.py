@@ -3,8 +3,10 @@
 A backend has two halves that live in one file:
 - `render(plan)`: pure, launcher side. Returns the backend's config files (name -> text), e.g.
   DeepSpeed's JSON, so the user can read, diff and reuse exactly what will run.
-- `setup(plan, ctx)`: worker side. Builds the model from `ctx.model_dir` without N full copies in
-  CPU RAM, wraps it, creates the optimizer and schedule, and returns a `TrainEngine`.
+- `setup(plan, rank, model_dir, objective)`: worker side. Asks the run's base method for the model
+  (`ModelRequest`, orchestrate/methods/runtime.py: built from `model_dir` without N full copies in
+  CPU RAM), wraps it, creates the optimizer and schedule, and returns a `TrainEngine` training
+  `objective`. It never asks which method trains: the method's builder and transforms decide.
 
 Adding a backend = one new file defining `BACKEND`, named in `orchestrate.backends.registry`
 (or passed to `register`), plus its tests.
@@ -24,24 +26,27 @@ if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
-    from orchestrate.worker.objective import Objective
+    from orchestrate.worker.rank import Rank
 
 
-@dataclass(frozen=True)
-class WorkerContext:
-    """What a worker knows about itself; everything else comes from the plan."""
+class Objective(Protocol):
+    """What a batch's loss is, and what evaluation measures (one per model.task in
+    orchestrate/worker/objective.py; a training method's in its folder)."""
 
-    rank: int
-    local_rank: int
-    world_size: int
-    device: torch.device
-    """cuda:<local_rank> on GPU machines, cpu otherwise."""
-    run_dir: Path
-    model_dir: Path
-    """A Hugging Face model directory (config.json + safetensors) holding the initial weights; only
-    config.json when the backend builds a from-config model itself (Backend.reads_weights)."""
-    objective: Objective | None = None
-    """What a batch's loss is (orchestrate.worker.objective); None: the causal-LM loss."""
+    name: str
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The scalar loss of one micro-batch (already on the model's device)."""
+        ...
+
+    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Additive evaluation sums of one batch, "loss" among them; the same keys on every rank."""
+        ...
+
+    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
+        """The record's eval_* entries from the sums over `batches` batches of all ranks."""
+        ...
+
 
 
 @dataclass(frozen=True)
@@ -129,13 +134,15 @@ class Backend(Protocol):
         ...
 
     def reads_weights(self, plan: RunPlan) -> bool:
-        """Whether `setup` loads the initial weights from files in ctx.model_dir. False: a model
-        trained from its config is built by `setup` itself (seeded, from ctx.model_dir/config.json),
+        """Whether `setup` loads the initial weights from files in model_dir. False: a model
+        trained from its config is built by `setup` itself (seeded, from model_dir/config.json),
         so none are written and read back before step 1. Pure."""
         ...
 
-    def setup(self, plan: RunPlan, ctx: WorkerContext) -> TrainEngine:
-        """Build model, wrapper, optimizer and schedule on this rank. Collective."""
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> TrainEngine:
+        """Build model (the base method's, from `model_dir`: a Hugging Face model directory with the
+        initial weights, or only config.json when `reads_weights` is False), wrapper, optimizer and
+        schedule on this rank. Collective."""
         ...
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:

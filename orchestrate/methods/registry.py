@@ -9,6 +9,7 @@ torchtitan's `register_train_spec` does; a name taken twice is refused. The work
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 from orchestrate.config.requirements import METHOD_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
@@ -62,7 +63,20 @@ def runtime(method: Method) -> MethodRuntime:
 
 
 def runtimes(config: RunConfig) -> list[MethodRuntime]:
+    """The worker halves of the config's methods, in hook order."""
     return [runtime(m) for m in active_methods(config)]
+
+
+def base_runtime(config: RunConfig) -> MethodRuntime:
+    """The worker half of the run's base method: the one that builds the model."""
+    return runtime(base_method(config))
+
+
+def apply_transforms(model: Any, plan: Any) -> Any:
+    """Every active method's model transform, in hook order, between building the model and wrapping it."""
+    for method in runtimes(plan.config):
+        model = method.transform(model, plan)
+    return model
 
 
 def auxiliary_shapes(config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:

@@ -134,6 +134,9 @@ class Method:
     """The module of its worker half (`MethodRuntime` as `RUNTIME`), imported on the worker only."""
     saves: ClassVar[tuple[str, ...]] = ()
     """What it writes into the run directory besides model/ (run/layout.py names)."""
+    needs_weight_files: ClassVar[bool] = False
+    """Its model is built from the initial weights' files even where a backend could build it from the
+    config alone (Backend.reads_weights): LoRA's base is quantized while loading and re-read to merge."""
 
     def active(self, config: RunConfig) -> bool:
         """Whether the config asks for it (a base method: whether it is the run's base)."""

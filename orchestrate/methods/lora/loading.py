@@ -51,9 +51,9 @@ def fsdp_adapter_model(model_dir: Path, plan: RunPlan, rank: int, trust_remote_c
                        task: str = "causal-lm") -> tuple[nn.Module, StateLayout, dict[str, torch.Tensor] | None]:
     """(the transformed model FSDP2's setup shards, the base's StateLayout, and for LoRA the full state dict
     `fill_from_rank0` broadcasts after fully_shard: rank 0's, {} elsewhere; None for QLoRA, filled already)."""
-    from orchestrate.loading.transforms import apply_transforms
     from orchestrate.loading.weights import cast_floating_parameters, meta_model
     from orchestrate.methods.lora.transform import compute_dtype
+    from orchestrate.methods.registry import apply_transforms
 
     if plan.config.train.method == "qlora":
         model, layout = load_adapter_base(model_dir, plan, trust_remote_code, task)

@@ -76,6 +76,7 @@ class Lora(Method):
     base = True
     runtime = "orchestrate.methods.lora.runtime"
     saves = (ADAPTER_DIR,)
+    needs_weight_files = True
 
     def active(self, config: RunConfig) -> bool:
         return config.train.method in ("lora", "qlora")

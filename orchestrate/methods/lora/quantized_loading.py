@@ -12,7 +12,7 @@ its cast, and, when the device is the CPU, the quantized model (methods/lora/mem
 `quantized_load_bytes`); never the 16-bit base.
 This is what transformers' `from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
 does, shard by shard; it is not used because it also quantizes the LM head's neighbours by its own
-rules and would not match the planner's (and `LoraTransform`'s) set of block linears.
+rules and would not match the planner's (and `add_adapters`') set of block linears.
 """
 
 from __future__ import annotations

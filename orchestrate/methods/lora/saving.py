@@ -85,9 +85,9 @@ def merge_adapters(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Ten
     import torch
 
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.loading.transforms import apply_transforms
     from orchestrate.loading.weights import load_replicated
     from orchestrate.methods.lora.transform import compute_dtype
+    from orchestrate.methods.registry import apply_transforms
 
     # In the compute dtype the sharding backends load it in, so the NF4 codes are the trained ones.
     model = load_replicated(model_dir, torch.device("cpu"), compute_dtype(plan), plan.config.model.trust_remote_code,

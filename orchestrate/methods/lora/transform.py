@@ -83,28 +83,24 @@ def _quantize_block_linears(model: torch.nn.Module, plan: RunPlan) -> None:
                     setattr(parent, name, new.to(child.weight.device))
 
 
-class LoraTransform:
-    name = "lora"
+def add_adapters(model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
+    """The LoRA transform: the base frozen (quantized to NF4 first for qlora, else cast to the compute
+    dtype), peft's adapters on the target linears, in fp32."""
+    import peft
 
-    def applies(self, plan: RunPlan) -> bool:
-        return plan.config.train.method in ("lora", "qlora")
-
-    def apply(self, model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
-        import peft
-
-        lora = plan.config.train.lora
-        if plan.config.train.method == "qlora":
-            _quantize_block_linears(model, plan)
-            # What transformers sets after a bitsandbytes load; peft reads it to wrap Linear4bit layers in
-            # its 4-bit LoRA layer (peft/tuners/lora/bnb.py dispatch_bnb_4bit), not the generic one.
-            model.is_loaded_in_4bit = True
-        else:
-            model.to(compute_dtype(plan))
-        config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                 target_modules=target_modules(plan), task_type="CAUSAL_LM",
-                                 fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
-        model = peft.get_peft_model(model, config)
-        for p in model.parameters():  # adapters train in fp32 (the planner's 16 B/param)
-            if p.requires_grad:
-                p.data = p.data.float()
-        return model
+    lora = plan.config.train.lora
+    if plan.config.train.method == "qlora":
+        _quantize_block_linears(model, plan)
+        # What transformers sets after a bitsandbytes load; peft reads it to wrap Linear4bit layers in
+        # its 4-bit LoRA layer (peft/tuners/lora/bnb.py dispatch_bnb_4bit), not the generic one.
+        model.is_loaded_in_4bit = True
+    else:
+        model.to(compute_dtype(plan))
+    config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=target_modules(plan), task_type="CAUSAL_LM",
+                             fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
+    model = peft.get_peft_model(model, config)
+    for p in model.parameters():  # adapters train in fp32 (the planner's 16 B/param)
+        if p.requires_grad:
+            p.data = p.data.float()
+    return model

@@ -178,7 +178,7 @@ class DDPBackend:
         # Every rank holds the whole model: from its config, each builds it under the same seed (what
         # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway), unless a
         # method needs the file (LoRA: QLoRA quantizes while loading it, `export --merge` re-reads the base).
-        return any(method.needs_weight_files for method in active_methods(plan.config))
+        return any(method.trains_adapters for method in active_methods(plan.config))
 
     def process_group(self, plan: RunPlan) -> str:
         return device_process_group(plan)

@@ -109,6 +109,20 @@ def auto_variants(config: RunConfig) -> tuple[list[tuple[str, RunConfig]], list[
     return variants, why
 
 
+def is_auto(config: RunConfig) -> bool:
+    """`train.method: auto`: the planner tries AUTO_METHODS in turn (`auto_variants`)."""
+    return config.train.method == "auto"
+
+
+def auto_note(taken: str | None, why: list[str], shown: RunConfig | None = None) -> str:
+    """The plan's note on what train.method auto took (`taken`), or that nothing fits (`shown`: the
+    config of the method whose candidates the plan shows)."""
+    if taken is not None:
+        because = f" ({'; '.join(why)})" if why else ""
+        return f"train.method auto: {taken}, the most faithful method that fits{because}"
+    return f"train.method auto: nothing fits ({'; '.join(why)}); shown: {shown.train.method}"
+
+
 def no_auto_method(why: list[str]) -> UserError:
     return UserError("Cannot plan this run: train.method auto found no method to plan",
                      [Problem("train.method", "; ".join(why), "set train.method: full, lora or qlora")])

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.methods.auxiliary import AuxiliaryModel
 from orchestrate.model.shape import ModelShape
@@ -120,6 +121,17 @@ class MethodTerms:
         return 0.0
 
 
+@dataclass(frozen=True)
+class Alternative:
+    """A remedy a method offers: `config` trains with it; `where` and `fix` are the Problem's, `what`
+    says what it changes ("with {what}, <the plan> fits")."""
+
+    where: str
+    what: str
+    fix: str
+    config: RunConfig
+
+
 class Method:
     """A training method's spec (plan time). Subclasses override what their method does."""
 
@@ -134,9 +146,10 @@ class Method:
     """The module of its worker half (`MethodRuntime` as `RUNTIME`), imported on the worker only."""
     saves: ClassVar[tuple[str, ...]] = ()
     """What it writes into the run directory besides model/ (run/layout.py names)."""
-    needs_weight_files: ClassVar[bool] = False
-    """Its model is built from the initial weights' files even where a backend could build it from the
-    config alone (Backend.reads_weights): LoRA's base is quantized while loading and re-read to merge."""
+    trains_adapters: ClassVar[bool] = False
+    """It trains adapters on a frozen base: its checkpoints hold the adapters only (`orchestrate export
+    --merge` merges them into the re-read base), and the base is built from the initial weights' files
+    even where a backend could build a model from its config alone (Backend.reads_weights)."""
 
     def active(self, config: RunConfig) -> bool:
         """Whether the config asks for it (a base method: whether it is the run's base)."""
@@ -154,10 +167,14 @@ class Method:
         """Its part of the plan's memory and speed model (after `check`)."""
         return MethodTerms()
 
-    def alternatives(self, config: RunConfig) -> list[tuple[str, RunConfig]]:
-        """(what it would change, the config with it) for a plan that does not fit: the remedies the
-        planner tries by re-planning."""
+    def alternatives(self, config: RunConfig) -> list[Alternative]:
+        """Configs with this method for a plan that does not fit: the remedies the planner tries by
+        re-planning (planner/remedies.py)."""
         return []
+
+    def simulation_refusal(self, config: RunConfig) -> Problem | None:
+        """Why `plan --simulate` (fake tensors, orchestrate/simulate) cannot run it; None: it can."""
+        return None
 
     def report(self, plan: RunPlan | Any) -> tuple[list[str], dict[str, Any]]:
         """What `orchestrate plan` prints about it (lines) and adds to --json (keys)."""

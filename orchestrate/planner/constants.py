@@ -176,7 +176,7 @@ NVME_OVERLAP_FRACTION = 0.0
 which DeepSpeed leaves off by default (offload_config.py); counted fully."""
 
 # --------------------------------------------------------------------------------------------------
-# LoRA / QLoRA (train.method)
+# LoRA / QLoRA (orchestrate/methods/lora)
 # --------------------------------------------------------------------------------------------------
 
 NF4_BITS = 4

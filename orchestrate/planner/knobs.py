@@ -16,7 +16,7 @@ verified to run, and the options the search tries. Pure; memory.py, speed.py and
   Quantization"): m and v in uint8 with one fp32 absmax per block of 256 (bitsandbytes/optim/optimizer.py,
   Optimizer8bit: block_wise, blocksize 256): 2 + 8/256 B/param instead of AdamW's 8.
 - Embedding offload: a frozen input embedding (LoRA / QLoRA keep it in the compute dtype, unquantized:
-  adapter_memory.base_bytes) is only looked up, never multiplied, so it can stay in host memory: the
+  methods/lora/memory.py base_bytes) is only looked up, never multiplied, so it can stay in host memory: the
   lookup (a gather of b·s rows) runs on the CPU and only the rows (b x s x h, compute dtype) cross PCIe
   to the GPU, once per micro-batch (backends/ddp.py). Llama-3's 128,256 x 4096 table is 1 GiB of bf16.
   Not where it is tied to the LM head (the head multiplies the same tensor on the GPU), nor where it

@@ -40,7 +40,8 @@ from orchestrate.planner import constants as k
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
 
-# The breakdown of every plan holds these keys, then its methods' own (`breakdown_keys`).
+# The breakdown of every plan holds these keys, then its methods' own: `breakdown_keys`, from which
+# estimate_memory starts.
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
@@ -318,6 +319,9 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     trained = trained_shape(shape, methods)  # what has gradients and optimizer states
     c = compute_bytes(strategy)
     placed = _placement(trained, hw, strategy, gradient_accumulation)
+    gpu_keys, cpu_keys = breakdown_keys(methods)  # every term, in the breakdown's order, from 0
+    placed.gpu = {key: placed.gpu.get(key, 0) for key in gpu_keys}
+    placed.cpu = {key: placed.cpu.get(key, 0) for key in cpu_keys}
     models = [m for method in methods for m in method.auxiliary()]
     for method in methods:  # a frozen base beside the trained states (LoRA)
         frozen = method.frozen_bytes(shape, hw, strategy)

@@ -147,7 +147,7 @@ class Weighed(BaseModel):
     shape: ModelShape
     candidates: list[Candidate]
     notes: list[str] = []
-    """What the planner decided beyond the strategy, and why (e.g. which method `train.method: auto` took)."""
+    """What the planner decided beyond the strategy, and why (e.g. which method the auto method took)."""
 
     @property
     def world_size(self) -> int:

@@ -11,6 +11,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import GiB, gib
 from orchestrate.methods.registry import methods
+from orchestrate.methods.spec import Alternative
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Refusal, RunPlan
@@ -41,22 +42,18 @@ def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
     return f"{c.name} fits ({', '.join(parts)})"
 
 
-_METHOD_WORDS = {"lora": "LoRA adapters on a frozen base", "qlora": "LoRA adapters on a frozen NF4 (4-bit) base"}
-
-
-def _method_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, method: str,
-                   variant: RunConfig) -> Problem | None:
+def _method_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, alternative: Alternative) -> Problem | None:
     """What the plan would be with another training method (a method's `alternatives`)."""
     try:
-        plan = make_plan(variant, hw, shape)
+        plan = make_plan(alternative.config, hw, shape)
     except UserError:  # e.g. a family LoRA is not planned for, or pins the method cannot train under
         return None
-    what = _METHOD_WORDS.get(method, f"train.method: {method}")
+    where, what, fix = alternative.where, alternative.what, alternative.fix
     if isinstance(plan, RunPlan):
-        return Problem("train.method", f"with {what}, {_fit_summary(plan.chosen, hw)}", f"train.method: {method}")
+        return Problem(where, f"with {what}, {_fit_summary(plan.chosen, hw)}", fix)
     closest = min(plan.candidates, key=lambda c: overflow_score(c, Limits.of(config, hw), hw))
-    return Problem("train.method", f"with {what}, the closest, {closest.name}, still overflows: {closest.reason}",
-                   f"train.method: {method}, with one of the other remedies")
+    return Problem(where, f"with {what}, the closest, {closest.name}, still overflows: {closest.reason}",
+                   f"{fix}, with one of the other remedies")
 
 
 def _remedies(plan: Refusal, limits: Limits) -> list[Problem]:
@@ -112,8 +109,8 @@ def _remedies(plan: Refusal, limits: Limits) -> list[Problem]:
         if (c := _replan(free, hw, shape)) is not None:
             out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
                                "set backend, zero_stage, offload and offload_params to auto"))
-    out += [p for m in methods() for name, variant in m.alternatives(config)
-            if (p := _method_remedy(config, hw, shape, name, variant))]
+    out += [p for m in methods() for alternative in m.alternatives(config)
+            if (p := _method_remedy(config, hw, shape, alternative))]
     return out + _knob_remedies(config, hw, shape)
 
 

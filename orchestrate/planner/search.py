@@ -33,7 +33,7 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
-from orchestrate.methods.registry import auto_variants, method_terms, no_auto_method
+from orchestrate.methods.registry import auto_note, auto_variants, is_auto, method_terms, no_auto_method
 from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.estimate import MemoryEstimate
@@ -291,7 +291,7 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
 
 def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
                  auxiliary: dict[str, ModelShape] | None) -> RunPlan | Refusal:
-    """train.method auto: the plan of the first method in methods/registry.py AUTO_METHODS that fits, with
+    """The auto method: the plan of the first method in methods/registry.py AUTO_METHODS that fits, with
     a note saying which and why; if none fits, the last one planned (the closest to fitting)."""
     variants, why = auto_variants(config)
     plan = None
@@ -303,13 +303,12 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
             continue
         plan = attempt
         if isinstance(plan, RunPlan):
-            because = f" ({'; '.join(why)})" if why else ""
-            plan.notes.append(f"train.method auto: {method}, the most faithful method that fits{because}")
+            plan.notes.append(auto_note(method, why))
             return plan
         why.append(f"{method} does not fit (closest: {plan.candidates[0].name}: {plan.candidates[0].reason})")
     if plan is None:
         raise no_auto_method(why)
-    plan.notes.append(f"train.method auto: nothing fits ({'; '.join(why)}); shown: {plan.config.train.method}")
+    plan.notes.append(auto_note(None, why, plan.config))
     return plan
 
 
@@ -319,7 +318,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     when none fits (see module doc);
     `auxiliary`: the shapes of the methods' auxiliary models (the distillation teacher's), counted in
     every candidate."""
-    if config.train.method == "auto":
+    if is_auto(config):
         return _method_plan(config, hw, shape, auxiliary)
     methods = method_terms(config, shape, auxiliary)  # a UserError for method settings that do not fit the model
     problems = _pin_problems(config, hw)

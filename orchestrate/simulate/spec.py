@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate.methods.lora.method import LORA
 from orchestrate.planner.plan import Candidate, RunPlan
 from orchestrate.planner.strategy import Strategy
 
@@ -136,14 +137,15 @@ def spec_from_plan(plan: RunPlan, candidate: Candidate | None = None, *, steps: 
         sync_last_micro_batch_only=sync_last, grad_clip=train.grad_clip,
         fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
         deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None,
-        adapters=adapter_settings(train), notes=notes)
+        adapters=adapter_settings(plan.config), notes=notes)
 
 
-def adapter_settings(train: Any) -> dict[str, Any] | None:
-    """The `train` keys the LoRA transform reads (None for full fine-tuning)."""
-    if train.method == "full":
+def adapter_settings(config: Any) -> dict[str, Any] | None:
+    """The `train` keys the LoRA transform reads (None unless the run trains adapters)."""
+    if not LORA.active(config):
         return None
-    return {"method": train.method, "lora": train.lora.model_dump(), "quantization": train.quantization.model_dump()}
+    t = config.train
+    return {"method": t.method, "lora": t.lora.model_dump(), "quantization": t.quantization.model_dump()}
 
 
 def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size: int,

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
+from orchestrate.methods.registry import active_methods
 from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
@@ -71,11 +72,9 @@ def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
         raise UserError("plan --simulate runs causal LMs only", [Problem(
             "model.task", f"the fake-tensor simulation builds the causal-LM class, not the {plan.config.model.task} "
             "head, so its peak would describe another model", "drop --simulate: the analytical estimate covers every task")])
-    if plan.config.train.method == "qlora":  # bitsandbytes' Params4bit cannot re-type a FakeTensor
-        raise UserError("plan --simulate cannot run QLoRA", [Problem(
-            "train.method", "the fake-tensor simulation cannot hold a 4-bit base: bitsandbytes' Params4bit is a "
-            "tensor subclass that refuses fake tensors and its kernels read real data (bench/qlora_pieces.py "
-            "checks QLoRA's terms piece by piece instead)", "simulate method: lora, or drop --simulate")])
+    refusals = [p for m in active_methods(plan.config) if (p := m.simulation_refusal(plan.config)) is not None]
+    if refusals:
+        raise UserError("plan --simulate cannot run this training method", refusals)
     analytical = dict(cand.memory.gpu) or estimate_memory(
         plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation).gpu
     sim = simulate(plan, timeout_s=timeout_s)

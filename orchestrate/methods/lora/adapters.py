@@ -1,7 +1,7 @@
 """What `train.method: lora | qlora` changes in the model states, from the config and the shape alone:
 the adapted linears, the trainable adapter parameters and how the frozen base is stored. Pure.
 
-The memory terms that use it are in `adapter_memory.py`; the model transform that does it is
+The memory terms that use it are in `memory.py` (the method's terms: `method.py`); the model transform is
 `orchestrate/methods/lora/transform.py`.
 """
 

@@ -10,6 +10,7 @@ model transform), loading.py and quantized_loading.py (how each backend loads it
 from __future__ import annotations
 
 from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.methods.lora.adapters import Adapters, adapters_for, trains
 from orchestrate.methods.lora.memory import (
@@ -19,7 +20,7 @@ from orchestrate.methods.lora.memory import (
     trainable_shape,
 )
 from orchestrate.methods.lora.offload import base_h2d_bytes
-from orchestrate.methods.spec import Method, MethodTerms, PlacedBytes
+from orchestrate.methods.spec import Alternative, Method, MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import compute_bytes, shard_group_size
 from orchestrate.planner.strategy import Sharding, Strategy
@@ -76,7 +77,7 @@ class Lora(Method):
     base = True
     runtime = "orchestrate.methods.lora.runtime"
     saves = (ADAPTER_DIR,)
-    needs_weight_files = True
+    trains_adapters = True
 
     def active(self, config: RunConfig) -> bool:
         return config.train.method in ("lora", "qlora")
@@ -87,11 +88,21 @@ class Lora(Method):
     def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
         return AdapterTerms(adapters_for(config, shape))
 
-    def alternatives(self, config: RunConfig) -> list[tuple[str, RunConfig]]:
+    def alternatives(self, config: RunConfig) -> list[Alternative]:
         if config.train.method != "full":
             return []
-        return [(method, config.model_copy(update={"train": config.train.model_copy(update={"method": method})}))
+        words = {"lora": "LoRA adapters on a frozen base", "qlora": "LoRA adapters on a frozen NF4 (4-bit) base"}
+        return [Alternative("train.method", words[method], f"train.method: {method}",
+                            config.model_copy(update={"train": config.train.model_copy(update={"method": method})}))
                 for method in ("lora", "qlora")]
+
+    def simulation_refusal(self, config: RunConfig) -> Problem | None:
+        if config.train.method != "qlora":
+            return None
+        return Problem(  # bitsandbytes' Params4bit cannot re-type a FakeTensor
+            "train.method", "the fake-tensor simulation cannot hold a 4-bit base: bitsandbytes' Params4bit is a "
+            "tensor subclass that refuses fake tensors and its kernels read real data (bench/qlora_pieces.py "
+            "checks QLoRA's terms piece by piece instead)", "simulate method: lora, or drop --simulate")
 
 
 LORA = Lora()

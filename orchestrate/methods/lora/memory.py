@@ -6,7 +6,7 @@ the base is frozen (no gradients, no optimizer states; peft sets requires_grad=F
   (`trainable_shape`), so DDP's replicated 16 B/param and FSDP2's sharded 16/n B/param hold as for
   full training.
 - Frozen base: the compute dtype (the LoRA transform casts it there; fp32 on CPU), or NF4 for its
-  block linears under QLoRA (`constants.nf4_bits_per_param`: 4.127 bits with double quantization,
+  block linears under QLoRA (`adapters.nf4_bits_per_param`: 4.127 bits with double quantization,
   Dettmers et al. 2023) with everything else (embeddings, norms, LM head) in the compute dtype.
   Replicated under DDP, sharded over n ranks under FSDP2 (fully_shard shards frozen parameters too).
 - Activations and logits are the full-training terms: the input gradients of every frozen linear

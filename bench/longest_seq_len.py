@@ -11,6 +11,7 @@ import argparse
 
 from orchestrate import api
 from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planning import plan_for
 
 
@@ -26,7 +27,8 @@ def main() -> None:
 
     def chosen(seq_len: int, extra: list[str]):
         config = api.load_config(args.config, [f"train.method={args.method}", f"train.seq_len={seq_len}", *extra])
-        return plan_for(config, hw).chosen
+        plan = plan_for(config, hw)
+        return plan.chosen if isinstance(plan, RunPlan) else None
 
     for name, extra in (("sft", []), ("dpo", ["preference.loss=dpo"])):
         low, high = 0, (8192 // 64 if chosen(64, extra) else 0)

@@ -35,12 +35,12 @@ class ChatModel:
 
 
 def _plan(run: RunDir):
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
     if not run.plan.is_file():
         raise UserError(f"{run.path} is not a run directory", [Problem(
             "RUN_DIR", f"{run.plan} does not exist", "give the directory `orchestrate launch` trained into")])
-    return Plan.read(run.plan)
+    return RunPlan.read(run.plan)
 
 
 def _end_of_turn(tok) -> list[int]:

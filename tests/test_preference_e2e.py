@@ -87,7 +87,7 @@ def test_a_resumed_run_is_bit_exact_and_reuses_its_precomputed_reference(runs):
 
 
 def test_the_rewards_reach_the_report_and_every_tracker_s_scalars(runs, tmp_path):
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.report.summary import write_report
     from orchestrate.worker.scalars import step_scalars
 
@@ -96,6 +96,6 @@ def test_the_rewards_reach_the_report_and_every_tracker_s_scalars(runs, tmp_path
     summary = (tmp_path / "summary.md").read_text()
     assert "- rewards (dpo): chosen 0.0000 -> " in summary and "- held-out rewards at step 40: " in summary
     final = _metrics(run_dir)[-1]
-    scalars = step_scalars(final, Plan.read(run_dir / "plan.json"))
+    scalars = step_scalars(final, RunPlan.read(run_dir / "plan.json"))
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
         assert scalars[f"train/{key}"] == final[key] and scalars[f"eval/{key}"] == final[f"eval_{key}"]

@@ -15,8 +15,11 @@ import pytest
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.model.formulas import shape_from_dict
+from orchestrate.methods.preference.memory import REFERENCE, reference_model
+from orchestrate.methods.preference.method import PREFERENCE, PreferenceTerms
+from orchestrate.methods.registry import method_terms
 from orchestrate.planner.memory import estimate_memory
-from orchestrate.methods.preference.memory import preference_terms
+from orchestrate.planner.plan import Refusal
 from orchestrate.planner.search import Limits, _candidate, make_plan
 from orchestrate.planning import plan_for
 from tests.helpers.cli import assert_one_message, invoke
@@ -37,30 +40,29 @@ def _config(train: dict, preference: dict | None = None, model: dict | None = No
 
 
 def test_a_record_s_two_sequences_are_twice_the_micro_batch_s_activations_and_logits():
-    from orchestrate.methods.preference.memory import PreferenceTerms, Reference
-
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), GPU_8GIB.resolve()
     pair, doubled = strat(micro=2), strat(micro=4)
-    dpo = estimate_memory(shape, hw, pair, 1024, preference=PreferenceTerms(Reference(shape, "precomputed"), False))
+    terms = PreferenceTerms(reference_model(shape, "precomputed", adapter=False), packed=False)
+    dpo = estimate_memory(shape, hw, pair, 1024, methods=[terms])
     sft = estimate_memory(shape, hw, doubled, 1024)
     assert dpo.gpu["activations"] == sft.gpu["activations"] and dpo.gpu["logits"] == sft.gpu["logits"]
-    assert dpo.gpu["reference_weights"] == 0 and dpo.gpu["reference_cache"] > 0
+    assert dpo.gpu["reference_weights"] == 0 and dpo.gpu["reference_logits"] > 0  # the cached log-probs
 
 
 def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and_the_adapter_reference():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), GPU_8GIB.resolve()
     plan = make_plan(_config({"method": "qlora", "seq_len": 1024}, {"loss": "dpo"}), hw, shape)
-    assert plan.chosen is not None and plan.chosen.reference_placement == "adapter"
+    assert not isinstance(plan, Refusal) and plan.chosen.placements[REFERENCE] == "adapter"
     assert plan.chosen.memory.gpu["reference_weights"] == 0
     assert all(c.strategy.loss_chunks == 0 for c in plan.candidates)  # the losses take whole logits
-    note = next(n for n in plan.notes if n.startswith("preference:"))
+    note = next(n for n in plan.notes if n.startswith("the longest train.seq_len"))
     found = re.search(r"the longest train.seq_len that fits: (\d+) \((\S+)\)", note)
     longest, name = int(found.group(1)), found.group(2)
     at = {s: make_plan(_config({"method": "qlora", "seq_len": s}, {"loss": "dpo"}), hw, shape) for s in (longest, longest + 64)}
-    assert any(c.fits and c.name == name and c.reference_placement == "adapter" for c in at[longest].candidates)
-    assert at[longest + 64].chosen is None  # no strategy fits 64 tokens more
+    assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in at[longest].candidates)
+    assert isinstance(at[longest + 64], Refusal)  # no strategy fits 64 tokens more
     sft = make_plan(_config({"method": "qlora", "seq_len": longest + 64}), hw, shape)
-    assert sft.chosen is not None  # one sequence per sample: SFT fits where DPO no longer does
+    assert not isinstance(sft, Refusal)  # one sequence per sample: SFT fits where DPO no longer does
 
 
 def test_auto_takes_the_first_placement_that_fits_and_says_why():
@@ -70,23 +72,23 @@ def test_auto_takes_the_first_placement_that_fits_and_says_why():
     shape, hw = shape_from_dict(dict(llama_1b)), GPU_8GIB.resolve()
     plan = make_plan(_config({"method": "full", "seq_len": 512}, {"loss": "dpo"}, llama_1b), hw, shape)
     chosen = plan.chosen
-    assert chosen is not None and chosen.reference_placement != "replicated"
-    assert "replicated does not fit (GPU" in chosen.reference_reason
+    assert chosen.placements[REFERENCE] != "replicated"
+    assert "replicated does not fit (GPU" in chosen.placement_reason
+    assert "replicated does not fit" in PREFERENCE.report(plan)[0][0]  # what `orchestrate plan` prints
     config = _config({"method": "full", "seq_len": 512}, {"loss": "dpo", "placement": "replicated"}, llama_1b)
-    terms = preference_terms(config, shape)
     replicated = _candidate(shape, hw, chosen.strategy, 512, chosen.gradient_accumulation, Limits.of(config, hw),
-                            preference=terms)
-    assert not replicated.fits and replicated.reason in chosen.reference_reason  # what auto said
+                            method_terms(config, shape, None))
+    assert not replicated.fits and replicated.reason in chosen.placement_reason  # what auto said
 
 
 def test_full_fine_tuning_on_cpu_ranks_replicates_the_reference_and_orpo_has_none():
     hw = cpu_hardware(2)
     tiny = {"seq_len": 32, "micro_batch_size": 2}
     dpo = plan_for(_config({"method": "full", **tiny}, {"loss": "dpo"}, TINY_GPT2), hw)
-    assert dpo.chosen.reference_placement == "replicated" and dpo.chosen.memory.gpu["reference_weights"] > 0
+    assert dpo.chosen.placements[REFERENCE] == "replicated" and dpo.chosen.memory.gpu["reference_weights"] > 0
     orpo = plan_for(_config({"method": "full", **tiny}, {"loss": "orpo"}, TINY_GPT2), hw)
-    assert orpo.chosen.reference_placement is None
-    assert any("no reference model (preference.loss orpo)" in n for n in orpo.notes)
+    assert REFERENCE not in orpo.chosen.placements and "reference_weights" not in orpo.chosen.memory.gpu
+    assert PREFERENCE.report(orpo)[0] == ["preference: orpo, no reference model"]
 
 
 def _yaml(tmp_path: Path, preference: dict, train: dict | None = None) -> Path:

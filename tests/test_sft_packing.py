@@ -20,7 +20,7 @@ from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.packing import best_fit_decreasing
 from orchestrate.data.pipeline import prepare_data, samples_for
 from orchestrate.hardware.presets import load_preset
-from orchestrate.loading.packed_attention import PackedAttention, planned_varlen
+from orchestrate.loading.packed_attention import planned_varlen, varlen_ready
 from orchestrate.planner.packing import BLOCK_MASK, VARLEN, SamplePacking, mask_bytes, sample_packing
 from orchestrate.planning import plan_for
 from tests.helpers.chat_tokenizers import word_chat_tokenizer
@@ -173,7 +173,7 @@ def test_cpu_plans_count_the_block_diagonal_mask_and_gpu_plans_take_the_varlen_p
     assert sample_packing(gpu.config, gpu.hardware, gpu.shape).attention == VARLEN and planned_varlen(gpu)
     assert "attention_mask" not in gpu.chosen.memory.gpu or gpu.chosen.memory.gpu["attention_mask"] == 0
     assert any("flash_attention_2" in note for note in gpu.notes)
-    assert PackedAttention().applies(gpu) == _flash_attn()  # and runs it where flash-attn 2 (and CUDA) is there
+    assert varlen_ready(gpu) == _flash_attn()  # and runs it where flash-attn 2 (and CUDA) is there
 
     text = _plan(tmp_path, cpu_hardware(2), {"train_files": ["corpus.txt"]})  # plain text: one stream, no mask
     assert sample_packing(text.config, text.hardware, text.shape) is None and "attention_mask" not in text.chosen.memory.gpu

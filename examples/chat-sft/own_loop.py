@@ -48,7 +48,7 @@ def chats(path: Path) -> list[list[dict]]:
 def encode(tok, messages: list[dict]) -> dict:
     out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
     ids = out["input_ids"]
-    return {"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, out["assistant_masks"])]}
+    return {"input_ids": ids, "labels": [t if m else -100 for t, m in zip(ids, out["assistant_masks"], strict=True)]}
 
 
 def pad(tok):

@@ -19,7 +19,7 @@ from orchestrate.config.strategy import StrategySection
 from orchestrate.config.train import TrainSection
 from orchestrate.methods.custom.config import check_custom_sections
 from orchestrate.methods.distill.config import DistillSection
-from orchestrate.methods.preference.config import PreferenceSection
+from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD, PreferenceSection
 from orchestrate.methods.prune.config import PruneSection
 
 
@@ -47,6 +47,11 @@ class RunConfig(Section):
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """Sequences one training sample is: a preference record's chosen and rejected (two), else one."""
+        return SEQUENCES_PER_RECORD if self.preference is not None else 1
 
     @model_validator(mode="after")
     def _task_data(self) -> RunConfig:

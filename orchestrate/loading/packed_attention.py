@@ -13,15 +13,15 @@ from orchestrate.planner.packing import VARLEN, sample_packing
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def planned_varlen(plan: Plan) -> bool:
+def planned_varlen(plan: RunPlan) -> bool:
     packing = sample_packing(plan.config, plan.hardware, plan.shape)
     return packing is not None and packing.attention == VARLEN
 
 
-def varlen_ready(plan: Plan) -> bool:
+def varlen_ready(plan: RunPlan) -> bool:
     """The plan takes the varlen path and this process can run it (CUDA and flash-attn 2)."""
     if not planned_varlen(plan):
         return False
@@ -30,7 +30,7 @@ def varlen_ready(plan: Plan) -> bool:
     return is_flash_attn_2_available()
 
 
-def packing_notice(plan: Plan) -> str | None:
+def packing_notice(plan: RunPlan) -> str | None:
     """What rank 0 says when the planned varlen path cannot run here (the mask is then not in the plan)."""
     if planned_varlen(plan) and not varlen_ready(plan):
         return ("packed samples: flash-attn 2 is not installed (pip install flash-attn): kept apart by sdpa with a "
@@ -39,14 +39,9 @@ def packing_notice(plan: Plan) -> str | None:
     return None
 
 
-class PackedAttention:
-    """Model transform: flash_attention_2 where `varlen_ready` (named in model/transforms.py)."""
-
-    name = "packed-attention"
-
-    def applies(self, plan: Plan) -> bool:
-        return varlen_ready(plan)
-
-    def apply(self, model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
+def packed_attention(model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
+    """flash_attention_2 where `varlen_ready`; before the methods' transforms (methods/registry.py
+    `apply_transforms`), which may wrap the HF model whose attention this sets."""
+    if varlen_ready(plan):
         model.set_attn_implementation("flash_attention_2")
-        return model
+    return model

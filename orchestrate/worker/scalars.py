@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.report.mfu import utilisation
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 # record key -> tracker tag
 _DIRECT = {
@@ -38,7 +38,7 @@ _PREFIXED = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio",
 """Preference metrics (orchestrate/methods/preference/callback.py): train/<key>, and eval/<key> of eval_<key>."""
 
 
-def step_scalars(record: dict[str, Any], plan: Plan) -> dict[str, float]:
+def step_scalars(record: dict[str, Any], plan: RunPlan) -> dict[str, float]:
     out = {tag: float(record[key]) for key, tag in _DIRECT.items() if record.get(key) is not None}
     for key, value in record.items():
         name = key.removeprefix("eval_")

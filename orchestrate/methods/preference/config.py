@@ -14,6 +14,8 @@ Loss = Literal["dpo", "robust", "ipo", "orpo", "kto"]
 REFERENCE_FREE: tuple[str, ...] = ("orpo",)
 """Losses without a reference model."""
 UNPAIRED: tuple[str, ...] = ("kto",)
+SEQUENCES_PER_RECORD = 2
+"""A pair's chosen and rejected sequence; an unpaired answer and its mismatched one (KTO's KL term)."""
 """Losses over single answers labelled desirable / undesirable instead of pairs."""
 
 ReferencePlacement = Literal["auto", "adapter", "replicated", "sharded", "offload", "precomputed"]

@@ -6,8 +6,8 @@
   so the reference runs the kernels the model's own forward runs (bitsandbytes' CPU NF4 layer takes
   another path in eval mode unless it is switched off: methods/lora/transform.py; before that switch a
   QLoRA reference differed from the model at step 1);
-- replicated / sharded / offload: a frozen copy of the reference model, built at its placement like
-  as distillation's teacher (build.py, methods/distill/build.py `build_frozen`), run on the same batch;
+- replicated / sharded / offload: a frozen copy of the reference model, built at its placement as
+  any auxiliary model (runtime.py, orchestrate/loading/auxiliary.py `build_frozen`), run on the same batch;
 - precomputed: read from the first pass's files (cache.py) by the batch's `record_index`.
 """
 

@@ -135,3 +135,14 @@ def test_the_chosen_placement_is_in_plan_json(tmp_path, placement):
     plan = json.loads(result.output)
     chosen = next(c for c in plan["candidates"] if c["name"] == plan["chosen"])
     assert chosen["reference_placement"] == placement
+
+
+def test_a_step_s_tokens_count_both_sequences_of_every_record():
+    from orchestrate.planner.strategy import tokens_per_step
+
+    hw, tiny = cpu_hardware(2), {"method": "full", "seq_len": 32, "micro_batch_size": 2}
+    dpo = plan_for(_config(tiny, {"loss": "dpo"}, TINY_GPT2), hw)
+    one = tokens_per_step(dpo.chosen.strategy, dpo.chosen.gradient_accumulation, hw.world_size, 32)
+    assert dpo.tokens_per_step == 2 * one  # the intro line's and the step records' tokens
+    speed = dpo.chosen.speed
+    assert speed.tokens_per_s * speed.step_time_s == pytest.approx(dpo.tokens_per_step)  # the speed model's too

@@ -1,5 +1,5 @@
 """Auxiliary models as the planner sees them: frozen models a method runs beside the one it trains
-(distillation's teacher today; a preference method's reference model next). Pure.
+(distillation's teacher, a preference method's reference model). Pure.
 
 An auxiliary model is frozen: no gradients, no optimizer state, no master copy; it runs forward
 only, under `torch.no_grad`, so its activations are freed block by block and only its outputs stay

@@ -8,12 +8,12 @@ Composition (the rule every method states by its `base` / `bases` / `objective` 
   `full` (every weight), `lora` (adapters on a frozen, optionally 4-bit base; `train.method: lora |
   qlora`), `custom` (your own nn.Module, every weight). `orchestrate.methods.registry.base_method`
   picks it from the config.
-- Any number of *add-on* methods join it when their section is set: `distill`, `prune`. An add-on
-  names the base methods it composes with (`bases`; distill: full and lora, so QLoRA + distillation
+- Any number of *add-on* methods join it when their section is set: `distill`, `preference`,
+  `prune`. An add-on names the base methods it composes with (`bases`; distill: full and lora, so QLoRA + distillation
   trains; prune: full only, so LoRA + pruning is refused, as is either with your own module).
-- At most one active method supplies the training objective (`objective=True`: distill today, a
-  preference method next); the others train the task's objective.
-- Hooks run in registry order (full, lora, distill, prune, custom), each method's terms added
+- At most one active method supplies the training objective (`objective=True`: distill,
+  preference); the others train the task's objective.
+- Hooks run in registry order (full, lora, distill, preference, prune, custom), each method's terms added
   after the ones before it; a method never edits another's terms, it returns its own.
 
 Plan-time hooks return *named terms*: `MethodTerms` (one per active method and plan) gives the
@@ -62,11 +62,13 @@ class MethodTerms:
     """One active method's part of one plan: no-ops, overridden where the method changes something.
     The memory model calls them in this order: `trained_shape` (what has gradients and optimizer
     states), `state_scale` (their dtype), `frozen_bytes` (frozen weights beside them), the auxiliary
-    models (`auxiliary`), `own_bytes` (the method's own tensors), `saved_bytes` (what it saves for
-    backward), then, with the training peak known, `peak_bytes` and `load_bytes`."""
+    models (`auxiliary`), `own_bytes` (the method's own tensors), `forward_rows` (the micro-batch the
+    forward sees), `saved_bytes` (what it saves for backward), then, with the training peak known,
+    `peak_bytes` and `load_bytes`."""
 
     gpu_keys: tuple[str, ...] = ()
-    """Device terms of its own that it adds to the breakdown (`own_bytes`), besides its auxiliary models'."""
+    """Device terms of its own that it adds to the breakdown (`own_bytes`, `peak_bytes`), besides its
+    auxiliary models'."""
     cpu_keys: tuple[str, ...] = ()
     freezes_base: bool = False
     """The base weights are frozen (no gradient: a frozen input embedding may stay in host memory)."""

@@ -16,14 +16,9 @@ from orchestrate.methods.preference.config import PreferenceSection
 from orchestrate.methods.preference.losses import pair_loss
 from orchestrate.methods.preference.objective import PreferenceObjective, answer_logps, step_metrics
 from orchestrate.methods.preference.reference import adapter_reference, module_reference
+from tests.test_sft_packing import FAMILIES as SFT_FAMILIES
 
-FAMILIES = {
-    "gpt2": {"n_embd": 32, "n_layer": 2, "n_head": 4, "n_positions": 128},
-    "llama": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 128},
-    "qwen2": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
-              "num_key_value_heads": 2, "max_position_embeddings": 128},
-}
+FAMILIES = {name: SFT_FAMILIES[name] for name in ("gpt2", "llama", "qwen2")}  # tiny configs of the packing tests
 
 
 def _pairs(n: int) -> list[dict]:

@@ -147,7 +147,7 @@ def _config_problems(config: RunConfig) -> list[Problem]:
     """Every problem of the preference settings that needs nothing but the config."""
     section, problems = config.preference, []
     lora = config.train.method in (*_LORA, "auto")
-    if config.model.task != "causal-lm" or config.model.module is not None:
+    if config.model.task != "causal-lm":  # your own module is refused with the config (custom/config.py)
         problems.append(Problem("preference", "preference losses compare answer log-probabilities of a causal "
                                 "language model", "remove preference, or train a Hugging Face causal LM"))
     if config.distill is not None:

@@ -129,7 +129,7 @@ class Cache:
         key = spec_key(spec)
         with self.lock:
             hit = self.data.get(key)
-        if hit is not None:
+        if hit is not None and hit.get("allocator"):  # simulated before the allocator replay: again
             return SimulationResult.from_dict(hit), True
         if not run:
             return None, False

@@ -12,10 +12,16 @@ tensors (orchestrate.simulate, the real backends) and compares:
 - analytical: the planner's per-rank estimate (orchestrate.planner.memory.estimate_memory);
 - simulated: tensor bytes the simulation saw at the peak (512-byte CUDA blocks), plus what no
   simulation sees, taken from the analytical model's named constants (CUDA context, workspace,
-  NCCL buffers, allocator reserve).
+  NCCL buffers, allocator reserve);
+- the allocator replay: the simulation's allocations and frees through the CUDA caching-allocator
+  model (orchestrate/simulate/replay.py), expandable_segments off and on: reserved / allocated on a
+  device with room to spare (what torch.cuda.max_memory_reserved / max_memory_allocated would say)
+  and needed / requested (the least device memory it runs in, over the bytes asked for), which
+  the planner's allocator reserve (planner/allocator_reserve.py) must cover, per backend.
 Simulation results are cached in bench/results/memory_accuracy.json, keyed by the full run spec, so
 a rerun after a change to the analytical model costs no simulation; a changed spec simulates again.
-Prints the table, the worst |analytical / simulated - 1| and, with --json, writes every row.
+Prints the table, the worst |analytical / simulated - 1|, the replay per backend and setting and,
+with --json, writes every row.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
 import threading
 import time
@@ -33,6 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrate.planner.adapters import adapters_for  # noqa: E402
+from orchestrate.planner.allocator_reserve import reserve_fraction  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -129,7 +137,8 @@ class Cache:
         key = spec_key(spec)
         with self.lock:
             hit = self.data.get(key)
-        if hit is not None and hit.get("allocator"):  # simulated before the allocator replay: again
+        # A result from before the allocator replay is simulated again when simulations may run.
+        if hit is not None and (hit.get("allocator") or not run):
             return SimulationResult.from_dict(hit), True
         if not run:
             return None, False
@@ -147,19 +156,44 @@ def compare(point: Point, sim: SimulationResult) -> dict:
     adapters = adapters_for(plan.config, plan.shape)
     est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len, adapters=adapters).gpu
     seen = sim.peak_bytes_cuda_rounded
-    total = seen + sum(_unseen(plan, est).values())
+    total = seen + sum(_unseen(plan, est, reserve=True).values())
     act = est.get("activations", 0) + est.get("logits", 0)
-    return {"family": point.family, "strategy": point.strategy.name, "seq": point.seq_len,
-            "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
+    replayed = {name: {"reserved_over_allocated": peaks["reserved"] / peaks["allocated"],
+                       "needed_over_requested": peaks["needed"] / peaks["requested"], **peaks}
+                for name, peaks in sim.allocator.items()}  # empty if simulated before the replay
+    return {"family": point.family, "backend": point.strategy.backend, "strategy": point.strategy.name,
+            "seq": point.seq_len, "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
             "analytical": sum(est.values()), "simulated": total, "ratio": sum(est.values()) / total,
             "act_logits_analytical": act, "act_peak_simulated": sim.activation_peak_bytes,
-            "peak_phase": sim.peak_phase}
+            "peak_phase": sim.peak_phase, "allocator": replayed}
 
 
 def row_text(r: dict) -> str:
-    return (f"{r['family']:<8} {r['strategy']:<30} {r['seq']:>5} {r['analytical'] / MiB:>9.0f} "
+    text = (f"{r['family']:<8} {r['strategy']:<30} {r['seq']:>5} {r['analytical'] / MiB:>9.0f} "
             f"{r['simulated'] / MiB:>9.0f} {r['ratio']:>6.3f} {r['act_logits_analytical'] / MiB:>8.0f} "
             f"{r['act_peak_simulated'] / MiB:>8.0f} {r['peak_phase']:>9}")
+    if not r["allocator"]:
+        return text + "      (simulated before the allocator replay)"
+    off, on = r["allocator"]["segments"], r["allocator"]["expandable"]
+    return (text + f" {off['reserved_over_allocated']:>6.3f} {on['reserved_over_allocated']:>6.3f} "
+            f"{off['needed_over_requested']:>6.3f} {on['needed_over_requested']:>6.3f}")
+
+
+def allocator_summary(rows: list[dict]) -> list[str]:
+    """Per backend and expandable_segments setting: the replayed overheads against the planner's
+    allocator reserve (planner/allocator_reserve.py), which must cover every point."""
+    replayed = [r for r in rows if r["allocator"]]
+    lines = [f"{len(replayed)} of {len(rows)} points replayed",
+             f"{'backend':<10} {'expandable':<10} {'points':>6} {'res/alloc med':>13} {'max':>6} "
+             f"{'need/req med':>12} {'max':>6} {'planned':>7}"]
+    for backend in sorted({r["backend"] for r in replayed}):
+        for name, on in (("segments", False), ("expandable", True)):
+            reps = [r["allocator"][name] for r in replayed if r["backend"] == backend]
+            res = sorted(x["reserved_over_allocated"] for x in reps)
+            need = sorted(x["needed_over_requested"] for x in reps)
+            lines.append(f"{backend:<10} {str(on):<10} {len(reps):>6} {statistics.median(res):>13.3f} {res[-1]:>6.3f} "
+                         f"{statistics.median(need):>12.3f} {need[-1]:>6.3f} {1 + reserve_fraction(backend, on):>7.3f}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     cache, start = Cache(args.cache), time.perf_counter()
     print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {LAYERS}-block models; ratio = analytical / simulated")
     print(f"{'family':<8} {'strategy':<30} {'seq':>5} {'analytic':>9} {'simulated':>9} {'ratio':>6} "
-          f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9}")
+          f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9} {'res/al':>6} {'res/al':>6} {'need':>6} {'need':>6}")
+    print(f"{'':<99} {'off':>6} {'on':>6} {'off':>6} {'on':>6}")
     rows, simulated = [], 0
 
     def one(point: Point):
@@ -203,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(rows)} points ({simulated} simulated now, the rest cached), ratio {lo:.3f}-{hi:.3f}, "
           f"worst |analytical/simulated - 1| = {abs(worst['ratio'] - 1):.3f} "
           f"({worst['family']} {worst['strategy']} seq {worst['seq']}); {time.perf_counter() - start:.0f} s")
+    print("\nCUDA caching-allocator replay (expandable_segments off / on): reserved / allocated on a device with "
+          "room to spare, and the memory the allocator runs in / the bytes requested")
+    print("\n".join(allocator_summary(rows)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -4,11 +4,13 @@ then the CLI's hardware flags on top. Every bad flag is reported at once, in one
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 
 import yaml
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.alloc_conf import expandable_segments_in, user_alloc_conf
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import HardwareProfile
@@ -27,12 +29,15 @@ def resolve_hardware(
     nvme: str | None = None,
     gpus_per_node: int | None = None,
     detect: Callable[[], HardwareProfile] = detect_hardware,
+    environ: Mapping[str, str] | None = None,
 ) -> HardwareProfile:
     """The profile to plan for.
 
     `gpus` is ranks per node: GPUs on a GPU profile, gloo worker processes on a CPU-only one.
     `gpus_per_node` always means GPUs: on a CPU-only profile it plans for a GPU machine you do not
     have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
+    `environ` (default: this process's): the user's CUDA allocator configuration, if any, decides
+    `expandable_segments` (hardware/alloc_conf.py).
     """
     problems: list[Problem] = []
     gpu_mem_bytes = _memory(gpu_mem, "--gpu-mem", problems)
@@ -49,6 +54,9 @@ def resolve_hardware(
         raise UserError("invalid hardware options", problems)
     if base is None:
         base = detect()
+    user_conf = user_alloc_conf(os.environ if environ is None else environ)
+    if user_conf is not None:
+        base = base.model_copy(update={"expandable_segments": expandable_segments_in(user_conf[1])})
 
     update: dict = {}
     gpu_count = gpus_per_node or gpus

@@ -46,7 +46,7 @@ from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
 from orchestrate.simulate.result import SimulationResult  # noqa: E402
 from orchestrate.simulate.spec import plan_from_parts  # noqa: E402
-from orchestrate.simulate.verify import _unseen  # noqa: E402
+from orchestrate.simulate.verify import _unseen, allocator_setting  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"
 WORLD = 2
@@ -94,15 +94,19 @@ class Point:
     seq_len: int
     adapters: dict | None = None
     """`train` keys of a LoRA run (LORA), None for full fine-tuning."""
+    layers: int = LAYERS
 
     def plan(self):
-        return plan_from_parts(FAMILIES[self.family], self.strategy, self.seq_len, WORLD, adapters=self.adapters)
+        arch = FAMILIES[self.family]
+        if self.layers != LAYERS:  # --layers: the same widths, deeper
+            arch = {**arch, ("n_layer" if self.family == "gpt2" else "num_hidden_layers"): self.layers}
+        return plan_from_parts(arch, self.strategy, self.seq_len, WORLD, adapters=self.adapters)
 
 
 def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strategies=STRATEGIES,
-        adapters: dict | None = None) -> list[Point]:
+        adapters: dict | None = None, layers: int = LAYERS) -> list[Point]:
     # Families innermost, so that a partial run covers every family (and both lengths at micro-batch 1).
-    return [Point(f, strategy(b, st, mb, ac), seq, adapters) for mb in mbs for seq in seqs for ac in acs
+    return [Point(f, strategy(b, st, mb, ac), seq, adapters, layers) for mb in mbs for seq in seqs for ac in acs
             for (b, st) in strategies for f in (families or FAMILIES)]
 
 
@@ -161,11 +165,16 @@ def compare(point: Point, sim: SimulationResult) -> dict:
     replayed = {name: {"reserved_over_allocated": peaks["reserved"] / peaks["allocated"],
                        "needed_over_requested": peaks["needed"] / peaks["requested"], **peaks}
                 for name, peaks in sim.allocator.items()}  # empty if simulated before the replay
+    # The whole plan against the replay of the setting it models: the allocator's needed bytes for
+    # the tensors, plus what no simulation sees.
+    needed = sim.allocator.get(allocator_setting(plan.hardware), {}).get("needed")
+    with_replay = needed + sum(_unseen(plan, est).values()) if needed else None
     return {"family": point.family, "backend": point.strategy.backend, "strategy": point.strategy.name,
             "seq": point.seq_len, "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
             "analytical": sum(est.values()), "simulated": total, "ratio": sum(est.values()) / total,
             "act_logits_analytical": act, "act_peak_simulated": sim.activation_peak_bytes,
-            "peak_phase": sim.peak_phase, "allocator": replayed}
+            "peak_phase": sim.peak_phase, "allocator": replayed,
+            "ratio_replayed": sum(est.values()) / with_replay if with_replay else None}
 
 
 def row_text(r: dict) -> str:
@@ -183,7 +192,11 @@ def allocator_summary(rows: list[dict]) -> list[str]:
     """Per backend and expandable_segments setting: the replayed overheads against the planner's
     allocator reserve (planner/allocator_reserve.py), which must cover every point."""
     replayed = [r for r in rows if r["allocator"]]
-    lines = [f"{len(replayed)} of {len(rows)} points replayed",
+    if not replayed:
+        return ["no point replayed yet"]
+    whole = sorted(r["ratio_replayed"] for r in replayed)
+    lines = [f"{len(replayed)} of {len(rows)} points replayed; analytical / (replayed needed bytes + unseen terms), "
+             f"expandable segments as planned: {whole[0]:.3f}-{whole[-1]:.3f}, median {statistics.median(whole):.3f}",
              f"{'backend':<10} {'expandable':<10} {'points':>6} {'res/alloc med':>13} {'max':>6} "
              f"{'need/req med':>12} {'max':>6} {'planned':>7}"]
     for backend in sorted({r["backend"] for r in replayed}):
@@ -207,14 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--cached-only", action="store_true", help="skip the points not simulated yet")
     parser.add_argument("--lora", action="store_true", help="the LoRA zoo (lora_zoo) instead of full fine-tuning")
+    parser.add_argument("--layers", type=int, default=LAYERS,
+                        help="blocks per model (default 2; more shows how a term grows with depth)")
+    parser.add_argument("--mb", type=int, action="append", help="only these micro-batch sizes")
     args = parser.parse_args(argv)
     chosen = LORA_STRATEGIES if args.lora else STRATEGIES
     if args.strategy:
         chosen = tuple(pair for pair in chosen if f"{pair[0]}:{pair[1]}" in args.strategy)
     points = (lora_zoo(args.family, tuple(args.seq or (512, 1024)), chosen) if args.lora
-              else zoo(args.family, tuple(args.seq or (512, 2048)), strategies=chosen))
+              else zoo(args.family, tuple(args.seq or (512, 2048)), strategies=chosen, layers=args.layers))
+    if args.mb:
+        points = [p for p in points if p.strategy.micro_batch_size in args.mb]
     cache, start = Cache(args.cache), time.perf_counter()
-    print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {LAYERS}-block models; ratio = analytical / simulated")
+    print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {args.layers}-block models; ratio = analytical / simulated")
     print(f"{'family':<8} {'strategy':<30} {'seq':>5} {'analytic':>9} {'simulated':>9} {'ratio':>6} "
           f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9} {'res/al':>6} {'res/al':>6} {'need':>6} {'need':>6}")
     print(f"{'':<99} {'off':>6} {'on':>6} {'off':>6} {'on':>6}")

@@ -11,8 +11,8 @@ import pytest
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.methods.lora.adapters import adapters_for
 from orchestrate.model.formulas import shape_from_dict
-from orchestrate.planner.adapters import adapters_for
 from orchestrate.planner.allocator_reserve import reserve_fraction
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import Limits, make_plan

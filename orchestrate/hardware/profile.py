@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrate.hardware.software import SoftwareStack
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -83,6 +85,9 @@ class HardwareProfile(_Spec):
     (`expandable_segments:True`, what orchestrate sets on GPU launches); `resolve_hardware` takes it
     from the user's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF when set (hardware/alloc_conf.py).
     The memory model's allocator reserve depends on it."""
+    software: SoftwareStack = Field(default_factory=SoftwareStack)
+    """Library versions the plan is for (what each keeps on the GPU differs): this interpreter's, read
+    when the profile is resolved, or pinned by a profile file."""
 
     @property
     def has_gpu(self) -> bool:

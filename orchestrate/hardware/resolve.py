@@ -14,6 +14,7 @@ from orchestrate.hardware.alloc_conf import expandable_segments_in, user_alloc_c
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.software import SoftwareStack, installed_software
 from orchestrate.hardware.units import format_bytes, parse_size
 
 # No GPU or host worth planning for has less; a smaller number is a size typed without its unit.
@@ -29,6 +30,7 @@ def resolve_hardware(
     nvme: str | None = None,
     gpus_per_node: int | None = None,
     detect: Callable[[], HardwareProfile] = detect_hardware,
+    software: Callable[[], SoftwareStack] = installed_software,
     environ: Mapping[str, str] | None = None,
 ) -> HardwareProfile:
     """The profile to plan for.
@@ -36,9 +38,25 @@ def resolve_hardware(
     `gpus` is ranks per node: GPUs on a GPU profile, gloo worker processes on a CPU-only one.
     `gpus_per_node` always means GPUs: on a CPU-only profile it plans for a GPU machine you do not
     have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
+    A profile without library versions gets this interpreter's (`software`).
     `environ` (default: this process's): the user's CUDA allocator configuration, if any, decides
     `expandable_segments` (hardware/alloc_conf.py).
     """
+    resolved = _resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect)
+    user_conf = user_alloc_conf(os.environ if environ is None else environ)
+    if user_conf is not None:
+        resolved = resolved.model_copy(update={"expandable_segments": expandable_segments_in(user_conf[1])})
+    return _with_software(resolved, software)
+
+
+def _with_software(profile: HardwareProfile, software: Callable[[], SoftwareStack]) -> HardwareProfile:
+    if profile.software != SoftwareStack():
+        return profile  # pinned by the profile file
+    return profile.model_copy(update={"software": software()})
+
+
+def _resolve(profile: str | None, gpus: int | None, gpu_mem: str | None, cpu_mem: str | None, nodes: int | None,
+             nvme: str | None, gpus_per_node: int | None, detect: Callable[[], HardwareProfile]) -> HardwareProfile:
     problems: list[Problem] = []
     gpu_mem_bytes = _memory(gpu_mem, "--gpu-mem", problems)
     cpu_mem_bytes = _memory(cpu_mem, "--cpu-mem", problems)
@@ -54,9 +72,6 @@ def resolve_hardware(
         raise UserError("invalid hardware options", problems)
     if base is None:
         base = detect()
-    user_conf = user_alloc_conf(os.environ if environ is None else environ)
-    if user_conf is not None:
-        base = base.model_copy(update={"expandable_segments": expandable_segments_in(user_conf[1])})
 
     update: dict = {}
     gpu_count = gpus_per_node or gpus

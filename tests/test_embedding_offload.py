@@ -13,7 +13,7 @@ from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for
 from orchestrate.model.formulas import shape_from_dict
-from orchestrate.planner.allocator_reserve import reserve_fraction
+from orchestrate.planner.allocator_reserve import reserve_bytes
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import Limits, make_plan
 from orchestrate.planner.speed import estimate_speed
@@ -44,8 +44,8 @@ def test_the_table_leaves_the_gpu_weights_and_each_rank_keeps_a_host_copy():
     m_off, m_on = estimate_memory(shape, hw, off, 4096, 1, a), estimate_memory(shape, hw, on, 4096, 1, a)
     assert m_off.gpu["weights"] - m_on.gpu["weights"] == TABLE
     # the allocator reserve is a fraction of what is accounted, so it shrinks with the table
-    reserve = reserve_fraction("ddp", hw.expandable_segments)
-    assert m_off.gpu_total - m_on.gpu_total == pytest.approx(TABLE * (1 + reserve), abs=2)
+    reserve = reserve_bytes("ddp", hw.expandable_segments, TABLE) - reserve_bytes("ddp", hw.expandable_segments, 0)
+    assert m_off.gpu_total - m_on.gpu_total == pytest.approx(TABLE + reserve, abs=2)
     assert m_on.cpu["offloaded_embedding"] == 2 * (TABLE + ROWS) and m_off.cpu["offloaded_embedding"] == 0
 
 

@@ -17,7 +17,7 @@ tensors (orchestrate.simulate, the real backends) and compares:
   model (orchestrate/simulate/replay.py), expandable_segments off and on: reserved / allocated on a
   device with room to spare (what torch.cuda.max_memory_reserved / max_memory_allocated would say)
   and needed / requested (the least device memory it runs in, over the bytes asked for), which
-  the planner's allocator reserve (planner/allocator_reserve.py: page slack per stream + a fraction)
+  the planner's allocator reserve (planner/allocator_reserve.py: a constant + a fraction)
   must cover, per backend.
 Simulation results are cached in bench/results/memory_accuracy.json, keyed by the full run spec, so
 a rerun after a change to the analytical model costs no simulation; a changed spec simulates again.
@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
-from orchestrate.planner.allocator_reserve import RESERVE_FRACTION, reserve_bytes  # noqa: E402
+from orchestrate.planner.allocator_reserve import RESERVE, reserve_bytes  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -193,7 +193,7 @@ def row_text(r: dict) -> str:
 
 def allocator_summary(rows: list[dict]) -> list[str]:
     """Per backend and expandable_segments setting: the replayed overheads against the planner's
-    allocator reserve (planner/allocator_reserve.py: page slack per stream + a fraction), which must
+    allocator reserve (planner/allocator_reserve.py: a constant + a fraction), which must
     cover every point."""
     replayed = [r for r in rows if r["allocator"]]
     if not replayed:
@@ -202,18 +202,18 @@ def allocator_summary(rows: list[dict]) -> list[str]:
     lines = [f"{len(replayed)} of {len(rows)} points replayed; analytical / (replayed needed bytes + unseen terms), "
              f"expandable segments as planned: {whole[0]:.3f}-{whole[-1]:.3f}, median {statistics.median(whole):.3f}",
              f"{'backend':<10} {'expandable':<10} {'points':>6} {'res/alloc med':>13} {'max':>6} "
-             f"{'need/req med':>12} {'max':>6} {'beyond slack max':>16} {'planned':>7} {'short':>5}"]
+             f"{'need/req med':>12} {'max':>6} {'beyond const max':>16} {'planned':>7} {'short':>5}"]
     for backend in sorted({r["backend"] for r in replayed}):
         for name, on in (("segments", False), ("expandable", True)):
             reps = [r["allocator"][name] for r in replayed if r["backend"] == backend]
             res = sorted(x["reserved_over_allocated"] for x in reps)
             need = sorted(x["needed_over_requested"] for x in reps)
-            slack = reserve_bytes(backend, on, 0)
-            beyond = max((x["needed"] - x["requested"] - slack) / x["requested"] for x in reps)
+            constant = reserve_bytes(backend, on, 0)
+            beyond = max((x["needed"] - x["requested"] - constant) / x["requested"] for x in reps)
             short = sum(x["needed"] > x["requested"] + reserve_bytes(backend, on, x["requested"]) for x in reps)
             lines.append(f"{backend:<10} {str(on):<10} {len(reps):>6} {statistics.median(res):>13.3f} {res[-1]:>6.3f} "
                          f"{statistics.median(need):>12.3f} {need[-1]:>6.3f} {beyond:>16.3f} "
-                         f"{RESERVE_FRACTION[backend][on]:>7.3f} {short:>5}")
+                         f"{RESERVE[backend][on][1]:>7.3f} {short:>5}")
     return lines
 
 

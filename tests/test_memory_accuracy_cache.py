@@ -1,8 +1,8 @@
 """The committed simulation cache of bench/memory_accuracy.py covers both zoos as the planner and the
 spec keys are now: every point is a cache hit with its allocator replay, the analytical model stays
 within 5 % of the cached simulations, and the planner's allocator reserve covers what the replayed
-caching allocator needs at every point, per backend and expandable_segments setting
-(docs/memory-model.md quotes these numbers). A change to RunSpec, Strategy or the plans that alters
+caching allocator needs at every point, per backend and expandable_segments setting, and is the table
+bench/allocator_reserve_fit.py fits to them (docs/memory-model.md quotes these numbers). A change to RunSpec, Strategy or the plans that alters
 the keys makes this fail until the cache is re-keyed or re-simulated."""
 
 from __future__ import annotations
@@ -45,3 +45,12 @@ def test_the_key_holds_the_rendered_zero3_settings():
     for knob in ("stage3_max_live_parameters", "stage3_max_reuse_distance"):
         changed = {**spec.deepspeed_config, "zero_optimization": {**zero, knob: 10**9}}
         assert spec_key(dataclasses.replace(spec, deepspeed_config=changed)) != spec_key(spec)
+
+
+def test_the_planned_reserve_is_the_fit_over_every_replayed_point():
+    # planner/allocator_reserve.py holds what bench/allocator_reserve_fit.py fits to the cached replays
+    # (both zoos and the 8-block points): a re-simulation that moves a point moves the table, or fails here.
+    from bench.allocator_reserve_fit import fitted
+    from orchestrate.planner.allocator_reserve import RESERVE
+
+    assert fitted() == RESERVE

@@ -2,17 +2,20 @@
 for, from a model of c10/cuda/CUDACachingAllocator.cpp replayed over the simulation zoo
 (orchestrate/simulate/allocator.py, replay.py; docs/memory-model.md).
 
-Two parts, per backend and `expandable_segments` setting (`HardwareProfile.expandable_segments`):
-- page slack per stream: each stream the backend allocates on ends in a partly used large page or
-  segment (20 MiB, kLargeBuffer) and a small one (2 MiB, kSmallBuffer), and no stream reuses another's;
-- a fraction of the device bytes the model accounts for: blocks freed but too small, split or on the
-  wrong stream for the next request (fragmentation), which expandable segments mostly remove.
+Per backend and `expandable_segments` setting (`HardwareProfile.expandable_segments`), a constant plus
+a fraction of the device bytes the model accounts for:
+- the constant: each stream the backend allocates on ends in partly used pages or segments (20 MiB
+  large, kLargeBuffer; 2 MiB small, kSmallBuffer) that no other stream may use; with expandable
+  segments this is nearly all of the overhead (50-140 MiB on models of 0.4-10 GiB);
+- the fraction: blocks freed but too small, split, or on the wrong stream for the next request
+  (fragmentation), which expandable segments mostly remove.
 
-Calibrated from the zoo (`python bench/memory_accuracy.py` and `--lora` print every point and check
-this table): each fraction is the largest `(needed - requested - slack) / requested` of the backend,
-rounded up to the next half percent, where `needed` is the least device memory the replayed allocator
-runs in without running out (its empty-the-cache retry included) and `requested` the bytes asked for
-at the peak. The largest, because a reserve smaller than the allocator needs is an OOM. Checked against
+Fitted by `python bench/allocator_reserve_fit.py` over the full and LoRA zoos and 8-block models, all
+replayed: the pair covering every point's `needed - requested` (needed: the least device memory the
+replayed allocator runs in without running out, its empty-the-cache retry included) with the smallest
+reserve for a 6 GiB request, the constant at least the page slack of the backend's streams, the
+fraction at least 1 %.
+Covering every point, because a reserve smaller than the allocator needs is an OOM. Checked against
 the allocator's code, not on a GPU.
 """
 
@@ -21,24 +24,18 @@ from __future__ import annotations
 from orchestrate.planner.strategy import Strategy
 
 MiB = 2**20
-PAGE_SLACK_BYTES = 22 * MiB
-"""Per stream: one partly used 20 MiB large page (or 1-10 MiB requests' segment) and a 2 MiB small one."""
-STREAMS = {"ddp": 1, "fsdp": 3, "deepspeed": 1}
-"""Streams that allocate, as the replay sees them: FSDP2 its default, all-gather copy-in and
-reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py); DDP and DeepSpeed
-the default one (DeepSpeed's side streams are not seen by a CPU simulation: docs/memory-model.md)."""
-RESERVE_FRACTION: dict[str, tuple[float, float]] = {
-    # backend: (expandable_segments off, on)
-    "ddp": (0.09, 0.04),
-    "fsdp": (0.25, 0.025),
-    "deepspeed": (0.30, 0.055),
+RESERVE: dict[str, dict[bool, tuple[int, float]]] = {
+    # backend: {expandable_segments: (constant MiB, fraction)}
+    "ddp": {False: (22, 0.24), True: (96, 0.02)},
+    "fsdp": {False: (496, 0.165), True: (94, 0.01)},
+    "deepspeed": {False: (22, 0.35), True: (110, 0.01)},
 }
 
 
 def reserve_bytes(backend: str, expandable_segments: bool, nbytes: float) -> float:
     """The reserve on top of `nbytes` the allocator is asked for."""
-    fraction = RESERVE_FRACTION[backend][1 if expandable_segments else 0]
-    return STREAMS[backend] * PAGE_SLACK_BYTES + fraction * nbytes
+    constant, fraction = RESERVE[backend][expandable_segments]
+    return constant * MiB + fraction * nbytes
 
 
 def allocator_reserve(accounted: float, strategy: Strategy, expandable_segments: bool) -> float:

@@ -3,9 +3,9 @@ replayed through the CUDA caching-allocator model.
 
     .venv/bin/python bench/allocator_reserve_fit.py      # cached simulations only (bench/results/)
 
-Points: the full zoo and the LoRA zoo of bench/memory_accuracy.py, and 8-block llama / qwen2 at seq
-512, micro-batch 1 (`memory_accuracy.py --layers 8 --family llama --family qwen2 --seq 512 --mb 1`), so
-depth is covered too. Per backend and expandable_segments setting the reserve is a constant plus a
+Points: the full zoo and the LoRA zoo of bench/memory_accuracy.py, and 8- and 16-block llama / qwen2 at
+seq 512, micro-batch 1 (`memory_accuracy.py --layers 8 --family llama --family qwen2 --seq 512 --mb 1`,
+and `--layers 16`), so depth is covered too (16-block llama under DDP asks for 15.6 GiB). Per backend and expandable_segments setting the reserve is a constant plus a
 fraction of the bytes requested; it must cover every point (`needed - requested`, needed being the
 least device memory the replayed allocator runs in). Of the (constant, fraction) pairs that do, the
 fit takes the one with the smallest reserve for a 6 GiB request (a plan on an 8 GB card), with the
@@ -37,7 +37,8 @@ FLOOR = 0.01
 
 
 def points():
-    return [*zoo(), *lora_zoo(), *zoo(["llama", "qwen2"], (512,), (1,), layers=8)]
+    deeper = [point for layers in (8, 16) for point in zoo(["llama", "qwen2"], (512,), (1,), layers=layers)]
+    return [*zoo(), *lora_zoo(), *deeper]
 
 
 def fit(overheads: list[tuple[int, int]], least_constant: int) -> tuple[int, float]:

@@ -49,7 +49,7 @@ def test_the_key_holds_the_rendered_zero3_settings():
 
 def test_the_planned_reserve_is_the_fit_over_every_replayed_point():
     # planner/allocator_reserve.py holds what bench/allocator_reserve_fit.py fits to the cached replays
-    # (both zoos and the 8-block points): a re-simulation that moves a point moves the table, or fails here.
+    # (both zoos and the 8- and 16-block points): a re-simulation that moves a point moves the table, or fails here.
     from bench.allocator_reserve_fit import fitted
     from orchestrate.planner.allocator_reserve import RESERVE
 

@@ -10,7 +10,7 @@ a fraction of the device bytes the model accounts for:
 - the fraction: blocks freed but too small, split, or on the wrong stream for the next request
   (fragmentation), which expandable segments mostly remove.
 
-Fitted by `python bench/allocator_reserve_fit.py` over the full and LoRA zoos and 8-block models, all
+Fitted by `python bench/allocator_reserve_fit.py` over the full and LoRA zoos and 8- and 16-block models, all
 replayed: the pair covering every point's `needed - requested` (needed: the least device memory the
 replayed allocator runs in without running out, its empty-the-cache retry included) with the smallest
 reserve for a 6 GiB request, the constant at least the page slack of the backend's streams, the

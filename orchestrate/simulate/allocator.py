@@ -118,11 +118,11 @@ class Pool:
 
 class CachingAllocator:
     """One device's caching allocator: `malloc(size, stream)` returns a block, `free(block)` caches
-    it. `capacity`: the bytes the device can still give out (None: unlimited, so `peak_reserved` is
-    the high-water mark a large GPU would report)."""
+    it. `settings` default to torch's; `capacity`: the bytes the device can still give out (None:
+    unlimited, so `peak_reserved` is the high-water mark a large GPU would report)."""
 
-    def __init__(self, settings: AllocatorSettings = AllocatorSettings(), capacity: int | None = None) -> None:
-        self.settings, self.capacity = settings, capacity
+    def __init__(self, settings: AllocatorSettings | None = None, capacity: int | None = None) -> None:
+        self.settings, self.capacity = settings or AllocatorSettings(), capacity
         self.pools: dict[tuple[bool, int], Pool] = {}
         self.allocated = self.reserved = self.requested = 0
         self.peak_allocated = self.peak_reserved = self.peak_requested = 0

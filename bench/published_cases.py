@@ -210,7 +210,7 @@ _FMS_FSDP = ("FSDP1 adds 60-90 KiB per token over the one-GPU slope of the same 
 _FMS_SMI = ("nvidia-smi: the allocator held 14-16 % above allocated on one GPU, covered by the replay-fitted DDP "
             "reserve (24 %: 1.08-1.09), and 22-25 % (LoRA) or 35-39 % (QLoRA) under FSDP1, above the FSDP2 one "
             "(496 MiB + 16.5 %, 18-21 % here) and on top of FSDP1's low allocated rows (0.94-0.96); our FSDP2 "
-            "replay on a card with room also reserves 22-49 % above allocated, cache beyond what the run needs")
+            "replay (LoRA zoo, 16 blocks) on a card with room reserves 22-53 % above allocated, cache beyond what the run needs")
 
 
 def _fms(name: str, method: str, gpus: int, bs: int, metric: str, published: float, residual: str) -> Case:

@@ -6,7 +6,7 @@ Per backend and `expandable_segments` setting (`HardwareProfile.expandable_segme
 a fraction of the device bytes the model accounts for:
 - the constant: each stream the backend allocates on ends in partly used pages or segments (20 MiB
   large, kLargeBuffer; 2 MiB small, kSmallBuffer) that no other stream may use; with expandable
-  segments this is nearly all of the overhead (50-140 MiB on models of 0.4-10 GiB);
+  segments this is nearly all of the overhead (12-379 MiB over requests of 0.35-17.8 GiB);
 - the fraction: blocks freed but too small, split, or on the wrong stream for the next request
   (fragmentation), which expandable segments mostly remove.
 

@@ -60,8 +60,8 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     config = load_config(REPO / "examples" / preset.example, overrides)
     # The allocator setting orchestrate launches with, whatever this shell's PYTORCH_*ALLOC_CONF says.
     hardware = resolve_hardware(profile=preset.profile, gpus=preset.gpus, environ={})
-    plan = plan_for(config, hardware)
-    chosen = require_feasible(plan)
+    plan = require_feasible(plan_for(config, hardware))
+    chosen = plan.chosen
     files = dict(get_backend(chosen.strategy.backend).render(plan))
     files[ACCELERATE_FILE] = render_accelerate_config(plan, out_dir_for_links)
     summary = {

@@ -12,7 +12,7 @@ from orchestrate.hardware.alloc_conf import expandable_segments_in, launch_alloc
 from orchestrate.hardware.resolve import resolve_hardware
 from orchestrate.planner.allocator_reserve import reserve_bytes
 from orchestrate.planner.memory import estimate_memory
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE
 from tests.test_launch import _dry_run
 from tests.test_memory_model import strat
@@ -62,7 +62,7 @@ def test_the_plan_reserve_follows_the_setting():
 def test_a_gpu_launch_gives_the_workers_orchestrates_setting_or_the_users(tmp_path: Path, monkeypatch):
     hw = resolve_hardware(**GPU, environ={})
     result = _dry_run(tmp_path / "own", hardware=hw)
-    plan = Plan.read(result.run_dir / PLAN_FILE)
+    plan = RunPlan.read(result.run_dir / PLAN_FILE)
     assert plan.run.env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in result.command
     assert any(m.startswith("CUDA allocator: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True") for m in result.messages)
@@ -73,11 +73,11 @@ def test_a_gpu_launch_gives_the_workers_orchestrates_setting_or_the_users(tmp_pa
     assert env == {"PYTORCH_ALLOC_CONF": "expandable_segments:False,max_split_size_mb:256"} and "your environment" in why
     user_hw = resolve_hardware(**GPU)
     assert not user_hw.expandable_segments
-    plan = Plan.read(_dry_run(tmp_path / "user", hardware=user_hw).run_dir / PLAN_FILE)
+    plan = RunPlan.read(_dry_run(tmp_path / "user", hardware=user_hw).run_dir / PLAN_FILE)
     assert plan.run.env.get("PYTORCH_ALLOC_CONF") == "expandable_segments:False,max_split_size_mb:256"
     assert "PYTORCH_CUDA_ALLOC_CONF" not in plan.run.env
 
 
 def test_cpu_launches_set_no_allocator_variable(tmp_path: Path):
-    plan = Plan.read(_dry_run(tmp_path).run_dir / PLAN_FILE)
+    plan = RunPlan.read(_dry_run(tmp_path).run_dir / PLAN_FILE)
     assert not any("ALLOC_CONF" in key for key in plan.run.env)

@@ -15,7 +15,7 @@ from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
 from orchestrate.launch.rundir import default_run_dir, worker_env
 from orchestrate.launch.torchrun_args import LaunchOptions, torchrun_argv
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE
 from tests.helpers.plans import cpu_hardware
 
@@ -41,10 +41,11 @@ def test_dry_run_writes_the_run_dir_and_starts_nothing(tmp_path: Path):
     run_dir = result.run_dir
     assert result.exit_code is None
     assert run_dir.parent == tmp_path and run_dir.name.startswith("tiny-gpt2-")
-    plan = Plan.read(run_dir / PLAN_FILE)
-    assert plan.chosen is not None and plan.files["config"] == "config.yaml"
-    for role in ("config", "backend_config", "accelerate_config", "demo_corpus"):
-        assert (run_dir / plan.files[role]).is_file(), role
+    plan = RunPlan.read(run_dir / PLAN_FILE)
+    files = plan.files
+    assert files.config == "config.yaml" and files.backend and files.accelerate_config and files.demo_corpus
+    for name in (files.config, *files.backend, files.accelerate_config, files.demo_corpus):
+        assert (run_dir / name).is_file(), name
     assert (run_dir / "launch.sh").read_text().strip().endswith(result.command)
     # Nothing ran: no worker output, no metrics, no weights.
     assert (run_dir / "logs").is_dir() and not any((run_dir / "logs").iterdir())
@@ -63,7 +64,7 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     result = _dry_run(tmp_path, run_dir=tmp_path / "exact")
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
-    assert Plan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    assert RunPlan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
     # torchrun's own shutdown settings (session.launch_env): wait train.preemption_grace_s for
     # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too; a fresh store per restart.
     assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
@@ -196,7 +197,7 @@ def test_config_runs_the_checks_launch_runs(tmp_path: Path):
 
     out = tmp_path / "written"
     plan = api.write_config(_tiny(f"train.output_dir={tmp_path}"), cpu_hardware(2), out)
-    assert Plan.read(out / PLAN_FILE).chosen.name == plan.chosen.name
+    assert RunPlan.read(out / PLAN_FILE).chosen.name == plan.chosen.name
     (out / "checkpoints" / "step-00000002").mkdir(parents=True)
     (out / "checkpoints" / "step-00000002" / "meta.json").write_text("{}")
     (out / "checkpoints" / "latest").write_text("step-00000002")

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import CheckpointMeta, Discovery, list_checkpoints, newest_checkpoint
 from orchestrate.run.layout import PLAN_FILE
 from orchestrate.run.resume_rules import check_resumable
@@ -73,16 +73,16 @@ def _pinned(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
     return config
 
 
-def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[Plan, bool, Discovery]:
+def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[RunPlan, bool, Discovery]:
     """(plan, True when it is the run's own plan.json unchanged, the checkpoint it continues).
     UserError when the newest intact checkpoint cannot continue under it, or when the run has
     checkpoints but none is intact (starting from step 0 would replace them)."""
     from orchestrate.planning import feasible_plan
 
-    old = Plan.read(run_dir / PLAN_FILE)
+    old = RunPlan.read(run_dir / PLAN_FILE)
     found = newest_checkpoint(run_dir, full=True)
     ckpt = found.chosen.path if found.chosen else None
-    unchanged = (old.chosen is not None and old.hardware.nodes == hardware.nodes
+    unchanged = (old.hardware.nodes == hardware.nodes
                  and old.world_size == hardware.world_size
                  and old.config.model_dump(mode="json") == config.model_dump(mode="json"))
     if unchanged:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.hardware.units import format_bytes
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 # The CPU-only counterpart of a GPU's allocator peak is the process RSS, which also holds the
 # interpreter, torch's and the other libraries' code and data: several hundred MiB before any tensor.
@@ -77,10 +77,8 @@ def _peak(records: list[dict[str, Any]], key: str) -> int | None:
     return int(max(values)) if values else None
 
 
-def memory_verdict(records: list[dict[str, Any]], plan: Plan) -> MemoryVerdict:
+def memory_verdict(records: list[dict[str, Any]], plan: RunPlan) -> MemoryVerdict:
     """Compare the run's measured peaks with `plan.chosen`'s predictions."""
-    if plan.chosen is None:
-        raise ValueError("the plan has no chosen strategy")
     gpu_pred = plan.chosen.memory.gpu_total
     cpu_pred = plan.chosen.memory.cpu_total
     checks: list[MemoryCheck] = []

@@ -84,6 +84,11 @@ class HardwareProfile(_Spec):
     """Per-node network bandwidth between machines, bytes/s (default: 10 GbE)."""
     driver_version: str | None = None
     """NVIDIA driver version, when detected (some NCCL quirks depend on it)."""
+    expandable_segments: bool = True
+    """The CUDA caching allocator maps pages into one growing segment per stream
+    (`expandable_segments:True`, what orchestrate sets on GPU launches); `resolve_hardware` takes it
+    from the user's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF when set (hardware/alloc_conf.py).
+    The memory model's allocator reserve depends on it."""
     software: SoftwareStack = Field(default_factory=SoftwareStack)
     """Library versions the plan is for (what each keeps on the GPU differs): this interpreter's, read
     when the profile is resolved, or pinned by a profile file."""

@@ -38,6 +38,7 @@ from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
+from orchestrate.planner.allocator_reserve import allocator_reserve
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
 
@@ -383,7 +384,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group
             gpu["comm_buckets"] += communicators * k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
         accounted = sum(v for key, v in gpu.items() if key != "cuda_context")
-        gpu["allocator_reserve"] = k.ALLOCATOR_FRAGMENTATION_FRACTION * accounted
+        gpu["allocator_reserve"] = allocator_reserve(accounted, strategy, hw.expandable_segments)
 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}

@@ -89,7 +89,7 @@ class LocalTorchrun:
             n = plan.hardware.ranks_per_node
             notices.append(f"No GPU on this machine: running {n} CPU process{'es' if n != 1 else ''} per node "
                            "with the gloo backend (slow; meant for trying things out and tests).")
-        notices += [f"NCCL: {note}" for note in (plan.run.env_notes if plan.run else [])]
+        notices += plan.run.env_notes if plan.run else []
         notices += [f"strategy {plan.chosen.name}; run directory {run_dir}", f"command: {command}"]
         return Prepared(command=command, script=f"cd {shlex.quote(os.getcwd())}\n{command}",
                         script_comment="The exact command `orchestrate launch` ran for this run.", notices=notices)

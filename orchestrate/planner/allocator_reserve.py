@@ -21,6 +21,7 @@ the allocator's code, not on a GPU.
 
 from __future__ import annotations
 
+from orchestrate.backends.registry import priced_as
 from orchestrate.planner.strategy import Strategy
 
 MiB = 2**20
@@ -39,5 +40,6 @@ def reserve_bytes(backend: str, expandable_segments: bool, nbytes: float) -> flo
 
 
 def allocator_reserve(accounted: float, strategy: Strategy, expandable_segments: bool) -> float:
-    """The reserve of a plan: `accounted` is the device bytes of every term but the CUDA context."""
-    return reserve_bytes(strategy.backend, expandable_segments, accounted)
+    """The reserve of a plan: `accounted` is the device bytes of every term but the CUDA context; a
+    registered backend takes the reserve of the built-in one it is priced as."""
+    return reserve_bytes(priced_as(strategy.backend), expandable_segments, accounted)

@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast demo bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
+.PHONY: install test test-fast demo chat-sft bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -35,6 +35,17 @@ test-fast: install
 
 demo: install
 	$(ORCH) launch --gpus $(GPUS) $(CONFIG) $(ARGS)
+
+# Chat fine-tuning (docs/sft.md, examples/chat-sft/): generated chats, a ChatML tokenizer trained on them,
+# a tiny base pre-trained on generated text (once), then QLoRA on the chats and one question to the result.
+CHAT_SFT := examples/chat-sft
+CHAT_RUN := runs/chat-sft-$(shell date +%Y%m%d-%H%M%S)
+chat-sft: install
+	$(PY) $(CHAT_SFT)/make_chats.py $(CHAT_SFT)/data
+	test -d $(CHAT_SFT)/data/tokenizer || $(ORCH) tokenizer train $(CHAT_SFT)/tokenizer.yaml --vocab-size 640 --out $(CHAT_SFT)/data/tokenizer
+	test -f runs/chat-sft-base/model/model.safetensors || $(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/base.yaml --run-dir runs/chat-sft-base
+	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/model.yaml --run-dir $(CHAT_RUN) $(ARGS)
+	$(ORCH) chat $(CHAT_RUN) --adapter --prompt "Upper-case this word: lantern"
 
 # The BERT examples (docs/tasks.md): the classifier's labelled CSVs, then each run on $(GPUS) ranks.
 bert-data:

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from orchestrate.transports.slurm.transport import PreparedJob, SlurmOptions
     from orchestrate.transports.ssh.hosts import SshOptions
 
-__all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets", "is_runnable",
+__all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "chat_model", "chat_reply",
+           "choose_transport", "describe_schema", "export", "hardware_presets", "is_runnable",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
            "profile", "profile_table", "profile_yaml", "render_plan", "report", "require_feasible", "slurm_options",
            "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config", "write_plan", "write_profile"]
@@ -274,6 +275,25 @@ def report(run_dirs: Sequence[Path], out: Path | None = None) -> Any:
     from orchestrate.report.summary import write_report
 
     return write_report([Path(d) for d in run_dirs], out)
+
+
+# --- chat ----------------------------------------------------------------------------------------
+
+
+def chat_model(run_dir: Path, adapter: bool | None = None) -> Any:
+    """`orchestrate chat`: the run's RUN_DIR/model, or (adapter) its base + RUN_DIR/adapter, with the saved
+    tokenizer and chat template (orchestrate/chat.py)."""
+    from orchestrate.chat import load_chat_model
+
+    return load_chat_model(Path(run_dir), adapter)
+
+
+def chat_reply(model: Any, messages: list[dict[str, str]], max_new_tokens: int = 256, temperature: float = 0.0,
+               on_text: Any = None) -> str:
+    """The answer to `messages` (the last one the user's), streamed to `on_text` as it is generated."""
+    from orchestrate.chat import reply
+
+    return reply(model, messages, max_new_tokens, temperature, on_text)
 
 
 # --- export, profile, schema ---------------------------------------------------------------------

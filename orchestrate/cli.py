@@ -204,6 +204,42 @@ def export_cmd(run_dir, out, step, merge):
     console.print(f"exported {ckpt} -> {out}", markup=False, highlight=False)
 
 
+@cli.command("chat")
+@click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
+@click.option("--prompt", help="Ask this once, print the answer and exit (for scripts); without it: a conversation.")
+@click.option("--system", help="A system message before the conversation.")
+@click.option("--adapter/--model", "adapter", default=None,
+              help="Base + RUN_DIR/adapter, or RUN_DIR/model (default: RUN_DIR/model when it exists).")
+@click.option("--max-new-tokens", type=click.IntRange(min=1, max=2**20), default=256, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0, max=100), default=0.0, show_default=True,
+              help="0: greedy decoding.")
+@_user_errors_exit_2
+def chat_cmd(run_dir, prompt, system, adapter, max_new_tokens, temperature):
+    """Talk to the model a run trained, with its saved tokenizer and chat template (streamed)."""
+    model = api.chat_model(Path(run_dir), adapter)
+    history = [{"role": "system", "content": system}] if system else []
+
+    def answer(text: str) -> str:
+        history.append({"role": "user", "content": text})
+        reply = api.chat_reply(model, history, max_new_tokens, temperature, lambda t: click.echo(t, nl=False))
+        click.echo()
+        history.append({"role": "assistant", "content": reply})
+        return reply
+
+    if prompt is not None:
+        answer(prompt)
+        return
+    err_console.print(f"chatting with {model.source} (an empty line or Ctrl-D ends)", highlight=False)
+    while True:
+        try:
+            line = click.prompt("you", default="", show_default=False, prompt_suffix="> ")
+        except click.exceptions.Abort:  # Ctrl-D / Ctrl-C: the end of the conversation, not an error
+            break
+        if not line.strip():
+            break
+        answer(line)
+
+
 @cli.command("report")
 @click.argument("run_dirs", metavar="RUN_DIR...", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", type=click.Path(file_okay=False), help="Directory for the PNGs and summary.md (default: RUN_DIR/report).")

@@ -88,6 +88,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     A run may still be training: a checkpoint its pruning removes while it is read is replaced by
     the newest intact one then (not with `step`: that one is gone)."""
     from orchestrate.backends.hf_io import save_hf_dir
+    from orchestrate.data.chat_template import saved_chat_template
     from orchestrate.data.tokenizer import save_tokenizer
     from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 
@@ -110,8 +111,9 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
         save_hf_dir(wanted, hf_config, out_dir, layout)
-        # None: the byte tokenizer
-        save_tokenizer(tokenizer_dir_of(plan.config), out_dir, plan.config.model.trust_remote_code)
+        # None: the byte tokenizer; the run's chat template from the YAML saved with it
+        save_tokenizer(tokenizer_dir_of(plan.config), out_dir, saved_chat_template(plan.config),
+                       plan.config.model.trust_remote_code)
     return ckpt
 
 

@@ -250,7 +250,9 @@ def test_the_objective_is_alpha_ce_plus_t_squared_kl_and_evaluates_the_student_a
         out, t_logits = student(**batch), teacher(input_ids=ids).logits
         want = 0.3 * out.loss + 0.7 * 9.0 * soft_target_kl(out.logits, t_logits, None, 3.0, None)
         assert objective.loss(student, batch).item() == pytest.approx(want.item(), rel=1e-6)
-        assert objective.eval_sums(student, batch) == {"loss": pytest.approx(out.loss.item(), rel=1e-6)}
+        sums = objective.eval_sums(student, batch)  # the task's sums of the student alone
+        assert sums["loss"] == pytest.approx(out.loss.item(), rel=1e-6)
+        assert sums == pytest.approx(CausalLMObjective().eval_sums(student, batch), rel=1e-6)
     assert not math.isclose(want.item(), out.loss.item())
 
 

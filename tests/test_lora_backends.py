@@ -3,7 +3,8 @@ models: one combined run per case trains, checks that the frozen base's bytes do
 checkpoint holding the adapters only, resumes it bit-exactly, writes RUN_DIR/adapter (loaded with
 peft) and RUN_DIR/model (merged, fp32), whose logits match the trained model's.
 
-Each backend trains both methods, on alternating families, to keep the count at six runs.
+Each backend trains both methods, on alternating families, to keep the count at six runs. In process:
+the NF4 base's storage dtype per backend, and an NF4 layer evaluated leaves its weight as training reads it.
 """
 
 from __future__ import annotations
@@ -171,3 +172,22 @@ def test_the_nf4_base_is_stored_in_the_compute_dtype_where_the_backend_shards_it
     model = add_adapters(load_replicated(Path(model_dirs["llama"]), torch.device("cpu"), torch.float32), plan)
     packed = {p.dtype for n, p in model.named_parameters() if type(p).__name__ == "Params4bit"}
     assert packed == {storage}  # fp32 is the compute dtype on CPU; ZeRO-2 replicates the base: uint8
+
+
+@pytest.mark.parametrize("backend", ["fsdp", "zero2"])  # the NF4 base stored in fp32 and in uint8
+def test_evaluating_an_nf4_layer_leaves_its_weight_as_training_reads_it(backend):
+    # bitsandbytes repacks the weight in place in eval mode on CPUs with AVX512-BF16; under FSDP2 the next
+    # unshard undid the repack but not its flag (on such a CPU this fails without the opt-out).
+    from orchestrate.methods.lora.transform import nf4_linear
+
+    linear = torch.nn.Linear(64, 32, bias=False)
+    layer = nf4_linear(linear, linear.weight.data, _plan(backend, "qlora", "llama"), torch.device("cpu"))
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(0))
+    before, data = layer(x), layer.weight.data.view(torch.uint8).clone()
+    layer.eval()
+    with torch.no_grad():
+        evaluated = layer(x)
+    layer.train()
+    assert torch.equal(layer.weight.data.view(torch.uint8), data) and not getattr(layer.weight.quant_state, "packing_format_for_cpu", False)
+    torch.testing.assert_close(evaluated, before.detach())
+    torch.testing.assert_close(layer(x), before)

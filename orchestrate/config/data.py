@@ -1,5 +1,6 @@
 """The `data:` section: what to train on (files, a dataset, or your own dataset factory) and how it
-becomes samples."""
+becomes samples: plain text, or chat and instruction records (their columns, roles, chat template,
+which tokens carry the loss, what happens to samples longer than seq_len; docs/sft.md)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,36 @@ from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.section import Auto, Section
 from orchestrate.methods.custom.config import check_module_path
+
+RecordFormat = Literal["auto", "text", "chat", "prompt-completion", "alpaca"]
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
+
+SHAREGPT_ROLES: dict[str, str] = {"human": "user", "gpt": "assistant", "model": "assistant",
+                                  "observation": "tool", "function_call": "assistant"}
+"""Role names of ShareGPT-style data (`from` values; LLaMA-Factory's sharegpt format adds observation and
+function_call) and Gemma's `model`, mapped onto the chat roles."""
+
+
+class Columns(Section):
+    """The data's column (and message key) names, where they differ from the defaults."""
+
+    messages: str = "messages"
+    """Chat records: the column holding each conversation's list of messages (ShareGPT: conversations)."""
+    role: str | None = None
+    """The message key naming the speaker; null: `role`, else `from` (ShareGPT)."""
+    content: str | None = None
+    """The message key holding the text; null: `content`, else `value` (ShareGPT)."""
+    prompt: str = "prompt"
+    """prompt-completion records: the prompt column."""
+    completion: str = "completion"
+    """prompt-completion records: the answer column."""
+    instruction: str = "instruction"
+    """Alpaca records: the instruction column."""
+    input: str = "input"
+    """Alpaca records: the optional input column (left out of the prompt when missing or blank)."""
+    output: str = "output"
+    """Alpaca records: the answer column."""
 
 
 class DataSection(Section):
@@ -45,7 +76,7 @@ class DataSection(Section):
 
     validation_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
     """Share of the training blocks (documents, when packing is off) held out for evaluation when no
-    validation data is given; chosen by a permutation seeded with `train.seed`."""
+    validation data is given; chosen by a permutation seeded with `train.seed`. 0: no evaluation."""
 
     format: Literal["auto", "text", "json", "csv", "parquet", "arrow"] = "auto"
     """The `datasets` builder for `train_files` and `validation_files`; "auto" picks it per file from
@@ -55,8 +86,9 @@ class DataSection(Section):
     """The column (JSON key, CSV header) holding each document's text."""
 
     template: str | None = None
-    """Instead of `text_field`: a Python format string over the record's columns that makes one
-    document, e.g. "### Question:\\n{prompt}\\n### Answer:\\n{response}" (the loss covers all of it)."""
+    """Instead of `text_field`: plain `{column}` fields over the record's text columns and literal text
+    that make one document, e.g. "### Question:\\n{prompt}\\n### Answer:\\n{response}" (the loss covers all
+    of it; for the loss on the answers only use prompt-completion or chat records, docs/sft.md)."""
 
     label_field: str = "label"
     """model.task sequence-classification: the column holding each document's label (integers or
@@ -67,9 +99,10 @@ class DataSection(Section):
     """What one document is in a .txt file: a paragraph (text between blank lines), a line, or the whole file."""
 
     packing: bool = True
-    """Join documents with the EOS id and cut the stream into `train.seq_len` blocks (no padding). If
-    false, every document is one sample, truncated to `seq_len` and padded, with an attention mask and
-    padded positions left out of the loss."""
+    """Plain text: join documents with the EOS id and cut the stream into `train.seq_len` blocks (no
+    padding). Chat and instruction records: whole samples fitted into blocks of seq_len, each attending
+    only to itself (position ids restart per sample). If false, every document or sample is one row,
+    truncated to `seq_len` and padded, with an attention mask and padded positions left out of the loss."""
 
     tokenizer: str | None = None
     """A local Hugging Face tokenizer directory; null uses the built-in byte-level tokenizer
@@ -88,6 +121,43 @@ class DataSection(Section):
     generate_demo_corpus: bool = False
     """If true and there are no `train_files` or `dataset`, generate a small deterministic English-like
     corpus in the run directory (used by the demo and tests: no downloads)."""
+
+    # Chat and instruction records (docs/sft.md): orchestrate/data/records.py, sft_tokens.py, sft_samples.py.
+    record_format: RecordFormat = "auto"
+    """What one record is. auto: detected from the columns: a `messages` list is chat, `prompt` +
+    `completion` is prompt-completion, `instruction` + `output` is Alpaca, anything else plain text
+    (`text_field` or `template`, the loss on every token, packed as one stream)."""
+
+    columns: Columns = Field(default_factory=Columns)
+    """Column and message-key names, e.g. {messages: conversations, role: from, content: value} for ShareGPT."""
+
+    roles: dict[str, Role] = Field(default_factory=lambda: dict(SHAREGPT_ROLES))
+    """Role names of the data mapped onto system/user/assistant/tool (ShareGPT's human/gpt by default);
+    a role that is neither one of those nor mapped here is an error naming the record."""
+
+    chat_template: str | None = None
+    """The chat template of chat records: null uses the tokenizer's own (`chat_template` in its
+    tokenizer_config.json / chat_template.jinja); a name (chatml, llama-3, mistral, phi-3, gemma), a
+    .jinja file, or inline Jinja otherwise. Saved with the tokenizer in RUN_DIR/model and RUN_DIR/adapter.
+    Set, it also renders prompt-completion and Alpaca records as one user and one assistant turn."""
+
+    train_on_inputs: bool = False
+    """false: the loss covers the answers only (the turns of `roles_to_train` and the end-of-turn
+    token after each); true: every token, prompts and template included."""
+
+    roles_to_train: list[Role] = Field(default_factory=lambda: ["assistant"])
+    """Chat records with train_on_inputs false: the roles whose turns carry the loss."""
+
+    truncation: Literal["truncate", "drop", "error"] = "truncate"
+    """Chat and instruction samples longer than train.seq_len: cut to seq_len (samples left with no
+    trained token are dropped and counted), dropped, or an error naming the first."""
+
+    @field_validator("roles_to_train")
+    @classmethod
+    def _some_role(cls, v: list[str]) -> list[str]:
+        if not v:
+            raise ValueError("name at least one role (system, user, assistant, tool), or set train_on_inputs: true")
+        return v
 
     @field_validator("module")
     @classmethod

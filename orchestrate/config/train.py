@@ -147,6 +147,11 @@ class TrainSection(Section):
     eval_batches: int = Field(default=4, gt=0, le=MAX_COUNT)
     """Micro-batches per evaluation."""
 
+    eval_generate: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """Chat and instruction records: at each evaluation, generate this many held-out answers (greedy) and
+    log their exact-match rate against the data's answers (`eval_exact_match`) and the texts
+    (`eval_generations`) in metrics.jsonl; 0: none."""
+
     checkpoint_every: int = Field(default=0, ge=0, le=MAX_COUNT)
     """Write a resumable checkpoint every N steps (0: only at the end)."""
 

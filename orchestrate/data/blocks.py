@@ -61,7 +61,8 @@ class PackedBlocks:
         n = len(stream.tokens) // seq_len
         self.seq_len = seq_len
         self._blocks = stream.tokens[: n * seq_len].reshape(n, seq_len)  # still a view of the map
-        self.subset = subset or Subset(n, np.empty(0, np.int64), keep_held_out=False)
+        # `is not None`: an empty Subset is falsy, and `subset or ...` made validation_ratio 0 evaluate on every block.
+        self.subset = subset if subset is not None else Subset(n, np.empty(0, np.int64), keep_held_out=False)
 
     @staticmethod
     def count(stream: TokenStream, seq_len: int) -> int:
@@ -86,7 +87,8 @@ class PaddedDocuments:
         self.seq_len = seq_len
         self._tokens, self._offsets = stream.tokens, stream.offsets
         self._pad = int(stream.meta["eos_id"])
-        self.subset = subset or Subset(stream.num_documents, np.empty(0, np.int64), keep_held_out=False)
+        self.subset = subset if subset is not None else Subset(stream.num_documents, np.empty(0, np.int64),
+                                                                  keep_held_out=False)
 
     @staticmethod
     def count(stream: TokenStream, seq_len: int) -> int:

@@ -25,6 +25,8 @@ from orchestrate.data.doc_labels import label_ids, read_labels
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
+from orchestrate.data.sft_prepare import SftSettings, is_sft
+from orchestrate.data.sft_samples import PackedSamples, PaddedSamples, describe_sft, sft_views
 from orchestrate.data.sources import DataSources, check_entries, resolve_sources
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.data.tokenizer_choice import tokenizer_dir_of
@@ -37,7 +39,7 @@ if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache 
 
 __all__ = ["PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
 
-Samples = PackedBlocks | PaddedDocuments
+Samples = PackedBlocks | PaddedDocuments | PackedSamples | PaddedSamples
 TOKENIZER_MEMO_SUBDIR = "tokenizers"
 """Under the data cache: each HF tokenizer's vocab_size and EOS id by file hash (`HFTokenizer`)."""
 
@@ -157,13 +159,17 @@ def prepare_data(config: RunConfig, plan_files: RunFiles | None = None, plan_dir
 
 def text_spec(config: RunConfig) -> TextSpec:
     labelled = config.model.task == "sequence-classification"
-    return TextSpec(config.data.text_field, config.data.template, config.data.label_field if labelled else None)
+    sft = SftSettings.of(config) if config.model.task == "causal-lm" else None  # chat / instruction records
+    return TextSpec(config.data.text_field, config.data.template, config.data.label_field if labelled else None, sft)
 
 
-def samples_for(prepared: PreparedData, config: RunConfig) -> tuple[Samples, Samples]:
+def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False) -> tuple[Samples, Samples]:
     """(train, validation) views: packed blocks or padded documents, split by ratio when no
-    validation data is given."""
+    validation data is given; for chat and instruction records whole samples packed apart
+    (`flatten`: one row per micro-batch, for the flash-attention varlen path) or padded."""
     seq_len, data = config.train.seq_len, config.data
+    if is_sft(prepared.train.meta.get("record_format", "text")):
+        return sft_views(prepared.train, prepared.validation, config, flatten)
     view = PackedBlocks if data.packing else PaddedDocuments
     if config.model.task == "sequence-classification":
         view = labelled_view(prepared)
@@ -213,7 +219,10 @@ def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_
     check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
     prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
-    train, validation = samples_for(prepared, config)
+    from orchestrate.loading.packed_attention import varlen_ready
+
+    flatten = is_sft(prepared.train.meta.get("record_format", "text")) and varlen_ready(plan)
+    train, validation = samples_for(prepared, config, flatten)
     require_sample_per_rank(len(train), world_size, prepared, config)
     sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
     masker = None
@@ -235,6 +244,8 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
 def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     """One line for people: what was tokenised or found in the cache, and what it gives."""
     train, validation = samples_for(prepared, config)
+    if isinstance(train, PackedSamples | PaddedSamples):
+        return describe_sft(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
     unit = f"blocks of {config.train.seq_len}" if config.data.packing else "padded documents"
     how = (f"tokenised {' and '.join(prepared.tokenized)} in {prepared.seconds:.1f} s" if prepared.tokenized
            else f"cache hit ({prepared.seconds:.2f} s)")
@@ -254,8 +265,24 @@ def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False) -> s
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
     prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
     check_labels(plan.config, prepared)  # before any worker starts
-    require_sample_per_rank(len(samples_for(prepared, plan.config)[0]), plan.world_size, prepared, plan.config)
+    train, validation = samples_for(prepared, plan.config)
+    require_sample_per_rank(len(train), plan.world_size, prepared, plan.config)
+    check_eval_generate(plan.config, train, validation)
     return describe_prepared(prepared, plan.config)
+
+
+def check_eval_generate(config: RunConfig, train: Samples, validation: Samples) -> None:
+    """train.eval_generate answers held-out prompts: it needs chat / instruction samples held out."""
+    if not config.train.eval_generate:
+        return
+    if not isinstance(train, PackedSamples | PaddedSamples):
+        raise UserError("train.eval_generate needs prompts and answers", [Problem(
+            "train.eval_generate", "the data is plain text: it has no prompt to answer and no answer to compare",
+            "train on chat, prompt-completion or Alpaca records, or set eval_generate: 0")])
+    if validation.samples == 0:
+        raise UserError("train.eval_generate needs held-out samples", [Problem(
+            "train.eval_generate", "no validation samples (data.validation_ratio is 0 and no validation files)",
+            "set data.validation_ratio above 0 or give data.validation_files, or set eval_generate: 0")])
 
 
 def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool = False) -> str:

@@ -12,7 +12,6 @@ import json
 import os
 import re
 import shutil
-import string
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -34,7 +33,19 @@ from orchestrate.data.cache import (
 )
 from orchestrate.data.checks import check_num_proc, cpu_cores, ensure_cache_dir
 from orchestrate.data.doc_labels import write_labels
+from orchestrate.data.records import detect_format
+from orchestrate.data.sft_prepare import (
+    MASK_FILE,
+    SftSettings,
+    check_sft_columns,
+    is_sft,
+    raise_nothing_trainable,
+    raise_record_problems,
+    sft_meta,
+    tokenize_records,
+)
 from orchestrate.data.sources import Source, source_identity, total_bytes
+from orchestrate.data.text_template import render, template_fields
 from orchestrate.data.tokenizer import Tokenizer, token_dtype
 from orchestrate.errors import Problem, UserError
 
@@ -53,20 +64,18 @@ class TextSpec:
     label_field: str | None = None
     """The label column of a classifier's data (None: no labels)."""
 
+    sft: SftSettings | None = None
+    """Causal LM: how chat and instruction records become samples (None: plain text only)."""
+
     def fields(self) -> list[str]:
-        if self.template is None:
-            return [self.text_field]
-        try:
-            names = [name for _, name, _, _ in string.Formatter().parse(self.template) if name]
-            return [re.split(r"[.\[]", name, maxsplit=1)[0] for name in names]  # {a.b}, {a[0]}: column a
-        except ValueError as exc:
-            raise UserError("data.template is not a valid format string", [Problem(
-                "data.template", str(exc), 'use {column} for a column and {{ }} for literal braces')]) from None
+        return [self.text_field] if self.template is None else template_fields(self.template)
 
     def identity(self) -> dict:
         identity = {"text_field": self.text_field if self.template is None else None, "template": self.template}
         if self.label_field is not None:  # absent otherwise: unlabelled cache keys stay what they were
             identity["label_field"] = self.label_field
+        if self.sft is not None:
+            identity["sft"] = self.sft.identity()
         return identity
 
 
@@ -217,12 +226,15 @@ def _check_columns(ds, source: Source, spec: TextSpec) -> None:
         raise UserError(f"{source.describe()} has no label column {spec.label_field!r}", [Problem(
             "data.label_field", f"{source.describe()} has no column {spec.label_field!r} (it has: {columns})",
             f"set data.label_field to the column that holds the labels (one of {columns})")])
-    if spec.template is None:
-        feature = ds.features[spec.text_field]
-        if not (isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")):
-            raise UserError(f"{source.describe()}: field {spec.text_field!r} is not text", [Problem(
-                "data.text_field", f"column {spec.text_field!r} of {source.describe()} holds {feature}",
-                "point data.text_field at a string column, or use data.template")])
+    not_text = [(f, ds.features[f]) for f in spec.fields()
+                if not (isinstance(ds.features[f], datasets.Value) and ds.features[f].dtype in ("string", "large_string", "null"))]
+    if not_text:
+        name, feature = not_text[0]
+        chat = "chat records (data.record_format auto detects a messages list)"
+        fix = (f"name only text columns in data.template, or drop it for {chat}" if spec.template is not None else
+               f"point data.text_field at a string column, or drop it for {chat}")
+        raise UserError(f"{source.describe()}: field {name!r} is not text", [Problem(
+            where, f"column {name!r} of {source.describe()} holds {feature}", fix)])
 
 
 def documents(batch: dict, spec: TextSpec, paragraphs: bool, keep_blank: bool = False) -> list[str]:
@@ -231,7 +243,7 @@ def documents(batch: dict, spec: TextSpec, paragraphs: bool, keep_blank: bool = 
     builder splits on "\\n\\n" only)."""
     if spec.template is not None:
         rows = len(next(iter(batch.values())))
-        texts = [spec.template.format_map({k: v[i] for k, v in batch.items()}) for i in range(rows)]
+        texts = [render(spec.template, {k: v[i] for k, v in batch.items()}) for i in range(rows)]
     else:
         texts = batch[spec.text_field]
     docs: list[str] = []
@@ -284,6 +296,31 @@ def _spec_for(source: Source, spec: TextSpec) -> tuple[TextSpec, bool]:
     return source_spec, paragraphs
 
 
+def _mapped(ds, source: Source, spec: TextSpec, tokenizer: Tokenizer, work: Path, key: str, i: int,
+            num_proc: int, dtype: str) -> tuple[object, dict]:
+    """The source's records tokenised by `Dataset.map`, and what the format says about them (for meta.json)."""
+    source_spec, paragraphs = _spec_for(source, spec)
+    record_format = detect_format(ds.column_names, spec.sft.data) if spec.sft is not None else "text"
+    info: dict = {"record_format": record_format}
+    if is_sft(record_format):
+        template = spec.sft.template_for(record_format, tokenizer)
+        check_sft_columns(ds, source, record_format, spec.sft.data)
+        fn = functools.partial(tokenize_records, tokenizer=tokenizer, settings=spec.sft, record_format=record_format,
+                               template=template, dtype=dtype)
+        info.update(template=template, mask_method=spec.sft.mask_method(template), records=len(ds))
+    else:
+        _check_columns(ds, source, source_spec)
+        fn = functools.partial(tokenize_batch, tokenizer=tokenizer, spec=source_spec, paragraphs=paragraphs, dtype=dtype)
+    mapped = ds.map(fn, batched=True, batch_size=_MAP_BATCH, remove_columns=ds.column_names,
+                    with_indices=is_sft(record_format),
+                    num_proc=num_proc if num_proc > 1 and len(ds) > _MAP_BATCH else None,
+                    cache_file_name=str(work / "map" / f"{i}.arrow"), new_fingerprint=f"{key}-{i}",
+                    load_from_cache_file=False, desc=f"tokenising {source.describe()}")
+    if is_sft(record_format):
+        raise_record_problems([p for p in mapped["problem"] if p], source, record_format, info["template"])
+    return mapped, info
+
+
 def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Path, key: str,
            num_proc: int, progress: bool) -> None:
     import pyarrow.compute as pc
@@ -291,35 +328,42 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
 
     start = time.perf_counter()
     dtype = token_dtype(tokenizer.vocab_size)
-    n_tokens, n_docs = 0, 0
+    n_tokens, n_docs, dropped = 0, 0, 0
     labels: list[str] = []
-    with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f:
+    infos: list[dict] = []
+    with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f, \
+            open(work / MASK_FILE, "wb") as mask_f:
         np.zeros(1, np.int64).tofile(off_f)
         for i, source in enumerate(sources):
             ds = _load(source, work, num_proc)
-            source_spec, paragraphs = _spec_for(source, spec)
-            _check_columns(ds, source, source_spec)
-            fn = functools.partial(tokenize_batch, tokenizer=tokenizer, spec=source_spec, paragraphs=paragraphs,
-                                   dtype=dtype.name)
-            mapped = ds.map(fn, batched=True, batch_size=_MAP_BATCH, remove_columns=ds.column_names,
-                            num_proc=num_proc if num_proc > 1 and len(ds) > _MAP_BATCH else None,
-                            cache_file_name=str(work / "map" / f"{i}.arrow"), new_fingerprint=f"{key}-{i}",
-                            load_from_cache_file=False, desc=f"tokenising {source.describe()}")
+            mapped, info = _mapped(ds, source, spec, tokenizer, work, key, i, num_proc, dtype.name)
+            infos.append(info)
             bar = tqdm(total=len(mapped), desc="writing tokens", unit="doc", disable=not progress)
             for table in mapped.with_format("arrow").iter(batch_size=16 * _MAP_BATCH):
+                bar.update(table.num_rows)
                 if spec.label_field is not None:
                     labels.extend(table.column("label").to_pylist())
+                if "mask" in table.column_names:  # a record that trains nothing is left out (and counted)
+                    keep = pc.greater(pc.list_value_length(table.column("input_ids")), 0)
+                    dropped += table.num_rows - int(pc.sum(keep).as_py() or 0)
+                    table = table.filter(keep)
+                    for chunk in table.column("mask").chunks:
+                        chunk.flatten().to_numpy(zero_copy_only=False).astype(np.uint8).tofile(mask_f)
                 for chunk in table.column("input_ids").chunks:
                     lengths = pc.list_value_length(chunk).to_numpy(zero_copy_only=False).astype(np.int64)
                     chunk.flatten().to_numpy(zero_copy_only=False).astype(dtype, copy=False).tofile(tok_f)
                     (n_tokens + np.cumsum(lengths)).tofile(off_f)
                     n_tokens += int(lengths.sum())
                     n_docs += len(lengths)
-                bar.update(table.num_rows)
             bar.close()
             del ds, mapped
             shutil.rmtree(work / "map", ignore_errors=True)
             shutil.rmtree(work / "hf", ignore_errors=True)
+    records = sft_meta(infos, sources, dropped)
+    if not is_sft(records["record_format"]):
+        (work / MASK_FILE).unlink()
+    if n_docs == 0 and is_sft(records["record_format"]):
+        raise_nothing_trainable(sources[0], records["record_format"], infos[0]["template"], records["mask_method"])
     if n_docs == 0:
         names = "; ".join(s.describe() for s in sources)
         field = f"template {spec.template!r}" if spec.template is not None else f"field {spec.text_field!r}"
@@ -328,7 +372,8 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
     meta = {"format": CACHE_FORMAT, "key": key, "tokens": n_tokens, "documents": n_docs, "dtype": dtype.name,
             "eos_id": tokenizer.eos_id, "vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.fingerprint(),
             "sources": [s.describe() for s in sources], "text": spec.identity(), "num_proc": num_proc,
-            "prepare_seconds": round(time.perf_counter() - start, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "prepare_seconds": round(time.perf_counter() - start, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            **records}
     if spec.label_field is not None:
         meta["label_names"] = write_labels(work, labels)
     (work / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")

@@ -219,11 +219,13 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def save_tokenizer(tokenizer_dir: Path | None, out_dir: Path, trust_remote_code: bool = False) -> None:
+def save_tokenizer(tokenizer_dir: Path | None, out_dir: Path, chat_template: str | None = None,
+                   trust_remote_code: bool = False) -> None:
     """Write the tokenizer a run used next to its model, loadable with `AutoTokenizer.from_pretrained`:
-    a copy of a Hugging Face tokenizer directory, or the byte tokenizer (None) as tokenizer.json."""
+    a copy of a Hugging Face tokenizer directory, or the byte tokenizer (None) as tokenizer.json; with
+    `chat_template` (the YAML's data.chat_template) as its chat template (chat_template.jinja)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if tokenizer_dir is None:
-        byte_tokenizer_fast().save_pretrained(str(out_dir))
-        return
-    auto_tokenizer(tokenizer_dir, trust_remote_code).save_pretrained(str(out_dir))
+    tok = byte_tokenizer_fast() if tokenizer_dir is None else auto_tokenizer(tokenizer_dir, trust_remote_code)
+    if chat_template is not None:
+        tok.chat_template = chat_template
+    tok.save_pretrained(str(out_dir))

@@ -4,6 +4,12 @@
 Byte-level: the 256 byte values are the initial alphabet, so any text encodes without unknown
 tokens; merges are learned from the corpus up to `vocab_size` ids, one of which is the
 end-of-text token that separates documents.
+
+Chat and instruction records with a named `data.chat_template` (chat_templates.py): the corpus is
+each record as that template renders it, the template's special tokens (headers, end-of-turn, BOS)
+are atomic ids, the tokenizer's BOS / EOS are the template's (EOS: the token a reply ends with), BOS
+is prepended by `tokenizer(text)` where the family's tokenizers do it (Llama-3, Mistral, Gemma), and the
+template is saved as its chat_template.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from pathlib import Path
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.cache import cache_dir_of, temp_dir_for
+from orchestrate.data.chat_templates import NAMED_TEMPLATES, NamedTemplate
 from orchestrate.data.checks import check_vocab_size, ensure_cache_dir
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
@@ -50,27 +57,87 @@ def train_tokenizer(config: RunConfig, vocab_size: int, out_dir: Path, *, progre
     sources = resolve_sources(config, demo_path=demo).train
     check_vocab_size(vocab_size, sources, MIN_VOCAB)  # before the trainer allocates for it
     spec = TextSpec(config.data.text_field, config.data.template)
+    named = _named_template(config)
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOS_TOKEN], show_progress=progress,
+    specials = list(named.special_tokens) if named else [EOS_TOKEN]
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=progress,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     work = temp_dir_for(cache_dir_of(config) / "tokenizer-train")
     try:
         with progress_bars(progress):
-            tokenizer.train_from_iterator(iter_documents(sources, spec, work), trainer)
+            texts = iter_records_as_text(sources, config, named, work) if named else iter_documents(sources, spec, work)
+            tokenizer.train_from_iterator(texts, trainer)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if tokenizer.get_vocab_size() <= MIN_VOCAB - 1:
         raise UserError("the corpus is too small to learn any merge", [Problem(
             sources[0].where, f"{sources[0].describe()} gave no token pairs", "train on more text")])
 
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN,
-                                   unk_token=None, model_max_length=2**62)
+    if named is None:
+        fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN,
+                                       unk_token=None, model_max_length=2**62)
+    else:
+        fast = _chat_tokenizer(tokenizer, named)
     with os_errors_as_user_errors("--out"):
         tmp = temp_dir_for(out_dir)
         fast.save_pretrained(str(tmp))
         shutil.rmtree(out_dir, ignore_errors=True)  # empty (checked above)
         tmp.rename(out_dir)
     return out_dir, len(fast)
+
+
+def _named_template(config: RunConfig) -> NamedTemplate | None:
+    """The named template a tokenizer for chat records is made for (None: a plain-text tokenizer)."""
+    given = config.data.chat_template
+    if given is None:
+        return None
+    if given not in NAMED_TEMPLATES:
+        raise UserError("the tokenizer trainer knows the special tokens of the named templates only", [Problem(
+            "data.chat_template", f"{given[:60]!r} is not one of {', '.join(NAMED_TEMPLATES)}",
+            "name one of those for `orchestrate tokenizer train` (the run may then use any template)")])
+    return NAMED_TEMPLATES[given]
+
+
+def iter_records_as_text(sources, config: RunConfig, named: NamedTemplate, work: Path):
+    """Batches of texts: chat / instruction records as `named` renders them (records that cannot be
+    rendered are left to `orchestrate prepare` to report), plain-text records as they are."""
+    from transformers.utils.chat_template_utils import render_jinja_template
+
+    from orchestrate.data.prepare import _load
+    from orchestrate.data.records import as_chat, detect_format, to_sample
+    from orchestrate.data.sft_prepare import is_sft
+
+    tokens = {"bos_token": named.bos or "", "eos_token": named.eos}
+    for source in sources:
+        ds = _load(source, work, 1)
+        record_format = detect_format(ds.column_names, config.data)
+        if not is_sft(record_format):
+            yield from iter_documents([source], TextSpec(config.data.text_field, config.data.template), work)
+            continue
+        for batch in ds.iter(batch_size=1000):
+            texts = []
+            for row in range(len(next(iter(batch.values())))):
+                record = {k: v[row] for k, v in batch.items()}
+                sample, _ = to_sample(record, record_format, config.data)
+                if sample is not None:
+                    chat = as_chat(sample, record, record_format, config.data)
+                    texts.append(render_jinja_template([chat.messages], chat_template=named.source, **tokens)[0][0])
+            yield texts
+
+
+def _chat_tokenizer(tokenizer, named: NamedTemplate):
+    """The trained tokenizer with the template's BOS / EOS, its chat template, and a BOS prepended by
+    `tokenizer(text)` where the template's family does that."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    if named.bos is not None:
+        bos = (named.bos, tokenizer.token_to_id(named.bos))
+        tokenizer.post_processor = processors.TemplateProcessing(single=f"{named.bos} $A",
+                                                                 pair=f"{named.bos} $A {named.bos} $B", special_tokens=[bos])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=named.bos, eos_token=named.eos,
+                                   pad_token=named.eos, unk_token=None, model_max_length=2**62,
+                                   chat_template=named.source)

@@ -73,7 +73,11 @@ def base_runtime(config: RunConfig) -> MethodRuntime:
 
 
 def apply_transforms(model: Any, plan: Any) -> Any:
-    """Every active method's model transform, in hook order, between building the model and wrapping it."""
+    """Between building the model and wrapping it: the attention of packed chat samples (whatever the
+    method: loading/packed_attention.py), then every active method's model transform, in hook order."""
+    from orchestrate.loading.packed_attention import packed_attention
+
+    model = packed_attention(model, plan)
     for method in runtimes(plan.config):
         model = method.transform(model, plan)
     return model

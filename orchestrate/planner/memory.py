@@ -40,6 +40,7 @@ from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.allocator_reserve import allocator_reserve
 from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.packing import SamplePacking, mask_bytes
 from orchestrate.planner.strategy import Strategy
 
 # The breakdown of every plan holds these keys, then its methods' own: `breakdown_keys`, from which
@@ -326,9 +327,11 @@ def breakdown_keys(methods: Sequence[MethodTerms]) -> tuple[tuple[str, ...], tup
 
 
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                    gradient_accumulation: int = 1, methods: Sequence[MethodTerms] = ()) -> MemoryEstimate:
+                    gradient_accumulation: int = 1, methods: Sequence[MethodTerms] = (),
+                    packing: SamplePacking | None = None) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
-    `methods`: the plan's training methods' terms (orchestrate/methods/spec.py MethodTerms), in order."""
+    `methods`: the plan's training methods' terms (orchestrate/methods/spec.py MethodTerms), in order;
+    `packing`: chat / instruction samples packed apart (planner/packing.py: the attention mask)."""
     trained = trained_shape(shape, methods)  # what has gradients and optimizer states
     c = compute_bytes(strategy)
     placed = _placement(trained, hw, strategy, gradient_accumulation)
@@ -360,12 +363,14 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     sw = hw.software
     gpu["activations"] = activation_bytes(shape, strategy, seq_len, sw, methods)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len, sw)
+    if packing is not None:  # chat / instruction samples packed apart (planner/packing.py)
+        gpu["attention_mask"] = float(mask_bytes(packing, shape, strategy, seq_len, c))
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
     if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
-        free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
+        free = gpu["activations"] + gpu["logits"] + gpu.get("attention_mask", 0.0) + gpu["gathered_params"]
         backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
         for key, size in backward:
             reused = min(free, size)

@@ -44,6 +44,7 @@ from orchestrate.planner.knobs import (
     knob_problems,
 )
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
+from orchestrate.planner.packing import SamplePacking, sample_packing
 from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy
@@ -240,14 +241,15 @@ def _with_models(methods: list[MethodTerms], chosen: tuple) -> list[MethodTerms]
 
 
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits, methods: list[MethodTerms]) -> Candidate:
+               limits: Limits, methods: list[MethodTerms], packing: SamplePacking | None = None) -> Candidate:
     models = [m for method in methods for m in method.auxiliary()]
     if any(m.placement == "auto" for m in models):
         # The first placements that fit, cheapest per step first; precomputed last (a first pass, disk).
-        tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, _with_models(methods, chosen))
+        tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, _with_models(methods, chosen),
+                            packing)
                  for chosen in product(*(m.choices(hw) for m in models))]
         return next((c for c in tried if c.fits), tried[-1])
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, methods)
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, methods, packing)
     speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, methods)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
@@ -347,7 +349,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     # what embedding offload needs (knobs.py): a frozen embedding not tied to the head
     frozen, tied = any(method.freezes_base for method in methods), shape.tied_embeddings
     chunkable = all(method.chunks_loss for method in methods)
-    seq_len = config.train.seq_len
+    seq_len, packing = config.train.seq_len, sample_packing(config, hw, shape)
     kept: list[Candidate] = []
     refused: list[Problem] = []
     for base in bases:
@@ -365,7 +367,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
                     runnable.append(strategy)
             if not runnable:
                 continue
-            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, methods)
+            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, methods, packing)
                      for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
@@ -377,6 +379,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     fitting = sorted((c for c in kept if c.fits),
                      key=lambda c: (any(m.ranks_last(c.strategy) for m in methods), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
+    notes = [packing.describe()] if packing else []
     if not fitting:
-        return Refusal(config=config, hardware=hw, shape=shape, candidates=rest)
-    return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0])
+        return Refusal(config=config, hardware=hw, shape=shape, candidates=rest, notes=notes)
+    return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0], notes=notes)

@@ -7,9 +7,18 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.worker.callbacks.base import Callback, StepEnd, Training, in_order
 from orchestrate.worker.metrics import gather_step_stats
+from orchestrate.worker.objective import loss_tokens
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import StepResult
+    from orchestrate.planner.plan import RunPlan
+
+
+def counts_tokens(plan: RunPlan) -> bool:
+    """Causal-LM batches carry per-token labels: the record says how many tokens carried loss (fewer than
+    `tokens`, the positions trained on, where prompts, template tokens and padding are left out)."""
+    model = plan.config.model
+    return model.task == "causal-lm" and model.module is None
 
 
 def step_record(training: Training, step: int, result: StepResult, step_time: float,
@@ -17,10 +26,12 @@ def step_record(training: Training, step: int, result: StepResult, step_time: fl
     """The step's metrics.jsonl line from the `gather_step_stats` of every rank."""
     plan = training.plan
     tokens = plan.tokens_per_step
+    counted = {"loss_tokens": stats["loss_tokens"], "loss_tokens_per_s": stats["loss_tokens"] / step_time} \
+        if counts_tokens(plan) else {}
     return {"step": step, "loss": stats["loss"], "lr": result.lr, "grad_norm": result.grad_norm,
-            "skipped": result.skipped, "tokens": tokens, "tokens_per_s": tokens / step_time,
+            "skipped": result.skipped, "tokens": tokens, "tokens_per_s": tokens / step_time, **counted,
             "step_time_s": step_time, "time": time.time(),
-            **{k: v for k, v in stats.items() if k not in ("loss", "stop_max")},
+            **{k: v for k, v in stats.items() if k not in ("loss", "stop_max", "loss_tokens")},
             "predicted_gpu_bytes_per_rank": plan.chosen.memory.gpu_total,
             "predicted_cpu_bytes_per_node": plan.chosen.memory.cpu_total}
 
@@ -39,14 +50,16 @@ def run_loop(training: Training, callbacks: list[Callback]) -> bool:
     try:
         for step in range(training.start_step + 1, max_steps + 1):
             start = time.perf_counter()
-            result = engine.train_step([{k: v.to(rank.device, non_blocking=True)
-                                         for k, v in data.micro_batch(micro).items()} for _ in range(accumulation)])
+            batches = [data.micro_batch(micro) for _ in range(accumulation)]
+            counted = sum(loss_tokens(b) for b in batches) if counts_tokens(plan) else 0
+            result = engine.train_step([{k: v.to(rank.device, non_blocking=True) for k, v in b.items()}
+                                        for b in batches])
             if rank.device.type == "cuda":
                 torch.cuda.synchronize(rank.device)
             step_time = time.perf_counter() - start
             # One collective per step: the stats all-gather carries the stop flag too.
             stats = gather_step_stats(result.loss, rank.node, rank.device,
-                                      training.stop.local(training.checkpointer.last_save_s))
+                                      training.stop.local(training.checkpointer.last_save_s), counted)
             record = step_record(training, step, result, step_time, stats)
             stopping, waited_s, save_s = training.stop.decide(*stats["stop_max"])
             end = StepEnd(step, step == max_steps, stopping, record, waited_s, save_s)

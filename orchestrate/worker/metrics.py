@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from orchestrate.run.layout import read_records
 
-_STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node", "stop_elapsed", "save_s")
+_STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node", "loss_tokens", "stop_elapsed", "save_s")
 
 
 def rss_peak_bytes() -> int:
@@ -32,16 +32,17 @@ def rss_peak_bytes() -> int:
 
 
 def gather_step_stats(loss: float, node: int, device: torch.device,
-                      stop: tuple[float, float] = (-1.0, -1.0)) -> dict[str, float]:
-    """One all_gather per step of (loss, RSS peak, GPU peaks, node index, the stop request's
-    `StopRequest.local` values) from every rank: the step's only collective besides training.
+                      stop: tuple[float, float] = (-1.0, -1.0), loss_tokens: int = 0) -> dict[str, float]:
+    """One all_gather per step of (loss, RSS peak, GPU peaks, node index, the tokens that carried
+    loss, the stop request's `StopRequest.local` values) from every rank: the step's only collective
+    besides training.
     `stop_max` holds the maxima of the stop values over ranks, for `StopRequest.decide`."""
     cuda = device.type == "cuda"
     local = torch.tensor([
         loss, float(rss_peak_bytes()),
         float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0,
         float(torch.cuda.max_memory_reserved(device)) if cuda else 0.0,
-        float(node), *stop,
+        float(node), float(loss_tokens), *stop,
     ], dtype=torch.float64, device=device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         rows = [torch.empty_like(local) for _ in range(dist.get_world_size())]
@@ -54,6 +55,7 @@ def gather_step_stats(loss: float, node: int, device: torch.device,
         "loss": float(stats["loss"].mean()),
         "rss_peak_bytes_max_rank": int(stats["rss"].max()),
         "node_rss_peak_bytes": int(stats["rss"][stats["node"] == 0].sum()),
+        "loss_tokens": int(stats["loss_tokens"].sum()),
         "stop_max": (float(stats["stop_elapsed"].max()), float(stats["save_s"].max())),
     }
     if cuda:

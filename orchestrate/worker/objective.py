@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
 
 
+def loss_tokens(batch: dict[str, torch.Tensor]) -> int:
+    """Tokens of a causal-LM batch that carry loss: labels other than -100 after the model's shift."""
+    return int((batch["labels"][..., 1:] != -100).sum())
+
+
 class CausalLMObjective:
     """Next-token cross-entropy as the Hugging Face model computes it from `labels` (shifted inside
     the model: `ForCausalLMLoss` in transformers' loss_utils)."""
@@ -41,10 +46,17 @@ class CausalLMObjective:
         return model(**batch, use_cache=False).loss
 
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        return {"loss": float(self.loss(model, batch).float())}
+        loss, tokens = float(self.loss(model, batch).float()), float(loss_tokens(batch))
+        # A batch without a loss-carrying token has a nan mean; it adds nothing to the token-weighted sum.
+        return {"loss": loss, "loss_sum": loss * tokens if tokens else 0.0, "loss_tokens": tokens}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
-        return {"eval_loss": sums["loss"] / batches}
+        """eval_loss: the mean over every loss-carrying token (the answers of chat samples), weighted
+        by tokens across batches (for packed plain text, whose blocks all count seq_len - 1, the mean of
+        the batches' means)."""
+        if not sums.get("loss_tokens"):
+            return {"eval_loss": sums["loss"] / batches}
+        return {"eval_loss": sums["loss_sum"] / sums["loss_tokens"], "eval_loss_tokens": int(sums["loss_tokens"])}
 
 
 class MaskedLMObjective(CausalLMObjective):
@@ -55,6 +67,9 @@ class MaskedLMObjective(CausalLMObjective):
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return model(**batch).loss  # encoders have no KV cache to switch off
+
+    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        return {"loss": float(self.loss(model, batch).float())}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
         eval_loss = sums["loss"] / batches

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 _DIRECT = {
     "loss": "train/loss",
     "eval_loss": "eval/loss",
+    "eval_exact_match": "eval/exact_match",
+    "loss_tokens": "train/loss_tokens",
+    "loss_tokens_per_s": "perf/loss_tokens_per_s",
     "lr": "train/lr",
     "grad_norm": "train/grad_norm",
     "sparsity": "train/sparsity",

@@ -16,11 +16,13 @@ from transformers.utils import logging as hf_logging
 from orchestrate.backends.base import TrainEngine
 from orchestrate.backends.registry import get_backend
 from orchestrate.data import build_data as build_token_data
+from orchestrate.data.chat_template import saved_chat_template
 from orchestrate.data.pipeline import TrainData
 from orchestrate.data.tokenizer import save_tokenizer
 from orchestrate.errors import UserError
 from orchestrate.loading.init_weights import ensure_initial_weights
 from orchestrate.loading.labels import write_labels
+from orchestrate.loading.packed_attention import packing_notice
 from orchestrate.methods.registry import active_methods, base_runtime, runtimes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
@@ -28,6 +30,7 @@ from orchestrate.run.layout import RunDir, check_no_links, clear_requeue
 from orchestrate.run.lock import check_worker_may_run
 from orchestrate.run.resume_rules import check_resumable
 from orchestrate.worker.callbacks.base import Callback
+from orchestrate.worker.callbacks.generate import EvalGenerate
 from orchestrate.worker.callbacks.standard import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
 from orchestrate.worker.callbacks.trackers import build_trackers
 from orchestrate.worker.callbacks.verdict import MemoryVerdictPrinter
@@ -132,15 +135,17 @@ def resume(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, model_di
 def callbacks(plan: RunPlan, rank: Rank, data: TrainData, start_step: int, resume_from: Path | None) -> list[Callback]:
     """The built-in callbacks, the trackers of train.report_to and the methods' own; their phases
     order them (worker/callbacks/base.py): pruning, then evaluation (it adds eval_loss to the record
-    the others see), the observers, checkpoints, stop signals last."""
+    the others see, and with train.eval_generate the generated answers), the observers, checkpoints,
+    stop signals last."""
     tokens = plan.tokens_per_step
     intro = [f"training {plan.chosen.name} on {rank.world_size} rank(s): {plan.config.train.max_steps} steps "
              f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {start_step})")
+    intro += [notice] if (notice := packing_notice(plan)) else []
     own = [callback for runtime in runtimes(plan.config) for callback in runtime.callbacks(plan)]
-    return [*own, Evaluation(), MetricsFile(), Progress(intro), *build_trackers(plan), MemoryVerdictPrinter(),
-            Checkpoints(), StopOnSignal()]
+    return [*own, Evaluation(), EvalGenerate(), MetricsFile(), Progress(intro), *build_trackers(plan),
+            MemoryVerdictPrinter(), Checkpoints(), StopOnSignal()]
 
 
 def save_model(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, data: TrainData) -> None:
@@ -151,8 +156,11 @@ def save_model(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, data
     if not rank.is_main:
         return
     if all(runtime.saves_tokenizer for runtime in runtimes(plan.config)):  # your own module has none
-        # None: the byte tokenizer, as tokenizer.json
-        save_tokenizer(data.tokenizer_dir, run.model, plan.config.model.trust_remote_code)
+        # None: the byte tokenizer, as tokenizer.json; the YAML's chat template saved with it, and an
+        # adapter a method saved gets the same tokenizer (PeftModel + AutoTokenizer from one directory).
+        template, trust = saved_chat_template(plan.config), plan.config.model.trust_remote_code
+        for out in (run.model, *([run.adapter] if run.adapter.is_dir() else [])):
+            save_tokenizer(data.tokenizer_dir, out, template, trust)
     if data.label_names is not None:
         write_labels(run.model, data.label_names)
     names = [*plan.files.backend, *([plan.files.accelerate_config] if plan.files.accelerate_config else [])]

@@ -57,6 +57,11 @@ def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: RunPlan, dev
     new = bnb.nn.Linear4bit(linear.in_features, linear.out_features, bias=linear.bias is not None,
                             compute_dtype=dtype, quant_type=q.type, compress_statistics=q.double_quant,
                             quant_storage=storage, device="meta")
+    # On a CPU with AVX512-BF16, Linear4bit.forward in eval mode repacks weight.data in place and flags the
+    # quant state packed (bitsandbytes 0.50 nn/modules.py, _convert_weight_packed_for_cpu). Under FSDP2 the
+    # next unshard brings the unpacked data back under that flag: evaluation and every step after it
+    # computed garbage (QLoRA on 2 CPU ranks: eval loss 6.5 while training loss was 1.2). Off.
+    new.support_avx512bf16_for_cpu = False
     # module=new: quantizing also records the quant state on the layer, where Linear4bit.forward
     # recovers it once FSDP2 has swapped the parameter for its unsharded copy (which lacks it).
     new.weight = bnb.nn.Params4bit(weight.to(dtype), requires_grad=False, quant_type=q.type,

@@ -1,0 +1,156 @@
+"""Record formats: what one record of the training data is, detected from its columns, and each
+record normalised to what the tokenizer sees (orchestrate/data/sft_tokens.py).
+
+    chat               a `messages` list of {role, content} (OpenAI); ShareGPT's `conversations` of
+                       {from, value}, its human/gpt roles mapped by `data.roles`; tool turns and
+                       `tool_calls` passed through to the template
+    prompt-completion  `prompt` + `completion` strings (TRL's "standard" prompt-completion); lists of
+                       messages in both (TRL's conversational form) are a chat
+    alpaca             `instruction` (+ optional `input`) + `output`, prompted as Stanford Alpaca was
+    text               anything else: `text_field` or `data.template`, the loss on every token
+
+Detection (`detect_format`) looks at the column names only; `data.record_format` overrides it and
+`data.template` means text. Bad records are reported, not skipped: `problems` says what is wrong
+with one record, and the caller raises one error naming the first few with the YAML path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.config.data import ROLES
+
+if TYPE_CHECKING:
+    from orchestrate.config.data import DataSection
+
+SFT_FORMATS = ("chat", "prompt-completion", "alpaca")
+SHAREGPT_MESSAGES = "conversations"
+"""ShareGPT's messages column, detected as chat like `messages`."""
+MESSAGE_EXTRAS = ("tool_calls", "name", "tool_call_id")
+"""Message keys passed through to the template besides role and content."""
+
+# Stanford Alpaca's prompts (tatsu-lab/stanford_alpaca, train.py PROMPT_DICT): the instruction, the input
+# when there is one, then the answer after "### Response:".
+ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an input that provides further "
+                 "context. Write a response that appropriately completes the request.\n\n"
+                 "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
+ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
+                          "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+
+
+def messages_column(columns: Iterable[str], data: DataSection) -> str | None:
+    cols = set(columns)
+    if data.columns.messages in cols:
+        return data.columns.messages
+    return SHAREGPT_MESSAGES if SHAREGPT_MESSAGES in cols else None
+
+
+def detect_format(columns: Iterable[str], data: DataSection) -> str:
+    """The record format of data with these columns (see the module docstring)."""
+    if data.record_format != "auto":
+        return data.record_format
+    if data.template is not None:
+        return "text"
+    cols, c = set(columns), data.columns
+    if messages_column(cols, data) is not None:
+        return "chat"
+    if c.prompt in cols and c.completion in cols:
+        return "prompt-completion"
+    if c.instruction in cols and c.output in cols:
+        return "alpaca"
+    return "text"
+
+
+def required_columns(record_format: str, columns: Iterable[str], data: DataSection) -> list[str]:
+    c = data.columns
+    if record_format == "chat":
+        return [messages_column(columns, data) or c.messages]
+    if record_format == "prompt-completion":
+        return [c.prompt, c.completion]
+    if record_format == "alpaca":
+        return [c.instruction, c.output]
+    return []
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One record as the tokenizer sees it: a conversation, or a prompt and its completion."""
+
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | None = None
+    completion: str | None = None
+
+
+def _key(message: dict, configured: str | None, default: str, sharegpt: str) -> str:
+    if configured is not None:
+        return configured
+    return default if message.get(default) is not None or sharegpt not in message else sharegpt
+
+
+def normalise_messages(raw: Any, data: DataSection) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(messages with roles mapped and only the keys a template reads, None) or (None, what is wrong)."""
+    if not isinstance(raw, list) or not raw:
+        return None, "its messages are not a non-empty list"
+    out = []
+    for i, message in enumerate(raw):
+        if not isinstance(message, dict):
+            return None, f"message {i} is not a mapping"
+        role_key = _key(message, data.columns.role, "role", "from")
+        content_key = _key(message, data.columns.content, "content", "value")
+        raw_role = message.get(role_key)
+        role = data.roles.get(raw_role, raw_role) if isinstance(raw_role, str) else raw_role
+        if role not in ROLES:
+            return None, (f"message {i} has role {raw_role!r} (key {role_key!r}), none of {', '.join(ROLES)}; "
+                          f"map it with data.roles: {{{raw_role}: assistant}} (or user, system, tool)")
+        content = message.get(content_key)
+        extras = {k: message[k] for k in MESSAGE_EXTRAS if message.get(k) is not None}
+        if content is None and "tool_calls" not in extras:
+            return None, f"message {i} ({role}) has no {content_key!r} text"
+        if content is not None and not isinstance(content, str):
+            return None, f"message {i} ({role}): {content_key!r} holds {type(content).__name__}, not text"
+        out.append({"role": role, **({"content": content} if content is not None else {}), **extras})
+    return out, None
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def to_sample(record: dict[str, Any], record_format: str, data: DataSection) -> tuple[Sample | None, str | None]:
+    """One record of `record_format` as a Sample, or (None, what is wrong with it)."""
+    c = data.columns
+    if record_format == "chat":
+        messages, problem = normalise_messages(record.get(messages_column(record, data)), data)
+        return (Sample(messages=messages), None) if messages else (None, problem)
+    if record_format == "prompt-completion":
+        prompt, completion = record.get(c.prompt), record.get(c.completion)
+        if isinstance(prompt, list) and isinstance(completion, list):  # conversational prompt-completion
+            messages, problem = normalise_messages(prompt + completion, data)
+            return (Sample(messages=messages), None) if messages else (None, problem)
+        if _text(prompt) is None or _text(completion) is None:
+            return None, f"{c.prompt!r} and {c.completion!r} must both be text (or both lists of messages)"
+        return Sample(prompt=prompt, completion=completion), None
+    instruction, output, extra = record.get(c.instruction), record.get(c.output), record.get(c.input)
+    if _text(instruction) is None or _text(output) is None or (extra is not None and _text(extra) is None):
+        return None, f"{c.instruction!r}, {c.output!r} (and {c.input!r} when present) must be text"
+    if extra and extra.strip():
+        return Sample(prompt=ALPACA_PROMPT.format(instruction=instruction, input=extra), completion=output), None
+    return Sample(prompt=ALPACA_PROMPT_NO_INPUT.format(instruction=instruction), completion=output), None
+
+
+def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: DataSection) -> Sample:
+    """A prompt-completion or Alpaca sample as one user turn and one assistant turn (with
+    `data.chat_template` set): Alpaca's instruction and input in the user turn, without its preamble."""
+    if sample.messages is not None:
+        return sample
+    prompt = sample.prompt
+    if record_format == "alpaca":
+        extra = record.get(data.columns.input)
+        prompt = record[data.columns.instruction] + (f"\n\n{extra}" if extra and extra.strip() else "")
+    return Sample(messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}])
+
+
+def lacks_trained_turn(messages: list[dict[str, Any]], roles_to_train: list[str]) -> bool:
+    return not any(m["role"] in roles_to_train for m in messages)

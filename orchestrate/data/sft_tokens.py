@@ -1,0 +1,147 @@
+"""One sample's token ids and its loss mask (1: a token the loss trains on), as the template and the
+tokenizer define them: nothing added, nothing dropped.
+
+Chat: the conversation is rendered by the chat template (transformers' `apply_chat_template`) and the
+text tokenized without the tokenizer's own special tokens, as `apply_chat_template(tokenize=True)`
+does: a BOS appears once where the template renders `bos_token`, each turn ends with the template's
+own end-of-turn token, no EOS is appended. The trained tokens are
+
+- with `{% generation %}` markers in the template and the default `roles_to_train: [assistant]`:
+  transformers' `return_assistant_tokens_mask` (every token overlapping a marked span);
+- otherwise: found by rendering turn by turn. An assistant turn's span runs from the end of the
+  conversation before it rendered with `add_generation_prompt=True` (so its header is not trained) to
+  the end of the conversation including it, trailing whitespace left out (the newline ChatML puts
+  after `<|im_end|>`); another trained role's span is its whole rendered turn. Tokens overlapping a
+  span are trained (transformers' rule). A template that re-renders earlier turns differently once
+  later ones follow, or renders an answer without its content, cannot be split this way and is
+  refused with the fix (markers, or a template that renders message.content).
+
+Either way the span includes the end-of-turn token after the answer, so the model learns to stop.
+
+Prompt-completion and Alpaca without a chat template: the tokenizer's own special tokens around the
+text (what `tokenizer(text)` adds: Llama's BOS, nothing for GPT-2 or Qwen), prompt and completion
+encoded apart (so the prompt's ids are those `tokenizer(prompt)` gives at inference), then EOS unless
+the tokenizer's suffix or the completion already ends with it. The completion and the EOS are trained.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from orchestrate.data.chat_template import ChatTemplate
+
+MARKERS = "generation markers (transformers' return_assistant_tokens_mask)"
+INCREMENTAL = "incremental rendering"
+ALL_TOKENS = "every token (train_on_inputs)"
+COMPLETION = "the completion and its EOS"
+
+
+class TemplateNotIncremental(ValueError):
+    """The template renders a conversation's beginning differently once more turns follow, or an
+    answer without its content: its trained tokens cannot be found by rendering turn by turn."""
+
+
+@dataclass(frozen=True)
+class Encoded:
+    ids: list[int]
+    mask: list[int]
+    """1 where the token is a target of the loss."""
+    answer: list[int]
+    """1 on the assistant's answers (or the completion) with their end token, whatever the loss covers:
+    where evaluation cuts a held-out sample into prompt and reference (`train.eval_generate`)."""
+
+
+def mask_method(template: ChatTemplate | None, roles_to_train: list[str], train_on_inputs: bool) -> str:
+    """How the trained tokens of a sample are found (reported in the data summary and meta.json)."""
+    if train_on_inputs:
+        return ALL_TOKENS
+    if template is None:
+        return COMPLETION
+    return MARKERS if template.has_generation_markers and list(roles_to_train) == ["assistant"] else INCREMENTAL
+
+
+def _render(tok, template: ChatTemplate, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+    return tok.apply_chat_template(messages, chat_template=template.source, tokenize=False,
+                                   add_generation_prompt=generation_prompt)
+
+
+def _spans(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained: list[str],
+           full: str) -> list[tuple[int, int]]:
+    spans, before = [], ""
+    for i, message in enumerate(messages):
+        upto = _render(tok, template, messages[: i + 1], False)
+        if not full.startswith(upto):
+            raise TemplateNotIncremental(f"turn {i} renders differently once later turns follow")
+        if message["role"] in trained:
+            start = len(before)
+            if message["role"] == "assistant" and i > 0:
+                prompt = _render(tok, template, messages[:i], True)
+                if not upto.startswith(prompt):
+                    raise TemplateNotIncremental(f"the generation prompt before turn {i} is not where its answer starts")
+                start = len(prompt)
+            end = len(upto.rstrip())
+            content = (message.get("content") or "").strip()
+            if message["role"] == "assistant" and content and content not in full[start:end]:
+                raise TemplateNotIncremental(f"turn {i} (assistant): its content is not rendered inside its answer")
+            if end > start:
+                spans.append((start, end))
+        before = upto
+    return spans
+
+
+def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """1 for every token overlapping a span (the rule of transformers' return_assistant_tokens_mask)."""
+    return [int(any(end > s and start < e for s, e in spans)) for start, end in offsets]
+
+
+def encode_chat(tok, template: ChatTemplate, messages: list[dict[str, Any]], roles_to_train: list[str],
+                train_on_inputs: bool) -> Encoded:
+    """A conversation's ids and mask (module docstring). `tok`: a fast transformers tokenizer."""
+    if template.has_generation_markers:
+        out = tok.apply_chat_template(messages, chat_template=template.source, tokenize=True, return_dict=True,
+                                      return_assistant_tokens_mask=True)
+        ids, answer = list(out["input_ids"]), list(out["assistant_masks"])
+        if mask_method(template, roles_to_train, train_on_inputs) == MARKERS:
+            return Encoded(ids, answer, answer)
+    full = _render(tok, template, messages, False)
+    enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    if not template.has_generation_markers:
+        answer = _overlapping(offsets, _spans(tok, template, messages, ["assistant"], full))
+    if train_on_inputs:
+        return Encoded(ids, [1] * len(ids), answer)
+    if list(roles_to_train) == ["assistant"]:
+        return Encoded(ids, answer, answer)
+    return Encoded(ids, _overlapping(offsets, _spans(tok, template, messages, list(roles_to_train), full)), answer)
+
+
+@lru_cache(maxsize=8)
+def _wrapping(tok) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The ids `tok(text)` puts before and after the text's own (its post-processor's BOS / EOS)."""
+    plain = tok("a", add_special_tokens=False)["input_ids"]
+    full = tok("a", add_special_tokens=True)["input_ids"]
+    for i in range(len(full) - len(plain) + 1):
+        if full[i: i + len(plain)] == plain:
+            return tuple(full[:i]), tuple(full[i + len(plain):])
+    return (), ()
+
+
+def encode_completion(tok, prompt: str, completion: str, eos_id: int) -> Encoded:
+    """Prompt and completion without a chat template (module docstring). `tok`: a transformers
+    tokenizer, or None for the built-in byte tokenizer (UTF-8 bytes, no special tokens)."""
+    if tok is None:
+        prefix, suffix = (), ()
+        prompt_ids, completion_ids = list(prompt.encode("utf-8")), list(completion.encode("utf-8"))
+    else:
+        prefix, suffix = _wrapping(tok)
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
+    end = list(suffix)
+    if not (end and end[-1] == eos_id) and not (not end and completion_ids and completion_ids[-1] == eos_id):
+        end.append(eos_id)
+    head = [*prefix, *prompt_ids]
+    tail = [*completion_ids, *end]
+    answer = [0] * len(head) + [1] * len(tail)
+    return Encoded(head + tail, answer, answer)

@@ -11,5 +11,11 @@ EXIT_USER_ERROR = 2
 EX_TEMPFAIL = 75
 """sysexits.h EX_TEMPFAIL: the workers checkpointed on a stop signal; requeue / resume the run."""
 
+EX_OUT_OF_MEMORY = 71
+"""sysexits.h EX_OSERR (a system resource ran out): a worker's device ran out of memory; it wrote
+RUN_DIR/oom/rank-<N>.json (the peak it reached, the step, the phase, the prediction). The launcher
+re-plans with the shortfall added and resumes (launch/oom.py); `orchestrate launch` itself exits
+with it when it could not recover."""
+
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)

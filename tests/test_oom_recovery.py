@@ -31,7 +31,7 @@ RATIO = 3.0
 def _config(tmp_path: Path, **train):
     return config_from_dict({
         "model": {"architecture": dict(TINY_GPT2)},
-        "train": {"seq_len": 32, "global_batch_size": 8, "max_steps": 6, "checkpoint_every": 2, "seed": 0,
+        "train": {"seq_len": 32, "global_batch_size": 8, "max_steps": 4, "checkpoint_every": 2, "seed": 0,
                   "output_dir": str(tmp_path / "runs"), **train},
         "data": {"generate_demo_corpus": True},
     }, tmp_path)
@@ -156,7 +156,7 @@ def test_an_injected_oom_at_step_3_is_replanned_and_resumed_from_step_2(tmp_path
     assert "re-plan 1 of 2: x3.00" in text and "resuming from the checkpoint of step 2" in text
     assert result.plan.chosen.name != first.chosen.name
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
     assert records[-1]["predicted_gpu_bytes_per_rank"] == result.plan.chosen.memory.gpu_total
     assert (result.run_dir / "model" / "model.safetensors").is_file()
     assert read_oom_records(result.run_dir) == []  # cleared by the successful start

@@ -108,6 +108,8 @@ def spec_key(spec) -> str:
     data = spec.to_dict()
     if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
         data.pop("adapters", None)
+    elif data["adapters"]["lora"].get("dtype") == "fp32":  # train.lora.dtype at its default: the key from before
+        data["adapters"]["lora"].pop("dtype")
     # The memory knobs at their defaults (no chunked loss, no activation offload, fp32 AdamW, the embedding
     # on the device): the key it had before strategies named them; the zoo plans none of them.
     for knob, default in (("loss_chunks", 0), ("activation_offload", False), ("optimizer", "adamw"),

@@ -156,7 +156,7 @@ def test_block_linears_equal_the_transformers_modules(arch):
 def test_a_whole_dumped_config_plans_again():
     """RUN_DIR/config.yaml and plan.json hold every section with its defaults: not "set"."""
     from orchestrate.config.load import config_from_dict
-    from orchestrate.methods.lora.adapters import adapters_for, nf4_bits_per_param
+    from orchestrate.methods.lora.adapters import adapters_for
     from orchestrate.planner.strategy import Strategy
     from tests.helpers.plans import make_plan
 

@@ -117,7 +117,7 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     from orchestrate.worker import stages
 
     plan, run = stages.read_plan(_plan_path())
-    stages.check_lock(run)
+    stages.check_run_dir(run)
     rank = stages.start_process_group(plan)
     chosen, train = plan.chosen, plan.config.train
     # Every rank checks (each raises, none waits in a collective); rank 0 alone warns.

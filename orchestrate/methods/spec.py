@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.software import SoftwareStack
 from orchestrate.methods.auxiliary import AuxiliaryModel
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.strategy import Sharding, Strategy
@@ -60,8 +61,9 @@ class PlacedBytes:
 class MethodTerms:
     """One active method's part of one plan: no-ops, overridden where the method changes something.
     The memory model calls them in this order: `trained_shape` (what has gradients and optimizer
-    states), `frozen_bytes` (frozen weights beside them), the auxiliary models (`auxiliary`), `own_bytes`
-    (the method's own tensors), then, with the training peak known, `peak_bytes` and `load_bytes`."""
+    states), `state_scale` (their dtype), `frozen_bytes` (frozen weights beside them), the auxiliary
+    models (`auxiliary`), `own_bytes` (the method's own tensors), `saved_bytes` (what it saves for
+    backward), then, with the training peak known, `peak_bytes` and `load_bytes`."""
 
     gpu_keys: tuple[str, ...] = ()
     """Device terms of its own that it adds to the breakdown (`own_bytes`), besides its auxiliary models'."""
@@ -98,6 +100,11 @@ class MethodTerms:
         """The model whose weights train (gradients, optimizer states, offloaded states)."""
         return shape
 
+    def state_scale(self, strategy: Strategy) -> dict[str, float]:
+        """Factors by breakdown key for the trained states' terms when they are kept in another dtype
+        than the fp32 the placement prices (bf16 adapters); {}: as priced."""
+        return {}
+
     def frozen_bytes(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> PlacedBytes:
         """Frozen weights beside the trained ones, added to the model states' terms."""
         return PlacedBytes()
@@ -105,6 +112,11 @@ class MethodTerms:
     def own_bytes(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> PlacedBytes:
         """Tensors of the method's own (masks, ...), under `gpu_keys` / `cpu_keys`."""
         return PlacedBytes()
+
+    def saved_bytes(self, shape: ModelShape, c: int, sw: SoftwareStack) -> float:
+        """Bytes per token and block its model saves for backward beyond the full-training formula
+        (planner/activations.py), with compute dtype of `c` bytes and the library versions `sw`."""
+        return 0.0
 
     def peak_bytes(self, shape: ModelShape, strategy: Strategy, activations_and_logits: float) -> dict[str, float]:
         """What the method adds at a peak the training peak does not cover (device, per rank)."""

@@ -32,10 +32,11 @@ from collections.abc import Sequence
 
 from orchestrate.backends.registry import priced_as
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.software import SoftwareStack
 from orchestrate.methods import auxiliary
 from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner import activations, ds_buckets, knobs
+from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
@@ -50,6 +51,7 @@ CORRECTION_KEY = "measured_correction"
 """What the machine's measured corrections add (hardware/profile.py MemoryCorrection): the
 analytical total times (ratio - 1); only in the breakdown of a plan that has one."""
 MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
+_CURRENT = SoftwareStack()  # versions not known: the current releases
 
 
 def compute_bytes(strategy: Strategy) -> int:
@@ -63,27 +65,37 @@ def shard_group_size(hw: HardwareProfile, strategy: Strategy) -> int:
     return hw.ranks_per_node if strategy.hybrid_shard else hw.world_size
 
 
-def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
+def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT,
+                     methods: Sequence[MethodTerms] = ()) -> int:
     """Saved activations of one micro-batch at the backward-start peak, from the family's block
-    structure (planner/activations.py); offloaded, two block inputs stay on the device (knobs.py)."""
+    structure (planner/activations.py) and what the library versions `sw` save (software_terms.py);
+    offloaded, two block inputs stay on the device (knobs.py); `methods`: what they save per block beyond
+    the formula (MethodTerms.saved_bytes: LoRA's adapter inputs)."""
     if shape.task == "custom":
         # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
         # sample (orchestrate/methods/custom/activations.py), loss temporaries included.
         fp32 = shape.activation_bytes_fixed + strategy.micro_batch_size * shape.activation_bytes_per_sample
         return int(fp32 * compute_bytes(strategy) / 4)
-    tokens = strategy.micro_batch_size * seq_len
+    tokens, c = strategy.micro_batch_size * seq_len, compute_bytes(strategy)
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
-    return activations.activation_bytes(shape, compute_bytes(strategy), tokens, strategy.activation_checkpointing,
-                                        logits_bytes(shape, strategy, seq_len), stored_layers)
+    eager = None
+    if software_terms.eager_attention(sw, shape.model_type):
+        autocast = priced_as(strategy.backend) == "ddp" and c == 2  # the DDP engine's 16-bit path runs under torch.autocast
+        eager = activations.EagerAttention(seq_len, software_terms.eager_softmax_bytes(shape.model_type, c, autocast),
+                                           dropout=software_terms.eager_attention_dropout(shape.model_type))
+    delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
+    return activations.activation_bytes(shape, c, tokens, strategy.activation_checkpointing,
+                                        logits_bytes(shape, strategy, seq_len, sw), stored_layers, eager, delta)
 
 
-def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
+def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT) -> int:
     """Head output and cross-entropy temporaries (measured, see constants): per token and vocabulary
-    entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide)."""
+    entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide);
+    transformers before 4.49 kept more (software_terms.logits_bytes_per_token_vocab)."""
     if shape.task == "custom":
         return 0  # in the measured activations
     per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
-           else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
+           else software_terms.logits_bytes_per_token_vocab(sw) or k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
     rows = knobs.logits_rows(strategy, seq_len, shape.logits_per_token)  # one chunk's when chunked
     hidden_grad = knobs.hidden_gradient_bytes(shape, strategy, seq_len, compute_bytes(strategy))
     return int(per * rows * shape.logits_width + hidden_grad)
@@ -327,6 +339,10 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     gpu_keys, cpu_keys = breakdown_keys(methods, correction > 1.0)  # every term, in the breakdown's order, from 0
     placed.gpu = {key: placed.gpu.get(key, 0) for key in gpu_keys}
     placed.cpu = {key: placed.cpu.get(key, 0) for key in cpu_keys}
+    for method in methods:  # the trained states in another dtype than fp32 (bf16 adapters)
+        for key, factor in method.state_scale(strategy).items():
+            terms = placed.gpu if key in placed.gpu else placed.cpu
+            terms[key] *= factor
     models = [m for method in methods for m in method.auxiliary()]
     for method in methods:  # a frozen base beside the trained states (LoRA)
         frozen = method.frozen_bytes(shape, hw, strategy)
@@ -345,10 +361,12 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         own.gpu += mine.gpu
         own.cpu += mine.cpu
     _add(gpu, own.gpu)
-    gpu["activations"] = activation_bytes(shape, strategy, seq_len)
-    gpu["logits"] = logits_bytes(shape, strategy, seq_len)
+    sw = hw.software
+    gpu["activations"] = activation_bytes(shape, strategy, seq_len, sw, methods)
+    gpu["logits"] = logits_bytes(shape, strategy, seq_len, sw)
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
-    if gradient_accumulation == 1:  # see "Peak model" above; with accumulation the gradients persist
+    # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
+    if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
         free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
@@ -364,7 +382,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu[f"{model.name}_first_pass"] = max(0.0, auxiliary.first_pass_bytes(model, strategy, hw, seq_len, c)
                                                - sum(gpu.values()))
     if hw.has_gpu:
-        gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
+        gpu["cuda_context"] = software_terms.cuda_context_bytes(sw)
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
         if hw.world_size > 1:
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group

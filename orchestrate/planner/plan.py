@@ -227,12 +227,29 @@ class RunPlan(Weighed):
 
     @classmethod
     def read(cls, path: Path) -> RunPlan:
-        """The plan in `path`; UserError for one this version cannot run (none chosen, another schema)."""
-        data = json.loads(Path(path).read_text())
-        if data.get("schema_version") != PLAN_SCHEMA_VERSION or data.get("chosen_candidate") is None:
+        """The plan in `path`; a UserError naming it for one this version cannot run (none chosen,
+        another schema) and for a missing, damaged or foreign file."""
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise _unreadable(path, exc) from None
+        if isinstance(data, dict) and (data.get("schema_version") != PLAN_SCHEMA_VERSION
+                                       or data.get("chosen_candidate") is None):
             raise UserError(f"{path} is not a runnable plan of this version", [Problem(
                 str(path), f"schema_version {data.get('schema_version')!r}" if data.get("chosen_candidate")
                 else "no feasible strategy was chosen (see `orchestrate plan`)",
                 "plan the run again: `orchestrate launch CONFIG` (a new run directory)")])
-        return cls.model_validate(data)
+        try:
+            return cls.model_validate(data)
+        except UserError as exc:  # its config no longer validates
+            raise UserError(f"the plan {path} cannot be used", exc.problems) from None
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise _unreadable(path, exc) from None
 
+
+def _unreadable(path: Path, exc: Exception) -> UserError:
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return UserError(f"the plan {path} cannot be read", [Problem(
+        str(path), f"{type(exc).__name__}: {first}",
+        "restore it: every checkpoint keeps a copy (checkpoints/step-N/plan.json); or write a new run "
+        "directory (--run-dir NEW)")])

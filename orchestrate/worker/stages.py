@@ -24,7 +24,7 @@ from orchestrate.loading.labels import write_labels
 from orchestrate.methods.registry import active_methods, base_runtime, runtimes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
-from orchestrate.run.layout import RunDir, clear_requeue
+from orchestrate.run.layout import RunDir, check_no_links, clear_requeue
 from orchestrate.run.lock import check_worker_may_run
 from orchestrate.run.resume_rules import check_resumable
 from orchestrate.worker.callbacks.base import Callback
@@ -46,9 +46,12 @@ def read_plan(plan_path: Path) -> tuple[RunPlan, RunDir]:
     return plan, RunDir(plan_path.parent)
 
 
-def check_lock(run: RunDir) -> None:
-    """UserError when another launch holds the run directory's lock (orchestrate.run.lock)."""
+def check_run_dir(run: RunDir) -> None:
+    """UserError when another launch holds the run directory's lock (orchestrate.run.lock), or when
+    a symbolic link in it would take a write outside (workers started without this launcher too:
+    launch.sh, srun, SSH)."""
     check_worker_may_run(run.path)
+    check_no_links(run.path)
 
 
 def start_process_group(plan: RunPlan) -> Rank:
@@ -148,7 +151,8 @@ def save_model(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, data
     if not rank.is_main:
         return
     if all(runtime.saves_tokenizer for runtime in runtimes(plan.config)):  # your own module has none
-        save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
+        # None: the byte tokenizer, as tokenizer.json
+        save_tokenizer(data.tokenizer_dir, run.model, plan.config.model.trust_remote_code)
     if data.label_names is not None:
         write_labels(run.model, data.label_names)
     names = [*plan.files.backend, *([plan.files.accelerate_config] if plan.files.accelerate_config else [])]

@@ -99,6 +99,12 @@ class Adapters:
     """Weights of the largest block linear: what QLoRA dequantizes at once for its matmul."""
     block_trainable: int
     block_quantized: int
+    adapted: tuple[str, ...] = ()
+    """Names of the adapted block linears (peft target_modules, resolved)."""
+    dropout: float = 0.0
+    """peft lora_dropout: above 0 each adapter keeps its own dropped copy of its input."""
+    dtype_bytes: int = 4
+    """Bytes per element of the adapters and their optimizer states (train.lora.dtype)."""
 
 
 def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
@@ -144,4 +150,6 @@ def adapters_for(config: RunConfig, shape: ModelShape) -> Adapters | None:
                     quantized=shape.num_layers * block_weights if qlora else 0,
                     base_bits_quantized=nf4_bits_per_param(train.quantization.double_quant) if qlora else 0.0,
                     largest_linear=max(i * o for _, i, o in linears),
-                    block_trainable=block_trainable, block_quantized=block_weights if qlora else 0)
+                    block_trainable=block_trainable, block_quantized=block_weights if qlora else 0,
+                    adapted=tuple(sorted({n for n, _, _ in adapted})), dropout=train.lora.dropout,
+                    dtype_bytes=2 if train.lora.dtype == "bf16" else 4)

@@ -20,6 +20,11 @@ class LoraSection(Section):
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter's input (peft `lora_dropout`)."""
 
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    """The adapters' weights, gradients and Adam states: fp32 (4 + 4 + 8 B per parameter, the default) or
+    bf16 (2 + 2 + 4: torch's AdamW keeps its states in the parameter's dtype), as recipes that cast the
+    whole model to bf16 train them (Answer.AI fsdp_qlora `--precision bf16`)."""
+
     target_modules: list[str] | Literal["auto"] = "auto"
     """Names of the linear layers to adapt (peft `target_modules`, matched against the module
     name's last part, e.g. [q_proj, v_proj]); "auto": every linear layer of the blocks."""

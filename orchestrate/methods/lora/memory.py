@@ -9,9 +9,14 @@ the base is frozen (no gradients, no optimizer states; peft sets requires_grad=F
   block linears under QLoRA (`adapters.nf4_bits_per_param`: 4.127 bits with double quantization,
   Dettmers et al. 2023) with everything else (embeddings, norms, LM head) in the compute dtype.
   Replicated under DDP, sharded over n ranks under FSDP2 (fully_shard shards frozen parameters too).
-- Activations and logits are the full-training terms: the input gradients of every frozen linear
-  need the same saved inputs (LoRA's own saved tensors, the dropout output and x·A of width r, are
-  below the measurement's resolution for r << hidden).
+- Adapters in bf16 (`train.lora.dtype`): 2 + 2 + 4 B/param under DDP and FSDP2 (torch's AdamW keeps
+  its states in the parameter's dtype); DeepSpeed keeps its fp32 master and states either way.
+- Activations and logits are the full-training terms with what the adapters change in each block
+  (`adapter_saved_delta`): a frozen linear saves no input (autograd saves `mat1` of addmm only when the
+  weight needs a gradient: tools/autograd/derivatives.yaml + the saved-variable codegen), the adapter's
+  lora_A saves its input, and that input is a dropped copy per adapter when lora_dropout > 0 (peft
+  tuners/lora/layer.py Linear.forward: `lora_B(lora_A(dropout(x)))`); older bitsandbytes kept each
+  4-bit linear's input too (software_terms.bnb_saves_4bit_input). x·A (r wide) stays below resolution.
 
 Pure arithmetic; the method's terms (method.py) call it.
 """
@@ -105,3 +110,49 @@ def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int, strateg
     largest = max(shape.largest_layer_parameters, shape.vocab_size * shape.hidden_size)
     held = 0.0 if strategy.backend == "ddp" else base_bytes(shape, adapters, c)[0]
     return ranks_per_node * ((k.LOAD_BYTES_PER_PARAM + c) * largest + held)
+
+
+# Which saved tensor of the activation formula (planner/activations.py) each block linear reads: the
+# attention input (the norm's output), the MLP input, the down projection's input (an MLP intermediate);
+# o_proj reads the attention output, which the attention kernel saves anyway.
+_INPUT_OF = {"q_proj": "attn", "k_proj": "attn", "v_proj": "attn", "qkv_proj": "attn", "c_attn": "attn",
+             "gate_proj": "mlp", "up_proj": "mlp", "gate_up_proj": "mlp", "c_fc": "mlp", "down_proj": "down"}
+
+
+def adapter_saved_delta(shape: ModelShape, adapters: Adapters, c: int, base_saves_input: bool) -> float:
+    """Bytes per token and block that a LoRA / QLoRA block saves beyond the full-training formula, which
+    counts each linear input once (c·h for the attention and MLP inputs, c·I for the down projection's).
+    Per input: kept once if the frozen base keeps it (`base_saves_input`: a QLoRA base of older
+    bitsandbytes) or an adapter reads it undropped; with lora_dropout > 0 each adapter on it keeps its
+    own dropped copy (c bytes) and 1-byte mask (torch native_dropout). o_proj's dropped copy is extra.
+    Names outside `_INPUT_OF` (GPT-2's two c_proj) keep the formula's count."""
+    if shape.model_type == "gpt2":
+        return 0.0  # c_proj names both projections: which one is adapted is not known from the name
+    width = {"attn": shape.hidden_size, "mlp": shape.hidden_size, "down": shape.intermediate_size}
+    readers = {group: [n for n in adapters.adapted if _INPUT_OF.get(n) == group] for group in width}
+    delta = 0.0
+    for group, d in width.items():
+        if adapters.dropout > 0:
+            kept = (c * d if base_saves_input else 0) + len(readers[group]) * (c + 1) * d
+        else:
+            kept = c * d if (base_saves_input or readers[group]) else 0
+        delta += kept - c * d
+    if adapters.dropout > 0 and "o_proj" in adapters.adapted:
+        delta += (c + 1) * shape.num_heads * shape.head_dim
+    return delta
+
+
+def adapter_state_scale(strategy: Strategy, adapters: Adapters) -> dict[str, float]:
+    """bf16 adapters (train.lora.dtype) under DDP and FSDP2: weights, gradients, Adam states and DDP's
+    gradient buckets at 2/4 of the fp32 terms, and no autocast copy of them for the matmuls (already
+    the compute dtype). DeepSpeed's bf16 optimizer keeps fp32 masters and states (unchanged).
+    Factors by breakdown key, for the memory model to apply to the adapters' states."""
+    if adapters.dtype_bytes == 4 or strategy.backend == "deepspeed":
+        return {}
+    ratio = adapters.dtype_bytes / 4
+    keys = ("weights", "gradients", "optimizer_states", "master_weights",
+            "offloaded_params", "offloaded_gradients", "offloaded_optimizer")
+    scale = dict.fromkeys(keys, ratio)
+    if strategy.backend == "ddp":
+        scale |= {"comm_buckets": ratio, "gathered_params": 0.0}
+    return scale

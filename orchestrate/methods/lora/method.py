@@ -12,8 +12,11 @@ from __future__ import annotations
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.software import SoftwareStack
 from orchestrate.methods.lora.adapters import Adapters, adapters_for, trains
 from orchestrate.methods.lora.memory import (
+    adapter_saved_delta,
+    adapter_state_scale,
     frozen_base_bytes,
     fsdp_forward_start_excess,
     quantized_load_bytes,
@@ -22,14 +25,16 @@ from orchestrate.methods.lora.memory import (
 from orchestrate.methods.lora.offload import base_h2d_bytes
 from orchestrate.methods.spec import Alternative, Method, MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner import software_terms
 from orchestrate.planner.memory import compute_bytes, shard_group_size
 from orchestrate.planner.strategy import Sharding, Strategy
 from orchestrate.run.layout import ADAPTER_DIR
 
 
 class AdapterTerms(MethodTerms):
-    """A LoRA / QLoRA plan: the adapters' states as a small model of their own (`trained_shape`), the
-    frozen base beside them (memory.py), its host-to-device copies when offloaded (offload.py)."""
+    """A LoRA / QLoRA plan: the adapters' states as a small model of their own (`trained_shape`, in
+    train.lora.dtype: `state_scale`), the frozen base beside them (memory.py), what the adapters save
+    per block (`saved_bytes`), its host-to-device copies when offloaded (offload.py)."""
 
     freezes_base = True
 
@@ -46,8 +51,16 @@ class AdapterTerms(MethodTerms):
     def trained_shape(self, shape: ModelShape) -> ModelShape:
         return trainable_shape(shape, self.adapters)
 
+    def state_scale(self, strategy: Strategy) -> dict[str, float]:
+        return adapter_state_scale(strategy, self.adapters)
+
     def frozen_bytes(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> PlacedBytes:
         return frozen_base_bytes(shape, strategy, shard_group_size(hw, strategy), self.adapters, compute_bytes(strategy))
+
+    def saved_bytes(self, shape: ModelShape, c: int, sw: SoftwareStack) -> float:
+        # a QLoRA base of older bitsandbytes keeps each 4-bit linear's input (software_terms.py)
+        base_saves_input = self.adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(sw)
+        return adapter_saved_delta(shape, self.adapters, c, base_saves_input)
 
     def peak_bytes(self, shape: ModelShape, strategy: Strategy, activations_and_logits: float) -> dict[str, float]:
         return {"gathered_params": fsdp_forward_start_excess(shape, strategy, self.adapters, compute_bytes(strategy),

@@ -85,8 +85,9 @@ def _quantize_block_linears(model: torch.nn.Module, plan: RunPlan) -> None:
 
 def add_adapters(model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
     """The LoRA transform: the base frozen (quantized to NF4 first for qlora, else cast to the compute
-    dtype), peft's adapters on the target linears, in fp32."""
+    dtype), peft's adapters on the target linears, in train.lora.dtype (fp32 or bf16)."""
     import peft
+    import torch
 
     lora = plan.config.train.lora
     if plan.config.train.method == "qlora":
@@ -100,7 +101,8 @@ def add_adapters(model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
                              target_modules=target_modules(plan), task_type="CAUSAL_LM",
                              fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
     model = peft.get_peft_model(model, config)
-    for p in model.parameters():  # adapters train in fp32 (the planner's 16 B/param)
+    adapter_dtype = torch.bfloat16 if lora.dtype == "bf16" else torch.float32  # train.lora.dtype
+    for p in model.parameters():  # the planner's 16 B/param (fp32) or 8 (bf16)
         if p.requires_grad:
-            p.data = p.data.float()
+            p.data = p.data.to(adapter_dtype)
     return model

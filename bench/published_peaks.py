@@ -1,0 +1,136 @@
+"""Published GPU memory measurements of real training runs, re-planned with orchestrate's memory model
+pinned to each source's stated settings (hardware, library versions, strategy), compared like with like:
+
+- max_memory_allocated: the prediction without the allocator reserve, the CUDA context and NCCL's own
+  buffers (none of them is a torch allocation);
+- max_memory_reserved: with the allocator reserve (the caching allocator's segments), without context
+  and NCCL;
+- nvidia-smi: everything, the CUDA context and NCCL buffers included.
+
+Pure and fast (no GPU, no download): `python bench/published_peaks.py [--json FILE]` prints one row per
+case, the median and worst ratio predicted / published per metric kind, and each case's residual in a
+line. Cases whose settings cannot be reproduced by a plan are listed with the reason and not counted.
+The cases, their sources and settings: bench/published_cases.py. tests/test_published_peaks.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.published_cases import CASES, RESERVE_PAIRS, Case  # noqa: E402, F401  (Case: for callers building variants)
+from orchestrate.config.schema import RunConfig  # noqa: E402
+from orchestrate.hardware.profile import HardwareProfile  # noqa: E402
+from orchestrate.hardware.units import GiB  # noqa: E402
+from orchestrate.methods.registry import method_terms  # noqa: E402
+from orchestrate.model.meta import shape_for  # noqa: E402
+from orchestrate.planner import constants as k  # noqa: E402
+from orchestrate.planner.memory import estimate_memory  # noqa: E402
+
+
+def _hardware(case: Case) -> HardwareProfile:
+    return HardwareProfile(name=case.name, gpus_per_node=case.gpus, gpu=case.gpu, cpu_memory_bytes=256 * GiB,
+                           software=case.software)
+
+
+def _config(case: Case) -> RunConfig:
+    model = {"architecture": case.architecture, "task": case.task}
+    if case.num_labels is not None:
+        model["num_labels"] = case.num_labels
+    return RunConfig.model_validate({"model": model, "train": case.train})
+
+
+def comparable_bytes(gpu: dict, case: Case) -> float:
+    """The prediction of what `case.metric` measures (module doc)."""
+    nccl = k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR if case.gpus > 1 else 0
+    total = sum(gpu.values())
+    if case.metric == "nvidia-smi":
+        return total
+    in_allocator = total - gpu["cuda_context"] - nccl
+    return in_allocator if case.metric == "max_memory_reserved" else in_allocator - gpu["allocator_reserve"]
+
+
+def _inputs(case: Case) -> tuple:
+    config = _config(case)
+    shape = shape_for(config)
+    return shape, _hardware(case), case.strategy, case.train["seq_len"], case.accumulation, method_terms(config, shape, None)
+
+
+def evaluate(case: Case) -> dict:
+    memory = estimate_memory(*_inputs(case))
+    predicted = comparable_bytes(memory.gpu, case)
+    return {"name": case.name, "source": case.source, "metric": case.metric, "published_gib": case.published_bytes / GiB,
+            "predicted_gib": predicted / GiB, "ratio": predicted / case.published_bytes,
+            "reserve_gib": memory.gpu["allocator_reserve"] / GiB, "left_out": case.left_out,
+            "residual": case.residual, "unpinned": case.unpinned, "settings": case.settings,
+            "strategy": case.strategy.name, "fsdp1": case.fsdp1}
+
+
+def measured_reserves() -> list[dict]:
+    """Reserved (or nvidia-smi less context and NCCL) over allocated, where a source published both."""
+    by_name = {case.name: case for case in CASES}
+    out = []
+    for allocated_name, other_name in RESERVE_PAIRS:
+        allocated, other = by_name[allocated_name], by_name[other_name]
+        memory = estimate_memory(*_inputs(other))
+        outside = sum(memory.gpu.values()) - comparable_bytes(memory.gpu, replace(other, metric="max_memory_reserved"))
+        reserved = other.published_bytes - (outside if other.metric == "nvidia-smi" else 0)
+        out.append({"run": other_name, "engine": "FSDP1" if other.fsdp1 else "one GPU",
+                    "fraction": reserved / allocated.published_bytes - 1})
+    return out
+
+
+def summary(rows: list[dict], without_fsdp1: bool = False) -> dict:
+    """Median and worst (lowest, highest) ratio per metric kind over the counted cases (`without_fsdp1`:
+    the rows of runs on FSDP1, which orchestrate plans as FSDP2, aside)."""
+    counted = [r for r in rows if not r["left_out"] and not (without_fsdp1 and r["fsdp1"])]
+    out = {}
+    for metric in sorted({r["metric"] for r in counted}):
+        ratios = [r["ratio"] for r in counted if r["metric"] == metric]
+        out[metric] = {"cases": len(ratios), "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="write every row and the summary here")
+    args = parser.parse_args(argv)
+    rows = [evaluate(case) for case in CASES]
+    print(f"{'case':40} {'metric':21} {'published':>10} {'predicted':>10} {'ratio':>6}  (GiB)")
+    for r in rows:
+        mark = "  [left out]" if r["left_out"] else ""
+        print(f"{r['name']:40} {r['metric']:21} {r['published_gib']:10.2f} {r['predicted_gib']:10.2f} {r['ratio']:6.3f}{mark}")
+    counted = [r for r in rows if not r["left_out"]]
+    sources = sorted({r["source"] for r in counted})
+    print(f"\n{len(counted)} cases counted from {len(sources)} sources; {len(rows) - len(counted)} left out")
+    result = summary(rows)
+    for metric, s in result.items():
+        print(f"{metric:21} cases {s['cases']:2}  median {s['median']:.3f}  worst low {s['min']:.3f}  high {s['max']:.3f}")
+    print("the FSDP1 rows aside (orchestrate runs FSDP2):")
+    for metric, s in summary(rows, without_fsdp1=True).items():
+        print(f"{metric:21} cases {s['cases']:2}  median {s['median']:.3f}  worst low {s['min']:.3f}  high {s['max']:.3f}")
+    print("\nmeasured reserve (reserved, or nvidia-smi less the modelled context and NCCL, over allocated):")
+    for m in measured_reserves():
+        print(f"- {m['run']:32} {m['engine']:8} {100 * m['fraction']:5.1f} %")
+    print("\nsources (and what none of their cases could pin):")
+    for source in dict.fromkeys(r["source"] for r in rows):
+        unpinned = next((r["unpinned"] for r in rows if r["source"] == source and r["unpinned"]), "")
+        print(f"- {source}" + (f"\n    unpinned: {unpinned}" if unpinned else ""))
+    print("\nresidual per case (left out: why):")
+    for r in rows:
+        print(f"- {r['name']}: " + (f"[left out] {r['left_out']}" if r["left_out"] else r["residual"]))
+    if args.json:
+        args.json.write_text(json.dumps({"rows": rows, "summary": result, "sources": sources}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

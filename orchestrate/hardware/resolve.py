@@ -13,6 +13,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import MAX_MEMORY_BYTES, HardwareProfile
+from orchestrate.hardware.calibration import with_calibration
 from orchestrate.hardware.software import SoftwareStack, installed_software
 from orchestrate.hardware.units import format_bytes, parse_size
 
@@ -30,15 +31,18 @@ def resolve_hardware(
     gpus_per_node: int | None = None,
     detect: Callable[[], HardwareProfile] = detect_hardware,
     software: Callable[[], SoftwareStack] = installed_software,
+    calibration: Path | None = None,
 ) -> HardwareProfile:
     """The profile to plan for.
 
     `gpus` is ranks per node: GPUs on a GPU profile, gloo worker processes on a CPU-only one.
     `gpus_per_node` always means GPUs: on a CPU-only profile it plans for a GPU machine you do not
     have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
-    A profile without library versions gets this interpreter's (`software`).
+    A profile without library versions gets this interpreter's (`software`). `calibration`: the
+    calibration file whose entries for this machine become memory corrections (hardware/calibration.py).
     """
-    return _with_software(_resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect), software)
+    resolved = _with_software(_resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect), software)
+    return resolved if calibration is None else with_calibration(resolved, calibration)
 
 
 def _with_software(profile: HardwareProfile, software: Callable[[], SoftwareStack]) -> HardwareProfile:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.errors import UserError
+from orchestrate.launch.calibrate import record_oom_ratio
 from orchestrate.hardware.profile import MemoryCorrection
 from orchestrate.hardware.units import format_bytes
 from orchestrate.planner.plan import RunPlan
@@ -89,6 +90,9 @@ def recover(plan: RunPlan, run_dir: Path, attempt: int, say) -> RunPlan | None:
         return None
     retries = plan.config.train.oom_retries
     say(f"out of memory: {oom.why()}")
+    recorded = record_oom_ratio(plan, oom.worst)
+    if recorded:
+        say(recorded)
     if attempt >= retries:
         say(f"not re-planning: {'train.oom_retries is 0' if retries == 0 else f'{retries} re-plan(s) used'} "
             f"(records in {run_dir / 'oom'})")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.launch.calibrate import record_verdict
 from orchestrate.launch.oom import recover
 from orchestrate.launch.resume import failure_notice
 from orchestrate.launch.rundir import prepare_run_dir
@@ -277,6 +278,8 @@ def start(plan: RunPlan, run_dir: Path, transport: Transport, max_restarts: int 
         prepared = transport.prepare(replanned, run_dir, launch_env(replanned), max_restarts, False)
         write_launch_script(run_dir, prepared.script_comment, prepared.script)
         result.exit_code = run_workers(replanned, run_dir, transport, tell, console)
+    if result.exit_code == 0 and (recorded := record_verdict(result.plan, run_dir)):
+        tell(recorded)  # a GPU run's memory verdict, into this machine's calibration file
     if result.exit_code not in (0, EX_TEMPFAIL):
         tell(failure_notice(run_dir))
     return result

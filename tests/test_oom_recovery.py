@@ -160,3 +160,38 @@ def test_an_injected_oom_at_step_3_is_replanned_and_resumed_from_step_2(tmp_path
     assert records[-1]["predicted_gpu_bytes_per_rank"] == result.plan.chosen.memory.gpu_total
     assert (result.run_dir / "model" / "model.safetensors").is_file()
     assert read_oom_records(result.run_dir) == []  # cleared by the successful start
+
+
+class _AlwaysOutOfMemory:
+    """A transport whose workers run out of memory at step 3 on every start (no processes)."""
+
+    remote_workers = False
+
+    def __init__(self, ratio: float) -> None:
+        self.ratio, self.plans = ratio, []
+
+    def prepare(self, plan, run_dir, env, max_restarts, dry_run):
+        from orchestrate.launch.session import Prepared
+
+        return Prepared(command="true", script="true", script_comment="test")
+
+    def run(self, plan, run_dir, say, console) -> int:
+        self.plans.append(plan.chosen.name)
+        write_oom_record(run_dir, 0, _record(plan, 0, int(self.ratio * plan.chosen.memory.gpu_total)))
+        return 1  # as torchrun reports any failed worker
+
+
+def test_the_launcher_stops_after_train_oom_retries_with_exit_71(tmp_path):
+    from orchestrate.launch.session import start
+    from orchestrate.run.exits import EX_OUT_OF_MEMORY
+
+    config = _config(tmp_path, oom_retries=2)
+    plan, run_dir = _written_run(tmp_path, config, HardwareFlags(gpus=2).resolve())
+    transport = _AlwaysOutOfMemory(1.1)
+    result = start(plan, run_dir, transport, own_data=True)
+    assert result.exit_code == EX_OUT_OF_MEMORY
+    assert len(transport.plans) == 3  # the first start and two re-plans
+    text = "\n".join(result.messages)
+    assert text.count("re-plan ") == 2 and "not re-planning: 2 re-plan(s) used" in text
+    assert len(result.plan.hardware.memory_corrections) == 2
+    assert result.plan.hardware.memory_correction(result.plan.chosen.strategy.family) == pytest.approx(1.1**2, rel=1e-3)

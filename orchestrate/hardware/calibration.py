@@ -99,7 +99,10 @@ def corrections(profile: HardwareProfile, calibration: CalibrationFile, path: Pa
 
 
 def with_calibration(profile: HardwareProfile, path: Path) -> HardwareProfile:
-    """`profile` with this machine's calibration entries from `path` added to its corrections."""
+    """`profile` with this machine's calibration entries from `path` added to its corrections (the
+    file is not read for a profile that is not this machine's GPU)."""
+    if machine_key(profile) is None:
+        return profile
     found = corrections(profile, read_calibration(path), path)
     if not found:
         return profile

@@ -153,6 +153,7 @@ def test_an_injected_oom_at_step_3_is_replanned_and_resumed_from_step_2(tmp_path
     text = "\n".join(result.messages)
     assert result.exit_code == 0, text
     assert "ran out of memory at step 3 (backward): it needed at least" in text
+    assert "ran out of device memory (exit 71; its record:" in text
     assert "re-plan 1 of 2: x3.00" in text and "resuming from the checkpoint of step 2" in text
     assert result.plan.chosen.name != first.chosen.name
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]

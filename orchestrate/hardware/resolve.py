@@ -12,6 +12,7 @@ import yaml
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.alloc_conf import expandable_segments_in, user_alloc_conf
+from orchestrate.hardware.calibration import with_calibration
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import MAX_MEMORY_BYTES, HardwareProfile
@@ -33,6 +34,7 @@ def resolve_hardware(
     detect: Callable[[], HardwareProfile] = detect_hardware,
     software: Callable[[], SoftwareStack] = installed_software,
     environ: Mapping[str, str] | None = None,
+    calibration: Path | None = None,
 ) -> HardwareProfile:
     """The profile to plan for.
 
@@ -41,13 +43,15 @@ def resolve_hardware(
     have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
     A profile without library versions gets this interpreter's (`software`).
     `environ` (default: this process's): the user's CUDA allocator configuration, if any, decides
-    `expandable_segments` (hardware/alloc_conf.py).
+    `expandable_segments` (hardware/alloc_conf.py). `calibration`: the calibration file whose entries
+    for this machine become memory corrections (hardware/calibration.py).
     """
     resolved = _resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect)
     user_conf = user_alloc_conf(os.environ if environ is None else environ)
     if user_conf is not None:
         resolved = resolved.model_copy(update={"expandable_segments": expandable_segments_in(user_conf[1])})
-    return _with_software(resolved, software)
+    resolved = _with_software(resolved, software)
+    return resolved if calibration is None else with_calibration(resolved, calibration)
 
 
 def _with_software(profile: HardwareProfile, software: Callable[[], SoftwareStack]) -> HardwareProfile:

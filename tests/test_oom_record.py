@@ -38,7 +38,8 @@ class _FailingEngine:
 
 class _Data:
     def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": torch.zeros(size, 4, dtype=torch.long)}
+        ids = torch.zeros(size, 4, dtype=torch.long)
+        return {"input_ids": ids, "labels": ids}  # a causal-LM batch: the loop counts its loss tokens
 
 
 class _Checkpointer:

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.errors import UserError
-from orchestrate.launch.calibrate import record_oom_ratio
 from orchestrate.hardware.profile import MemoryCorrection
 from orchestrate.hardware.units import format_bytes
+from orchestrate.launch.calibrate import record_oom_ratio
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import read_oom_records
 

@@ -12,10 +12,17 @@ tensors (orchestrate.simulate, the real backends) and compares:
 - analytical: the planner's per-rank estimate (orchestrate.planner.memory.estimate_memory);
 - simulated: tensor bytes the simulation saw at the peak (512-byte CUDA blocks), plus what no
   simulation sees, taken from the analytical model's named constants (CUDA context, workspace,
-  NCCL buffers, allocator reserve).
+  NCCL buffers, allocator reserve);
+- the allocator replay: the simulation's allocations and frees through the CUDA caching-allocator
+  model (orchestrate/simulate/replay.py), expandable_segments off and on: reserved / allocated on a
+  device with room to spare (what torch.cuda.max_memory_reserved / max_memory_allocated would say)
+  and needed / requested (the least device memory it runs in, over the bytes asked for), which
+  the planner's allocator reserve (planner/allocator_reserve.py: a constant + a fraction)
+  must cover, per backend.
 Simulation results are cached in bench/results/memory_accuracy.json, keyed by the full run spec, so
 a rerun after a change to the analytical model costs no simulation; a changed spec simulates again.
-Prints the table, the worst |analytical / simulated - 1| and, with --json, writes every row.
+Prints the table, the worst |analytical / simulated - 1|, the replay per backend and setting and,
+with --json, writes every row.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import statistics
 import sys
 import threading
 import time
@@ -34,12 +42,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
+from orchestrate.planner.allocator_reserve import RESERVE, reserve_bytes  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
 from orchestrate.simulate.result import SimulationResult  # noqa: E402
 from orchestrate.simulate.spec import plan_from_parts  # noqa: E402
-from orchestrate.simulate.verify import _unseen  # noqa: E402
+from orchestrate.simulate.verify import _unseen, allocator_setting  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"
 WORLD = 2
@@ -87,15 +96,19 @@ class Point:
     seq_len: int
     adapters: dict | None = None
     """`train` keys of a LoRA run (LORA), None for full fine-tuning."""
+    layers: int = LAYERS
 
     def plan(self):
-        return plan_from_parts(FAMILIES[self.family], self.strategy, self.seq_len, WORLD, adapters=self.adapters)
+        arch = FAMILIES[self.family]
+        if self.layers != LAYERS:  # --layers: the same widths, deeper
+            arch = {**arch, ("n_layer" if self.family == "gpt2" else "num_hidden_layers"): self.layers}
+        return plan_from_parts(arch, self.strategy, self.seq_len, WORLD, adapters=self.adapters)
 
 
 def zoo(families=None, seqs=(512, 2048), mbs=(1, 2, 4), acs=(False, True), strategies=STRATEGIES,
-        adapters: dict | None = None) -> list[Point]:
+        adapters: dict | None = None, layers: int = LAYERS) -> list[Point]:
     # Families innermost, so that a partial run covers every family (and both lengths at micro-batch 1).
-    return [Point(f, strategy(b, st, mb, ac), seq, adapters) for mb in mbs for seq in seqs for ac in acs
+    return [Point(f, strategy(b, st, mb, ac), seq, adapters, layers) for mb in mbs for seq in seqs for ac in acs
             for (b, st) in strategies for f in (families or FAMILIES)]
 
 
@@ -132,7 +145,8 @@ class Cache:
         key = spec_key(spec)
         with self.lock:
             hit = self.data.get(key)
-        if hit is not None:
+        # A result from before the allocator replay is simulated again when simulations may run.
+        if hit is not None and (hit.get("allocator") or not run):
             return SimulationResult.from_dict(hit), True
         if not run:
             return None, False
@@ -150,19 +164,58 @@ def compare(point: Point, sim: SimulationResult) -> dict:
     adapters = adapters_for(plan.config, plan.shape)
     est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len, methods=[AdapterTerms(adapters)] if adapters else []).gpu
     seen = sim.peak_bytes_cuda_rounded
-    total = seen + sum(_unseen(plan, est).values())
+    total = seen + sum(_unseen(plan, est, reserve=True).values())
     act = est.get("activations", 0) + est.get("logits", 0)
-    return {"family": point.family, "strategy": point.strategy.name, "seq": point.seq_len,
-            "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
+    replayed = {name: {"reserved_over_allocated": peaks["reserved"] / peaks["allocated"],
+                       "needed_over_requested": peaks["needed"] / peaks["requested"], **peaks}
+                for name, peaks in sim.allocator.items()}  # empty if simulated before the replay
+    # The whole plan against the replay of the setting it models: the allocator's needed bytes for
+    # the tensors, plus what no simulation sees.
+    needed = sim.allocator.get(allocator_setting(plan.hardware), {}).get("needed")
+    with_replay = needed + sum(_unseen(plan, est).values()) if needed else None
+    return {"family": point.family, "backend": point.strategy.backend, "strategy": point.strategy.name,
+            "seq": point.seq_len, "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
             "analytical": sum(est.values()), "simulated": total, "ratio": sum(est.values()) / total,
             "act_logits_analytical": act, "act_peak_simulated": sim.activation_peak_bytes,
-            "peak_phase": sim.peak_phase}
+            "peak_phase": sim.peak_phase, "allocator": replayed,
+            "ratio_replayed": sum(est.values()) / with_replay if with_replay else None}
 
 
 def row_text(r: dict) -> str:
-    return (f"{r['family']:<8} {r['strategy']:<30} {r['seq']:>5} {r['analytical'] / MiB:>9.0f} "
+    text = (f"{r['family']:<8} {r['strategy']:<30} {r['seq']:>5} {r['analytical'] / MiB:>9.0f} "
             f"{r['simulated'] / MiB:>9.0f} {r['ratio']:>6.3f} {r['act_logits_analytical'] / MiB:>8.0f} "
             f"{r['act_peak_simulated'] / MiB:>8.0f} {r['peak_phase']:>9}")
+    if not r["allocator"]:
+        return text + "      (simulated before the allocator replay)"
+    off, on = r["allocator"]["segments"], r["allocator"]["expandable"]
+    return (text + f" {off['reserved_over_allocated']:>6.3f} {on['reserved_over_allocated']:>6.3f} "
+            f"{off['needed_over_requested']:>6.3f} {on['needed_over_requested']:>6.3f}")
+
+
+def allocator_summary(rows: list[dict]) -> list[str]:
+    """Per backend and expandable_segments setting: the replayed overheads against the planner's
+    allocator reserve (planner/allocator_reserve.py: a constant + a fraction), which must
+    cover every point."""
+    replayed = [r for r in rows if r["allocator"]]
+    if not replayed:
+        return ["no point replayed yet"]
+    whole = sorted(r["ratio_replayed"] for r in replayed)
+    lines = [f"{len(replayed)} of {len(rows)} points replayed; analytical / (replayed needed bytes + unseen terms), "
+             f"expandable segments as planned: {whole[0]:.3f}-{whole[-1]:.3f}, median {statistics.median(whole):.3f}",
+             f"{'backend':<10} {'expandable':<10} {'points':>6} {'res/alloc med':>13} {'max':>6} "
+             f"{'need/req med':>12} {'max':>6} {'beyond const max':>16} {'planned':>7} {'short':>5}"]
+    for backend in sorted({r["backend"] for r in replayed}):
+        for name, on in (("segments", False), ("expandable", True)):
+            reps = [r["allocator"][name] for r in replayed if r["backend"] == backend]
+            res = sorted(x["reserved_over_allocated"] for x in reps)
+            need = sorted(x["needed_over_requested"] for x in reps)
+            constant = reserve_bytes(backend, on, 0)
+            beyond = max((x["needed"] - x["requested"] - constant) / x["requested"] for x in reps)
+            short = sum(x["needed"] > x["requested"] + reserve_bytes(backend, on, x["requested"]) for x in reps)
+            lines.append(f"{backend:<10} {str(on):<10} {len(reps):>6} {statistics.median(res):>13.3f} {res[-1]:>6.3f} "
+                         f"{statistics.median(need):>12.3f} {need[-1]:>6.3f} {beyond:>16.3f} "
+                         f"{RESERVE[backend][on][1]:>7.3f} {short:>5}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,16 +229,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=CACHE)
     parser.add_argument("--cached-only", action="store_true", help="skip the points not simulated yet")
     parser.add_argument("--lora", action="store_true", help="the LoRA zoo (lora_zoo) instead of full fine-tuning")
+    parser.add_argument("--layers", type=int, default=LAYERS,
+                        help="blocks per model (default 2; more shows how a term grows with depth)")
+    parser.add_argument("--mb", type=int, action="append", help="only these micro-batch sizes")
     args = parser.parse_args(argv)
     chosen = LORA_STRATEGIES if args.lora else STRATEGIES
     if args.strategy:
         chosen = tuple(pair for pair in chosen if f"{pair[0]}:{pair[1]}" in args.strategy)
     points = (lora_zoo(args.family, tuple(args.seq or (512, 1024)), chosen) if args.lora
-              else zoo(args.family, tuple(args.seq or (512, 2048)), strategies=chosen))
+              else zoo(args.family, tuple(args.seq or (512, 2048)), strategies=chosen, layers=args.layers))
+    if args.mb:
+        points = [p for p in points if p.strategy.micro_batch_size in args.mb]
     cache, start = Cache(args.cache), time.perf_counter()
-    print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {LAYERS}-block models; ratio = analytical / simulated")
+    print(f"per-rank MiB, {WORLD} x generic 8 GB GPU, bf16, {args.layers}-block models; ratio = analytical / simulated")
     print(f"{'family':<8} {'strategy':<30} {'seq':>5} {'analytic':>9} {'simulated':>9} {'ratio':>6} "
-          f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9}")
+          f"{'act+lg A':>8} {'act+lg S':>8} {'peak in':>9} {'res/al':>6} {'res/al':>6} {'need':>6} {'need':>6}")
+    print(f"{'':<99} {'off':>6} {'on':>6} {'off':>6} {'on':>6}")
     rows, simulated = [], 0
 
     def one(point: Point):
@@ -206,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{len(rows)} points ({simulated} simulated now, the rest cached), ratio {lo:.3f}-{hi:.3f}, "
           f"worst |analytical/simulated - 1| = {abs(worst['ratio'] - 1):.3f} "
           f"({worst['family']} {worst['strategy']} seq {worst['seq']}); {time.perf_counter() - start:.0f} s")
+    print("\nCUDA caching-allocator replay (expandable_segments off / on): reserved / allocated on a device with "
+          "room to spare, and the memory the allocator runs in / the bytes requested")
+    print("\n".join(allocator_summary(rows)))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -37,8 +37,9 @@ from orchestrate.planner.memory import estimate_memory  # noqa: E402
 
 
 def _hardware(case: Case) -> HardwareProfile:
+    # No source sets PYTORCH_CUDA_ALLOC_CONF: torch's default, expandable segments off (none before torch 2.1).
     return HardwareProfile(name=case.name, gpus_per_node=case.gpus, gpu=case.gpu, cpu_memory_bytes=256 * GiB,
-                           software=case.software)
+                           software=case.software, expandable_segments=False)
 
 
 def _config(case: Case) -> RunConfig:

@@ -46,6 +46,8 @@ def hardware_options(fn):
                      help="GPUs per node, always GPUs: from a machine without, plans for GPU nodes (see --profile)."),
         click.option("--nodes", type=int, help="Number of machines."),
         click.option("--nvme", help="Directory on an NVMe disk for offload."),
+        click.option("--no-calibration", is_flag=True,
+                     help="Ignore this machine's measured memory corrections (~/.cache/orchestrate/calibration.json)."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -81,7 +83,8 @@ def _ssh_options(kwargs):
 
 def _flags(kwargs) -> HardwareFlags:
     return HardwareFlags(**{k: kwargs.pop(k) for k in ("profile", "gpus", "gpu_mem", "cpu_mem", "nodes", "nvme",
-                                                        "gpus_per_node")})
+                                                        "gpus_per_node")},
+                         calibration=not kwargs.pop("no_calibration"))
 
 
 set_option = click.option("--set", "overrides", multiple=True, metavar="PATH=VALUE",

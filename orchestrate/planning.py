@@ -5,7 +5,7 @@ the preset generator alike."""
 from __future__ import annotations
 
 from orchestrate.config.schema import RunConfig
-from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.profile import HardwareProfile, MemoryCorrection
 from orchestrate.methods.registry import auxiliary_shapes
 from orchestrate.model.meta import shape_for
 from orchestrate.model.shape import ModelShape
@@ -22,7 +22,16 @@ def plan_for(config: RunConfig, hardware: HardwareProfile) -> RunPlan | Refusal:
 def plan_with_shape(config: RunConfig, hardware: HardwareProfile, shape: ModelShape) -> RunPlan | Refusal:
     """`make_plan` with the shapes of the methods' auxiliary models (the distillation teacher's, and
     the check that teacher and student share a vocabulary)."""
-    return make_plan(config, hardware, shape, auxiliary_shapes(config, shape))
+    plan = make_plan(config, hardware, shape, auxiliary_shapes(config, shape))
+    plan.notes += [correction_note(c) for c in hardware.memory_corrections]
+    return plan
+
+
+def correction_note(correction: MemoryCorrection) -> str:
+    """What `orchestrate plan` says about a measured correction it applied."""
+    family = f"{correction.family} plans" if correction.family else "every plan"
+    return (f"memory: measured correction x{correction.ratio:.2f} on the per-rank prediction of {family}, "
+            f"from {correction.source}" + (f" ({correction.reason})" if correction.reason else ""))
 
 
 def feasible_plan(config: RunConfig, hardware: HardwareProfile) -> RunPlan:

@@ -58,7 +58,8 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
 
     overrides = [f"{k}={v}" for k, v in preset.pins.items()]
     config = load_config(REPO / "examples" / preset.example, overrides)
-    hardware = resolve_hardware(profile=preset.profile, gpus=preset.gpus)
+    # The allocator setting orchestrate launches with, whatever this shell's PYTORCH_*ALLOC_CONF says.
+    hardware = resolve_hardware(profile=preset.profile, gpus=preset.gpus, environ={})
     plan = require_feasible(plan_for(config, hardware))
     chosen = plan.chosen
     files = dict(get_backend(chosen.strategy.backend).render(plan))

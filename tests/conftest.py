@@ -1,8 +1,18 @@
-"""Shared pytest wiring: GPU tests skip on machines without CUDA, with the reason shown."""
+"""Shared pytest wiring: GPU tests skip on machines without CUDA, with the reason shown; plans model
+the CUDA allocator setting orchestrate launches with, whatever the shell running the tests set."""
 
 from __future__ import annotations
 
 import pytest
+
+from orchestrate.hardware.alloc_conf import CONF_VARS
+
+
+@pytest.fixture(autouse=True)
+def _allocator_setting_of_orchestrate(monkeypatch):
+    # resolve_hardware reads PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF (hardware/alloc_conf.py)
+    for var in CONF_VARS:
+        monkeypatch.delenv(var, raising=False)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,7 +15,7 @@ from orchestrate.report.mfu import utilisation
 from orchestrate.report.plots import GIB, loss_figure, memory_figure, optimizer_figure, throughput_figure
 from orchestrate.report.runs import load_run
 from orchestrate.report.summary import write_report
-from orchestrate.report.verdict import RSS_NOTE, memory_verdict
+from orchestrate.report.verdict import RESERVED_NOTE, RSS_NOTE, memory_verdict
 from tests.helpers.plans import TINY_GPT2, make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
@@ -58,7 +58,7 @@ def test_cpu_verdict_compares_rss_and_says_what_it_includes():
     assert (per_rank.predicted, per_rank.measured) == (400 * 2**20, 906 * 2**20)
     assert per_rank.ratio == pytest.approx(906 / 400)
     assert (node.predicted, node.measured) == (3 * GIB, 2 * GIB)
-    assert RSS_NOTE in v.notes
+    assert RSS_NOTE in v.notes and RESERVED_NOTE not in v.notes
     assert len(v.warnings) == 1 and "exceeds" in v.warnings[0] and "RSS" in v.warnings[0]
     assert "2.27" in v.text()
 
@@ -68,7 +68,7 @@ def test_gpu_verdict_uses_cuda_peaks_and_no_rss_note():
     whats = [c.what for c in v.checks]
     assert any("allocated" in w for w in whats) and any("reserved" in w for w in whats)
     assert not any("RSS peak per rank" in w for w in whats)
-    assert RSS_NOTE not in v.notes
+    assert RSS_NOTE not in v.notes and RESERVED_NOTE in v.notes
     reserved = next(c for c in v.checks if "reserved" in c.what)
     assert reserved.measured == 350 * 2**20 + 6 and not reserved.over
     assert v.warnings == []

@@ -68,6 +68,19 @@ def test_counter_follows_storage_resize_and_ignores_meta():
     del m
 
 
+def test_counter_records_the_stream_each_storage_is_born_on():
+    # FSDP2 selects its all-gather and reduce-scatter streams through the device handle: on CPU,
+    # torch.cpu.stream(...), which the counter reads, so the allocator replay gets per-stream pools.
+    side = torch.cpu.Stream()
+    with LiveStorageCounter() as c:
+        a = torch.empty(16)
+        with torch.cpu.stream(side):
+            b = torch.empty(16)
+        d = torch.empty(16)
+    assert [lf.stream for lf in c.lives] == [0, 1, 0]
+    del a, b, d
+
+
 def test_cuda_like_dropout_keeps_a_one_byte_mask():
     from orchestrate.simulate.patches import cuda_like_dropout
 
@@ -188,6 +201,24 @@ def test_verify_plan_compares_like_with_like_and_flags_offload():
     offload = verify_plan(make_plan(_strategy("deepspeed", 3, offload="cpu"), ranks=2))
     assert not offload.comparable and OFFLOAD_NOTE in offload.notes
     assert offload.simulation.strategy == "deepspeed-z3-bf16-mb2"
+
+
+@pytest.mark.slow
+def test_verify_plan_of_a_gpu_plan_replays_the_allocator_with_the_planned_setting():
+    from orchestrate.hardware.resolve import resolve_hardware
+    from orchestrate.simulate import verify_plan
+
+    plan = make_plan(_strategy("fsdp", 3), ranks=2)
+    plan.hardware = resolve_hardware(profile="generic-8gb", gpus=2, environ={})
+    report = verify_plan(plan)
+    replayed = report.simulation.allocator
+    assert report.expandable_segments and report.simulated_bytes == replayed["expandable"]["needed"]
+    assert set(report.unseen_bytes) == {"cuda_context", "workspace", "nccl_buffers"}
+    for peaks in replayed.values():  # what the allocator holds is never less than what is asked for
+        assert peaks["requested"] <= peaks["allocated"] <= peaks["needed"] <= peaks["reserved"]
+    assert replayed["expandable"]["requested"] == report.simulation.peak_bytes
+    text = report.summary()
+    assert "expandable_segments:True (planned)" in text and "expandable_segments:False:" in text
 
 
 @pytest.mark.slow

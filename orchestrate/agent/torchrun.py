@@ -10,8 +10,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrate.run.exits import EX_PEER_LOST, EX_TEMPFAIL
-from orchestrate.run.layout import LOG_DIR, WORKER_MODULE
+from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL
+from orchestrate.run.layout import LOG_DIR, OOM_DIR, WORKER_MODULE
 
 
 def blamed_failure(failures: dict) -> tuple[int, object]:
@@ -46,6 +46,8 @@ def _failure_told(rank: int, failure, run_dir: Path) -> tuple[str, int]:
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
         how = f"was killed by {name}" + (" (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else "")
+    elif code == EX_OUT_OF_MEMORY:
+        how = f"ran out of device memory (exit {code}; its record: {run_dir / OOM_DIR})"
     else:
         how = f"failed with exit code {code}"
     return f"worker rank {rank} {how}; its output: {failure_output(failure.error_file, run_dir)}", \

@@ -73,6 +73,10 @@ class TrainEngine(Protocol):
     objective: Objective
     """What a batch's loss and evaluation metrics are."""
 
+    phase: str
+    """Where `train_step` is: "forward", "backward" or "optimizer" (set as it goes; an out-of-memory
+    error is reported with it, worker/oom.py)."""
+
     def eval_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         """The objective's evaluation sums of one batch without gradients (this rank only; "loss" among them)."""
         ...

@@ -162,6 +162,7 @@ class DeepSpeedTrainEngine:
         # A Hugging Face model saves itself; your own module is saved as its state dict and description.
         self._hf = hasattr(engine.module, "save_pretrained")
         self.objective = objective
+        self.phase = "forward"
 
     def _inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The batch on this rank's device, floating inputs in the dtype DeepSpeed cast the module to
@@ -186,13 +187,16 @@ class DeepSpeedTrainEngine:
         losses = []
         grad_norm = math.nan
         for i, batch in enumerate(micro_batches):
+            self.phase = "forward"
             loss = self._loss(batch)
             losses.append(loss.detach())  # unscaled; engine.backward divides by the accumulation itself
+            self.phase = "backward"
             engine.backward(loss)
             if self._own_grad_norm and i == len(micro_batches) - 1:
                 # After the boundary backward the grads are all-reduced; step() would zero them.
                 grads = [p.grad for p in engine.module.parameters() if p.grad is not None]
                 grad_norm = float(torch.nn.utils.get_total_norm(grads))
+            self.phase = "optimizer"  # a boundary step() runs the optimizer; the others only count
             engine.step()
         skipped = engine.skipped_steps != skipped_before
         if skipped:

@@ -97,6 +97,7 @@ class TorchEngine:
         self.model_dir = model_dir
         """The initial weights (a LoRA run's merged save re-reads its base there)."""
         self.objective = objective
+        self.phase = "forward"
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         return {k: v.to(self.rank.device, non_blocking=True) for k, v in batch.items()}
@@ -127,10 +128,13 @@ class TorchEngine:
         losses = []
         for i, batch in enumerate(micro_batches):
             with self._gradient_sync(i, n):
+                self.phase = "forward"
                 loss = self._forward_loss(batch)
                 losses.append(loss.detach().float())
                 scaled = loss / n  # mean over micro-batches; the gradient collective averages over ranks
+                self.phase = "backward"
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        self.phase = "optimizer"
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.settings["grad_clip"] or math.inf  # inf: measure the norm, clip nothing

@@ -158,6 +158,10 @@ class TrainSection(Section):
     keep_checkpoints: int = Field(default=2, gt=0, le=MAX_COUNT)
     """How many of the latest checkpoints to keep."""
 
+    oom_retries: int = Field(default=2, ge=0, le=5)
+    """When a worker runs out of device memory, re-plan with the measured shortfall added and resume
+    from the last checkpoint up to this many times (0: stop at the first; docs/fault-tolerance.md)."""
+
     preemption_grace_s: int = Field(default=120, gt=0, le=7 * 24 * 3600)
     """Seconds between SIGTERM/SIGUSR1 (preemption, time limit) and the kill. The workers finish the
     current step and checkpoint when the last checkpoint's write time says it fits, else exit at once

@@ -19,10 +19,14 @@ class HardwareFlags:
     nvme: str | None = None
     gpus_per_node: int | None = None
     """Always GPUs, also from a machine without (see `resolve_hardware`); `gpus` is ranks per node."""
+    calibration: bool = True
+    """Apply this machine's calibration file (hardware/calibration.py); `--no-calibration`: False."""
 
     def resolve(self) -> HardwareProfile:
+        from orchestrate.hardware.calibration import calibration_path
         from orchestrate.hardware.resolve import resolve_hardware
 
         return resolve_hardware(profile=self.profile, gpus=self.gpus, gpu_mem=self.gpu_mem,
                                 cpu_mem=self.cpu_mem, nodes=self.nodes, nvme=self.nvme,
-                                gpus_per_node=self.gpus_per_node)
+                                gpus_per_node=self.gpus_per_node,
+                                calibration=calibration_path() if self.calibration else None)

@@ -56,6 +56,25 @@ class GPUSpec(_Spec):
         return 0.8 * per_lane_gbps * self.pcie_lanes
 
 
+class MemoryCorrection(_Spec):
+    """A measured correction of the per-rank memory prediction on this machine: an out-of-memory
+    error's shortfall (launch/oom.py) or a calibration entry (hardware/calibration.py). The planner
+    adds `(ratio - 1) x` the analytical per-rank total as the breakdown's `measured_correction`."""
+
+    ratio: float = Field(ge=1.0)
+    """measured / predicted; at least 1: a correction only ever raises a prediction (an
+    over-prediction costs speed, an under-prediction an OOM on the user's card)."""
+    family: str | None = None
+    """The strategy family it applies to (`Strategy.family`, e.g. "fsdp-z3"); None: every family."""
+    source: str
+    """Where it came from, for the plan's note: "out-of-memory at step 3" or the calibration file."""
+    reason: str = ""
+    """One line: what was measured against what."""
+
+    def applies_to(self, family: str) -> bool:
+        return self.family is None or self.family == family
+
+
 class HardwareProfile(_Spec):
     name: str = "custom"
     """Where the profile came from: a preset name or profile file stem, "detected:<preset that gave the
@@ -84,9 +103,25 @@ class HardwareProfile(_Spec):
     """Per-node network bandwidth between machines, bytes/s (default: 10 GbE)."""
     driver_version: str | None = None
     """NVIDIA driver version, when detected (some NCCL quirks depend on it)."""
+    expandable_segments: bool = True
+    """The CUDA caching allocator maps pages into one growing segment per stream
+    (`expandable_segments:True`, what orchestrate sets on GPU launches); `resolve_hardware` takes it
+    from the user's PYTORCH_ALLOC_CONF / PYTORCH_CUDA_ALLOC_CONF when set (hardware/alloc_conf.py).
+    The memory model's allocator reserve depends on it."""
     software: SoftwareStack = Field(default_factory=SoftwareStack)
     """Library versions the plan is for (what each keeps on the GPU differs): this interpreter's, read
     when the profile is resolved, or pinned by a profile file."""
+    memory_corrections: list[MemoryCorrection] = Field(default_factory=list)
+    """Measured corrections of the memory model on this machine (the planner multiplies their ratios
+    for a candidate of their family); resolved with the profile, never inside the planner."""
+
+    def memory_correction(self, family: str) -> float:
+        """The product of the ratios of the corrections that apply to `family` (1.0: none)."""
+        ratio = 1.0
+        for correction in self.memory_corrections:
+            if correction.applies_to(family):
+                ratio *= correction.ratio
+        return ratio
 
     @property
     def has_gpu(self) -> bool:

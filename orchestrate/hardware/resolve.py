@@ -4,12 +4,15 @@ then the CLI's hardware flags on top. Every bad flag is reported at once, in one
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import yaml
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.alloc_conf import expandable_segments_in, user_alloc_conf
+from orchestrate.hardware.calibration import with_calibration
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import MAX_MEMORY_BYTES, HardwareProfile
@@ -30,6 +33,8 @@ def resolve_hardware(
     gpus_per_node: int | None = None,
     detect: Callable[[], HardwareProfile] = detect_hardware,
     software: Callable[[], SoftwareStack] = installed_software,
+    environ: Mapping[str, str] | None = None,
+    calibration: Path | None = None,
 ) -> HardwareProfile:
     """The profile to plan for.
 
@@ -37,8 +42,16 @@ def resolve_hardware(
     `gpus_per_node` always means GPUs: on a CPU-only profile it plans for a GPU machine you do not
     have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
     A profile without library versions gets this interpreter's (`software`).
+    `environ` (default: this process's): the user's CUDA allocator configuration, if any, decides
+    `expandable_segments` (hardware/alloc_conf.py). `calibration`: the calibration file whose entries
+    for this machine become memory corrections (hardware/calibration.py).
     """
-    return _with_software(_resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect), software)
+    resolved = _resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect)
+    user_conf = user_alloc_conf(os.environ if environ is None else environ)
+    if user_conf is not None:
+        resolved = resolved.model_copy(update={"expandable_segments": expandable_segments_in(user_conf[1])})
+    resolved = _with_software(resolved, software)
+    return resolved if calibration is None else with_calibration(resolved, calibration)
 
 
 def _with_software(profile: HardwareProfile, software: Callable[[], SoftwareStack]) -> HardwareProfile:

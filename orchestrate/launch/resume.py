@@ -54,7 +54,7 @@ def run_to_resume(config: RunConfig, name: str, run_dir: Path | None) -> Path:
     return max(runs)[1]
 
 
-def _pinned(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
+def pinned_config(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
     """`config` with what the checkpoint's optimizer state depends on fixed where it says "auto":
     the backend, the ZeRO stage where the backend cannot change it on resume, the precision."""
     from orchestrate.backends.registry import get_backend
@@ -88,7 +88,7 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
     if unchanged:
         plan = old
     else:
-        plan = feasible_plan(_pinned(config, found.chosen.meta) if ckpt else config, hardware)
+        plan = feasible_plan(pinned_config(config, found.chosen.meta) if ckpt else config, hardware)
     if ckpt is not None:
         check_resumable(ckpt, plan)
     return plan, unchanged, found

@@ -5,6 +5,7 @@ the demo corpus and plan.json (with its run section) last."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, ExitStack
@@ -15,6 +16,7 @@ import yaml
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.alloc_conf import launch_alloc_env
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
 from orchestrate.planner.plan import Refusal, RunFiles, RunPlan, RunSection
@@ -78,8 +80,12 @@ def resolved_config_dict(config: RunConfig) -> dict[str, Any]:
 
 def worker_env(plan: RunPlan) -> tuple[dict[str, str], list[str]]:
     """Environment for the libraries under the workers (never orchestrate settings) and why."""
-    env, notes = nccl_env(plan.hardware), [rule.reason for rule in nccl_rules(plan.hardware)]
-    if not plan.hardware.has_gpu:
+    env, notes = nccl_env(plan.hardware), [f"NCCL: {rule.reason}" for rule in nccl_rules(plan.hardware)]
+    if plan.hardware.has_gpu:
+        alloc, why = launch_alloc_env(plan.hardware.expandable_segments, os.environ)
+        env.update(alloc)
+        notes.append(why)
+    else:
         # torchrun would set 1 thread per process; give the CPU workers the cores they share.
         threads = max(1, plan.hardware.cpu_cores // plan.hardware.ranks_per_node)
         env["OMP_NUM_THREADS"] = str(threads)

@@ -3,7 +3,8 @@
     plan (or resume) and check -> lock the run directory (held until the workers end) -> write
     the run directory -> the workers' environment ->
     launch.sh -> tokenise the data once into the shared cache -> clear REQUEUE -> run -> exit code
-    (EX_TEMPFAIL when the workers checkpointed on a stop signal).
+    (EX_TEMPFAIL when the workers checkpointed on a stop signal; EX_OUT_OF_MEMORY when one ran out
+    of device memory: re-plan with the shortfall and run again, `launch/oom.py`).
 
 A `Transport` supplies only what differs between starting torchrun here, with srun inside a SLURM
 allocation, or over SSH on the hosts of a hostfile: the hardware shape it gives the plan, a check
@@ -28,11 +29,20 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.launch.calibrate import record_verdict
+from orchestrate.launch.oom import recover
 from orchestrate.launch.resume import failure_notice
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.planner.plan import RunPlan
-from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
-from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, clear_requeue, read_requeue
+from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_TEMPFAIL, STOP_SIGNALS
+from orchestrate.run.layout import (
+    LAUNCH_SCRIPT,
+    PLAN_FILE,
+    clear_oom_records,
+    clear_requeue,
+    read_oom_records,
+    read_requeue,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -259,8 +269,29 @@ def start(plan: RunPlan, run_dir: Path, transport: Transport, max_restarts: int 
              f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")
         result.exit_code = EX_TEMPFAIL
         return result
-    clear_requeue(run_dir)
-    result.exit_code = requeue_code(run_dir, transport.run(plan, run_dir, tell, console), tell)
+    result.exit_code = run_workers(plan, run_dir, transport, tell, console)
+    attempt = 0
+    # Out of device memory: re-plan with the shortfall and resume, up to train.oom_retries times.
+    while result.exit_code == EX_OUT_OF_MEMORY and (replanned := recover(result.plan, run_dir, attempt, tell)):
+        attempt += 1
+        result.plan = replanned
+        prepared = transport.prepare(replanned, run_dir, launch_env(replanned), max_restarts, False)
+        write_launch_script(run_dir, prepared.script_comment, prepared.script)
+        result.exit_code = run_workers(replanned, run_dir, transport, tell, console)
+    if result.exit_code == 0 and (recorded := record_verdict(result.plan, run_dir)):
+        tell(recorded)  # a GPU run's memory verdict, into this machine's calibration file
     if result.exit_code not in (0, EX_TEMPFAIL):
         tell(failure_notice(run_dir))
     return result
+
+
+def run_workers(plan: RunPlan, run_dir: Path, transport: Transport, tell: Callable[[str], None],
+                console: Console | None) -> int:
+    """One start of the workers: their exit code as the run directory tells it (torchrun shows any
+    failed worker as 1): EX_OUT_OF_MEMORY with RUN_DIR/oom records, EX_TEMPFAIL with REQUEUE."""
+    clear_requeue(run_dir)
+    clear_oom_records(run_dir)
+    code = transport.run(plan, run_dir, tell, console)
+    if read_oom_records(run_dir):
+        return EX_OUT_OF_MEMORY
+    return requeue_code(run_dir, code, tell)

@@ -43,11 +43,6 @@ NCCL_BUFFER_BYTES_PER_COMMUNICATOR = 200 * MiB
 """NCCL's own device buffers per communicator (NCCL_BUFFSIZE 4 MiB per channel and peer, x2 for
 send/recv, several channels, plus its work FIFOs); only when world size > 1. To be calibrated."""
 
-ALLOCATOR_FRAGMENTATION_FRACTION = 0.05
-"""Caching-allocator fragmentation, as a fraction of the device bytes the model itself accounts for
-(not the CUDA context). Small on purpose: `strategy.gpu_memory_headroom` (default 0.90) is the main
-margin for fragmentation. To be calibrated."""
-
 # --------------------------------------------------------------------------------------------------
 # Host memory per node
 # --------------------------------------------------------------------------------------------------

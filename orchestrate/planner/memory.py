@@ -38,6 +38,7 @@ from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
+from orchestrate.planner.allocator_reserve import allocator_reserve
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.packing import SamplePacking, mask_bytes
 from orchestrate.planner.strategy import Strategy
@@ -48,6 +49,9 @@ GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activ
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
             "offloaded_activations", "offloaded_embedding", "pinned_buffers", "loading_spike", "process_runtime")
+CORRECTION_KEY = "measured_correction"
+"""What the machine's measured corrections add (hardware/profile.py MemoryCorrection): the
+analytical total times (ratio - 1); only in the breakdown of a plan that has one."""
 MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
 _CURRENT = SoftwareStack()  # versions not known: the current releases
 
@@ -324,11 +328,12 @@ def forward_rows(methods: Sequence[MethodTerms], strategy: Strategy, seq_len: in
     return strategy, seq_len
 
 
-def breakdown_keys(methods: Sequence[MethodTerms]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(device keys, host keys) the breakdown of a plan with these methods holds, in order."""
+def breakdown_keys(methods: Sequence[MethodTerms], corrected: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(device keys, host keys) the breakdown of a plan with these methods holds, in order;
+    `corrected`: a measured correction applies (CORRECTION_KEY last)."""
     models = [m for method in methods for m in method.auxiliary()]
     gpu = (*GPU_KEYS, *(key for m in models for key in m.gpu_keys[:3]), *(key for t in methods for key in t.gpu_keys),
-           *(m.gpu_keys[3] for m in models))
+           *(m.gpu_keys[3] for m in models), *((CORRECTION_KEY,) if corrected else ()))
     cpu = (*CPU_KEYS, *(key for m in models for key in m.cpu_keys), *(key for t in methods for key in t.cpu_keys))
     return gpu, cpu
 
@@ -342,7 +347,8 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     trained = trained_shape(shape, methods)  # what has gradients and optimizer states
     c = compute_bytes(strategy)
     placed = _placement(trained, hw, strategy, gradient_accumulation)
-    gpu_keys, cpu_keys = breakdown_keys(methods)  # every term, in the breakdown's order, from 0
+    correction = hw.memory_correction(strategy.family)
+    gpu_keys, cpu_keys = breakdown_keys(methods, correction > 1.0)  # every term, in the breakdown's order, from 0
     placed.gpu = {key: placed.gpu.get(key, 0) for key in gpu_keys}
     placed.cpu = {key: placed.cpu.get(key, 0) for key in cpu_keys}
     for method in methods:  # the trained states in another dtype than fp32 (bf16 adapters)
@@ -397,7 +403,11 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group
             gpu["comm_buckets"] += communicators * k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
         accounted = sum(v for key, v in gpu.items() if key != "cuda_context")
-        gpu["allocator_reserve"] = k.ALLOCATOR_FRAGMENTATION_FRACTION * accounted
+        gpu["allocator_reserve"] = allocator_reserve(accounted, strategy, hw.expandable_segments)
+    if correction > 1.0:
+        # Measured on this machine (an OOM's shortfall, a calibration entry): the model's total scaled
+        # up to what was measured; the terms above stay as the model has them.
+        gpu[CORRECTION_KEY] = (correction - 1.0) * sum(v for key, v in gpu.items() if key != CORRECTION_KEY)
 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}

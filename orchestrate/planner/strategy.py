@@ -54,6 +54,12 @@ class Strategy:
     (planner/knobs.py)."""
 
     @property
+    def family(self) -> str:
+        """The backend and ZeRO stage ("ddp-z0", "fsdp-z3", "deepspeed-z2"): what a memory correction
+        measured on one run applies to (hardware/profile.py MemoryCorrection)."""
+        return f"{self.backend}-z{self.zero_stage}"
+
+    @property
     def name(self) -> str:
         parts = [self.backend]
         if self.backend == "fsdp":

@@ -23,6 +23,13 @@ RSS_NOTE = ("CPU run: the measured per-rank peak is the worker's RSS, which incl
             "statistics for CPU tensors, so the tensor peak itself is not measured here "
             "(`orchestrate plan --simulate` counts it).")
 
+# The plan's allocator reserve covers what the allocator needs to run (planner/allocator_reserve.py),
+# not the cache it keeps while there is room.
+RESERVED_NOTE = ("GPU run: the plan predicts the memory the CUDA caching allocator needs, which frees its cache "
+                 "and retries when a request fails (docs/memory-model.md); max_memory_reserved also counts the "
+                 "segments it keeps for reuse while the device has room to spare, so a reserved peak above the "
+                 "prediction with the allocated peak below it is that cache, not an under-prediction.")
+
 
 @dataclass(frozen=True)
 class MemoryCheck:
@@ -82,8 +89,9 @@ def memory_verdict(records: list[dict[str, Any]], plan: RunPlan) -> MemoryVerdic
         checks.append(MemoryCheck("GPU allocated peak per rank (torch.cuda.max_memory_allocated)", gpu_pred, alloc))
     if reserved is not None:
         # The prediction includes the allocator reserve and CUDA context (planner/memory.py), so the
-        # reserved peak is the closer counterpart; allocated is shown to see the fragmentation share.
+        # reserved peak is the closer counterpart; allocated is shown to see the allocator's share.
         checks.append(MemoryCheck("GPU reserved peak per rank (torch.cuda.max_memory_reserved)", gpu_pred, reserved))
+        notes.append(RESERVED_NOTE)
     if alloc is None and reserved is None:
         rss = _peak(records, "rss_peak_bytes_max_rank")
         if rss is not None:

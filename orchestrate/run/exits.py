@@ -15,5 +15,11 @@ EX_PEER_LOST = 69
 """sysexits.h EX_UNAVAILABLE: a worker's collective failed because another rank was gone (it died or
 stopped first); not this rank's fault, so the launcher blames another (orchestrate.agent.torchrun)."""
 
+EX_OUT_OF_MEMORY = 71
+"""sysexits.h EX_OSERR (a system resource ran out): a worker's device ran out of memory; it wrote
+RUN_DIR/oom/rank-<N>.json (the peak it reached, the step, the phase, the prediction). The launcher
+re-plans with the shortfall added and resumes (launch/oom.py); `orchestrate launch` itself exits
+with it when it could not recover."""
+
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)

@@ -16,7 +16,8 @@ directory, so a user's own files are never replaced by config.yaml, plan.json, l
 The REQUEUE marker: workers that checkpointed on a stop signal leave RUN_DIR/REQUEUE. torchrun
 reports any failed worker as exit 1, so the marker file is what callers read: `orchestrate launch`
 exits EX_TEMPFAIL (75) when it is there, and a batch script can test `[ -f RUN_DIR/REQUEUE ]`. A
-worker that starts removes it.
+worker that starts removes it. Likewise RUN_DIR/oom/rank-<N>.json: a rank that ran out of device
+memory says where and how much (exit EX_OUT_OF_MEMORY, 71); the launcher reads and clears them.
 
 RUN_DIR/metrics.jsonl holds one JSON object per optimizer step, written by rank 0 (`read_records`).
 OS errors while writing a run directory or an output directory (read-only, no space, not a
@@ -52,6 +53,9 @@ TEACHER_CACHE_DIR = "teacher_cache"
 REFERENCE_LOGPS_DIR = "reference_logps"
 """preference.placement precomputed: the reference's answer log-probabilities per record (numpy memmaps)."""
 REQUEUE_FILE = "REQUEUE"
+OOM_DIR = "oom"
+"""A worker that ran out of device memory writes oom/rank-<N>.json (`write_oom_record`); the
+launcher reads them (`read_oom_records`) and clears them before the next start."""
 MARKER_FILE = ".orchestrate-run"
 """Written first into every run directory: what makes a directory orchestrate's (`write_marker`)."""
 LOCK_FILE = ".lock"
@@ -122,6 +126,10 @@ class RunDir:
     @property
     def requeue(self) -> Path:
         return self.path / REQUEUE_FILE
+
+    @property
+    def oom(self) -> Path:
+        return self.path / OOM_DIR
 
     @property
     def marker(self) -> Path:
@@ -239,6 +247,37 @@ def read_requeue(run_dir: Path) -> dict[str, Any] | None:
 
 def clear_requeue(run_dir: Path) -> None:
     (Path(run_dir) / REQUEUE_FILE).unlink(missing_ok=True)
+
+
+def write_oom_record(run_dir: Path, rank: int, record: dict[str, Any]) -> Path:
+    """RUN_DIR/oom/rank-<rank>.json, written whole (tmp + rename): each rank its own file, since after
+    an out-of-memory error no collective is safe."""
+    folder = Path(run_dir) / OOM_DIR
+    folder.mkdir(exist_ok=True)
+    path = folder / f"rank-{rank}.json"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_oom_records(run_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's out-of-memory record, by rank; unreadable ones are skipped (a rank killed mid-write
+    left only its .tmp, which is not read)."""
+    records = []
+    for path in sorted((Path(run_dir) / OOM_DIR).glob("rank-*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return sorted(records, key=lambda r: r.get("rank", 0))
+
+
+def clear_oom_records(run_dir: Path) -> None:
+    for path in (Path(run_dir) / OOM_DIR).glob("rank-*.json*"):
+        path.unlink(missing_ok=True)
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:

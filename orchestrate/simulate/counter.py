@@ -51,6 +51,9 @@ class Life:
     """What it turned out to be (parameters, gradients, optimizer_states, ...), learnt later."""
     op: str = ""
     """The op whose output it was first seen as ("resize_" for FSDP2 re-gathers), for debugging."""
+    stream: int = 0
+    """The stream current at its birth, numbered as first seen (0: the default stream). On CPU,
+    `torch.cpu.stream(...)` keeps the stream FSDP2 selects, as on CUDA (replay.py)."""
 
     def live_at(self, t: int) -> bool:
         return self.birth <= t and (self.death is None or t < self.death)
@@ -78,6 +81,7 @@ class LiveStorageCounter(TorchDispatchMode):
         self._orig_propagate = None
         self._suspended = 0
         self._all_results: dict[int, weakref.ref] = {}
+        self._streams: dict[Any, int] = {torch.cpu.current_stream(): 0}
 
     # -- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> LiveStorageCounter:
@@ -142,7 +146,8 @@ class LiveStorageCounter(TorchDispatchMode):
 
     def _birth(self, st: torch.UntypedStorage, key: int, tag: str | None = None, op: str = "") -> Life:
         self.t += 1
-        life = Life(st.nbytes(), self.t, self.phase, tag=tag, op=op)
+        stream = self._streams.setdefault(torch.cpu.current_stream(), len(self._streams))
+        life = Life(st.nbytes(), self.t, self.phase, tag=tag, op=op, stream=stream)
         ref = weakref.ref(st, lambda _ref, k=key, lf=life: self._died(k, lf))
         self._live[key] = (life, ref)
         self.lives.append(life)

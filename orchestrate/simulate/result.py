@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrate.simulate.counter import Life, LiveStorageCounter
+from orchestrate.simulate.replay import allocator_peaks
 
 # An untagged storage is attributed by the phase it was born in.
 PHASE_KIND = {"forward": "activations", "logits": "logits", "backward": "backward_temporaries",
@@ -45,6 +46,10 @@ class SimulationResult:
     backward), by kind (activations, logits); gathered parameters excluded."""
     activation_peak_bytes: int
     """Last step: peak of those activation and logits storages (incl. the loss/LM-head backward)."""
+    allocator: dict[str, dict[str, int]] = field(default_factory=dict)
+    """The training steps replayed through the CUDA caching-allocator model (replay.py), by setting
+    ("segments": torch's default, "expandable": expandable_segments:True): peak allocated, reserved
+    and requested bytes. Empty in results cached before the replay existed."""
     notes: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     max_rss_bytes: int = 0
@@ -130,4 +135,4 @@ def summarize(counter: LiveStorageCounter, spec_strategy: str, *, world_size: in
         model_state_bytes=sum(state.values()), model_state_breakdown=dict(sorted(state.items())),
         step_peaks=step_peaks(counter), saved_activation_bytes=saved,
         activation_peak_bytes=_sweep_peak(_activation_lives(counter, last_start, bwd_end)),
-        notes=list(notes))
+        allocator=allocator_peaks(lives, starts[0]), notes=list(notes))

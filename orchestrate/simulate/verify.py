@@ -1,7 +1,9 @@
 """`verify_plan(plan)`: simulate the chosen candidate and set it against the analytical estimate.
 
-The simulation sees only tensor storages. What it cannot see on a GPU (CUDA context, cuBLAS
-workspace, NCCL buffers, allocator fragmentation) is added from the analytical model's own named
+The simulation sees tensor storages; on GPU plans their allocations and frees are replayed through
+the caching-allocator model (replay.py) with the plan's `expandable_segments` setting, so the
+simulated side is the device memory the allocator needs, fragmentation included. What it cannot see
+on a GPU (CUDA context, cuBLAS workspace, NCCL buffers) is added from the analytical model's own named
 constants, so both sides of the ratio cover the same things.
 """
 
@@ -23,9 +25,10 @@ from orchestrate.simulate.spec import OFFLOAD_NOTE
 class VerificationReport:
     strategy: str
     simulated_bytes: int
-    """Per-rank peak the simulation saw (storages rounded to CUDA's 512-byte blocks on GPU plans)."""
+    """Per-rank peak the simulation saw: on GPU plans the device memory the replayed allocator needs
+    with the plan's expandable_segments setting (`allocator[setting]["needed"]`), else the storages."""
     unseen_bytes: dict[str, int]
-    """Added from the analytical model: cuda_context, workspace, nccl_buffers, allocator_reserve."""
+    """Added from the analytical model: cuda_context, workspace, nccl_buffers (GPU plans)."""
     simulated_total: int
     analytical_total: int
     """The plan's per-rank estimate (`MemoryEstimate.gpu_total`)."""
@@ -35,20 +38,37 @@ class VerificationReport:
     """False when offload had to be simulated as resident (the two sides measure different things)."""
     simulation: SimulationResult
     analytical: dict[str, int]
+    expandable_segments: bool = True
+    """The allocator setting the plan models (HardwareProfile.expandable_segments)."""
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
+        seen = "the CUDA allocator needs for the tensors" if self.unseen_bytes else "of tensors"
         line = (f"{self.strategy}: simulated {format_bytes(self.simulated_total, in_gib=True)} per rank "
-                f"({format_bytes(self.simulated_bytes, in_gib=True)} of tensors + {format_bytes(sum(self.unseen_bytes.values()), in_gib=True)} "
+                f"({format_bytes(self.simulated_bytes, in_gib=True)} {seen} + {format_bytes(sum(self.unseen_bytes.values()), in_gib=True)} "
                 f"not visible to a simulation), analytical {format_bytes(self.analytical_total, in_gib=True)}, "
                 f"ratio analytical/simulated {self.analytical_over_simulated:.2f}")
-        return "\n".join([line, *(f"  note: {n}" for n in self.notes)])
+        return "\n".join([line, *self._allocator_lines(), *(f"  note: {n}" for n in self.notes)])
+
+    def _allocator_lines(self) -> list[str]:
+        if not self.unseen_bytes:  # a CPU plan: no CUDA allocator
+            return []
+        lines = []
+        for name, on in (("expandable", True), ("segments", False)):
+            peaks = self.simulation.allocator[name]
+            gib = {key: format_bytes(value, in_gib=True) for key, value in peaks.items()}
+            lines.append(f"  CUDA allocator, expandable_segments:{on}{' (planned)' if on == self.expandable_segments else ''}: "
+                         f"allocated {gib['allocated']}, reserved {gib['reserved']} on a device with room to spare, "
+                         f"runs in {gib['needed']}")
+        return lines
 
 
-def _unseen(plan: RunPlan, analytical: dict[str, int]) -> dict[str, int]:
+def _unseen(plan: RunPlan, analytical: dict[str, int], reserve: bool = False) -> dict[str, int]:
+    """What a GPU holds beyond the simulated storages, from the analytical terms; `reserve`: the
+    analytical allocator reserve too (for a simulated side without the allocator replay)."""
     from orchestrate.planner import constants as k
 
     hw, strategy = plan.hardware, plan.chosen.strategy
@@ -57,8 +77,16 @@ def _unseen(plan: RunPlan, analytical: dict[str, int]) -> dict[str, int]:
     nccl = 0
     if hw.world_size > 1:  # memory.py: one communicator, two with hybrid shard
         nccl = (2 if strategy.hybrid_shard else 1) * k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
-    return {"cuda_context": analytical.get("cuda_context", 0), "workspace": analytical.get("workspace", 0),
-            "nccl_buffers": nccl, "allocator_reserve": analytical.get("allocator_reserve", 0)}
+    out = {"cuda_context": analytical.get("cuda_context", 0), "workspace": analytical.get("workspace", 0),
+           "nccl_buffers": nccl}
+    if reserve:
+        out["allocator_reserve"] = analytical.get("allocator_reserve", 0)
+    return out
+
+
+def allocator_setting(hw) -> str:
+    """The replay (SimulationResult.allocator key) of the setting a GPU launch on `hw` runs with."""
+    return "expandable" if hw.expandable_segments else "segments"
 
 
 def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
@@ -78,11 +106,13 @@ def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
     analytical = dict(cand.memory.gpu) or estimate_memory(
         plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation).gpu
     sim = simulate(plan, timeout_s=timeout_s)
-    seen = sim.peak_bytes_cuda_rounded if plan.hardware.has_gpu else sim.peak_bytes
+    hw = plan.hardware
+    seen = sim.allocator[allocator_setting(hw)]["needed"] if hw.has_gpu else sim.peak_bytes
     unseen = _unseen(plan, analytical)
     total = seen + sum(unseen.values())
     analytical_total = sum(analytical.values())
     return VerificationReport(
         strategy=cand.strategy.name, simulated_bytes=seen, unseen_bytes=unseen, simulated_total=total,
         analytical_total=analytical_total, analytical_over_simulated=analytical_total / total if total else float("nan"),
-        comparable=OFFLOAD_NOTE not in sim.notes, simulation=sim, analytical=analytical, notes=list(sim.notes))
+        comparable=OFFLOAD_NOTE not in sim.notes, simulation=sim, analytical=analytical,
+        expandable_segments=hw.expandable_segments, notes=list(sim.notes))

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.worker.callbacks.base import Callback, StepEnd, Training, in_order
 from orchestrate.worker.metrics import gather_step_stats
 from orchestrate.worker.objective import loss_tokens
+from orchestrate.worker.oom import StepOutOfMemory
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import StepResult
@@ -37,7 +38,8 @@ def step_record(training: Training, step: int, result: StepResult, step_time: fl
 
 
 def run_loop(training: Training, callbacks: list[Callback]) -> bool:
-    """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early."""
+    """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early. An
+    out-of-memory error in a step is raised as StepOutOfMemory (the step, the engine's phase)."""
     import torch
 
     plan, rank, engine, data = training.plan, training.rank, training.engine, training.data
@@ -52,10 +54,13 @@ def run_loop(training: Training, callbacks: list[Callback]) -> bool:
             start = time.perf_counter()
             batches = [data.micro_batch(micro) for _ in range(accumulation)]
             counted = sum(loss_tokens(b) for b in batches) if counts_tokens(plan) else 0
-            result = engine.train_step([{k: v.to(rank.device, non_blocking=True) for k, v in b.items()}
-                                        for b in batches])
-            if rank.device.type == "cuda":
-                torch.cuda.synchronize(rank.device)
+            try:
+                result = engine.train_step([{k: v.to(rank.device, non_blocking=True) for k, v in b.items()}
+                                            for b in batches])
+                if rank.device.type == "cuda":
+                    torch.cuda.synchronize(rank.device)
+            except torch.OutOfMemoryError as error:
+                raise StepOutOfMemory(step, getattr(engine, "phase", "step")) from error
             step_time = time.perf_counter() - start
             # One collective per step: the stats all-gather carries the stop flag too.
             stats = gather_step_stats(result.loss, rank.node, rank.device,

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
-from orchestrate.run.exits import EX_PEER_LOST, EX_TEMPFAIL, EXIT_USER_ERROR
+from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL, EXIT_USER_ERROR
 
 if TYPE_CHECKING:
     from orchestrate.worker.signals import StopRequest
@@ -36,12 +36,14 @@ if TYPE_CHECKING:
 
 def train(plan_path: Path, stop: StopRequest) -> int:
     """Run the plan on this rank; returns the exit status: 0 when done, EX_TEMPFAIL when a signal
-    stopped it early (RUN_DIR/REQUEUE says from which checkpoint to resume). Collective."""
+    stopped it early (RUN_DIR/REQUEUE says from which checkpoint to resume), EX_OUT_OF_MEMORY when
+    a step ran out of device memory (RUN_DIR/oom/rank-<N>.json says where). Collective."""
     import torch.distributed as dist
 
     from orchestrate.worker import stages
     from orchestrate.worker.callbacks.base import Training
     from orchestrate.worker.loop import run_loop
+    from orchestrate.worker.oom import StepOutOfMemory, record_oom
     from orchestrate.worker.preload import start_preload
 
     plan, run = stages.read_plan(plan_path)
@@ -55,7 +57,13 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     engine, model_dir = stages.build_engine(plan, run, rank, data.label_names, auxiliary)
     checkpointer, start_step = stages.resume(plan, run, rank, engine, model_dir, data, resume_from)
     training = Training(plan, rank, run, engine, data, checkpointer, stop, start_step)
-    stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from))
+    try:
+        stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from))
+    except StepOutOfMemory as oom:
+        # No barrier, no destroy_process_group: a peer may be gone or stuck in a collective; torchrun
+        # stops the others. The launcher reads the record and re-plans (launch/oom.py).
+        record_oom(plan, rank, run.path, oom.step, oom.phase, oom.__cause__ or oom)
+        return EX_OUT_OF_MEMORY
     if not stopped:
         stages.save_model(plan, run, rank, engine, data)
     dist.barrier()

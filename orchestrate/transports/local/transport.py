@@ -61,7 +61,8 @@ class LocalTorchrun:
         try:
             yield
         finally:
-            self._agent.close()
+            if self._agent is not None:
+                self._agent.close()
             self._agent = None
 
     def _forks_worker(self) -> bool:
@@ -89,7 +90,7 @@ class LocalTorchrun:
             n = plan.hardware.ranks_per_node
             notices.append(f"No GPU on this machine: running {n} CPU process{'es' if n != 1 else ''} per node "
                            "with the gloo backend (slow; meant for trying things out and tests).")
-        notices += [f"NCCL: {note}" for note in (plan.run.env_notes if plan.run else [])]
+        notices += plan.run.env_notes if plan.run else []
         notices += [f"strategy {plan.chosen.name}; run directory {run_dir}", f"command: {command}"]
         return Prepared(command=command, script=f"cd {shlex.quote(os.getcwd())}\n{command}",
                         script_comment="The exact command `orchestrate launch` ran for this run.", notices=notices)
@@ -98,10 +99,15 @@ class LocalTorchrun:
         if not self._forks_worker():
             with _environment(launch_env(plan)), follow_metrics(plan, run_dir, console):
                 return run_torchrun(self._argv, run_dir, say)
-        with self.warm_up(plan.config) if self._agent is None else nullcontext():  # `start` without `launch`
-            agent = self._agent
-            with follow_metrics(plan, run_dir, console):
-                return agent.run(self._argv, launch_env(plan), run_dir, say)
+        # An agent runs torchrun once: `start` without `launch`, or a run again after an out-of-memory
+        # re-plan, starts a fresh one.
+        with self.warm_up(plan.config) if self._agent is None else nullcontext():
+            agent, self._agent = self._agent, None
+            try:
+                with follow_metrics(plan, run_dir, console):
+                    return agent.run(self._argv, launch_env(plan), run_dir, say)
+            finally:
+                agent.close()
 
 
 @contextmanager

@@ -1,0 +1,83 @@
+"""A worker's out-of-memory record: the step loop turns torch.OutOfMemoryError into the step and the
+engine's phase, the record holds the measured need and the plan's prediction, and PyTorch's
+"Tried to allocate" sizes are read as the allocator writes them (one process, a fake engine)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from orchestrate.backends.base import StepResult
+from orchestrate.planner.strategy import Strategy
+from orchestrate.run.layout import RunDir, clear_oom_records, read_oom_records
+from orchestrate.worker.callbacks.base import Training
+from orchestrate.worker.loop import run_loop
+from orchestrate.worker.oom import StepOutOfMemory, oom_record, record_oom, requested_bytes
+from orchestrate.worker.signals import StopRequest
+from tests.helpers.engines import cpu_rank
+from tests.helpers.plans import make_plan
+
+DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
+
+
+class _FailingEngine:
+    """Runs steps until `fail_at`, whose `phase` part raises as CUDA's allocator would."""
+
+    def __init__(self, fail_at: int, phase: str) -> None:
+        self.fail_at, self.fail_phase, self.phase, self.steps = fail_at, phase, "forward", 0
+
+    def train_step(self, micro_batches) -> StepResult:
+        self.steps += 1
+        for self.phase in ("forward", "backward", "optimizer"):
+            if self.steps == self.fail_at and self.phase == self.fail_phase:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has ...")
+        return StepResult(loss=1.0, grad_norm=0.5, lr=1e-3)
+
+
+class _Data:
+    def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
+        ids = torch.zeros(size, 4, dtype=torch.long)
+        return {"input_ids": ids, "labels": ids}  # a causal-LM batch: the loop counts its loss tokens
+
+
+class _Checkpointer:
+    last_save_s = None
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
+def test_the_loop_reports_the_step_and_phase_of_an_oom(tmp_path, phase):
+    plan = make_plan(DDP, ranks=1, config={"train": {"max_steps": 5, "global_batch_size": 4}})
+    engine = _FailingEngine(3, phase)
+    training = Training(plan, cpu_rank(), RunDir(tmp_path), engine, _Data(), _Checkpointer(), StopRequest(), 0)
+    with pytest.raises(StepOutOfMemory) as caught:
+        run_loop(training, [])
+    assert (caught.value.step, caught.value.phase) == (3, phase)
+    assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+
+@pytest.mark.parametrize(("message", "size"), [
+    ("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 7.79 GiB", 20 * 2**20),
+    ("Tried to allocate 2.50 GiB", int(2.5 * 2**30)),
+    ("Tried to allocate 512 bytes", 512),
+    ("Tried to allocate 1.50 KiB", 1536),
+    ("out of memory", 0),
+])
+def test_the_failed_request_is_read_from_pytorch_s_message(message, size):
+    assert requested_bytes(message) == size
+
+
+def test_the_record_on_cpu_holds_the_request_as_the_need_and_the_prediction(tmp_path):
+    plan = make_plan(DDP, ranks=1, config={"train": {"max_steps": 5, "global_batch_size": 4}})
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB.")
+    record = oom_record(plan, cpu_rank(), 3, "backward", error)
+    assert record["needed_at_least_bytes"] == 20 * 2**20 == record["requested_bytes"]
+    assert record["predicted_bytes"] == plan.chosen.memory.gpu_total and record["strategy"] == plan.chosen.name
+    assert (record["step"], record["phase"], record["device"], record["rank"]) == (3, "backward", "cpu", 0)
+
+    record_oom(plan, cpu_rank(), tmp_path, 3, "backward", error)
+    assert json.loads((tmp_path / "oom" / "rank-0.json").read_text())["step"] == 3
+    assert [r["phase"] for r in read_oom_records(tmp_path)] == ["backward"]
+    clear_oom_records(tmp_path)
+    assert read_oom_records(tmp_path) == []

@@ -9,7 +9,12 @@ import os
 import pytest
 import torch
 
-from orchestrate.methods.preference.cache import identity, is_complete, precomputed_reference, write_reference_logps
+from orchestrate.methods.preference.cache import (
+    identity,
+    is_complete,
+    precomputed_reference,
+    write_reference_logps,
+)
 from orchestrate.methods.preference.objective import answer_logps
 from tests.test_preference_objective import _model, _views
 

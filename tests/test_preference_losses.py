@@ -63,8 +63,8 @@ def test_ipo_squares_the_per_token_margin_minus_half_over_beta():
 
 def test_rewards_are_beta_times_the_log_ratios():
     out = pair_loss(PreferenceSection(beta=0.3), _answers(CHOSEN, REJECTED), _answers(REF_CHOSEN, REF_REJECTED))
-    assert out.chosen_rewards.tolist() == pytest.approx([0.3 * (c - r) for c, r in zip(CHOSEN, REF_CHOSEN)], abs=1e-6)
-    assert out.rejected_rewards.tolist() == pytest.approx([0.3 * (c - r) for c, r in zip(REJECTED, REF_REJECTED)],
+    assert out.chosen_rewards.tolist() == pytest.approx([0.3 * (c - r) for c, r in zip(CHOSEN, REF_CHOSEN, strict=True)], abs=1e-6)
+    assert out.rejected_rewards.tolist() == pytest.approx([0.3 * (c - r) for c, r in zip(REJECTED, REF_REJECTED, strict=True)],
                                                           abs=1e-6)
 
 
@@ -83,7 +83,7 @@ def test_orpo_is_the_chosen_nll_plus_the_odds_ratio_term():
     assert float(out.extras["nll_loss"]) == pytest.approx(nll, abs=1e-6)
     assert float(out.extras["log_odds_chosen"]) == pytest.approx(sum(odds) / 3, abs=1e-6)
     assert out.chosen_rewards.tolist() == pytest.approx(
-        [beta * c / n for c, n in zip(CHOSEN, CHOSEN_TOKENS)], abs=1e-6)
+        [beta * c / n for c, n in zip(CHOSEN, CHOSEN_TOKENS, strict=True)], abs=1e-6)
 
 
 def test_orpo_log_odds_stay_finite_near_certainty():

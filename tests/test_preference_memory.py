@@ -69,7 +69,7 @@ def test_a_live_reference_adds_nothing_to_the_step_s_peak_beyond_its_weights():
             cached.logps.clone(), cached.tokens.clone()))):
         objective = PreferenceObjective(PreferenceSection(), source)
         model.zero_grad(set_to_none=True)
-        peaks[name] = _peak(lambda: objective.loss(model, batch).backward())
+        peaks[name] = _peak(lambda objective=objective: objective.loss(model, batch).backward())
     # The counter sees a pre-existing weight once an op views it (the transposes of matmul weights):
     # the difference is at most the reference's weights, which the planner counts apart.
     weights = sum(p.numel() * p.element_size() for p in reference.parameters())

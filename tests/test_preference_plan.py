@@ -14,10 +14,10 @@ import pytest
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.model.formulas import shape_from_dict
 from orchestrate.methods.preference.memory import REFERENCE, reference_model
 from orchestrate.methods.preference.method import PREFERENCE, PreferenceTerms
 from orchestrate.methods.registry import method_terms
+from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import Refusal
 from orchestrate.planner.search import Limits, _candidate, make_plan

@@ -23,8 +23,8 @@ from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
 from orchestrate.data.mlm import MLMMasker, mask_token_id
-from orchestrate.data.records import PREFERENCE_FORMATS
 from orchestrate.data.prepare import TextSpec, ensure_stream
+from orchestrate.data.records import PREFERENCE_FORMATS
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.data.sft_prepare import SftSettings, is_sft
 from orchestrate.data.sft_samples import PackedSamples, PaddedSamples, describe_sft, sft_views
@@ -254,7 +254,11 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
 
 def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     """One line for people: what was tokenised or found in the cache, and what it gives."""
-    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences, describe_preferences
+    from orchestrate.methods.preference.samples import (
+        PackedPreferences,
+        PaddedPreferences,
+        describe_preferences,
+    )
 
     train, validation = samples_for(prepared, config)
     if isinstance(train, PackedPreferences | PaddedPreferences):

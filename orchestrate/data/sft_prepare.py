@@ -31,9 +31,9 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:
     from orchestrate.config.data import DataSection
     from orchestrate.config.schema import RunConfig
-    from orchestrate.methods.preference.config import PreferenceSection
     from orchestrate.data.sources import Source
     from orchestrate.data.tokenizer import Tokenizer
+    from orchestrate.methods.preference.config import PreferenceSection
 
 MASK_FILE = "mask.bin"
 TRAINED, ANSWER, REJECTED = 1, 2, 4
@@ -174,7 +174,10 @@ def _preference_tokens(record: dict, record_format: str, data: DataSection, temp
     the rejected (or undesirable) sequence REJECTED; None when a sequence has no answer token."""
     import jinja2
 
-    from orchestrate.methods.preference.records import encode_preference, to_preference  # (pipeline.py: why here)
+    from orchestrate.methods.preference.records import (  # (pipeline.py: why here)
+        encode_preference,
+        to_preference,
+    )
 
     preference, problem = to_preference(record, record_format, data)
     if preference is None:

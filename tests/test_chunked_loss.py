@@ -90,7 +90,7 @@ def test_activation_offload_wraps_the_forward_in_save_on_cpu_and_changes_no_grad
                         model_dir=Path("."), objective=CausalLMObjective(4))
     grads = {}
     for offload in (False, True):
-        engine = TorchEngine(model, None, None, None, {"activation_offload": offload}, None, None, ctx)
+        engine = TorchEngine(None, model, None, None, None, {"activation_offload": offload}, None, None, ctx)
         model.zero_grad(set_to_none=True)
         engine._forward_loss(b).backward()
         grads[offload] = [p.grad.clone() for p in model.parameters()]

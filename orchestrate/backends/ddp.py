@@ -13,8 +13,9 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.adapter_io import is_peft, merged_state_dict, save_adapter, trainable_state
+from orchestrate.backends.adapter_io import is_peft, merge_adapters, save_adapter, trainable_state
 from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
+from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -100,7 +101,11 @@ class DDPEngine(TorchEngine):
 
         if self.ctx.rank == 0:  # every rank holds the same weights
             module = self.model.module
-            state = merged_state_dict(module, self.layout.tensors) if is_peft(module) else module.state_dict()
+            if is_peft(module):  # the base re-read and merged on the CPU, as the sharding backends do:
+                # never from the live 4-bit weights, whose layout a library may have changed in place
+                state, _ = merge_adapters(self.plan, self.ctx.model_dir, trainable_state(module))
+            else:
+                state = module.state_dict()
             save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
         dist.barrier()
 
@@ -144,6 +149,7 @@ class DDPEngine(TorchEngine):
             module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_hyperparameters(self.scheduler, self.plan.config.train)
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         return read_client_state(ckpt_dir)
@@ -239,7 +245,7 @@ class DDPBackend:
         optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], st["optimizer"], on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None
-        return DDPEngine(ddp, optimizer, scheduler, scaler, st, model_config(model, plan.config), layout, ctx)
+        return DDPEngine(plan, ddp, optimizer, scheduler, scaler, st, model_config(model, plan.config), layout, ctx)
 
 
 BACKEND = DDPBackend()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.adapter_io import is_peft, merge_adapters, save_adapter
 from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
+from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -131,10 +132,6 @@ class FSDPEngine(TorchEngine):
     so the default `_gradient_sync` applies; mixed precision comes from the MixedPrecisionPolicy.
     """
 
-    def __init__(self, plan: Plan, *args: Any) -> None:
-        super().__init__(*args)
-        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
-
     def _global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
@@ -214,6 +211,7 @@ class FSDPEngine(TorchEngine):
                        options=self._options())
         engine = json.loads((ckpt_dir / ENGINE_STATE_FILE).read_text())
         self.scheduler.load_state_dict(engine["scheduler"])
+        apply_hyperparameters(self.scheduler, self.plan.config.train)
         if self.scaler and engine["scaler"]:
             self.scaler.load_state_dict(engine["scaler"])
         return read_client_state(ckpt_dir)

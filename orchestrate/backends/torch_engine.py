@@ -88,7 +88,9 @@ def read_client_state(ckpt_dir: Path) -> dict[str, Any]:
 class TorchEngine:
     """TrainEngine over a torch-wrapped model; subclasses add checkpointing and the per-backend hooks."""
 
-    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, ctx: WorkerContext):
+    def __init__(self, plan: Plan, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout,
+                 ctx: WorkerContext):
+        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler

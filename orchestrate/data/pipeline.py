@@ -22,6 +22,7 @@ from orchestrate.data.cache import TokenStream, cache_dir_of
 from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
+from orchestrate.data.identity import check_same_data, data_identity
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
@@ -216,7 +217,8 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_ran
         raise UserError("not enough training data", [Problem(
             prepared.sources.train[0].where, f"{names} give {len(train)} training {unit}, "
             f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
-    sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
+    sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed,
+                                      data_identity(config, prepared.train, prepared.validation))
     masker = None
     if config.model.task == "masked-lm":
         masker = MLMMasker(mask_token_id(tokenizer, plan.shape.vocab_size), tokenizer.vocab_size,
@@ -237,8 +239,11 @@ def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     return text
 
 
-def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
-    """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`."""
+def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False,
+                     resumed: tuple[str, dict] | None = None) -> str:
+    """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`.
+    `resumed`: (the checkpoint the workers continue from, the data identity it recorded): data that
+    changed since is refused here, before any worker starts."""
     if plan.config.data.module is not None:
         from orchestrate.data.module_data import describe_module_data
 
@@ -246,6 +251,8 @@ def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False) -> str:
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
     prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
     check_labels(plan.config, prepared)  # before any worker starts
+    if resumed is not None:
+        check_same_data(resumed[1], data_identity(plan.config, prepared.train, prepared.validation), resumed[0])
     return describe_prepared(prepared, plan.config)
 
 

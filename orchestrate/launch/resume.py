@@ -94,6 +94,15 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
     return plan, unchanged, found
 
 
+def resumed_data(run_dir: Path) -> tuple[str, dict] | None:
+    """(the checkpoint the workers continue from, the data identity its sampler state recorded), for
+    the launcher's data check (orchestrate/data/identity.py); None without a checkpoint or a record."""
+    found = newest_checkpoint(run_dir, full=False)
+    if found.chosen is None or found.chosen.meta.sampler.get("data") is None:
+        return None
+    return str(found.chosen.path), found.chosen.meta.sampler["data"]
+
+
 def resume_notice(run_dir: Path, reused: bool, found: Discovery) -> str:
     if found.chosen is None:
         return f"resuming {run_dir}: no checkpoint yet, training starts from step 0"

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.launch.resume import failure_notice
+from orchestrate.launch.resume import failure_notice, resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.planner.plan import Plan
 from orchestrate.run.exit_codes import EX_TEMPFAIL
@@ -244,7 +244,7 @@ def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0
 
                 # Tokenise once, here, into the shared cache: the workers (on every node) then only map
                 # it (no race between nodes, no collective timeout while a large corpus is tokenised).
-                tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+                tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
     except StoppedBeforeWorkers as stopped:
         tell(f"stopped by {stopped} before the workers started; start it again with "
              f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")

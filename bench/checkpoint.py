@@ -112,7 +112,7 @@ def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) ->
     from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.registry import get_backend
     from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.run.checkpoints import latest_checkpoint
     from orchestrate.worker.checkpointing import Checkpointer
 

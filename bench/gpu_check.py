@@ -85,8 +85,8 @@ ZOO: dict[str, dict] = {  # name -> strategy pins
 }
 # What the real run imports (worker, backends, the cap wrapper): --dry-run imports them too.
 IMPORTS = ["torch", "transformers", "accelerate", "deepspeed", "peft", "bitsandbytes", "orchestrate.worker.main",
-           "orchestrate.backends.deepspeed_backend", "orchestrate.backends.fsdp", "orchestrate.model.lora",
-           "orchestrate.model.quantized_loading", "bench.gpu_worker", "bench.random_base"]
+           "orchestrate.backends.deepspeed_backend", "orchestrate.backends.fsdp", "orchestrate.methods.lora.transform",
+           "orchestrate.methods.lora.quantized_loading", "bench.gpu_worker", "bench.random_base"]
 # Distributions the real run needs: orchestrate's own (pyproject.toml) and DeepSpeed's requirements.
 DISTRIBUTIONS = ["torch", "transformers", "accelerate", "datasets", "tokenizers", "safetensors", "pydantic",
                  "pyyaml", "click", "rich", "psutil", "numpy", "fabric", "deepspeed", "hjson", "ninja",
@@ -203,8 +203,8 @@ def _launch(config_file: Path, hw_file: Path, run_dir: Path) -> int:
     from orchestrate import api
     from orchestrate.config.load import config_from_dict
     from orchestrate.hardware.profile import HardwareProfile
-    from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.torchrun_args import LaunchOptions
+    from orchestrate.transports.local.transport import LocalTorchrun
 
     # The one bench-only change to the launch: torchrun runs `-m bench.gpu_worker plan.json` instead
     # of `-m orchestrate.worker plan.json` (bench/gpu_worker.py caps the GPU, then calls the worker).

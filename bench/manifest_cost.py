@@ -1,4 +1,4 @@
-"""What the checkpoint manifest (orchestrate.run.manifest) costs on a GPT-2-124M-sized checkpoint:
+"""What the checkpoint manifest (orchestrate.run.checkpoints) costs on a GPT-2-124M-sized checkpoint:
 fp32 weights plus AdamW's two moments (3 x 124,439,808 x 4 bytes, about 1.49 GB, as torch.save
 files like DDP's trainer_state.pt). Times writing the manifest and verifying it (sizes only, and
 full checksums), with xxh3_128 and sha256. The files were just written, so they are read from the
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from orchestrate.run.manifest import manifest_problem, write_manifest
+from orchestrate.run.checkpoints import manifest_problem, write_manifest
 
 GPT2_PARAMETERS = 124_439_808  # orchestrate/model/formulas.py, tied weights counted once
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrate.planner.adapters import adapters_for  # noqa: E402
+from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -68,7 +68,7 @@ FAMILIES: dict[str, dict] = {
 }
 STRATEGIES = (("fsdp", 3), ("fsdp", 2), ("deepspeed", 2), ("deepspeed", 3), ("ddp", 0))
 # --lora: r=16 on every block linear (train.lora defaults otherwise), under the (backend, stage) pairs
-# LoRA trains on (planner/adapters.py); the frozen base in bf16 as the transform casts it.
+# LoRA trains on (methods/lora/adapters.py); the frozen base in bf16 as the transform casts it.
 LORA = {"method": "lora", "lora": {"r": 16}}
 LORA_STRATEGIES = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
 LORA_FAMILIES = ("llama", "qwen2", "mistral", "gpt2")  # the four simulated (bench/results cache)
@@ -107,6 +107,8 @@ def spec_key(spec) -> str:
     data = spec.to_dict()
     if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
         data.pop("adapters", None)
+    elif data["adapters"]["lora"].get("dtype") == "fp32":  # train.lora.dtype at its default: the key from before
+        data["adapters"]["lora"].pop("dtype")
     # The memory knobs at their defaults (no chunked loss, no activation offload, fp32 AdamW, the embedding
     # on the device): the key it had before strategies named them; the zoo plans none of them.
     for knob, default in (("loss_chunks", 0), ("activation_offload", False), ("optimizer", "adamw"),

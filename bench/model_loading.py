@@ -1,5 +1,5 @@
 """Peak memory of a node while N ranks load a model: transformers' from_pretrained on every rank
-against orchestrate's loaders (orchestrate/model/loading.py).
+against orchestrate's loaders (orchestrate/loading/weights.py).
 
     .venv/bin/python bench/model_loading.py                 # ~0.95B llama, 2 ranks, ~4 min on 2 cores
     .venv/bin/python bench/model_loading.py --layers 4      # smaller and faster

@@ -207,7 +207,7 @@ def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
 
 def _hand_cfg(run_dir: Path, steps: int) -> dict:
     """The hand-written scripts' settings, read from orchestrate's run of the same config."""
-    from orchestrate.model.init_weights import build_initial_model, has_weights
+    from orchestrate.loading.init_weights import build_initial_model, has_weights
     from orchestrate.planner.plan import Plan
 
     plan = Plan.read(run_dir / "plan.json")

@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.memory_accuracy import CACHE, FAMILIES, LORA, Cache, MiB, Point, compare, strategy  # noqa: E402
-from orchestrate.planner.adapters import adapters_for  # noqa: E402
+from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.simulate.spec import plan_from_parts  # noqa: E402
 
@@ -38,7 +38,7 @@ def nf4_bytes(family: str) -> tuple[int, int]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from orchestrate.model.transforms import apply_transforms
+    from orchestrate.loading.transforms import apply_transforms
     from orchestrate.simulate.patches import hf_config_for_simulation
 
     plan = plan_from_parts(FAMILIES[family], strategy("ddp", 0, 1, False), 512, 2, adapters=QLORA)

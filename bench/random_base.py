@@ -1,9 +1,9 @@
 """A randomly initialised Hugging Face model directory in bf16, written tensor by tensor (bench/gpu_check.py).
 
 The QLoRA entries of the GPU check read their frozen base from `model.name_or_path`, as a user's run
-does, so the DDP backend quantizes it tensor by tensor as it loads (orchestrate/model/quantized_loading.py).
+does, so the DDP backend quantizes it tensor by tensor as it loads (orchestrate/methods/lora/quantized_loading.py).
 Without a base the worker would build the whole model in fp32 on the CPU and save it
-(orchestrate/model/init_weights.py): for the Llama-3-8B shape 32 GB of RAM and 32 GB of safetensors
+(orchestrate/loading/init_weights.py): for the Llama-3-8B shape 32 GB of RAM and 32 GB of safetensors
 before the first step. Here the model exists only on the meta device (shapes, no memory) and each
 tensor is drawn on `device` (the GPU when there is one: drawing 8B values on the CPU is the slow part),
 cast to bf16 and written shard by shard: host RAM holds one shard (`SHARD_BYTES`), the disk 2 B/param

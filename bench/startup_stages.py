@@ -73,7 +73,7 @@ def _launcher(run_dir: Path, gpus: int, start: float) -> int:
     timestamped and its agent started through this file."""
     import orchestrate.data.pipeline as pipeline
     import orchestrate.launch.session as session
-    import orchestrate.launch.warm_agent as warm_agent
+    import orchestrate.transports.local.agent as warm_agent
 
     log = run_dir.parent / f"{run_dir.name}-launcher.jsonl"
     _mark(log, "launcher: interpreter up", start)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE
 
 if TYPE_CHECKING:
@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.launch.session import LaunchRequest, LaunchResult, Transport
-    from orchestrate.launch.slurm_job import PreparedJob, SlurmOptions
-    from orchestrate.launch.ssh_options import SshOptions
     from orchestrate.planner.plan import Plan
+    from orchestrate.transports.slurm.transport import PreparedJob, SlurmOptions
+    from orchestrate.transports.ssh.hosts import SshOptions
 
 __all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
@@ -157,7 +157,7 @@ class Rendezvous:
 
 
 def ssh_options(**kwargs: Any) -> SshOptions:
-    from orchestrate.launch.ssh_options import SshOptions
+    from orchestrate.transports.ssh.hosts import SshOptions
 
     return SshOptions(**kwargs)
 
@@ -174,28 +174,28 @@ def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None
     if program:
         return _own_program_transport(tuple(program), hosts, rendezvous)
     if hosts is not None:
-        from orchestrate.launch.hostfile import load_hostfile
-        from orchestrate.launch.ssh_transport import SshHosts, reject_with_hosts
+        from orchestrate.transports.ssh.hosts import load_hostfile
+        from orchestrate.transports.ssh.transport import SshHosts, reject_with_hosts
 
         reject_with_hosts(**{k: v for k, v in rendezvous.__dict__.items() if k != "master_port"})
         return SshHosts(load_hostfile(Path(hosts)), ssh or ssh_options(), python, rendezvous.master_port)
-    from orchestrate.launch.allocation import SrunInAllocation, allocation_to_use
+    from orchestrate.transports.slurm.transport import SrunInAllocation, allocation_to_use
 
     alloc = allocation_to_use(explicit_rendezvous=rendezvous.explicit)
     if alloc is not None:
         return SrunInAllocation(alloc, python, name)
-    from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.torchrun_args import LaunchOptions
+    from orchestrate.transports.local.transport import LocalTorchrun
 
     return LocalTorchrun(LaunchOptions(**rendezvous.__dict__))
 
 
 def _own_program_transport(program: tuple[str, ...], hosts: Path | None, rendezvous: Rendezvous) -> Transport:
     from orchestrate.errors import Problem, UserError
-    from orchestrate.launch.allocation import allocation_to_use
-    from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.torchrun_args import LaunchOptions
     from orchestrate.launch.user_program import user_program
+    from orchestrate.transports.local.transport import LocalTorchrun
+    from orchestrate.transports.slurm.transport import allocation_to_use
 
     if hosts is not None or allocation_to_use(explicit_rendezvous=rendezvous.explicit) is not None:
         raise UserError("your own training program runs with torchrun on this machine only (for now)", [Problem(
@@ -209,8 +209,8 @@ def launch(request: LaunchRequest, transport: Transport | None = None, console: 
            ) -> LaunchResult:
     """Plan, write the run directory and run the workers (default: torchrun here, running
     `request.program` when it names one) until they end."""
-    from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.session import launch as run
+    from orchestrate.transports.local.transport import LocalTorchrun
 
     if transport is None:
         transport = choose_transport(program=request.program) if request.program else LocalTorchrun()
@@ -229,7 +229,7 @@ def launch_request(config: RunConfig, hardware: HardwareFlags | HardwareProfile 
 
 
 def slurm_options(**kwargs: Any) -> SlurmOptions:
-    from orchestrate.launch.slurm_job import SlurmOptions
+    from orchestrate.transports.slurm.transport import SlurmOptions
 
     return SlurmOptions(**kwargs)
 
@@ -237,19 +237,19 @@ def slurm_options(**kwargs: Any) -> SlurmOptions:
 def prepare_slurm(config: RunConfig, flags: HardwareFlags, *, console: Console | None = None,
                   **kwargs: Any) -> PreparedJob:
     """`orchestrate slurm`: plan, write the run directory and RUN_DIR/job.sbatch; submit nothing."""
-    from orchestrate.launch.slurm_job import prepare_slurm_job
+    from orchestrate.transports.slurm.transport import prepare_slurm_job
 
     return prepare_slurm_job(config, flags, console=console, **kwargs)
 
 
 def slurm_test_only(script: Path) -> str:
-    from orchestrate.launch import slurm_cluster
+    from orchestrate.transports.slurm import cluster as slurm_cluster
 
     return slurm_cluster.test_only(script)
 
 
 def slurm_submit(script: Path) -> str:
-    from orchestrate.launch import slurm_cluster
+    from orchestrate.transports.slurm import cluster as slurm_cluster
 
     return slurm_cluster.submit(script)
 

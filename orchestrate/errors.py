@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from orchestrate.run.exit_codes import EXIT_USER_ERROR
+from orchestrate.run.exits import EXIT_USER_ERROR
 
 __all__ = ["EXIT_USER_ERROR", "Problem", "UserError"]
 

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
-from orchestrate.run.layout import EXPORT_MARKER_FILE
-from orchestrate.run.write_errors import os_errors_as_user_errors
+from orchestrate.run.layout import EXPORT_MARKER_FILE, os_errors_as_user_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,8 +72,8 @@ def _check_merge(plan, ckpt: Path, merge: bool) -> None:
 
 
 def _merged(plan, run_dir: Path, adapters: dict) -> dict:
-    from orchestrate.backends.adapter_io import merge_adapters
-    from orchestrate.model.init_weights import existing_weights_dir
+    from orchestrate.loading.init_weights import existing_weights_dir
+    from orchestrate.methods.lora.saving import merge_adapters
 
     base = existing_weights_dir(plan, run_dir)
     if not base.is_dir():

@@ -26,7 +26,7 @@ def plan_with_shape(config: RunConfig, hardware: HardwareProfile, shape: ModelSh
 
     if config.distill is None:
         return make_plan(config, hardware, shape)
-    from orchestrate.model.teacher import teacher_shape
+    from orchestrate.methods.distill.teacher import teacher_shape
 
     return make_plan(config, hardware, shape, teacher_shape(config, shape))
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.launch import slurm_cluster
+from orchestrate.transports.slurm import cluster as slurm_cluster
 
 START_HINT = ("start it with `bash .ci/services/{}.sh start` (root), or run the tests through "
               "`bash .ci/services/with-daemons.sh .venv/bin/python -m pytest ...`")

@@ -5,7 +5,7 @@ a bias).
 
 What it protects: a 4-bit base comes through evaluation as it went in. bitsandbytes' CPU `Linear4bit`
 rewrites its weight into another layout on an eval-mode forward without grad (see
-orchestrate/model/lora.py `nf4_linear`); the merge then decoded the rewritten bytes, FSDP2 decoded the
+orchestrate/methods/lora/transform.py `nf4_linear`); the merge then decoded the rewritten bytes, FSDP2 decoded the
 re-gathered plain bytes with the rewritten quant state (a wrong eval loss, then wrong training), and
 models with biased projections crashed in the next training step. Evaluation under FSDP2 must also
 measure what DDP measures for the same weights and data.

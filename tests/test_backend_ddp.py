@@ -30,7 +30,7 @@ def plan_for(strategy: Strategy, global_batch: int = 8):
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """The initial-weights directory the launcher writes for a from-scratch run."""
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     return str(build_initial_model(plan_for(ddp()), tmp_path_factory.mktemp("m") / "gpt2"))
 

@@ -47,7 +47,7 @@ def plan_for(strategy: Strategy, arch: dict | None = None, nodes: int = 1):
 
 def write_model(arch: dict, out: Path) -> Path:
     """The initial-weights directory the launcher writes for a from-scratch run (seed 0)."""
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     return build_initial_model(make_plan(fsdp(), config={"model": {"architecture": dict(arch)}}), out)
 

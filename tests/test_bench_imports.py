@@ -41,7 +41,7 @@ def test_startup_stages_wraps_functions_that_exist():
     import orchestrate.agent.process as process
     import orchestrate.data.pipeline as pipeline
     import orchestrate.launch.session as session
-    import orchestrate.launch.warm_agent as warm_agent
+    import orchestrate.transports.local.agent as warm_agent
     import orchestrate.worker.stages as stages
     from bench.startup_stages import STAGES
 

@@ -18,8 +18,8 @@ from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
 from orchestrate.run import checkpoints as rc
+from orchestrate.run.checkpoints import MANIFEST_FILE, manifest_problem, write_manifest
 from orchestrate.run.layout import RunDir
-from orchestrate.run.manifest import MANIFEST_FILE, manifest_problem, write_manifest
 from orchestrate.worker import checkpointing as ck
 from tests.helpers.plans import make_plan
 

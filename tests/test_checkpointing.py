@@ -220,7 +220,7 @@ def test_ddp_checkpoint_with_foreign_code_is_refused(tmp_path):
 
 
 def test_stop_request_signal_marker_and_grace(single, tmp_path):
-    from orchestrate.run.requeue import clear_requeue, read_requeue
+    from orchestrate.run.layout import clear_requeue, read_requeue
     from orchestrate.worker.signals import StopRequest
 
     plan, engine, checkpointer = single
@@ -253,8 +253,8 @@ def test_stop_request_signal_marker_and_grace(single, tmp_path):
 
 def _stop_early(plan, checkpointer, step, waited_s, save_s, stop, run_dir):
     """The stop-signal callback at a step without a checkpoint of its own, as the loop calls it."""
-    from orchestrate.worker.callbacks import RunInfo, StepEnd
-    from orchestrate.worker.step_callbacks import StopOnSignal
+    from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+    from orchestrate.worker.callbacks.standard import StopOnSignal
 
     callback = StopOnSignal(stop, checkpointer, _Data())
     end = StepEnd(step, final=False, stopping=True, record={}, signal_waited_s=waited_s, slowest_save_s=save_s)

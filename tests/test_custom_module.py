@@ -12,8 +12,8 @@ import torch
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
-from orchestrate.model import custom_activations
-from orchestrate.model.custom import shape_of_module
+from orchestrate.methods.custom import activations as custom_activations
+from orchestrate.methods.custom.module import shape_of_module
 from orchestrate.model.meta import shape_for
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn"
@@ -141,9 +141,9 @@ def test_the_plan_says_the_activations_were_measured():
 
 def _real_peak(config, micro: int) -> int:
     """Live tensor bytes at the peak of 3 real fp32 CPU steps (forward, loss, backward, AdamW)."""
-    from orchestrate.data.module_data import collate, load_dataset
-    from orchestrate.model.custom import build_module
-    from orchestrate.model.custom_loss import loss_and_output
+    from orchestrate.methods.custom.data import collate, load_dataset
+    from orchestrate.methods.custom.loss import loss_and_output
+    from orchestrate.methods.custom.module import build_module
     from orchestrate.simulate.counter import LiveStorageCounter
 
     dataset = load_dataset(config)
@@ -179,8 +179,8 @@ def test_analytical_total_matches_a_real_cpu_step_within_ten_percent(model, data
 
 
 def test_custom_objective_cross_entropy_own_loss_and_accuracy():
-    from orchestrate.data.module_data import collate
-    from orchestrate.worker.custom_objective import CustomObjective
+    from orchestrate.methods.custom.data import collate
+    from orchestrate.methods.custom.objective import CustomObjective
     from tests.helpers.custom_modules import ResMLP, Rule, WithOwnLoss
 
     data = Rule(size=16)
@@ -201,7 +201,7 @@ def test_custom_objective_cross_entropy_own_loss_and_accuracy():
 
 
 def test_tuple_samples_become_positional_inputs_and_labels():
-    from orchestrate.data.module_data import collate, split
+    from orchestrate.methods.custom.data import collate, split
 
     sys.path.insert(0, str(EXAMPLE))
     try:
@@ -211,7 +211,7 @@ def test_tuple_samples_become_positional_inputs_and_labels():
     dataset = patterns(size=20)
     batch = collate([dataset[i] for i in range(4)])
     assert set(batch) == {"_0", "labels"} and batch["_0"].shape == (4, 1, 28, 28)
-    from orchestrate.model.custom_loss import call
+    from orchestrate.methods.custom.loss import call
 
     assert call(CNN(), batch, with_labels=False).shape == (4, 10)
     train, validation = split(dataset, 0.25, seed=0)
@@ -222,7 +222,7 @@ def test_tuple_samples_become_positional_inputs_and_labels():
 def test_module_data_resumes_at_the_exact_sample():
     from types import SimpleNamespace
 
-    from orchestrate.data.module_train import build_module_data
+    from orchestrate.methods.custom.train_data import build_module_data
 
     config = _config({"module": f"{HELPERS}:ResMLP"}, {"module": f"{HELPERS}:rule", "kwargs": {"size": 40}})
     plan = SimpleNamespace(config=config)

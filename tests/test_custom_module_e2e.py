@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from orchestrate.config.load import load_config
-from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.model.meta import shape_for
 from orchestrate.planner.search import make_plan
+from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import cpu_hardware
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn"

@@ -13,12 +13,7 @@ import torch
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
-from orchestrate.model.formulas import shape_from_dict
-from orchestrate.planner.constants import NCCL_BUFFER_BYTES_PER_COMMUNICATOR
-from orchestrate.planner.memory import estimate_memory
-from orchestrate.planner.search import make_plan
-from orchestrate.planner.speed import estimate_speed, training_flops_per_token
-from orchestrate.planner.teacher_memory import (
+from orchestrate.methods.distill.memory import (
     SOFT_TARGET_BYTES_PER_TOKEN_VOCAB,
     STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB,
     TOPK_BYTES_PER_ENTRY,
@@ -28,7 +23,12 @@ from orchestrate.planner.teacher_memory import (
     resolve_placement,
     teacher_forward_flops_per_token,
 )
-from orchestrate.worker.distill import DistillationObjective, soft_target_kl
+from orchestrate.methods.distill.objective import DistillationObjective, soft_target_kl
+from orchestrate.model.formulas import shape_from_dict
+from orchestrate.planner.constants import NCCL_BUFFER_BYTES_PER_COMMUNICATOR
+from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.search import make_plan
+from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.worker.objective import CausalLMObjective
 from tests.helpers.word_tokenizers import word_tokenizer
 from tests.test_memory_model import cpu_hw, gpu_hw, strat
@@ -200,7 +200,7 @@ def test_teacher_and_student_tokenizers_that_differ_are_one_error_with_paths_and
 
 
 def test_distillation_of_another_task_is_refused_with_its_path(tmp_path):
-    from orchestrate.model.teacher import teacher_shape
+    from orchestrate.methods.distill.teacher import teacher_shape
 
     config = config_from_dict({"model": {"architecture": {"model_type": "bert", "hidden_size": 32,
                                                            "num_hidden_layers": 1, "num_attention_heads": 2,
@@ -251,7 +251,7 @@ def test_the_objective_is_alpha_ce_plus_t_squared_kl_and_evaluates_the_student_a
 def test_the_teacher_is_frozen_in_eval_mode(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from orchestrate.backends.teacher import build_teacher, teacher_placement
+    from orchestrate.methods.distill.build import build_teacher, teacher_placement
     from tests.helpers.plans import make_plan as pinned_plan
 
     GPT2LMHeadModel(GPT2Config(**GPT2)).save_pretrained(tmp_path / "teacher")

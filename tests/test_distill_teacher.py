@@ -22,7 +22,7 @@ def _plan(teacher: str):
 def _on_rank(teacher: str) -> dict:
     from torch.distributed.tensor import DTensor
 
-    from orchestrate.backends.teacher import build_teacher, teacher_placement
+    from orchestrate.methods.distill.build import build_teacher, teacher_placement
 
     init_gloo()
     plan, cpu = _plan(teacher), torch.device("cpu")
@@ -41,9 +41,9 @@ def _on_rank(teacher: str) -> dict:
 def test_sharded_teacher_holds_its_planned_shard_and_matches_the_replicated_one(tmp_path: Path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
+    from orchestrate.methods.distill.memory import Teacher
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
-    from orchestrate.planner.teacher_memory import Teacher
 
     torch.manual_seed(0)
     GPT2LMHeadModel(GPT2Config(**GPT2)).save_pretrained(tmp_path / "teacher")

@@ -1,4 +1,4 @@
-"""The input embedding in host memory, in the model and the DDP engine (model/host_embedding.py,
+"""The input embedding in host memory, in the model and the DDP engine (loading/host_embedding.py,
 backends/ddp.py). Without a GPU: the rest of a tiny Llama on the meta device, its table on the CPU, a
 LoRA forward and backward run across the two; the DDP engine, in process on one gloo rank, trains LoRA and
 QLoRA with the knob on exactly as with it off (on a CPU the routing moves nothing), leaves the table out of
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.model.host_embedding import allocate, route_lookups, to_device_keeping_embedding
+from orchestrate.loading.host_embedding import allocate, route_lookups, to_device_keeping_embedding
 from orchestrate.planner.strategy import Strategy
 from tests.test_lora_train import TINY_LLAMA, _batches
 from tests.test_memory_knobs_train import STRATEGY as KNOB_STRATEGY
@@ -111,7 +111,7 @@ def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks
 def test_the_ddp_engine_trains_lora_and_qlora_with_the_table_on_the_host_as_without(tmp_path):
     import torch.distributed as dist
 
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     model_dir = str(build_initial_model(knob_plan("full"), tmp_path / "llama"))
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
@@ -140,7 +140,7 @@ def test_on_a_gpu_the_table_never_touches_the_device(tmp_path):
 
     from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.ddp import DDPBackend
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.worker.objective import objective_for
     from tests.helpers.plans import make_plan
 
@@ -192,7 +192,7 @@ def _two_ranks(model_dir: str, run_dir: str) -> dict:
 def test_two_ddp_ranks_train_with_their_own_host_tables_and_stay_replicas(tmp_path):
     """2 gloo ranks: DDP broadcasts nothing of the table (ignored), each rank's copy came from the same
     files, and the adapters stay equal across ranks while the loss falls."""
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
     from tests.helpers.dist import run_on_ranks
 
     model_dir = str(build_initial_model(knob_plan("full"), tmp_path / "llama"))

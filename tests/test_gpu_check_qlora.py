@@ -28,7 +28,7 @@ def test_shards_keep_state_dict_order_under_the_limit(monkeypatch):
 def test_random_base_loads_as_written_and_quantizes_as_it_loads(tmp_path, monkeypatch):
     from transformers import AutoModelForCausalLM
 
-    from orchestrate.model.quantized_loading import load_quantized
+    from orchestrate.methods.lora.quantized_loading import load_quantized
     from tests.test_quantized_loading import qlora_plan
 
     monkeypatch.setattr(random_base, "SHARD_BYTES", 64 * 1024)  # several shards for a 0.1M-param model

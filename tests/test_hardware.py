@@ -6,6 +6,7 @@ module and fake readers, and resolution gets a fake `detect`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 from types import SimpleNamespace
 
@@ -27,6 +28,7 @@ from orchestrate.hardware.detect import (
 from orchestrate.hardware.presets import list_presets, load_preset, load_profile, preset_for_gpu
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.resolve import profile_to_yaml, resolve_hardware
+from orchestrate.hardware.software import SoftwareStack, cuda_of_torch, installed_software
 from orchestrate.hardware.units import format_bytes, parse_size
 
 GiB = 2**30
@@ -366,7 +368,21 @@ def _no_detect() -> HardwareProfile:
 
 
 def test_no_flags_is_the_detected_profile():
-    assert resolve_hardware(detect=_cpu_box) == _cpu_box()
+    resolved = resolve_hardware(detect=_cpu_box)
+    assert resolved.model_copy(update={"software": SoftwareStack()}) == _cpu_box()
+
+
+def test_resolution_records_the_installed_versions_unless_the_profile_pins_them():
+    # The memory model depends on what each library version keeps (planner/software_terms.py).
+    assert resolve_hardware(detect=_cpu_box).software == installed_software()
+    assert installed_software().torch == importlib.metadata.version("torch")
+    pinned = _cpu_box().model_copy(update={"software": SoftwareStack(torch="1.10.1+cu113")})
+    assert resolve_hardware(detect=lambda: pinned).software == SoftwareStack(torch="1.10.1+cu113")
+
+
+def test_cuda_version_comes_from_torch_local_tag():
+    assert [cuda_of_torch(v) for v in ("2.13.0+cu130", "1.10.1+cu113", "2.13.0+cpu", "2.1.0", None)] == \
+        ["13.0", "11.3", None, None, None]
 
 
 def test_gpus_on_cpu_only_means_worker_processes():

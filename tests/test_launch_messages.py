@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 
 
 def _failure(rank: int, exitcode: int, error_file: str = "<N/A>"):
@@ -78,8 +78,8 @@ def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path
     from orchestrate import api
     from orchestrate.config.load import load_config
     from orchestrate.data import pipeline
-    from orchestrate.launch.local import LocalTorchrun
     from orchestrate.launch.session import start
+    from orchestrate.transports.local.transport import LocalTorchrun
     from tests.helpers.plans import cpu_hardware
 
     def tokenising(plan, run_dir, progress):

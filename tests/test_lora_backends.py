@@ -131,7 +131,7 @@ def _compare_outputs(method: str, trained: torch.Tensor, model_dir: str, run: Pa
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     root = tmp_path_factory.mktemp("m")
     return {f: str(build_initial_model(_plan("fsdp", "lora", f), root / f)) for f in FAMILIES}
@@ -164,8 +164,8 @@ def check_adapter_run(out: dict, label: str, method: str) -> None:
 @pytest.mark.parametrize(("backend", "storage"), [("fsdp", torch.float32), ("zero3", torch.float32),
                                                   ("zero2", torch.uint8)])
 def test_the_nf4_base_is_stored_in_the_compute_dtype_where_the_backend_shards_it(backend, storage, model_dirs):
-    from orchestrate.model.loading import load_replicated
-    from orchestrate.model.lora import LoraTransform
+    from orchestrate.loading.weights import load_replicated
+    from orchestrate.methods.lora.transform import LoraTransform
 
     plan = _plan(backend, "qlora", "llama")
     model = LoraTransform().apply(load_replicated(Path(model_dirs["llama"]), torch.device("cpu"), torch.float32), plan)

@@ -1,5 +1,5 @@
 """Planning LoRA / QLoRA with the frozen base offloaded to host memory (DeepSpeed ZeRO-3,
-offload_param cpu + offload_optimizer cpu, planner/adapter_offload.py): what is allowed, what is
+offload_param cpu + offload_optimizer cpu, methods/lora/offload.py): what is allowed, what is
 refused with one error naming what works, and the memory and speed terms against hand-computed
 numbers."""
 
@@ -9,9 +9,9 @@ import pytest
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
+from orchestrate.methods.lora.adapters import adapters_for, trains
+from orchestrate.methods.lora.memory import base_bytes
 from orchestrate.model.formulas import shape_from_dict
-from orchestrate.planner.adapter_memory import base_bytes
-from orchestrate.planner.adapters import adapters_for, trains
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed

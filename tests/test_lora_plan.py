@@ -8,8 +8,8 @@ import pytest
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.methods.lora.adapters import adapters_for
 from orchestrate.model.formulas import shape_from_dict
-from orchestrate.planner.adapters import adapters_for
 from orchestrate.planner.constants import nf4_bits_per_param
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.remedies import infeasible_error
@@ -155,7 +155,7 @@ def test_block_linears_equal_the_transformers_modules(arch):
 def test_a_whole_dumped_config_plans_again():
     """RUN_DIR/config.yaml and plan.json hold every section with its defaults: not "set"."""
     from orchestrate.config.load import config_from_dict
-    from orchestrate.planner.adapters import adapters_for
+    from orchestrate.methods.lora.adapters import adapters_for
     from orchestrate.planner.strategy import Strategy
     from tests.helpers.plans import make_plan
 

@@ -81,7 +81,7 @@ def _compare_outputs(method: str, module, model_dir: str, run: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     return str(build_initial_model(lora_plan("lora"), tmp_path_factory.mktemp("m") / "llama"))
 

@@ -11,10 +11,10 @@ import pytest
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.methods.lora.adapters import adapters_for
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
-from orchestrate.planner.adapters import adapters_for
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed

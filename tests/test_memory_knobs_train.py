@@ -50,7 +50,7 @@ def _train(model_dir: str, run_dir: str) -> dict:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     return str(build_initial_model(knob_plan("full"), tmp_path_factory.mktemp("m") / "llama"))
 

@@ -48,7 +48,7 @@ def _file_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
 def test_replicated_load_matches_from_pretrained(model_dirs, name: str):
     from transformers import AutoModelForCausalLM
 
-    from orchestrate.model.loading import load_replicated
+    from orchestrate.loading.weights import load_replicated
 
     ref = AutoModelForCausalLM.from_pretrained(model_dirs[name], dtype=torch.float32)
     mine = load_replicated(model_dirs[name], torch.device("cpu"), torch.float32)
@@ -63,7 +63,7 @@ def test_replicated_load_matches_from_pretrained(model_dirs, name: str):
 
 
 def test_replicated_load_casts_parameters_but_keeps_buffers(model_dirs):
-    from orchestrate.model.loading import load_replicated
+    from orchestrate.loading.weights import load_replicated
 
     model = load_replicated(model_dirs["llama"], torch.device("cpu"), torch.bfloat16)
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
@@ -75,7 +75,7 @@ def test_replicated_load_casts_parameters_but_keeps_buffers(model_dirs):
 def test_mismatched_weights_are_one_user_error_before_any_read(model_dirs, tmp_path: Path):
     from safetensors.torch import load_file, save_file
 
-    from orchestrate.model.loading import load_replicated
+    from orchestrate.loading.weights import load_replicated
 
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -96,7 +96,7 @@ def test_mismatched_weights_are_one_user_error_before_any_read(model_dirs, tmp_p
 
 def _sharded_rank(model_dir: str) -> dict[str, bool]:
     """FSDP2-shard the model on 2 gloo ranks, fill it with load_sharded, compare with the files."""
-    from orchestrate.model.loading import load_sharded
+    from orchestrate.loading.weights import load_sharded
 
     model, layout = loading.sharded_meta_model(model_dir)
     load_sharded(model, Path(model_dir), layout)

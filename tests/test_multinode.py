@@ -30,13 +30,13 @@ from orchestrate.api import HardwareFlags
 from orchestrate.cli import cli
 from orchestrate.config.load import load_config
 from orchestrate.errors import UserError
-from orchestrate.launch import slurm_cluster
-from orchestrate.launch.allocation import allocation_to_use, hardware_for_allocation
-from orchestrate.launch.hostfile import Host
-from orchestrate.launch.slurm_cluster import detect_slurm_allocation
-from orchestrate.launch.ssh import SshOptions
-from orchestrate.launch.ssh_transport import SshHosts, hardware_for_hosts
 from orchestrate.planner.plan import Plan
+from orchestrate.transports.slurm import cluster as slurm_cluster
+from orchestrate.transports.slurm.cluster import detect_slurm_allocation
+from orchestrate.transports.slurm.transport import allocation_to_use, hardware_for_allocation
+from orchestrate.transports.ssh.hosts import Host
+from orchestrate.transports.ssh.remote import SshOptions
+from orchestrate.transports.ssh.transport import SshHosts, hardware_for_hosts
 from tests.daemons import require_slurm, require_sshd, wait_job
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -77,7 +77,7 @@ def test_without_labels_the_output_sum_stands_for_the_scripts_loss():
 
 
 def test_the_example_input_is_part_of_the_cache_fingerprint():
-    from orchestrate.model.custom_activations import fingerprint
+    from orchestrate.methods.custom.activations import fingerprint
     from tests.helpers.custom_modules import ResMLP
 
     def key(example_input: dict) -> str:

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.planner.report import plan_json
 from orchestrate.planner.strategy import Strategy
+from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
 from tests.test_prune_train import TINY_LLAMA
 

@@ -1,11 +1,11 @@
-"""The mask arithmetic of orchestrate/worker/prune_masks.py in one process (no process group):
+"""The mask arithmetic of orchestrate/methods/prune/masks.py in one process (no process group):
 exact thresholds, global vs per-layer scope, channel masks, master copies."""
 
 from __future__ import annotations
 
 import torch
 
-from orchestrate.worker import prune_masks
+from orchestrate.methods.prune import masks as prune_masks
 
 
 class _Block(torch.nn.Module):

@@ -7,15 +7,15 @@ import pytest
 from orchestrate.config.load import config_from_dict, load_config
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.model.meta import load_model_config, shape_from_config
-from orchestrate.planner.memory import estimate_memory
-from orchestrate.planner.pruning import (
+from orchestrate.methods.prune.schedule import (
     pruned_count,
     pruned_parameters,
     scheduled_sparsity,
     sparsity_at,
     updates_mask,
 )
+from orchestrate.model.meta import load_model_config, shape_from_config
+from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
 

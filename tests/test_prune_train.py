@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.planner.pruning import prunable_linears, pruned_parameters
+from orchestrate.methods.prune.schedule import prunable_linears, pruned_parameters
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 
@@ -46,7 +46,7 @@ def _master_sparsity(engine, views) -> float | None:
     optimizer steps the parameter itself)."""
     from deepspeed.utils import safe_get_full_fp32_param
 
-    from orchestrate.worker.prune_masks import unwrap
+    from orchestrate.methods.prune.masks import unwrap
 
     if not hasattr(engine, "engine"):
         return None
@@ -60,8 +60,8 @@ def _master_sparsity(engine, views) -> float | None:
 
 
 def _run(engine, plan, info, steps: range, ckpt: Path | None = None) -> dict:
-    from orchestrate.worker.callbacks import StepEnd
-    from orchestrate.worker.prune_callback import Pruning
+    from orchestrate.methods.prune.callback import Pruning
+    from orchestrate.worker.callbacks.base import StepEnd
 
     cb = Pruning(engine)
     cb.on_train_start(info)
@@ -84,7 +84,7 @@ def _run(engine, plan, info, steps: range, ckpt: Path | None = None) -> dict:
 def _rank_main(strategy: Strategy, prune: dict, model_dir: str, work: str) -> dict:
     from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.registry import get_backend
-    from orchestrate.worker.callbacks import RunInfo
+    from orchestrate.worker.callbacks.base import RunInfo
     from tests.helpers.dist import init_gloo
 
     torch.set_num_threads(1)  # 2 ranks on 2 shared cores
@@ -104,7 +104,7 @@ def _rank_main(strategy: Strategy, prune: dict, model_dir: str, work: str) -> di
 
 
 def _write_model(out: Path) -> Path:
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     return build_initial_model(_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 4), {}), out)
 
@@ -164,8 +164,8 @@ STRUCTURED = {"method": "structured", "scope": "per-layer", "heads": True}
 def _structured_main(model_dir: str, work: str) -> dict:
     out = _rank_main(STRATEGIES["fsdp2"], STRUCTURED, model_dir, work)
     if int(os.environ["RANK"]) == 0:
-        from orchestrate.backends.prune_shrink import Cut, shrink_saved_model
-        from orchestrate.planner.pruning import pruned_channels, pruned_heads
+        from orchestrate.methods.prune.schedule import pruned_channels, pruned_heads
+        from orchestrate.methods.prune.shrink import Cut, shrink_saved_model
 
         shape, prune = (plan := _plan(STRATEGIES["fsdp2"], STRUCTURED)).shape, plan.config.prune
         shutil.copytree(Path(work) / "hf", Path(work) / "hf_dense")

@@ -1,4 +1,4 @@
-"""QLoRA's base quantized as it loads (model/quantized_loading.py): the same NF4 weights and the
+"""QLoRA's base quantized as it loads (methods/lora/quantized_loading.py): the same NF4 weights and the
 same outputs as quantizing a fully loaded model, tied weights and Qwen2's biases included, and a
 host peak of about one tensor, not the fp32 model."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from orchestrate.model.lora import LoraTransform
+from orchestrate.methods.lora.transform import LoraTransform
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 
@@ -28,8 +28,8 @@ def qlora_plan(arch: dict):
 def test_quantized_as_it_loads_equals_quantized_after_loading(family, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from orchestrate.model.loading import load_replicated
-    from orchestrate.model.quantized_loading import load_quantized
+    from orchestrate.loading.weights import load_replicated
+    from orchestrate.methods.lora.quantized_loading import load_quantized
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHS[family])).save_pretrained(tmp_path)
@@ -62,8 +62,8 @@ def test_tensors_live_while_loading_are_not_the_fp32_model(tmp_path):
     +259 MiB RSS for 41 MiB of live tensors on this 51.7M-parameter model)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from orchestrate.model.loading import load_replicated
-    from orchestrate.model.quantized_loading import load_quantized
+    from orchestrate.loading.weights import load_replicated
+    from orchestrate.methods.lora.quantized_loading import load_quantized
     from orchestrate.simulate.counter import LiveStorageCounter
 
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**BIG)).to(torch.bfloat16)

@@ -1,5 +1,5 @@
 """QLoRA's base under FSDP2 and DeepSpeed ZeRO-2/3 quantized as it loads on the CPU
-(model/quantized_loading.py `load_adapter_base`), not read whole in 16-bit by every rank and quantized
+(methods/lora/quantized_loading.py `load_adapter_base`), not read whole in 16-bit by every rank and quantized
 afterwards: bitsandbytes really quantizes on a move to the CPU, the NF4 bytes and constants equal the
 old path's for the same base, the 16-bit loader is never called (also through the backends' own
 `setup` on 2 gloo ranks), and the live tensors at the load's peak are the NF4 model plus one tensor."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.model.lora import LoraTransform, compute_dtype, quant_storage
+from orchestrate.methods.lora.transform import LoraTransform, compute_dtype, quant_storage
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 from tests.test_quantized_loading import ARCHS, BIG
@@ -57,8 +57,8 @@ def test_the_sharding_backends_base_equals_the_old_16bit_path(backend, family, t
     import bitsandbytes as bnb
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from orchestrate.model import loading
-    from orchestrate.model.adapter_loading import load_adapter_base
+    from orchestrate.loading import weights as loading
+    from orchestrate.methods.lora.loading import load_adapter_base
 
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.for_model(**ARCHS[family])).save_pretrained(tmp_path)
@@ -88,10 +88,10 @@ def test_fsdp_cpu_load_holds_the_nf4_model_and_one_tensor_not_the_16bit_base(tmp
     dtype (fp32 here): at least 4 B/param, so `< params` cannot pass with it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from orchestrate.model.adapter_loading import load_adapter_base
-    from orchestrate.model.loading import load_replicated
-    from orchestrate.planner.adapter_memory import base_bytes, quantized_load_bytes
-    from orchestrate.planner.adapters import adapters_for
+    from orchestrate.loading.weights import load_replicated
+    from orchestrate.methods.lora.adapters import adapters_for
+    from orchestrate.methods.lora.loading import load_adapter_base
+    from orchestrate.methods.lora.memory import base_bytes, quantized_load_bytes
     from orchestrate.simulate.counter import LiveStorageCounter
 
     model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**BIG)).to(torch.bfloat16)
@@ -121,7 +121,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     import bitsandbytes as bnb
 
     from orchestrate.backends.registry import get_backend
-    from orchestrate.model import loading
+    from orchestrate.loading import weights as loading
     from tests.helpers.dist import init_gloo
     from tests.test_backend_ddp import _ctx
 
@@ -181,8 +181,8 @@ def test_backends_setup_never_reads_the_16bit_base(tmp_path):
 def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_base(backend, stage):
     """Llama-3-8B shape on 2 GPUs: the host while loading is 2 x (NF4 block linears at 4.127 bits + the rest
     in bf16 + the embedding read in fp32 and cast to bf16), where it was 2 x 2 B x P."""
+    from orchestrate.methods.lora.adapters import adapters_for
     from orchestrate.model.formulas import shape_from_dict
-    from orchestrate.planner.adapters import adapters_for
     from orchestrate.planner.memory import estimate_memory
     from tests.test_lora_plan import LLAMA3_8B
     from tests.test_memory_knobs import cfg
@@ -201,8 +201,8 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
 
 @pytest.mark.parametrize(("backend", "stage", "copies"), [("fsdp", 3, 1), ("deepspeed", 2, 2), ("deepspeed", 3, 2)])
 def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_under_deepspeed(backend, stage, copies):
+    from orchestrate.methods.lora.adapters import adapters_for
     from orchestrate.model.formulas import shape_from_dict
-    from orchestrate.planner.adapters import adapters_for
     from orchestrate.planner.memory import estimate_memory
     from tests.test_lora_plan import LLAMA3_8B
     from tests.test_memory_knobs import cfg

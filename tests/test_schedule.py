@@ -7,7 +7,7 @@ import pytest
 from transformers.optimization import _get_cosine_with_min_lr_schedule_with_warmup_lr_rate_lambda as hf_lambda
 
 from orchestrate.backends.schedule import lr_multiplier
-from orchestrate.config.schema import TrainSection
+from orchestrate.config.train import TrainSection
 
 
 def _train(max_steps: int, warmup: int, floor: float) -> TrainSection:

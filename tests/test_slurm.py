@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 
 from orchestrate.errors import UserError
-from orchestrate.launch import slurm_cluster
-from orchestrate.launch.slurm import SlurmJob, parse_time_limit, render_sbatch, validate_job
-from orchestrate.launch.slurm_cluster import (
+from orchestrate.transports.slurm import cluster as slurm_cluster
+from orchestrate.transports.slurm.cluster import (
     detect_slurm_allocation,
     expand_hostlist,
     parse_job_id,
     parse_scontrol_record,
     srun_argv_in_allocation,
 )
+from orchestrate.transports.slurm.job import SlurmJob, parse_time_limit, render_sbatch, validate_job
 from tests.daemons import require_slurm, wait_job
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
@@ -75,7 +75,7 @@ def test_rendered_script_is_valid_bash(name, tmp_path):
     ("", "n2"),  # scontrol unavailable or silent: the node's name
 ])
 def test_node_shell_gives_torchrun_the_nodes_slurm_address(scontrol, addr, tmp_path):
-    from orchestrate.launch.slurm import _NODE_SHELL
+    from orchestrate.transports.slurm.job import _NODE_SHELL
 
     fake = tmp_path / "scontrol"
     fake.write_text(f"#!/bin/sh\nprintf '%s\\n' '{scontrol}'\n")
@@ -214,7 +214,7 @@ ALLREDUCE = """\
 import json, os, sys
 sys.path.insert(0, {repo!r})  # orchestrate itself, also where it is not pip-installed
 import torch, torch.distributed as dist
-from orchestrate.launch.slurm_cluster import detect_slurm_allocation
+from orchestrate.transports.slurm.cluster import detect_slurm_allocation
 dist.init_process_group("gloo")
 t = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(t)

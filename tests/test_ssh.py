@@ -18,10 +18,16 @@ from pathlib import Path
 import pytest
 
 from orchestrate.errors import UserError
-from orchestrate.launch import ssh, ssh_commands
-from orchestrate.launch.hostfile import Host, load_hostfile, parse_hostfile
-from orchestrate.launch.ssh import HostFailure, SshOptions, plan_commands, run_commands, run_on_hosts
-from orchestrate.launch.ssh_commands import node_commands
+from orchestrate.transports.ssh import hosts as ssh_commands
+from orchestrate.transports.ssh import remote as ssh
+from orchestrate.transports.ssh.hosts import Host, load_hostfile, node_commands, parse_hostfile
+from orchestrate.transports.ssh.remote import (
+    HostFailure,
+    SshOptions,
+    plan_commands,
+    run_commands,
+    run_on_hosts,
+)
 from tests.daemons import require_sshd
 
 PYTHON = sys.executable
@@ -264,8 +270,8 @@ def test_ctrl_c_stops_every_host(sshd, tmp_path, marker):
     script.write_text(f"""\
 import sys
 sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
-from orchestrate.launch.ssh import SshOptions, run_on_hosts
-from orchestrate.launch.ssh_commands import NodeCommand
+from orchestrate.transports.ssh.remote import SshOptions, run_on_hosts
+from orchestrate.transports.ssh.hosts import NodeCommand
 cmds = [NodeCommand(h, r, tuple(a)) for h, r, a in {[(c.host, c.rank, list(c.argv)) for c in cmds]!r}]
 run_on_hosts(cmds, SshOptions(ssh_config={str(sshd.ssh_config)!r}, stop_grace_s=5))
 """)

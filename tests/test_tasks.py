@@ -89,7 +89,7 @@ def test_saved_classifier_under_the_causal_task_names_the_fix(tmp_path):
 
 
 def test_num_labels_that_disagrees_with_the_data():
-    from orchestrate.model.labels import check_num_labels, configured_num_labels
+    from orchestrate.loading.labels import check_num_labels, configured_num_labels
 
     check_num_labels(["neg", "pos"], configured_num_labels({}, None), "train.csv")
     with pytest.raises(UserError, match="num_labels disagrees") as err:

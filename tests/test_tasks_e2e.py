@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.planner.strategy import Strategy
+from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 4)

@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.planner.strategy import Strategy
+from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
 from tests.test_tasks_e2e import TINY_BERT, write_labelled_csv
 

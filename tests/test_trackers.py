@@ -8,8 +8,8 @@ import pytest
 
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
-from orchestrate.worker.callbacks import RunInfo, StepEnd
-from orchestrate.worker.trackers import TB_DIR, build_trackers
+from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+from orchestrate.worker.callbacks.trackers import TB_DIR, build_trackers
 from tests.helpers.plans import make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
@@ -116,7 +116,7 @@ def test_wandb_offline_writes_a_run(tmp_path, monkeypatch):
 
 
 def test_missing_tracker_library_is_a_user_error(monkeypatch):
-    import orchestrate.worker.tracker_deps as deps
+    import orchestrate.config.requirements as deps
 
     real = importlib.util.find_spec
     monkeypatch.setattr(deps.importlib.util, "find_spec", lambda n: None if n == "wandb" else real(n))

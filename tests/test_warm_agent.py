@@ -1,4 +1,4 @@
-"""torchrun's agent process (orchestrate/agent, orchestrate/launch/warm_agent.py): the launcher's side
+"""torchrun's agent process (orchestrate/agent, orchestrate/transports/local/agent.py): the launcher's side
 of it without a run, a dead agent, signal forwarding; the agent's own once-only stop; a forked rank's
 signals and threads. Every 2-rank launch test runs through the agent as well."""
 
@@ -23,7 +23,7 @@ def _config():
 
 
 def test_an_agent_that_gets_no_run_is_gone_when_closed():
-    from orchestrate.launch.warm_agent import WarmAgent
+    from orchestrate.transports.local.agent import WarmAgent
 
     agent = WarmAgent.start(_config())
     assert agent.process.poll() is None  # importing the workers' code meanwhile
@@ -32,7 +32,7 @@ def test_an_agent_that_gets_no_run_is_gone_when_closed():
 
 
 def test_an_agent_that_died_before_the_run_is_reported_with_its_exit_code(tmp_path: Path):
-    from orchestrate.launch.warm_agent import WarmAgent
+    from orchestrate.transports.local.agent import WarmAgent
 
     agent = WarmAgent.start(_config())
     agent.process.kill()
@@ -54,7 +54,7 @@ print(len(got), flush=True)
 
 
 def test_the_launcher_forwards_the_first_of_each_stop_signal_once():
-    from orchestrate.launch.warm_agent import _Forwarder
+    from orchestrate.transports.local.agent import _Forwarder
 
     child = subprocess.Popen([sys.executable, "-c", _COUNTER], stdout=subprocess.PIPE, text=True)
     assert child.stdout.readline().strip() == "ready"
@@ -101,7 +101,7 @@ def test_a_forked_rank_gets_default_signals_and_its_thread_count(monkeypatch):
                     intr=signal.getsignal(signal.SIGINT))
         return 75
 
-    from orchestrate.run.stop_signals import STOP_SIGNALS
+    from orchestrate.run.exits import STOP_SIGNALS
 
     saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
     threads = torch.get_num_threads()

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.launch.local import LocalTorchrun
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.planner.plan import Plan
 from orchestrate.planner.strategy import Strategy
+from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
 
 FSDP = Strategy("fsdp", 3, "none", "none", "fp32", False, 2)
@@ -82,8 +82,8 @@ def test_worker_reports_a_data_error_and_exits_2(tmp_path: Path):
 def test_initial_weights_are_identical_for_the_same_seed(tmp_path: Path):
     from safetensors.torch import load_file
 
-    from orchestrate.config.schema import ModelSection
-    from orchestrate.model.init_weights import build_initial_model, ensure_initial_weights
+    from orchestrate.config.model import ModelSection
+    from orchestrate.loading.init_weights import build_initial_model, ensure_initial_weights
 
     plan = make_plan(FSDP, ranks=1)
     a = ensure_initial_weights(plan, tmp_path / "a", local_rank=0)
@@ -103,7 +103,11 @@ def test_ddp_builds_a_from_config_model_itself_with_the_weights_rank_0_would_hav
     from safetensors.torch import load_file
 
     from orchestrate.backends.registry import get_backend
-    from orchestrate.model.init_weights import build_from_config, build_initial_model, ensure_initial_weights
+    from orchestrate.loading.init_weights import (
+        build_from_config,
+        build_initial_model,
+        ensure_initial_weights,
+    )
 
     plan = make_plan(DDP, ranks=1)
     assert not get_backend("ddp").reads_weights(plan)

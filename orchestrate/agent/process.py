@@ -1,5 +1,5 @@
 """torchrun's agent as a process of its own, started before planning (`python -m orchestrate.agent
-REPLY_FD`, by orchestrate.launch.warm_agent): while the launcher plans and writes the run directory,
+REPLY_FD`, by orchestrate.transports.local.agent): while the launcher plans and writes the run directory,
 it imports what every worker needs (torch, torchrun, the worker's code, the model's transformers
 code); then it runs the launcher's torchrun argument list with the workers forked from it
 (torchrun's `start_method="fork"`), so no worker imports any of that again.
@@ -29,8 +29,7 @@ import signal
 import sys
 from pathlib import Path
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
-from orchestrate.run.stop_signals import STOP_SIGNALS
+from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
 
 
 def _read_message() -> dict | None:

@@ -1,5 +1,5 @@
 """torchrun in this process: its exit code, and what to tell the user about a failed rank or a stop
-signal. The launcher runs it here for a program of the user's (orchestrate.launch.local); torchrun's
+signal. The launcher runs it here for a program of the user's (orchestrate.transports.local.transport); torchrun's
 agent process (orchestrate.agent.process) runs it for orchestrate's worker, forking the ranks."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrate.run.exit_codes import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, WORKER_MODULE
 
 

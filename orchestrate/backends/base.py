@@ -127,7 +127,7 @@ class Backend(Protocol):
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
         """Why a checkpoint written under `saved` (its Strategy.to_dict(), same backend) cannot
-        continue under `strategy`, beyond what every backend shares (orchestrate.run.resume_rules)."""
+        continue under `strategy`, beyond what every backend shares (orchestrate.run.checkpoints)."""
         ...
 
     def full_state_dict(self, ckpt_dir: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:

@@ -1,7 +1,7 @@
 """DDP backend: torch DistributedDataParallel, plain data parallel (ZeRO stage 0).
 
 Each rank holds the whole model, gradients and optimizer state, which DDP needs anyway; it is
-allocated on the rank's device and filled tensor by tensor (`orchestrate.model.loading`), so no
+allocated on the rank's device and filled tensor by tensor (`orchestrate.loading.weights`), so no
 rank holds a second, CPU copy while loading. `ddp_settings(plan)` is the one
 place the setup is decided: `render` writes it as ddp.json and `setup` applies that dict.
 """
@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.adapter_io import is_peft, merge_adapters, save_adapter, trainable_state
 from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
 from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
@@ -29,6 +28,7 @@ from orchestrate.backends.torch_engine import (
     write_client_state,
 )
 from orchestrate.errors import Problem
+from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter, trainable_state
 
 if TYPE_CHECKING:
     import torch
@@ -198,13 +198,13 @@ class DDPBackend:
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
-        from orchestrate.model.custom import build_module, is_custom, model_config
-        from orchestrate.model.host_embedding import host_names, route_lookups, to_device_keeping_embedding
-        from orchestrate.model.init_weights import build_from_config, has_weights
-        from orchestrate.model.loading import has_safetensors, load_replicated
-        from orchestrate.model.quantized_loading import load_quantized
+        from orchestrate.loading.host_embedding import host_names, route_lookups, to_device_keeping_embedding
+        from orchestrate.loading.init_weights import build_from_config, has_weights
+        from orchestrate.loading.transforms import apply_transforms
+        from orchestrate.loading.weights import has_safetensors, load_replicated
+        from orchestrate.methods.custom.module import build_module, is_custom, model_config
+        from orchestrate.methods.lora.quantized_loading import load_quantized
         from orchestrate.model.tasks import auto_class
-        from orchestrate.model.transforms import apply_transforms
 
         st = ddp_settings(plan)
         check_world_size(st, ctx)
@@ -214,10 +214,10 @@ class DDPBackend:
         if is_custom(plan.config):  # your own module, built and initialised by its own code (seeded)
             model = build_module(plan.config, ctx.device)
         elif quantize_on_load:
-            # Quantized tensor by tensor as it loads: never the fp32 base (orchestrate/model/quantized_loading.py).
+            # Quantized tensor by tensor as it loads: never the fp32 base (orchestrate/methods/lora/quantized_loading.py).
             model, layout = load_quantized(ctx.model_dir, ctx.device, plan, trust, task)
         elif has_safetensors(ctx.model_dir):
-            # Allocated on this rank's device and filled one tensor at a time (orchestrate/model/loading.py):
+            # Allocated on this rank's device and filled one tensor at a time (orchestrate/loading/weights.py):
             # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
             model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task, st["embedding_offload"])
         elif has_weights(ctx.model_dir):  # PyTorch .bin weights: transformers' loader, a full fp32 copy per rank
@@ -230,7 +230,7 @@ class DDPBackend:
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)
-        if st["embedding_offload"]:  # the frozen input embedding stays on the CPU (model/host_embedding.py)
+        if st["embedding_offload"]:  # the frozen input embedding stays on the CPU (loading/host_embedding.py)
             to_device_keeping_embedding(model, ctx.device)
             route_lookups(model, ctx.device)
             # DDP refuses parameters on two device types and broadcasts every one at construction (NCCL cannot

@@ -12,14 +12,14 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.adapter_io import merge_adapters, save_adapter
 from orchestrate.backends.base import StepResult, WorkerContext, device_process_group
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.backends.torch_engine import default_objective
 from orchestrate.errors import Problem
-from orchestrate.model.transforms import apply_transforms
+from orchestrate.loading.transforms import apply_transforms
+from orchestrate.methods.lora.saving import merge_adapters, save_adapter
 from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
@@ -85,9 +85,9 @@ class DeepSpeedBackend:
         import deepspeed
         import torch
 
-        from orchestrate.model.adapter_loading import load_adapter_base
-        from orchestrate.model.custom import build_module, is_custom
-        from orchestrate.model.loading import has_safetensors, load_replicated
+        from orchestrate.loading.weights import has_safetensors, load_replicated
+        from orchestrate.methods.custom.module import build_module, is_custom
+        from orchestrate.methods.lora.loading import load_adapter_base
         from orchestrate.model.tasks import auto_class
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
@@ -120,7 +120,7 @@ class DeepSpeedBackend:
             # Stages 0-2 replicate parameters (and a LoRA run's ZeRO-3, which partitions the transformed
             # model in deepspeed.initialize: the adapted model's keys are not the checkpoint's, so
             # zero.Init's load cannot fill it): allocate them on this rank's device and fill them one
-            # tensor at a time (orchestrate/model/loading.py), never a full copy in CPU RAM per rank.
+            # tensor at a time (orchestrate/loading/weights.py), never a full copy in CPU RAM per rank.
             # In the training dtype: the engine would cast the parameters to it anyway
             # (_cast_module_mixed_precision) and builds the fp32 master from that cast copy
             # (stage_1_and_2.py), so the result is the same and the device holds half the bytes.
@@ -252,7 +252,7 @@ class DeepSpeedTrainEngine:
         import deepspeed.comm as dist
 
         from orchestrate.backends.hf_io import follow_umask, save_hf_dir
-        from orchestrate.model.custom import save_module
+        from orchestrate.methods.custom.module import save_module
 
         if self._peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
             adapters = self._adapters()

@@ -5,7 +5,7 @@
 
 Loading never makes N full copies: the model is built on the meta device, sharded, materialised
 empty (`to_empty`), and every rank reads only its own rows of each tensor from the memory-mapped
-safetensors into its shard (`orchestrate.model.loading.load_sharded`): no full copy anywhere.
+safetensors into its shard (`orchestrate.loading.weights.load_sharded`): no full copy anywhere.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.adapter_io import is_peft, merge_adapters, save_adapter
 from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
 from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
@@ -29,6 +28,7 @@ from orchestrate.backends.torch_engine import (
     write_client_state,
 )
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
 
 if TYPE_CHECKING:
     import torch
@@ -222,7 +222,7 @@ def _materialise(model, st: dict[str, Any], ctx: WorkerContext, layout) -> None:
     import torch
 
     from orchestrate.backends import hf_io
-    from orchestrate.model.loading import load_sharded
+    from orchestrate.loading.weights import load_sharded
 
     # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
     model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
@@ -307,10 +307,10 @@ class FSDPBackend:
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
-        from orchestrate.model.adapter_loading import fill_from_rank0, fsdp_adapter_model
-        from orchestrate.model.custom import ModuleConfig, build_module, is_custom
+        from orchestrate.loading.transforms import apply_transforms
+        from orchestrate.methods.custom.module import ModuleConfig, build_module, is_custom
+        from orchestrate.methods.lora.loading import fill_from_rank0, fsdp_adapter_model
         from orchestrate.model.meta import build_meta_model
-        from orchestrate.model.transforms import apply_transforms
 
         st = fsdp_settings(plan)
         check_device(st, ctx.device)
@@ -330,7 +330,7 @@ class FSDPBackend:
         elif adapters:
             hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
             # QLoRA: each rank's base quantized as it loads on the CPU; LoRA: a meta model, filled from rank 0's
-            # after fully_shard (model/adapter_loading.py). layout: the base's keys, the merged model's.
+            # after fully_shard (methods/lora/loading.py). layout: the base's keys, the merged model's.
             model, layout, rank0_state = fsdp_adapter_model(ctx.model_dir, plan, ctx.rank, trust,
                                                             plan.config.model.task)
         else:

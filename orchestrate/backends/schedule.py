@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import warnings
 
-from orchestrate.config.schema import TrainSection
+from orchestrate.config.train import TrainSection
 
 
 def lr_multiplier(step: int, train: TrainSection) -> float:

@@ -19,7 +19,7 @@ from orchestrate.backends.schedule import step_schedule
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.config.schema import TrainSection
+    from orchestrate.config.train import TrainSection
     from orchestrate.planner.plan import Candidate, Plan
 
 CLIENT_STATE_FILE = "client_state.json"

@@ -89,8 +89,8 @@ class PreparedData:
 def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) -> None:
     """Cheap checks the launcher runs before starting workers: files exist, lengths and vocab fit."""
     data = config.data
-    if config.model.module is not None:  # your own module: data.module only (orchestrate.data.module_data)
-        from orchestrate.data.module_data import check_module_data_config
+    if config.model.module is not None:  # your own module: data.module only (orchestrate.methods.custom.data)
+        from orchestrate.methods.custom.data import check_module_data_config
 
         return check_module_data_config(config)
     problems = check_entries(config)
@@ -194,7 +194,7 @@ def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
     """The data's label names, checked against a configured num_labels (None for unlabelled tasks)."""
     if config.model.task != "sequence-classification":
         return None
-    from orchestrate.model.labels import check_num_labels, configured_num_labels
+    from orchestrate.loading.labels import check_num_labels, configured_num_labels
     from orchestrate.model.meta import config_dict
 
     names = label_names(prepared)
@@ -245,7 +245,7 @@ def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False,
     `resumed`: (the checkpoint the workers continue from, the data identity it recorded): data that
     changed since is refused here, before any worker starts."""
     if plan.config.data.module is not None:
-        from orchestrate.data.module_data import describe_module_data
+        from orchestrate.methods.custom.data import describe_module_data
 
         return describe_module_data(plan.config)
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)

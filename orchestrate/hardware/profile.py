@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrate.hardware.software import SoftwareStack
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -78,6 +80,9 @@ class HardwareProfile(_Spec):
     """Per-node network bandwidth between machines, bytes/s (default: 10 GbE)."""
     driver_version: str | None = None
     """NVIDIA driver version, when detected (some NCCL quirks depend on it)."""
+    software: SoftwareStack = Field(default_factory=SoftwareStack)
+    """Library versions the plan is for (what each keeps on the GPU differs): this interpreter's, read
+    when the profile is resolved, or pinned by a profile file."""
 
     @property
     def has_gpu(self) -> bool:

@@ -12,6 +12,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.software import SoftwareStack, installed_software
 from orchestrate.hardware.units import format_bytes, parse_size
 
 # No GPU or host worth planning for has less; a smaller number is a size typed without its unit.
@@ -27,13 +28,26 @@ def resolve_hardware(
     nvme: str | None = None,
     gpus_per_node: int | None = None,
     detect: Callable[[], HardwareProfile] = detect_hardware,
+    software: Callable[[], SoftwareStack] = installed_software,
 ) -> HardwareProfile:
     """The profile to plan for.
 
     `gpus` is ranks per node: GPUs on a GPU profile, gloo worker processes on a CPU-only one.
     `gpus_per_node` always means GPUs: on a CPU-only profile it plans for a GPU machine you do not
     have, as `gpu_mem` does; both then use the `generic-8gb` preset's throughputs.
+    A profile without library versions gets this interpreter's (`software`).
     """
+    return _with_software(_resolve(profile, gpus, gpu_mem, cpu_mem, nodes, nvme, gpus_per_node, detect), software)
+
+
+def _with_software(profile: HardwareProfile, software: Callable[[], SoftwareStack]) -> HardwareProfile:
+    if profile.software != SoftwareStack():
+        return profile  # pinned by the profile file
+    return profile.model_copy(update={"software": software()})
+
+
+def _resolve(profile: str | None, gpus: int | None, gpu_mem: str | None, cpu_mem: str | None, nodes: int | None,
+             nvme: str | None, gpus_per_node: int | None, detect: Callable[[], HardwareProfile]) -> HardwareProfile:
     problems: list[Problem] = []
     gpu_mem_bytes = _memory(gpu_mem, "--gpu-mem", problems)
     cpu_mem_bytes = _memory(cpu_mem, "--cpu-mem", problems)

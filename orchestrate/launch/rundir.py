@@ -26,10 +26,11 @@ from orchestrate.run.layout import (
     METRICS_FILE,
     MODEL_DIR,
     PLAN_FILE,
+    check_run_dir_writable,
+    os_errors_as_user_errors,
+    write_marker,
 )
 from orchestrate.run.lock import RunLock
-from orchestrate.run.marker import check_run_dir_writable, write_marker
-from orchestrate.run.write_errors import os_errors_as_user_errors
 
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
@@ -143,7 +144,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
                     force: bool = False, hold: ExitStack | None = None, remote_workers: bool = False,
                     where: str = "--run-dir", check_data: bool = True) -> tuple[Plan, Path]:
     """Plan (UserError when nothing fits), check the data, run `check` on the plan, check that the
-    directory may be written (orchestrate.run.marker; `force`), then lock it and write it;
+    directory may be written (orchestrate.run.layout; `force`), then lock it and write it;
     notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest run of `name`)
     keeps its own plan when it still fits and is not written again (`orchestrate.launch.resume`);
     otherwise a `run_dir` that already holds checkpoints is refused. The lock is kept in `hold`

@@ -29,10 +29,8 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.resume import failure_notice, resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.planner.plan import Plan
-from orchestrate.run.exit_codes import EX_TEMPFAIL
-from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE
-from orchestrate.run.requeue import clear_requeue, read_requeue
-from orchestrate.run.stop_signals import STOP_SIGNALS
+from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
+from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, clear_requeue, read_requeue
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -58,7 +56,7 @@ class LaunchRequest:
     max_restarts: int = 0
     force: bool = False
     """Write into a non-empty directory that is not a run directory when nothing there would be
-    replaced (orchestrate.run.marker)."""
+    replaced (orchestrate.run.layout)."""
     program: tuple[str, ...] = ()
     """`launch -- python train.py ARGS`: the user's own loop brings its own data, so the data
     section is neither checked nor tokenised (the transport runs the program: LaunchOptions.program)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import orchestrate.loop_api.launch_state as launch_state
 from orchestrate.errors import UserError
-from orchestrate.run.exit_codes import EXIT_USER_ERROR
+from orchestrate.run.exits import EXIT_USER_ERROR
 
 
 def _usage() -> int:

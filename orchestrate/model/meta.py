@@ -225,7 +225,7 @@ def shape_for(config: RunConfig) -> ModelShape:
     """The shape of the model `config` describes (reads at most a config.json; never weights);
     your own `model.module` is counted on the meta device, its activations measured once."""
     if config.model.module is not None:
-        from orchestrate.model.custom_activations import custom_shape
+        from orchestrate.methods.custom.activations import custom_shape
 
         return custom_shape(config)
     data = config_dict(config)

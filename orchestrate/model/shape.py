@@ -39,7 +39,7 @@ class ModelShape:
     block_classes: tuple[str, ...] = ()
     """Your own module (task "custom"): the block classes to wrap (detected or strategy.wrap)."""
     activation_bytes_per_sample: int = 0
-    """Your own module: fp32 activation bytes per sample, measured (model/custom_activations.py)."""
+    """Your own module: fp32 activation bytes per sample, measured (methods/custom/activations.py)."""
     activation_bytes_fixed: int = 0
     """Your own module: the measured activation bytes that do not grow with the micro-batch."""
 

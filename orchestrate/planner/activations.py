@@ -97,8 +97,31 @@ def norm_bytes(norm: str, hidden: int, c: int) -> int:
     return 2 * FP32 * hidden + FP32  # rmsnorm_fp32: fp32 copy + fp32 normalised + rsqrt
 
 
-def layer_bytes_per_token(shape: ModelShape, c: int) -> float:
-    """Bytes one block saves for backward per token, compute dtype of c bytes (no recomputation)."""
+@dataclass(frozen=True)
+class EagerAttention:
+    """The attention of transformers releases before SDPA was a family's default (software_terms.py):
+    matmul, softmax, dropout and matmul as separate ops, so autograd keeps s x s tensors per head."""
+
+    seq_len: int
+    softmax_bytes: int
+    """4 where the softmax runs in fp32 (Llama's eager attention up-casts; autocast runs softmax in
+    fp32), else the compute dtype's c."""
+    dropout: bool
+    """Attention dropout on (BERT's attention_probs_dropout_prob 0.1)."""
+
+
+def eager_attention_bytes(attn: EagerAttention, heads: int, c: int) -> int:
+    """Per token: the softmax output (saved by softmax backward), with dropout its 1-byte mask and the
+    c-byte dropped probabilities the value matmul saves, else the c-byte copy that matmul saves when the
+    softmax ran in fp32 (torch derivatives.yaml: _softmax saves its result, native_dropout its mask, bmm
+    its operands). modeling_bert.py BertSelfAttention / modeling_llama.py LlamaAttention (eager)."""
+    probs = (MASK + c) if attn.dropout else (c if attn.softmax_bytes != c else 0)
+    return heads * attn.seq_len * (attn.softmax_bytes + probs)
+
+
+def layer_bytes_per_token(shape: ModelShape, c: int, eager: EagerAttention | None = None) -> float:
+    """Bytes one block saves for backward per token, compute dtype of c bytes (no recomputation);
+    `eager`: the scores are materialised (no SDPA logsumexp then)."""
     block = FAMILY_BLOCKS.get(shape.model_type)
     h = shape.hidden_size
     if block is None:
@@ -111,7 +134,8 @@ def layer_bytes_per_token(shape: ModelShape, c: int) -> float:
         qkv = c * (q + 2 * kv) + (c * (q + kv) if block.rope else 0)  # whole storage + rotated q, k
     else:
         qkv = c * (q + 2 * kv)  # q, k (rotated or not: one tensor each) and v
-    attn = attn_in + qkv + c * q + LSE * shape.num_heads  # + SDPA output (= o_proj input)
+    scores = eager_attention_bytes(eager, shape.num_heads, c) if eager else LSE * shape.num_heads
+    attn = attn_in + qkv + c * q + scores  # + the attention output (= o_proj input)
     mlp = c * h + block.mlp_saved * c * shape.intermediate_size  # MLP input + intermediates
     return norms + attn + mlp + MASK * h * block.dropout_masks
 
@@ -134,15 +158,17 @@ def checkpointed_bytes_per_token(shape: ModelShape, c: int) -> float:
 
 
 def activation_bytes(shape: ModelShape, c: int, tokens: int, checkpointing: bool, logits: int,
-                     stored_layers: int | None = None) -> int:
+                     stored_layers: int | None = None, eager: EagerAttention | None = None,
+                     layer_delta_per_token: float = 0.0) -> int:
     """Saved activations of a micro-batch of `tokens` tokens at the backward-start peak;
-    `stored_layers`: how many checkpointed block inputs are on the device (all, unless offloaded).
+    `stored_layers`: how many checkpointed block inputs are on the device (all, unless offloaded);
+    `layer_delta_per_token`: what adapters change in each block (adapter_memory.adapter_saved_delta).
 
     With checkpointing, backward recomputes one block at a time; that block's activations exist
     only after the LM head and loss have been differentiated and their `logits` bytes freed, so
     the recomputed block raises the peak only by what it exceeds them."""
     outside = outside_bytes_per_token(shape, c) * tokens
-    layer = layer_bytes_per_token(shape, c) * tokens
+    layer = (layer_bytes_per_token(shape, c, eager) + layer_delta_per_token) * tokens
     if not checkpointing:
         return int(outside + shape.num_layers * layer)
     stored = (shape.num_layers if stored_layers is None else stored_layers) * checkpointed_bytes_per_token(shape, c) * tokens

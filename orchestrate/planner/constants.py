@@ -33,9 +33,7 @@ calibrated)."""
 # What a simulation cannot see (GPU only): margins, to be calibrated on a real 8 GB GPU
 # --------------------------------------------------------------------------------------------------
 
-CUDA_CONTEXT_BYTES = 500 * MiB
-"""CUDA context + loaded kernels (torch, cuBLAS, NCCL modules): ~300-500 MB on recent drivers with lazy
-module loading; the upper end as a margin. To be calibrated."""
+# The CUDA context (per CUDA version and module loading) is in planner/software_terms.py.
 
 CUBLAS_WORKSPACE_BYTES = 64 * MiB
 """cuBLAS/cuBLASLt workspaces (torch sets 4 MiB x 8 per handle and stream on Ampere+, `:4096:8`) plus

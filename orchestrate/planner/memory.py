@@ -28,28 +28,32 @@ process's RAM) with no CUDA context, workspace or allocator reserve; callers com
 
 from __future__ import annotations
 
-from orchestrate.config.prune import PruneSection
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.model.shape import ModelShape
-from orchestrate.planner import activations, ds_buckets, knobs
-from orchestrate.planner import constants as k
-from orchestrate.planner.adapter_memory import (
+from orchestrate.hardware.software import SoftwareStack
+from orchestrate.methods.distill.memory import Teacher, add_teacher_memory, first_pass_bytes
+from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.lora.memory import (
+    adapter_saved_delta,
     add_frozen_base,
     fsdp_forward_start_excess,
     quantized_load_bytes,
+    scale_adapter_states,
     trainable_shape,
 )
-from orchestrate.planner.adapters import Adapters
+from orchestrate.methods.prune.config import PruneSection
+from orchestrate.methods.prune.memory import mask_memory
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner import activations, ds_buckets, knobs, software_terms
+from orchestrate.planner import constants as k
 from orchestrate.planner.estimate import MemoryEstimate
-from orchestrate.planner.prune_memory import mask_memory
 from orchestrate.planner.strategy import Strategy
-from orchestrate.planner.teacher_memory import Teacher, add_teacher_memory, first_pass_bytes
 
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
             "offloaded_activations", "offloaded_embedding", "pinned_buffers", "loading_spike", "process_runtime")
 MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
+_CURRENT = SoftwareStack()  # versions not known: the current releases
 
 
 def compute_bytes(strategy: Strategy) -> int:
@@ -75,26 +79,39 @@ def root_parameters(shape: ModelShape) -> int:
     return max(0, shape.parameters - shape.num_layers * shape.block_parameters)
 
 
-def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
+def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, adapters: Adapters | None = None,
+                     sw: SoftwareStack = _CURRENT) -> int:
     """Saved activations of one micro-batch at the backward-start peak, from the family's block
-    structure (planner/activations.py); offloaded, two block inputs stay on the device (knobs.py)."""
+    structure (planner/activations.py) and what the library versions `sw` save (software_terms.py);
+    offloaded, two block inputs stay on the device (knobs.py); `adapters`: what they change per block."""
     if shape.task == "custom":
         # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
-        # sample (orchestrate/model/custom_activations.py), loss temporaries included.
+        # sample (orchestrate/methods/custom/activations.py), loss temporaries included.
         fp32 = shape.activation_bytes_fixed + strategy.micro_batch_size * shape.activation_bytes_per_sample
         return int(fp32 * compute_bytes(strategy) / 4)
-    tokens = strategy.micro_batch_size * seq_len
+    tokens, c = strategy.micro_batch_size * seq_len, compute_bytes(strategy)
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
-    return activations.activation_bytes(shape, compute_bytes(strategy), tokens, strategy.activation_checkpointing,
-                                        logits_bytes(shape, strategy, seq_len), stored_layers)
+    eager = None
+    if software_terms.eager_attention(sw, shape.model_type):
+        # Llama-style eager attention up-casts its softmax; torch.autocast (the DDP engine's 16-bit
+        # path) runs softmax in fp32 too; BERT's attention dropout is on by default (0.1).
+        upcast = shape.model_type != "bert" or (strategy.backend == "ddp" and c == 2)
+        eager = activations.EagerAttention(seq_len, 4 if upcast else c, dropout=shape.model_type == "bert")
+    delta = 0.0
+    if adapters is not None:
+        delta = adapter_saved_delta(shape, adapters, c, adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(sw))
+    return activations.activation_bytes(shape, c, tokens, strategy.activation_checkpointing,
+                                        logits_bytes(shape, strategy, seq_len, sw), stored_layers, eager, delta)
 
 
-def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int) -> int:
+def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT) -> int:
     """Head output and cross-entropy temporaries (measured, see constants): per token and vocabulary
-    entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide)."""
+    entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide);
+    transformers before 4.46 kept more (software_terms.logits_upcast_kept)."""
     if shape.task == "custom":
         return 0  # in the measured activations
     per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
+           else software_terms.LOGITS_BYTES_PER_TOKEN_VOCAB_UPCAST_KEPT if software_terms.logits_upcast_kept(sw)
            else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
     rows = knobs.logits_rows(strategy, seq_len, shape.logits_per_token)  # one chunk's when chunked
     hidden_grad = knobs.hidden_gradient_bytes(shape, strategy, seq_len, compute_bytes(strategy))
@@ -274,7 +291,7 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adap
     if adapters is not None and strategy.backend != "ddp":
         # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
         # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
-        # DeepSpeed by every rank (model/adapter_loading.py; QLoRA: adapter_memory.quantized_load_bytes).
+        # DeepSpeed by every rank (methods/lora/loading.py; QLoRA: adapter_memory.quantized_load_bytes).
         return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * compute_bytes(strategy) * p
     if strategy.backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
@@ -293,6 +310,7 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
                adapters: Adapters | None = None) -> _Placement:
     if adapters is not None:  # the adapters' states as a small model, plus the frozen base (adapter_memory.py)
         out = _placement(trainable_shape(shape, adapters), hw, strategy, accumulation)
+        scale_adapter_states(out.gpu, out.cpu, strategy, adapters)
         add_frozen_base(out.gpu, out.cpu, shape, strategy, shard_group_size(hw, strategy), adapters,
                         compute_bytes(strategy))
         return out
@@ -327,10 +345,12 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu["weights"] -= knobs.input_embedding_bytes(shape, compute_bytes(strategy))
     if prune is not None:
         gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
-    gpu["activations"] = activation_bytes(shape, strategy, seq_len)
-    gpu["logits"] = logits_bytes(shape, strategy, seq_len)
+    sw = hw.software
+    gpu["activations"] = activation_bytes(shape, strategy, seq_len, adapters, sw)
+    gpu["logits"] = logits_bytes(shape, strategy, seq_len, sw)
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
-    if gradient_accumulation == 1:  # see "Peak model" above; with accumulation the gradients persist
+    # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
+    if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
         free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
@@ -348,7 +368,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
                                         - sum(gpu.values()))
     if hw.has_gpu:
-        gpu["cuda_context"] = k.CUDA_CONTEXT_BYTES
+        gpu["cuda_context"] = software_terms.cuda_context_bytes(sw)
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
         if hw.world_size > 1:
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group

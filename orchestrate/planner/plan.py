@@ -30,7 +30,7 @@ class Candidate:
     reason: str = ""
     """Why it was rejected ("" when it fits): which limit it overflows and by how much."""
     teacher_placement: str | None = None
-    """distill: where the teacher lives in this candidate (planner/teacher_memory.py); None without one."""
+    """distill: where the teacher lives in this candidate (methods/distill/memory.py); None without one."""
 
     @property
     def name(self) -> str:

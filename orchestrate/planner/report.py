@@ -12,9 +12,9 @@ from rich.table import Table
 
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
+from orchestrate.methods.prune.schedule import prune_summary
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
-from orchestrate.planner.pruning import prune_summary
 from orchestrate.planner.search import Limits, describe_hardware
 
 
@@ -103,7 +103,7 @@ def activation_note(plan: Plan) -> str | None:
     source = "model.example_input" if plan.config.model.example_input is not None else "data.module"
     return (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of {source} "
             f"({plan.shape.activation_bytes_per_sample:,} B/sample + {plan.shape.activation_bytes_fixed:,} B, fp32; "
-            "model/custom_activations.py)")
+            "methods/custom/activations.py)")
 
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:

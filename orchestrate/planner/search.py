@@ -27,14 +27,16 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from orchestrate.backends.registry import backend_names, get_backend
-from orchestrate.config.prune import PruneSection
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
+from orchestrate.methods.distill.memory import Teacher, auto_placements
+from orchestrate.methods.lora.adapters import Adapters, adapters_for, trains
+from orchestrate.methods.lora.offload import offloaded_adapters
+from orchestrate.methods.prune.config import PruneSection
+from orchestrate.methods.prune.schedule import check_prune
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.adapter_offload import offloaded_adapters
-from orchestrate.planner.adapters import Adapters, adapters_for, trains
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.knobs import (
     auto_loss_chunks,
@@ -44,10 +46,8 @@ from orchestrate.planner.knobs import (
 )
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Candidate, Plan
-from orchestrate.planner.pruning import check_prune
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy
-from orchestrate.planner.teacher_memory import Teacher, auto_placements
 
 _BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
 _OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),
@@ -290,8 +290,8 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teac
                  ) -> Plan:
     """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
     which and why; if none fits, the last one planned (the closest to fitting)."""
-    from orchestrate.config.finetune_deps import METHOD_LIBRARIES, installed
-    from orchestrate.config.train_parts import LoraSection, QuantizationSection
+    from orchestrate.config.requirements import METHOD_LIBRARIES, installed
+    from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 
     why: list[str] = []
     plan = None
@@ -361,7 +361,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
             "strategy", f"nothing planned matches {pins} on this hardware",
             "relax a pin (set it to auto)")])
 
-    from orchestrate.config.finetune_deps import OPTIMIZER_LIBRARIES, installed
+    from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 
     has_8bit_optimizer = installed(OPTIMIZER_LIBRARIES["adamw8bit"])  # looked up once per plan (a file-system probe)
     frozen, tied = adapters is not None, shape.tied_embeddings  # what embedding offload needs (knobs.py)

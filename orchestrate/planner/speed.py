@@ -26,16 +26,16 @@ they are not hidden.
 from __future__ import annotations
 
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.methods.distill.memory import Teacher, teacher_seconds
+from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.lora.memory import trainable_shape
+from orchestrate.methods.lora.offload import base_h2d_bytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
-from orchestrate.planner.adapter_memory import trainable_shape
-from orchestrate.planner.adapter_offload import base_h2d_bytes
-from orchestrate.planner.adapters import Adapters
 from orchestrate.planner.estimate import SpeedEstimate
 from orchestrate.planner.memory import compute_bytes, matmul_parameters, shard_group_size
 from orchestrate.planner.strategy import Strategy
-from orchestrate.planner.teacher_memory import Teacher, teacher_seconds
 
 
 def training_flops_per_token(shape: ModelShape, seq_len: int) -> tuple[float, float]:

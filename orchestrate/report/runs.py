@@ -8,8 +8,7 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import Plan
-from orchestrate.run.layout import METRICS_FILE, PLAN_FILE
-from orchestrate.run.metrics_file import read_records
+from orchestrate.run.layout import METRICS_FILE, PLAN_FILE, read_records
 
 
 @dataclass(frozen=True)

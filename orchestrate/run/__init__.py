@@ -16,7 +16,7 @@ directory and the workers (`orchestrate.worker`) that train in it; they never im
                          only config.json when the backend builds the model itself: DDP)
       checkpoints/       resumable checkpoints (`orchestrate.run.checkpoints`)
       model/             the trained Hugging Face model
-      .orchestrate-run   the marker: this directory is an orchestrate run (`orchestrate.run.marker`)
+      .orchestrate-run   the marker: this directory is an orchestrate run (`orchestrate.run.layout`)
       .lock              held by the running launcher, names it (`orchestrate.run.lock`)
-      REQUEUE            left by workers that checkpointed on a stop signal (`orchestrate.run.requeue`)
+      REQUEUE            left by workers that checkpointed on a stop signal (`orchestrate.run.layout`)
 """

@@ -1,9 +1,38 @@
-"""Every file and folder name of a run directory, defined once (see the package docstring)."""
+"""The run directory on disk: every file and folder name, defined once (see the package docstring),
+its paths (`RunDir`), and the small files that mark it.
+
+The marker, RUN_DIR/.orchestrate-run, makes a directory an orchestrate run: written first by
+`prepare_run`. Only a marked directory (or an empty or new one) is written into as a run
+directory, so a user's own files are never replaced by config.yaml, plan.json, launch.sh, ...
+(`--run-dir .` used to overwrite the input YAML itself):
+
+    new or empty directory                -> written, marker first
+    marked run directory                  -> written (only orchestrate's own files are replaced)
+    non-empty, unmarked, none of the
+      names orchestrate writes there      -> refused; --force adds the run (nothing is replaced)
+    non-empty, unmarked, with such names  -> refused, --force or not: those files are the user's
+    the config file's own directory       -> refused: the run's files would sit among the inputs
+
+The REQUEUE marker: workers that checkpointed on a stop signal leave RUN_DIR/REQUEUE. torchrun
+reports any failed worker as exit 1, so the marker file is what callers read: `orchestrate launch`
+exits EX_TEMPFAIL (75) when it is there, and a batch script can test `[ -f RUN_DIR/REQUEUE ]`. A
+worker that starts removes it.
+
+RUN_DIR/metrics.jsonl holds one JSON object per optimizer step, written by rank 0 (`read_records`).
+OS errors while writing a run directory or an output directory (read-only, no space, not a
+directory) become one UserError naming the path and the fix (`os_errors_as_user_errors`)."""
 
 from __future__ import annotations
 
+import json
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from orchestrate.errors import Problem, UserError
 
 PLAN_FILE = "plan.json"
 CONFIG_FILE = "config.yaml"
@@ -21,7 +50,7 @@ TEACHER_CACHE_DIR = "teacher_cache"
 """distill.placement precomputed: the teacher's top-k logits per training token (numpy memmaps)."""
 REQUEUE_FILE = "REQUEUE"
 MARKER_FILE = ".orchestrate-run"
-"""Written first into every run directory: what makes a directory orchestrate's (`orchestrate.run.marker`)."""
+"""Written first into every run directory: what makes a directory orchestrate's (`write_marker`)."""
 LOCK_FILE = ".lock"
 """flock'ed by the launcher for the whole launch; names its holder (`orchestrate.run.lock`)."""
 EXPORT_MARKER_FILE = ".orchestrate-export"
@@ -94,3 +123,99 @@ class RunDir:
     @property
     def lock(self) -> Path:
         return self.path / LOCK_FILE
+
+
+def write_marker(run_dir: Path) -> Path:
+    path = Path(run_dir) / MARKER_FILE
+    if not path.exists():
+        path.write_text(json.dumps({"orchestrate_run": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}) + "\n")
+    return path
+
+
+def is_run_dir(path: Path) -> bool:
+    return (Path(path) / MARKER_FILE).is_file()
+
+
+def _entries(path: Path) -> list[str]:
+    try:
+        return sorted(p.name for p in path.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _short(names: list[str]) -> str:
+    return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+
+def check_run_dir_writable(run_dir: Path, writes: Iterable[str], config_dir: Path | None = None,
+                           force: bool = False, where: str = "--run-dir") -> None:
+    """UserError unless `run_dir` may be written as a run directory (the table of the module
+    docstring). `writes`: the names (relative paths) the run directory is about to get."""
+    run_dir = Path(run_dir).resolve()
+    if config_dir is not None and Path(config_dir).resolve() == run_dir and not is_run_dir(run_dir):
+        raise UserError("the run directory is the config file's own directory", [Problem(
+            where, f"{run_dir} holds the config and its inputs; the run's config.yaml, plan.json, launch.sh, "
+            "... would be written among (or over) them", f"give a new directory: {where} NEW")])
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError("the run directory is a file", [Problem(where, f"{run_dir} is not a directory",
+                                                                f"give a new directory: {where} NEW")])
+    entries = _entries(run_dir)
+    if not entries or is_run_dir(run_dir):
+        return
+    taken = sorted({w for w in writes if (run_dir / w).exists()})
+    if taken:
+        raise UserError("the directory is not an orchestrate run directory", [Problem(
+            where, f"{run_dir} already holds {_short(taken)}, which orchestrate did not write "
+            f"(no {MARKER_FILE}) and would replace", f"give a new directory: {where} NEW")])
+    if not force:
+        raise UserError("the directory is not empty and not an orchestrate run directory", [Problem(
+            where, f"{run_dir} holds {_short(entries)} (no {MARKER_FILE})",
+            f"give a new directory: {where} NEW, or add --force to put the run there "
+            "(none of those files would be replaced)")])
+
+
+def write_requeue(run_dir: Path, record: dict[str, Any]) -> Path:
+    path = Path(run_dir) / REQUEUE_FILE
+    tmp = path.with_name(REQUEUE_FILE + ".tmp")
+    tmp.write_text(json.dumps(record) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def read_requeue(run_dir: Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / REQUEUE_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except json.JSONDecodeError:
+        return {}  # present but unreadable: still a request to requeue
+
+
+def clear_requeue(run_dir: Path) -> None:
+    (Path(run_dir) / REQUEUE_FILE).unlink(missing_ok=True)
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The metrics lines; a torn last line (a run still writing, or killed mid-write) is skipped."""
+    records = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+    return records
+
+
+@contextmanager
+def os_errors_as_user_errors(flag: str) -> Iterator[None]:
+    """Turn an OSError raised inside into a UserError; `flag` is the option that names the directory."""
+    try:
+        yield
+    except OSError as exc:
+        path = exc.filename or "the output directory"
+        raise UserError("cannot write the output", [Problem(
+            str(path), exc.strerror or str(exc),
+            f"make it writable, or give a directory you can write to ({flag} NEW)")]) from None

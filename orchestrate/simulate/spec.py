@@ -48,7 +48,7 @@ class RunSpec:
     `_no_split_modules`)."""
     adapters: dict[str, Any] | None = None
     """A LoRA / QLoRA run: {"method", "lora", "quantization"} as in `train` (None: full fine-tuning).
-    The harness applies the backends' own transform (orchestrate/model/lora.py) before wrapping."""
+    The harness applies the backends' own transform (orchestrate/methods/lora/transform.py) before wrapping."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property

@@ -45,9 +45,9 @@ from orchestrate.run.checkpoints import (
     rank_file,
     read_meta,
     step_dir_name,
+    write_manifest,
     write_meta,
 )
-from orchestrate.run.manifest import write_manifest
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine, WorkerContext

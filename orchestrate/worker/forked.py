@@ -10,19 +10,19 @@ import os
 import signal
 import sys
 
-from orchestrate.run.stop_signals import STOP_SIGNALS
+from orchestrate.run.exits import STOP_SIGNALS
 from orchestrate.worker.main import main
 
 # What a worker imports on its way to step 1 beyond torch and transformers (each brings its own
 # dependencies; the list came from comparing sys.modules in the agent and in a rank at step 1).
 # All three backends: their modules are light (the engines import lazily).
 WORKER_MODULES = (
-    "orchestrate.worker.stages", "orchestrate.worker.loop", "orchestrate.worker.step_callbacks",
+    "orchestrate.worker.stages", "orchestrate.worker.loop", "orchestrate.worker.callbacks.standard",
     "orchestrate.worker.checkpointing", "orchestrate.worker.dist_env", "orchestrate.worker.objective",
     "orchestrate.worker.preload", "orchestrate.data.pipeline", "orchestrate.backends.ddp",
     "orchestrate.backends.fsdp", "orchestrate.backends.deepspeed_backend", "orchestrate.backends.hf_io",
-    "orchestrate.model.init_weights", "orchestrate.model.loading", "orchestrate.model.transforms",
-    "orchestrate.model.quantized_loading", "orchestrate.model.host_embedding",
+    "orchestrate.loading.init_weights", "orchestrate.loading.weights", "orchestrate.loading.transforms",
+    "orchestrate.methods.lora.quantized_loading", "orchestrate.loading.host_embedding",
 )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.worker.callbacks import RunInfo, StepCallback, StepEnd
+from orchestrate.worker.callbacks.base import RunInfo, StepCallback, StepEnd
 from orchestrate.worker.metrics import gather_step_stats
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
-from orchestrate.run.exit_codes import EX_TEMPFAIL, EXIT_USER_ERROR
+from orchestrate.run.exits import EX_TEMPFAIL, EXIT_USER_ERROR
 
 if TYPE_CHECKING:
     from orchestrate.worker.signals import StopRequest

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from orchestrate.run.metrics_file import read_records
+from orchestrate.run.layout import read_records
 
 _STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node", "stop_elapsed", "save_s")
 

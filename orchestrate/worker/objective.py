@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.methods.distill.objective import TeacherLogits
     from orchestrate.planner.plan import Plan
-    from orchestrate.worker.distill import TeacherLogits
 
 
 class Objective(Protocol):
@@ -110,14 +110,14 @@ _OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, Sequenc
 
 def objective_for(plan: Plan, teacher: TeacherLogits | None = None) -> Objective:
     """The objective of the plan's task (model.task), or of your own module (train.loss); with
-    `distill:` the distillation objective around the task's (orchestrate/worker/distill.py), fed by
+    `distill:` the distillation objective around the task's (orchestrate/methods/distill/objective.py), fed by
     `teacher`."""
     if plan.config.model.module is not None:
-        from orchestrate.worker.custom_objective import CustomObjective
+        from orchestrate.methods.custom.objective import CustomObjective
 
         return CustomObjective(plan.config.train.loss)
     if plan.config.distill is not None:  # the KL term needs the student's whole logits: never chunked
-        from orchestrate.worker.distill import DistillationObjective
+        from orchestrate.methods.distill.objective import DistillationObjective
 
         return DistillationObjective(_OBJECTIVES[plan.config.model.task](), teacher, plan.config.distill)
     if plan.config.model.task == "causal-lm" and plan.chosen is not None:  # the loss in chunks when planned

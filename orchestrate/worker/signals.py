@@ -7,7 +7,7 @@ before the time limit); torchrun forwards SIGTERM/SIGINT/SIGHUP/SIGQUIT (and wha
 TORCHELASTIC_SIGNALS_TO_HANDLE adds, e.g. SIGUSR1) to its workers and SIGKILLs them after
 TORCH_ELASTIC_SHUTDOWN_TIMEOUT seconds.
 
-The worker then exits EX_TEMPFAIL (75) and leaves RUN_DIR/REQUEUE (`orchestrate.run.requeue`).
+The worker then exits EX_TEMPFAIL (75) and leaves RUN_DIR/REQUEUE (`orchestrate.run.layout`).
 """
 
 from __future__ import annotations

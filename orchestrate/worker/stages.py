@@ -13,17 +13,16 @@ from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.plan import Plan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
-from orchestrate.run.layout import RunDir
-from orchestrate.run.requeue import clear_requeue
+from orchestrate.run.layout import RunDir, clear_requeue
 from orchestrate.run.resume_rules import check_resumable
-from orchestrate.worker.callbacks import RunInfo, StepCallback
+from orchestrate.worker.callbacks.base import RunInfo, StepCallback
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine
     from orchestrate.data.pipeline import TrainData
+    from orchestrate.methods.distill.objective import TeacherLogits
     from orchestrate.worker.checkpointing import Checkpointer
     from orchestrate.worker.dist_env import RankInfo
-    from orchestrate.worker.distill import TeacherLogits
     from orchestrate.worker.signals import StopRequest
 
 
@@ -105,22 +104,22 @@ def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
     from orchestrate.data import build_data as build
 
     ranks = worker.ranks
-    if plan.config.data.module is not None:  # your own dataset factory (orchestrate.data.module_data)
-        from orchestrate.data.module_train import build_module_data
+    if plan.config.data.module is not None:  # your own dataset factory (orchestrate.methods.custom.data)
+        from orchestrate.methods.custom.train_data import build_module_data
 
         return build_module_data(plan, ranks.rank, ranks.world_size)
     return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)
 
 
 def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> TeacherLogits | None:
-    """distill: the frozen teacher where the plan places it (orchestrate/backends/teacher.py), or,
+    """distill: the frozen teacher where the plan places it (orchestrate/methods/distill/build.py), or,
     precomputed, the first pass into RUN_DIR/teacher_cache and its reader. Before the student."""
     if plan.config.distill is None:
         return None
-    from orchestrate.backends.teacher import build_teacher as build
-    from orchestrate.backends.teacher import teacher_placement
-    from orchestrate.worker.distill import live_teacher
-    from orchestrate.worker.teacher_cache import TeacherCache, write_cache
+    from orchestrate.methods.distill.build import build_teacher as build
+    from orchestrate.methods.distill.build import teacher_placement
+    from orchestrate.methods.distill.cache import TeacherCache, write_cache
+    from orchestrate.methods.distill.objective import live_teacher
 
     world = worker.ranks.world_size
     placement = teacher_placement(plan, worker.device, world)
@@ -142,7 +141,7 @@ def build_engine(plan: Plan, run: RunDir, worker: Worker, labels: list[str] | No
     from transformers.utils import logging as hf_logging
 
     from orchestrate.backends.registry import get_backend
-    from orchestrate.model.init_weights import ensure_initial_weights
+    from orchestrate.loading.init_weights import ensure_initial_weights
     from orchestrate.worker.objective import objective_for
 
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
@@ -179,10 +178,16 @@ def callbacks(info: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReq
     """Pruning (with `prune:`: everything after sees the pruned weights), then evaluation (it adds
     eval_loss to the record the others see), then the observers (metrics file, progress, the trackers
     of train.report_to, the memory verdict), checkpoints, stop signals last."""
-    from orchestrate.worker.prune_callback import Pruning
-    from orchestrate.worker.step_callbacks import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
-    from orchestrate.worker.trackers import build_trackers
-    from orchestrate.worker.verdict_callback import MemoryVerdictPrinter
+    from orchestrate.methods.prune.callback import Pruning
+    from orchestrate.worker.callbacks.standard import (
+        Checkpoints,
+        Evaluation,
+        MetricsFile,
+        Progress,
+        StopOnSignal,
+    )
+    from orchestrate.worker.callbacks.trackers import build_trackers
+    from orchestrate.worker.callbacks.verdict import MemoryVerdictPrinter
 
     plan, chosen = info.plan, info.plan.chosen
     tokens = chosen.strategy.micro_batch_size * chosen.gradient_accumulation * info.world_size * plan.config.train.seq_len
@@ -203,8 +208,8 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     engine.save_hf_model(run.model)
     prune = plan.config.prune
     if prune is not None and prune.method == "structured" and worker.is_main:  # physically smaller
-        from orchestrate.backends.prune_shrink import Cut, shrink_saved_model
-        from orchestrate.planner.pruning import pruned_channels, pruned_heads
+        from orchestrate.methods.prune.schedule import pruned_channels, pruned_heads
+        from orchestrate.methods.prune.shrink import Cut, shrink_saved_model
 
         shape = plan.shape
         shrink_saved_model(run.model, Cut(pruned_channels(shape, prune), pruned_heads(shape, prune),
@@ -216,7 +221,7 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     if plan.config.model.module is None:  # your own module has no tokenizer
         save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
     if data.label_names is not None:
-        from orchestrate.model.labels import write_labels
+        from orchestrate.loading.labels import write_labels
 
         write_labels(run.model, data.label_names)
     names = [v for k, v in plan.files.items() if k.startswith("backend") or k == "accelerate_config"]

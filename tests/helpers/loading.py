@@ -26,7 +26,7 @@ def sharded_meta_model(model_dir: str):
     from torch.distributed.fsdp import fully_shard
 
     from orchestrate.backends import hf_io
-    from orchestrate.model.loading import meta_model
+    from orchestrate.loading.weights import meta_model
 
     _, world = init_gloo()
     model, hf_config, layout = meta_model(Path(model_dir))
@@ -64,8 +64,8 @@ def rank0_broadcast(model_dir: str) -> int:
 
 
 def sharded(model_dir: str) -> int:
-    """FSDP2 with every rank reading its own rows (orchestrate.model.loading.load_sharded)."""
-    from orchestrate.model.loading import load_sharded
+    """FSDP2 with every rank reading its own rows (orchestrate.loading.weights.load_sharded)."""
+    from orchestrate.loading.weights import load_sharded
 
     model, layout = sharded_meta_model(model_dir)
     load_sharded(model, Path(model_dir), layout)
@@ -73,8 +73,8 @@ def sharded(model_dir: str) -> int:
 
 
 def replicated(model_dir: str) -> int:
-    """Every rank: meta -> to_empty -> tensor by tensor (orchestrate.model.loading.load_replicated)."""
-    from orchestrate.model.loading import load_replicated
+    """Every rank: meta -> to_empty -> tensor by tensor (orchestrate.loading.weights.load_replicated)."""
+    from orchestrate.loading.weights import load_replicated
 
     init_gloo()
     load_replicated(Path(model_dir), torch.device("cpu"), torch.float32)
@@ -84,7 +84,7 @@ def replicated(model_dir: str) -> int:
 def read_full_state_dict(model_dir: Path, layout: hf_io.StateLayout) -> dict[str, torch.Tensor]:
     """Every tensor of the model in `model_dir`, on CPU, named and typed as `layout` expects, tied
     aliases filled in: the naive rank-0 read the loading benchmarks and tests compare against (the
-    backends load tensor by tensor instead, orchestrate.model.loading)."""
+    backends load tensor by tensor instead, orchestrate.loading.weights)."""
     from safetensors.torch import load_file
 
     state: dict[str, torch.Tensor] = {}

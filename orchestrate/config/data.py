@@ -1,0 +1,110 @@
+"""The `data:` section: what to train on (files, a dataset, or your own dataset factory) and how it
+becomes samples."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrate.config.section import Auto, Section
+from orchestrate.methods.custom.config import check_module_path
+
+
+class DataSection(Section):
+    module: str | None = None
+    """With `model.module`: "package.module:factory" returning a torch Dataset (map-style: `len` and
+    `[i]`) of dicts (keys = the model's keyword arguments, `labels` the target) or tuples (inputs...,
+    label). `validation_ratio` of it is held out for evaluation."""
+
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of `data.module`."""
+
+    train_files: list[str] = Field(default_factory=list)
+    """Local training data: files, directories or glob patterns, in any format `datasets.load_dataset`
+    reads locally: text (.txt), JSON / JSON-lines (.json, .jsonl), CSV (.csv, .tsv), Parquet
+    (.parquet), Arrow (.arrow), optionally compressed (.gz, .zst, ...), or a directory written by
+    `Dataset.save_to_disk`. Relative paths are resolved against the directory of the YAML file."""
+
+    dataset: str | None = None
+    """Instead of `train_files`: a name or path passed unchanged to `datasets.load_dataset` (a Hub
+    dataset such as "roneneldan/TinyStories" when the network is available, or a local dataset directory)."""
+
+    dataset_config: str | None = None
+    """The configuration (`name=`) of `dataset`, e.g. "wikitext-103-raw-v1"."""
+
+    split: str = "train"
+    """The split of `dataset` (or of a `save_to_disk` DatasetDict directory) to train on."""
+
+    validation_files: list[str] = Field(default_factory=list)
+    """Files for the periodic evaluation loss (same formats as `train_files`); with neither these nor
+    `validation_split`, `validation_ratio` of the training blocks is held out."""
+
+    validation_split: str | None = None
+    """A split of `dataset` (or of a DatasetDict directory) to evaluate on, e.g. "validation"."""
+
+    validation_ratio: float = Field(default=0.05, ge=0.0, lt=1.0)
+    """Share of the training blocks (documents, when packing is off) held out for evaluation when no
+    validation data is given; chosen by a permutation seeded with `train.seed`."""
+
+    format: Literal["auto", "text", "json", "csv", "parquet", "arrow"] = "auto"
+    """The `datasets` builder for `train_files` and `validation_files`; "auto" picks it per file from
+    the extension."""
+
+    text_field: str = "text"
+    """The column (JSON key, CSV header) holding each document's text."""
+
+    template: str | None = None
+    """Instead of `text_field`: a Python format string over the record's columns that makes one
+    document, e.g. "### Question:\\n{prompt}\\n### Answer:\\n{response}" (the loss covers all of it)."""
+
+    label_field: str = "label"
+    """model.task sequence-classification: the column holding each document's label (integers or
+    strings). The label names are its distinct values, sorted; they go into the saved config.json as
+    `id2label` / `label2id`."""
+
+    text_unit: Literal["paragraph", "line", "file"] = "paragraph"
+    """What one document is in a .txt file: a paragraph (text between blank lines), a line, or the whole file."""
+
+    packing: bool = True
+    """Join documents with the EOS id and cut the stream into `train.seq_len` blocks (no padding). If
+    false, every document is one sample, truncated to `seq_len` and padded, with an attention mask and
+    padded positions left out of the loss."""
+
+    tokenizer: str | None = None
+    """A local Hugging Face tokenizer directory; null uses the built-in byte-level tokenizer
+    (256 byte ids plus an end-of-document id), enough for demos and tests. `orchestrate tokenizer
+    train` makes one from this section's corpus."""
+
+    cache_dir: str | None = None
+    """Where tokenised data is kept, shared by every run (keyed by a fingerprint of the sources,
+    tokenizer and settings); null means `<train.output_dir>/data_cache`. Relative paths are resolved
+    against the YAML file's directory."""
+
+    num_proc: int | Auto = "auto"
+    """Processes that tokenise in parallel (`datasets.map(num_proc=...)`); "auto" uses one per CPU core
+    for corpora above 64 MiB and one process below (where start-up would cost more than it saves)."""
+
+    generate_demo_corpus: bool = False
+    """If true and there are no `train_files` or `dataset`, generate a small deterministic English-like
+    corpus in the run directory (used by the demo and tests: no downloads)."""
+
+    @field_validator("module")
+    @classmethod
+    def _module_path(cls, v: str | None) -> str | None:
+        return check_module_path(v)
+
+    @field_validator("num_proc")
+    @classmethod
+    def _positive_num_proc(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and v < 1:
+            raise ValueError("num_proc must be a positive integer or auto")
+        return v
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DataSection:
+        if self.train_files and self.dataset is not None:
+            raise ValueError("give `train_files` or `dataset`, not both")
+        if self.validation_files and self.validation_split is not None:
+            raise ValueError("give `validation_files` or `validation_split`, not both")
+        return self

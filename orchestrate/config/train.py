@@ -1,0 +1,170 @@
+"""The `train:` section (how to train) and its optimizer and learning-rate schedule sub-sections.
+The method-specific ones are their methods': `train.lora`, `train.quantization` in
+orchestrate/methods/lora/config.py."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from orchestrate.config.requirements import check_method_libraries, check_optimizer_library, check_trackers
+from orchestrate.config.section import MAX_COUNT, Auto, Section
+from orchestrate.methods.lora.config import LoraSection, QuantizationSection
+
+
+class OptimizerSection(Section):
+    name: Literal["adamw", "adamw8bit", "auto"] = "adamw"
+    """adamw: torch AdamW, fp32 states (8 B/param; DeepSpeed's CPU Adam when offloaded). adamw8bit:
+    bitsandbytes AdamW8bit, block-wise 8-bit states (about 2 B/param; DDP only, docs/memory-knobs.md).
+    auto: adamw8bit only where adamw does not fit."""
+
+    @field_validator("name")
+    @classmethod
+    def _library(cls, v: str) -> str:
+        return check_optimizer_library(v)
+
+    lr: float = Field(default=3e-4, gt=0)
+    """Peak learning rate, reached at the end of warm-up."""
+
+    weight_decay: float = Field(default=0.1, ge=0)
+    """Decoupled weight decay (AdamW)."""
+
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam's (beta1, beta2), each in [0, 1) (torch.optim.AdamW refuses others: torch/optim/adamw.py)."""
+
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam's epsilon."""
+
+    @field_validator("betas", mode="before")
+    @classmethod
+    def _list_to_tuple(cls, v: Any) -> Any:
+        # YAML and plan.json have lists; strict mode accepts only a tuple for a tuple field.
+        return tuple(v) if isinstance(v, list) else v
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_range(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 <= b < 1.0 for b in v):
+            raise ValueError(f"each beta must be in [0, 1), got {list(v)}")
+        return v
+
+
+class ScheduleSection(Section):
+    warmup_steps: int = Field(default=10, ge=0, le=MAX_COUNT)
+    """Linear warm-up from 0 to `optimizer.lr` over this many optimizer steps."""
+
+    min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
+    """Cosine decay ends at `lr * min_lr_ratio` on the last step."""
+
+
+class TrainSection(Section):
+    loss: Literal["auto", "cross_entropy", "model"] = "auto"
+    """`model.module` only: cross_entropy of the output (or its `logits`) against `labels`; model:
+    the output's own `loss` (key or attribute), the batch's `labels` passed to the model; auto:
+    the model's loss when its output has one, else cross_entropy."""
+
+    seq_len: int = Field(gt=0, le=MAX_COUNT)
+    """Tokens per sample (packed block length)."""
+
+    global_batch_size: int = Field(gt=0, le=MAX_COUNT)
+    """Samples per optimizer step over all ranks: micro_batch_size x grad accumulation x world size."""
+
+    micro_batch_size: int | Auto = "auto"
+    """Samples per rank per forward pass; "auto" lets the planner pick the largest that fits and divides."""
+
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
+    """Training precision; "auto" is bf16 where the GPU supports it (Ampere and newer), fp16 with
+    dynamic loss scaling on Turing, fp32 on CPU-only machines."""
+
+    activation_checkpointing: bool | Auto = "auto"
+    """Recompute each block's activations in backward (costs about one extra forward pass)."""
+
+    loss_chunks: int | Auto = "auto"
+    """causal-lm: run the LM head + cross-entropy in N chunks over the sequence, each recomputed in
+    backward, so the full logits never exist; 0: one pass; "auto": the planner's choice (docs/memory-knobs.md)."""
+
+    activation_offload: bool | Auto = "auto"
+    """GPU, with activation checkpointing: keep each checkpointed block's input in pinned CPU memory
+    until backward (torch save_on_cpu); "auto": the planner's choice (docs/memory-knobs.md)."""
+
+    embedding_offload: bool | Auto = "auto"
+    """GPU, DDP, method lora/qlora, untied embedding: keep the frozen input embedding in host memory (its
+    lookup runs there, only the rows go to the GPU); "auto": the planner's choice (docs/memory-knobs.md)."""
+
+    method: Literal["full", "lora", "qlora", "auto"] = "full"
+    """full: train every weight. lora: freeze the base, train low-rank adapters on its linear layers
+    (peft). qlora: the same on a base stored in 4-bit NF4 (bitsandbytes). auto: the first of full,
+    lora, qlora that fits (the plan says which and why)."""
+
+    lora: LoraSection = Field(default_factory=LoraSection)
+    """Adapter settings of `method: lora | qlora`."""
+
+    quantization: QuantizationSection = Field(default_factory=QuantizationSection)
+    """How `method: qlora` stores the frozen base."""
+
+    optimizer: OptimizerSection = Field(default_factory=OptimizerSection)
+    """Optimizer settings."""
+
+    schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    """Learning-rate schedule: linear warm-up then cosine decay."""
+
+    max_steps: int = Field(default=100, gt=0, le=MAX_COUNT)
+    """Optimizer steps to train."""
+
+    grad_clip: float = Field(default=1.0, ge=0)
+    """Clip the global gradient norm to this value; 0 disables clipping."""
+
+    seed: int = Field(default=0, ge=0, le=2**32 - 1)
+    """Seed for weights, data order and dropout; the same seed reproduces the same losses (0 to 2**32-1,
+    the range numpy's seeding accepts)."""
+
+    output_dir: str = "runs"
+    """Where run directories are created (relative to the YAML file's directory)."""
+
+    @field_validator("micro_batch_size")
+    @classmethod
+    def _positive_micro_batch(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 < v <= MAX_COUNT:
+            raise ValueError("micro_batch_size must be a positive integer or auto")
+        return v
+
+    @field_validator("loss_chunks")
+    @classmethod
+    def _loss_chunks_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
+            raise ValueError("loss_chunks must be 0 (no chunking), a positive integer or auto")
+        return v
+
+    @field_validator("method")
+    @classmethod
+    def _adapter_libraries(cls, v: str) -> str:
+        return check_method_libraries(v)  # a missing library fails at plan time, not inside the worker
+
+    eval_every: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """Evaluate every N steps (0: only at the end)."""
+
+    eval_batches: int = Field(default=4, gt=0, le=MAX_COUNT)
+    """Micro-batches per evaluation."""
+
+    checkpoint_every: int = Field(default=0, ge=0, le=MAX_COUNT)
+    """Write a resumable checkpoint every N steps (0: only at the end)."""
+
+    keep_checkpoints: int = Field(default=2, gt=0, le=MAX_COUNT)
+    """How many of the latest checkpoints to keep."""
+
+    preemption_grace_s: int = Field(default=120, gt=0, le=7 * 24 * 3600)
+    """Seconds between SIGTERM/SIGUSR1 (preemption, time limit) and the kill. The workers finish the
+    current step and checkpoint when the last checkpoint's write time says it fits, else exit at once
+    (the previous checkpoint stays); `orchestrate launch` gives torchrun this long before SIGKILL.
+    Match it to SLURM's `--signal` lead time."""
+
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "none"]] = Field(
+        default_factory=lambda: ["tensorboard"])
+    """Experiment trackers rank 0 logs every step to, under the run directory: tensorboard (RUN_DIR/tb),
+    wandb (offline, RUN_DIR/wandb), mlflow (local file store, RUN_DIR/mlruns); ["none"] for none."""
+
+    @field_validator("report_to")
+    @classmethod
+    def _trackers_installed(cls, v: list[str]) -> list[str]:
+        return check_trackers(v)  # a missing library fails here, at plan time, not inside the worker

@@ -1,7 +1,0 @@
-"""The exit codes of `orchestrate` and of its workers, defined once."""
-
-EXIT_USER_ERROR = 2
-"""Bad input: one message listing every problem, no traceback."""
-
-EX_TEMPFAIL = 75
-"""sysexits.h EX_TEMPFAIL: the workers checkpointed on a stop signal; requeue / resume the run."""

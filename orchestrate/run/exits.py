@@ -1,0 +1,15 @@
+"""How a run ends, defined once: the exit codes of `orchestrate` and of its workers, and the signals
+that stop a run (torchrun handles them: launch.session.launch_env gives it this list as
+PET_SIGNALS_TO_HANDLE; the launcher forwards them to torchrun's agent process; the workers
+checkpoint on SIGTERM/SIGUSR1, orchestrate.worker.signals)."""
+
+import signal
+
+EXIT_USER_ERROR = 2
+"""Bad input: one message listing every problem, no traceback."""
+
+EX_TEMPFAIL = 75
+"""sysexits.h EX_TEMPFAIL: the workers checkpointed on a stop signal; requeue / resume the run."""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)

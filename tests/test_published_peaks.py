@@ -1,0 +1,57 @@
+"""Published GPU measurements re-planned by the memory model (bench/published_peaks.py): the script runs
+pure and fast, every case names its source, metric and settings, and the ratios are what the model
+predicts for those settings; the issue's accuracy bounds are checked (and not yet met: strict xfail)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("published_peaks", ROOT / "bench" / "published_peaks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["published_peaks"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def rows():
+    bench = _bench()
+    return bench, [bench.evaluate(case) for case in bench.CASES]
+
+
+def test_every_case_is_sourced_and_compared_like_with_like(rows):
+    bench, evaluated = rows
+    assert len(evaluated) == len(bench.CASES) >= 20
+    for r in evaluated:
+        assert r["source"] and r["settings"] and r["metric"] in ("max_memory_allocated", "max_memory_reserved", "nvidia-smi")
+        assert 0.3 < r["ratio"] < 2.0, r  # a planning error, not a model residual
+    # nvidia-smi includes the CUDA context (1,343 MiB measured on that stack); reserved excludes it.
+    smi = next(c for c in bench.CASES if c.metric == "nvidia-smi")
+    reserved = bench.Case(**{**smi.__dict__, "metric": "max_memory_reserved"})
+    allocated = bench.Case(**{**smi.__dict__, "metric": "max_memory_allocated"})
+    a, r, s = (bench.evaluate(c)["predicted_gib"] for c in (allocated, reserved, smi))
+    assert a < r < s and abs((s - r) * 1024 - 1343) < 1
+
+
+def test_the_script_prints_a_row_per_case_and_the_summary(capsys):
+    assert _bench().main([]) == 0
+    out = capsys.readouterr().out
+    assert "median" in out and "bert-large bs4 fp32" in out and "left out" in out
+
+
+@pytest.mark.xfail(strict=True, reason="issue 22's bounds are not met yet: 2 independent sources counted "
+                   "(4 needed), the reserved cases under the flat 5 % allocator reserve (median 0.88); README, Known gaps")
+def test_issue_bounds(rows):
+    bench, evaluated = rows
+    counted = [r for r in evaluated if not r["left_out"]]
+    assert len(counted) >= 20 and len({r["source"] for r in counted}) >= 4
+    for metric, s in bench.summary(evaluated).items():
+        assert 0.97 <= s["median"] <= 1.05 and s["min"] >= 0.95 and s["max"] <= 1.15, metric

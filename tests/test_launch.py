@@ -63,10 +63,11 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     result = _dry_run(tmp_path, run_dir=tmp_path / "exact")
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
-    assert Plan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    # 2 cores, 2 ranks; DeepSpeed told there is no GPU (no "Setting accelerator to CPU" warning)
+    assert Plan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     # torchrun's own shutdown settings (session.launch_env): wait train.preemption_grace_s for
     # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too; a fresh store per restart.
-    assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+    assert env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
                    "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     args = parse_args(words[words.index("torchrun") + 1 :])
@@ -166,7 +167,7 @@ def test_nccl_env_is_recorded_in_the_plan_and_cpu_runs_need_none():
 def test_worker_env_shares_the_cores_between_cpu_ranks(tmp_path: Path):
     plan = _dry_run(tmp_path).plan
     plan.hardware = plan.hardware.model_copy(update={"cpu_cores": 16, "cpu_processes": 4})
-    assert worker_env(plan) == ({"OMP_NUM_THREADS": "4"}, [])
+    assert worker_env(plan) == ({"OMP_NUM_THREADS": "4", "DS_ACCELERATOR": "cpu"}, [])
 
 
 @pytest.mark.slow

@@ -45,7 +45,7 @@ TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 SHORT = ("train.eval_every=0", "train.seq_len=64", "train.global_batch_size=8")
 # What every node's torchrun gets: the plan's worker environment (2 cores / 2 ranks) and the
 # checkpoint-on-signal settings of a local launch (session.launch_env).
-ENV = {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 SLURM_STEPS = 12
 """Long enough that a USR1 sent after step 2 lands before the end (about 0.5 s a step here)."""

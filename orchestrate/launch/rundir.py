@@ -75,6 +75,9 @@ def worker_env(plan: Plan) -> tuple[dict[str, str], list[str]]:
         # torchrun would set 1 thread per process; give the CPU workers the cores they share.
         threads = max(1, plan.hardware.cpu_cores // plan.hardware.ranks_per_node)
         env["OMP_NUM_THREADS"] = str(threads)
+        # Every worker imports DeepSpeed (transformers' save_pretrained looks for its engine); told
+        # there is no GPU, it does not warn that it found none (deepspeed/accelerator/real_accelerator.py).
+        env["DS_ACCELERATOR"] = "cpu"
     return env, notes
 
 

@@ -37,6 +37,16 @@ def transforms_for(plan: Plan) -> list[ModelTransform]:
 
 def apply_transforms(model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
     """Every backend calls this between building the module and wrapping it."""
+    name_the_causal_lm_loss(model, plan)
     for transform in transforms_for(plan):
         model = transform.apply(model, plan)
     return model
+
+
+def name_the_causal_lm_loss(model: torch.nn.Module, plan: Plan) -> None:
+    """transformers picks a model's loss from its class name; a causal LM named otherwise
+    (GPT2LMHeadModel) gets `loss_type` None, falls back to ForCausalLM and warns "`loss_type=None` was
+    set in the config but it is unrecognized" (modeling_utils.py `loss_function`) at its first loss.
+    The same loss, named, without the warning."""
+    if plan.config.model.task == "causal-lm" and getattr(model, "loss_type", "") is None:
+        model.loss_type = "ForCausalLM"

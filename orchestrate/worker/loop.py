@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from orchestrate.data.pipeline import TrainData
     from orchestrate.worker.checkpointing import Checkpointer
     from orchestrate.worker.signals import StopRequest
+    from orchestrate.worker.tensor_peak import TensorPeak
 
 
 def step_record(run: RunInfo, step: int, result: StepResult, step_time: float,
@@ -32,8 +33,10 @@ def step_record(run: RunInfo, step: int, result: StepResult, step_time: float,
 
 
 def run_loop(run: RunInfo, engine: TrainEngine, data: TrainData, stop: StopRequest, checkpointer: Checkpointer,
-             callbacks: list[StepCallback], node: int, device: torch.device) -> bool:
-    """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early."""
+             callbacks: list[StepCallback], node: int, device: torch.device, tensors: TensorPeak | None = None) -> bool:
+    """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early.
+    `tensors`: the live-tensor counter of a CPU run, whose peak each step's record carries; it stops
+    after its first steps (worker/tensor_peak.py) and at the end of the loop."""
     import torch
 
     micro = run.plan.chosen.strategy.micro_batch_size
@@ -51,8 +54,11 @@ def run_loop(run: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReque
                 torch.cuda.synchronize(device)
             step_time = time.perf_counter() - start
             # One collective per step: the stats all-gather carries the stop flag too.
-            stats = gather_step_stats(result.loss, node, device, stop.local(checkpointer.last_save_s))
+            stats = gather_step_stats(result.loss, node, device, stop.local(checkpointer.last_save_s),
+                                      tensors.peak if tensors is not None else None)
             record = step_record(run, step, result, step_time, stats)
+            if tensors is not None:
+                tensors.step_done()
             stopping, waited_s, save_s = stop.decide(*stats["stop_max"])
             end = StepEnd(step, step == max_steps, stopping, record, waited_s, save_s)
             for callback in callbacks:
@@ -61,6 +67,8 @@ def run_loop(run: RunInfo, engine: TrainEngine, data: TrainData, stop: StopReque
                 stopped = True
                 break
     finally:
+        if tensors is not None:
+            tensors.stop()
         for callback in callbacks:
             callback.on_train_end(run, stopped)
     return stopped

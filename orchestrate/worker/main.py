@@ -48,12 +48,13 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
     preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
     data = stages.build_data(plan, run, worker)  # first: a classifier's labels size its head
+    tensors = stages.count_tensors(worker)  # CPU: the live-tensor peak the memory verdict compares
     teacher = stages.build_teacher(plan, run, worker, data)  # before the student (see the function)
     engine, ctx = stages.build_engine(plan, run, worker, data.label_names, teacher)
     checkpointer, start_step = stages.resume(plan, ctx, engine, data, resume_from)
     info = stages.run_info(plan, run, worker, start_step)
     callbacks = stages.callbacks(info, engine, data, stop, checkpointer, worker, resume_from)
-    stopped = run_loop(info, engine, data, stop, checkpointer, callbacks, worker.node, worker.device)
+    stopped = run_loop(info, engine, data, stop, checkpointer, callbacks, worker.node, worker.device, tensors)
     if not stopped:
         stages.save_model(plan, run, engine, data, worker)
     dist.barrier()

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from orchestrate.worker.checkpointing import Checkpointer
     from orchestrate.worker.dist_env import RankInfo
     from orchestrate.worker.signals import StopRequest
+    from orchestrate.worker.tensor_peak import TensorPeak
 
 
 @dataclass(frozen=True)
@@ -109,6 +110,16 @@ def build_data(plan: Plan, run: RunDir, worker: Worker) -> TrainData:
 
         return build_module_data(plan, ranks.rank, ranks.world_size)
     return build(plan, run.path, ranks.rank, ranks.world_size, local_rank=ranks.local_rank)
+
+
+def count_tensors(worker: Worker) -> TensorPeak | None:
+    """On a CPU rank, the live CPU tensor bytes from here on (orchestrate/worker/tensor_peak.py: torch
+    keeps no CPU allocator statistics); None on a GPU rank, whose peaks come from torch.cuda."""
+    if worker.device.type != "cpu":
+        return None
+    from orchestrate.worker.tensor_peak import TensorPeak
+
+    return TensorPeak.start()
 
 
 def build_teacher(plan: Plan, run: RunDir, worker: Worker, data: TrainData) -> TeacherLogits | None:

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 __all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
            "profile", "profile_table", "profile_yaml", "render_plan", "report", "require_feasible", "slurm_options",
-           "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config"]
+           "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config", "write_plan", "write_profile"]
 
 
 # --- plan and config -----------------------------------------------------------------------------
@@ -63,6 +63,14 @@ def plan_from_file(config_path: str | Path, overrides: Sequence[str] = (),
     shape = shape_for(config)
     check_seq_len(config, shape)
     return plan_with_shape(config, profile, shape)
+
+
+def write_plan(plan: Plan, out: Path) -> Path:
+    """`plan --out DIR`: DIR/plan.json (never over files orchestrate did not write, nor into a
+    run with checkpoints); returns the file."""
+    from orchestrate.launch.rundir import write_plan_dir
+
+    return write_plan_dir(plan, Path(out))
 
 
 def require_feasible(plan: Plan) -> None:
@@ -281,6 +289,13 @@ def profile_yaml(profile: HardwareProfile) -> str:
     from orchestrate.hardware.resolve import profile_to_yaml
 
     return profile_to_yaml(profile)
+
+
+def write_profile(profile: HardwareProfile, out: Path) -> Path:
+    """`profile --out FILE`: the profile as YAML, never over a file `profile --out` did not write."""
+    from orchestrate.hardware.resolve import write_profile as write
+
+    return write(profile, Path(out))
 
 
 def profile_table(profile: HardwareProfile) -> Any:

@@ -106,7 +106,7 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
     """Predict memory and speed of every strategy and choose the fastest that fits."""
     the_plan = api.plan_from_file(config, overrides, _flags(kwargs))
     if out:
-        the_plan.write(Path(out) / PLAN_FILE)
+        api.write_plan(the_plan, Path(out))
     if as_json:
         click.echo(json.dumps(api.render_plan(the_plan), indent=2))
     else:
@@ -283,7 +283,7 @@ def profile(out, as_yaml, list_presets, **kwargs):
         return
     console.print(api.profile_table(found))
     if out:
-        Path(out).write_text(api.profile_yaml(found))
+        api.write_profile(found, Path(out))
         console.print(f"wrote {out} (use it with --profile {out})")
 
 

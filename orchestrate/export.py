@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
-from orchestrate.run.layout import EXPORT_MARKER_FILE, os_errors_as_user_errors
+from orchestrate.run.layout import EXPORT_MARKER_FILE, check_output_dir, os_errors_as_user_errors
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -41,17 +41,8 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
 
 def check_export_dir(out_dir: Path) -> None:
     """UserError unless `out_dir` is new, empty, or an earlier export (it has EXPORT_MARKER_FILE):
-    export never replaces files it did not write (issue 10)."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UserError("the export directory is a file", [Problem("--out", f"{out_dir} is not a directory",
-                                                                   "give a new directory: --out NEW")])
-    entries = sorted(p.name for p in out_dir.iterdir()) if out_dir.is_dir() else []
-    if entries and EXPORT_MARKER_FILE not in entries:
-        shown = ", ".join(entries[:5]) + (f" and {len(entries) - 5} more" if len(entries) > 5 else "")
-        raise UserError("the export directory holds files orchestrate export did not write", [Problem(
-            "--out", f"{out_dir} holds {shown}; config.json, model.safetensors and tokenizer files would replace "
-            "any of the same name", "give a new directory: --out NEW (or empty that one)")])
+    export never replaces files it did not write."""
+    check_output_dir(out_dir, EXPORT_MARKER_FILE, "config.json, model.safetensors and tokenizer files")
 
 
 def _stderr(text: str) -> None:
@@ -83,24 +74,53 @@ def _merged(plan, run_dir: Path, adapters: dict) -> dict:
     return merge_adapters(plan, base, adapters)[0]
 
 
+_ATTEMPTS = 5
+"""Discoveries before giving up while a run still training prunes the checkpoint being read."""
+
+
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
                       say: Callable[[str], None] = _stderr, merge: bool = False) -> Path:
     """Write the HF model of `run_dir`'s newest intact checkpoint (or of `step`) to `out_dir`;
     returns the checkpoint directory it came from. Damaged newer checkpoints are named to `say`
-    and skipped. `merge`: a LoRA / QLoRA run's adapters merged into its base (the only way to export one)."""
-    from transformers import AutoConfig
-
-    from orchestrate.backends.hf_io import StateLayout, save_hf_dir
+    and skipped. `merge`: a LoRA / QLoRA run's adapters merged into its base (the only way to export one).
+    A run may still be training: a checkpoint its pruning removes while it is read is replaced by
+    the newest intact one then (not with `step`: that one is gone)."""
+    from orchestrate.backends.hf_io import save_hf_dir
     from orchestrate.data.tokenizer import save_tokenizer
     from orchestrate.data.tokenizer_choice import tokenizer_dir_of
+
+    check_export_dir(Path(out_dir))
+    for attempt in range(_ATTEMPTS):
+        found = find_checkpoint(Path(run_dir), step)
+        for line in found.notices():
+            say(line)
+        ckpt = found.chosen.path
+        try:
+            plan, hf_config, layout, wanted = _read_checkpoint(ckpt, Path(run_dir), merge)
+            break
+        except UserError:
+            if ckpt.is_dir() or step is not None or attempt == _ATTEMPTS - 1:
+                raise
+            say(f"{ckpt} was removed while it was read (the run is still training and keeps only "
+                "train.keep_checkpoints): exporting the newest intact checkpoint instead")
+    out_dir = Path(out_dir)
+    with os_errors_as_user_errors("--out"):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
+        save_hf_dir(wanted, hf_config, out_dir, layout)
+        # None: the byte tokenizer
+        save_tokenizer(tokenizer_dir_of(plan.config), out_dir, plan.config.model.trust_remote_code)
+    return ckpt
+
+
+def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool):
+    """(plan, HF config, state layout, the model's tensors) of one checkpoint, read into memory."""
+    from transformers import AutoConfig
+
+    from orchestrate.backends.hf_io import StateLayout
     from orchestrate.model.meta import build_meta_model
     from orchestrate.planner.plan import Plan
 
-    check_export_dir(Path(out_dir))
-    found = find_checkpoint(Path(run_dir), step)
-    for line in found.notices():
-        say(line)
-    ckpt = found.chosen.path
     if not (ckpt / HF_CONFIG).is_file():  # orchestrate.save of a user's own module (docs/own-loop.md)
         raise UserError(f"the checkpoint {ckpt} is not a Hugging Face model", [Problem(
             str(ckpt), f"no {HF_CONFIG}: it was written by orchestrate.save from your own loop's module",
@@ -116,17 +136,10 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     _check_merge(plan, ckpt, merge)
     state = read_model_state(ckpt)
     if merge:
-        state = _merged(plan, Path(run_dir), state)
+        state = _merged(plan, run_dir, state)
     missing = sorted(set(layout.tensors) - layout.aliases - set(state))
     if missing:
         raise UserError("the checkpoint does not hold the whole model", [Problem(
             str(ckpt), f"missing: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
             "export a checkpoint written by this run's model")])
-    wanted = {k: state[k] for k in layout.tensors if k in state}  # drops non-persistent buffers DeepSpeed lists
-    out_dir = Path(out_dir)
-    with os_errors_as_user_errors("--out"):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
-        save_hf_dir(wanted, hf_config, out_dir, layout)
-        save_tokenizer(tokenizer_dir_of(plan.config), out_dir)  # None: the byte tokenizer
-    return ckpt
+    return plan, hf_config, layout, {k: state[k] for k in layout.tensors if k in state}  # drops DeepSpeed's extra buffers

@@ -203,6 +203,22 @@ def test_pruning_never_deletes_the_newest_intact_checkpoint(run):
     assert _steps(run_dir) == ["step-00000003", "step-00000004"]
 
 
+def test_a_step_saved_again_after_a_fallback_keeps_the_old_one_aside(run, capsys):
+    """Step 33 lost only its manifest; the resume falls back to 20 and saves 33 again: the old 33's
+    intact weights are moved aside, not deleted."""
+    plan, engine, checkpointer, run_dir = run
+    _save(checkpointer, engine, 20)
+    old = _save(checkpointer, engine, 33)
+    (old / MANIFEST_FILE).unlink()
+    assert _worker_resumes(plan, run_dir, capsys)[0] == "step-00000020"
+    weights = (old / "engine.pt").read_bytes()
+    _save(checkpointer, engine, 33)
+    aside = run_dir / "checkpoints" / "damaged-step-00000033"
+    assert (aside / "engine.pt").read_bytes() == weights and "damaged-step-00000033" in capsys.readouterr().out
+    assert rc.inspect_checkpoint(run_dir / "checkpoints" / "step-00000033").intact
+    assert _steps(run_dir) == ["step-00000020", "step-00000033"]  # discovery does not count the one aside
+
+
 # --- 3. disk full during a write -----------------------------------------------------------------
 
 
@@ -320,11 +336,81 @@ def test_export_skips_a_truncated_distcp_and_a_verified_but_unreadable_one_is_a_
 
 
 def test_disk_full_inside_dcp_is_recognised_through_its_checkpoint_exception(run):
-    from torch.distributed.checkpoint.api import CheckpointException
+    """DCP gathers each rank's failure as an (exception, traceback summary) pair."""
+    from torch.distributed.checkpoint.api import CheckpointException, _wrap_exception
 
     _, engine, checkpointer, run_dir = run
     _save(checkpointer, engine, 20)
-    engine.save_error = CheckpointException("write_data", {0: OSError(errno.ENOSPC, "No space left on device")})
+    try:
+        raise OSError(errno.ENOSPC, "No space left on device")
+    except OSError as exc:
+        wrapped = _wrap_exception(exc)
+    engine.save_error = CheckpointException("write_data", {0: wrapped, 1: wrapped})
     with pytest.raises(UserError, match="no space left on device"):
         _save(checkpointer, engine, 30)
-    assert _steps(run_dir) == ["step-00000020"]
+    assert _steps(run_dir) == ["step-00000020"] and not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.mark.parametrize(("free", "said"), [(0, "no space left on device"), (2**40, "Input/output error")])
+def test_torch_saves_runtime_error_on_a_refused_write_is_recognised(run, monkeypatch, free: int, said: str):
+    """torch.save(obj, path) (DeepSpeed's files, DDP's trainer_state.pt) reports a refused write as a
+    RuntimeError without errno; here a real one, from writing to /dev/full (ENOSPC on every write)."""
+    _, engine, checkpointer, run_dir = run
+    _save(checkpointer, engine, 20)
+    with pytest.raises(RuntimeError) as real:
+        torch.save({"w": torch.zeros(100_000)}, "/dev/full")
+    engine.save_error = real.value
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(2**41, 2**41 - free, free))
+    with pytest.raises(UserError, match=f"step 30 could not be written: {said}") as err:
+        _save(checkpointer, engine, 30)
+    assert "step-00000020 (step 20) is kept, intact" in str(err.value)
+    assert _steps(run_dir) == ["step-00000020"] and not list((run_dir / "checkpoints").glob(".tmp-*"))
+
+
+# --- a run still training prunes checkpoints under the export -----------------------------------
+
+
+def test_export_falls_back_when_the_run_prunes_the_checkpoint_it_is_reading(fsdp_run, tmp_path, monkeypatch):
+    """keep_checkpoints 1 of a running job: step 2 is pruned while export reads it; it exports step 1
+    (in the real race, the step that replaced it) instead of failing."""
+    from orchestrate import export
+
+    real = export.read_model_state
+    calls: list[Path] = []
+
+    def pruned_while_read(ckpt: Path):
+        calls.append(ckpt)
+        if len(calls) == 1:
+            shutil.rmtree(ckpt)  # what _prune does, after renaming it to .old-*
+        return real(ckpt)
+
+    monkeypatch.setattr(export, "read_model_state", pruned_while_read)
+    said: list[str] = []
+    used = export.export_checkpoint(fsdp_run, tmp_path / "out", say=said.append)
+    assert [c.name for c in calls] == ["step-00000002", "step-00000001"] and used.name == "step-00000001"
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    assert any("was removed while it was read" in s for s in said)
+
+
+def test_discovery_rescans_when_the_only_checkpoint_is_replaced_during_the_scan(fsdp_run, tmp_path, monkeypatch):
+    """keep_checkpoints 1: between listing and reading, step 2 is pruned and step 3 published."""
+    from orchestrate.export import export_checkpoint
+
+    root = fsdp_run / "checkpoints"
+    shutil.rmtree(root / "step-00000001")
+    real = rc.inspect_checkpoint
+
+    def replaced_meanwhile(ckpt: Path, full: bool = True):
+        if ckpt.name == "step-00000002":
+            newer = root / "step-00000003"
+            (ckpt / "manifest.json").unlink()
+            ckpt.rename(newer)
+            meta = json.loads((newer / "meta.json").read_text())
+            (newer / "meta.json").write_text(json.dumps({**meta, "step": 3}))
+            write_manifest(newer)
+        return real(ckpt, full)
+
+    monkeypatch.setattr(rc, "inspect_checkpoint", replaced_meanwhile)
+    said: list[str] = []
+    used = export_checkpoint(fsdp_run, tmp_path / "out", say=said.append)
+    assert used.name == "step-00000003" and not any("damaged" in s for s in said), said

@@ -62,7 +62,8 @@ def test_dict_samples_with_the_models_own_loss_train_under_fsdp2_with_detected_b
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config = config_from_dict({
-        "model": {"module": "tests.helpers.custom_modules:WithOwnLoss", "kwargs": {"width": 32, "depth": 2}},
+        "model": {"module": "tests.helpers.custom_modules:WithOwnLoss", "kwargs": {"width": 32, "depth": 2},
+                  "trust_remote_code": True},
         "data": {"module": "tests.helpers.custom_modules:rule", "kwargs": {"size": 256}, "validation_ratio": 0.25},
         "train": {"seq_len": 1, "global_batch_size": 32, "max_steps": 20, "loss": "model", "eval_batches": 2,
                   "optimizer": {"lr": 3e-3, "weight_decay": 0.0}, "schedule": {"warmup_steps": 0},

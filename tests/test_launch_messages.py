@@ -36,8 +36,48 @@ def test_a_rank_killed_by_sigkill_is_blamed_not_the_one_torchrun_terminated(monk
 
     failures = {0: _failure(0, -int(signal.SIGTERM)), 1: _failure(1, -int(signal.SIGKILL))}
     code, said = _run_with(monkeypatch, tmp_path, ChildFailedError("orchestrate.worker", failures))
-    assert said == [f"worker rank 1 failed with exit code -9; its output: {tmp_path / 'logs'}"]
+    assert said == [f"worker rank 1 was killed by SIGKILL (kill -9, or the out-of-memory killer); its output: "
+                    f"{tmp_path / 'logs'}"]
     assert code == 1
+
+
+def test_a_rank_that_only_lost_its_dead_peer_is_not_blamed(monkeypatch, tmp_path: Path):
+    """kill -9 of rank 1: rank 0's next collective fails (gloo: "Connection reset by peer") and it exits
+    EX_PEER_LOST. Spawned ranks: torchrun reports both; forked ones: it reports whichever it saw first,
+    and the agent's board says who died without a word."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from orchestrate.agent.torchrun import blamed_failure
+    from orchestrate.run.exits import EX_PEER_LOST
+    from orchestrate.worker import forked
+
+    rank, _ = blamed_failure({0: _failure(0, EX_PEER_LOST), 1: _failure(1, -int(signal.SIGKILL))})
+    assert rank == 1
+    board = forked.RankBoard(2)  # what the agent shares with the ranks it forks
+    monkeypatch.setattr(forked, "BOARD", board)
+    board.set(0, forked.RankBoard.PEER_LOST, 0)
+    board.set(1, forked.RankBoard.RUNNING, 1)  # never reported back: it was killed
+    code, said = _run_with(monkeypatch, tmp_path, ChildFailedError("orchestrate.worker", {0: _failure(0, EX_PEER_LOST)}))
+    assert said[0].startswith("worker rank 1 died without an error of its own (killed by a signal") and code == 1
+    board.set(1, forked.RankBoard.FAILED, 1)  # it raised: blamed as failed
+    code, said = _run_with(monkeypatch, tmp_path, ChildFailedError("orchestrate.worker", {0: _failure(0, EX_PEER_LOST)}))
+    assert said[0].startswith("worker rank 1 failed; rank 0 then lost contact with it")
+
+
+def test_a_stop_signal_after_every_rank_finished_is_exit_0(monkeypatch, tmp_path: Path):
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from orchestrate.worker import forked
+
+    board = forked.RankBoard(2)  # what the agent shares with the ranks it forks
+    monkeypatch.setattr(forked, "BOARD", board)
+    board.set(0, forked.RankBoard.DONE, 0)
+    board.set(1, forked.RankBoard.DONE, 1)
+    code, said = _run_with(monkeypatch, tmp_path, SignalException("stopped", signal.SIGTERM))
+    assert code == 0 and "had finished" in said[0]
+    board.set(1, forked.RankBoard.STOPPED, 1)
+    code, _ = _run_with(monkeypatch, tmp_path, SignalException("stopped", signal.SIGTERM))
+    assert code == EX_TEMPFAIL
 
 
 def test_a_rank_with_its_own_exit_code_wins_and_its_error_file_folder_is_shown(tmp_path: Path):

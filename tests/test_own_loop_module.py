@@ -28,6 +28,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 
 def _config(model: dict, data: dict | None = None, **train):
+    model = {"trust_remote_code": True, **model}  # the opt-in to run model.module (tests/test_code_opt_in.py)
     return config_from_dict({"model": model, "data": data or {},
                              "train": {"seq_len": 1, "global_batch_size": 8, **train}}, EXAMPLE)
 

@@ -91,3 +91,32 @@ def test_bf16_adapters_halve_their_states_under_ddp_and_fsdp():
         assert b["optimizer_states"] == a["optimizer_states"] / 2 == 4 * fp32.trainable
     _, configured = _adapters(dtype="bf16")
     assert configured.dtype_bytes == 2
+
+
+def test_sdpa_is_each_familys_default_from_its_release_and_torch_2_1_1():
+    for family, last_eager, first_sdpa in (("llama", "4.35.2", "4.36.0"), ("mistral", "4.36.2", "4.37.0"),
+                                           ("gemma", "4.37.2", "4.38.0"), ("bert", "4.40.2", "4.41.0"),
+                                           ("gpt2", "4.41.2", "4.42.0"), ("phi3", "4.44.2", "4.45.0")):
+        assert st.eager_attention(SoftwareStack(transformers=last_eager), family), family
+        assert not st.eager_attention(SoftwareStack(transformers=first_sdpa), family), family
+    assert st.eager_attention(SoftwareStack(torch="2.1.0", transformers="4.40.2"), "llama")
+    assert not st.eager_attention(SoftwareStack(torch="2.1.1", transformers="4.40.2"), "llama")
+    assert not st.eager_attention(CURRENT, "llama")
+
+
+def test_logits_bytes_follow_the_loss_code_of_each_release():
+    assert st.logits_bytes_per_token_vocab(SoftwareStack(transformers="4.45.2")) == 16
+    assert st.logits_bytes_per_token_vocab(SoftwareStack(transformers="4.46.0")) == 14
+    assert st.logits_bytes_per_token_vocab(SoftwareStack(transformers="4.48.1")) == 14
+    assert st.logits_bytes_per_token_vocab(SoftwareStack(transformers="4.49.0")) is None
+    assert st.logits_bytes_per_token_vocab(CURRENT) is None
+
+
+def test_eager_gpt2_keeps_its_attention_dropout_and_a_bf16_softmax_without_autocast():
+    gpt2 = {"model_type": "gpt2", "n_embd": 256, "n_layer": 2, "n_head": 4, "vocab_size": 1000, "n_positions": 512}
+    shape = shape_from_dict(gpt2)
+    old = SoftwareStack(transformers="4.41.2")
+    fsdp = _strategy("fsdp", 3)
+    now, then = (estimate_memory(shape, _hw(sw), fsdp, 512).gpu["activations"] for sw in (CURRENT, old))
+    # softmax (bf16: FSDP2 runs no autocast) + dropout mask + dropped probabilities, instead of the LSE
+    assert then - now == shape.num_layers * 512 * shape.num_heads * (512 * (2 + 1 + 2) - 4)

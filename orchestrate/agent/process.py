@@ -83,6 +83,12 @@ class _Stops:
         if self.armed:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
+            from orchestrate.worker.forked import BOARD
+
+            if BOARD is not None:
+                if BOARD.all_done:  # after the last step: torchrun collects the finished ranks, exit 0
+                    return
+                BOARD.stopping()  # ranks that finish from now on leave at once (worker/forked.py)
             raise SignalException(f"Process {os.getpid()} got signal: {self.first}", sigval=self.first)
 
     def arm(self) -> None:

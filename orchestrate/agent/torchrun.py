@@ -4,26 +4,52 @@ agent process (orchestrate.agent.process) runs it for orchestrate's worker, fork
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrate.run.exits import EX_TEMPFAIL
+from orchestrate.run.exits import EX_PEER_LOST, EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, WORKER_MODULE
 
 
 def blamed_failure(failures: dict) -> tuple[int, object]:
     """(rank, failure) of the rank that failed first on its own. torchrun SIGTERMs (then SIGKILLs)
-    the others once one fails, so a negative SIGTERM exit code is torchrun's doing: prefer a rank
-    with its own exit code (> 0), then one killed by another signal (kill -9: -9), and only then
-    a SIGTERMed one; earliest first, then the lowest rank."""
+    the others once one fails, so a negative SIGTERM exit code is torchrun's doing, and a rank that
+    lost contact with a dead peer (EX_PEER_LOST) is that peer's victim: prefer a rank with its own
+    exit code (> 0), then one killed by another signal (kill -9: -9), then a peer's victim, and only
+    then a SIGTERMed one; earliest first, then the lowest rank."""
 
     def own(failure) -> int:
         code = failure.exitcode or 0
-        return 0 if code > 0 else 1 if code != -int(signal.SIGTERM) else 2
+        if code == EX_PEER_LOST:
+            return 2
+        return 0 if code > 0 else 1 if code != -int(signal.SIGTERM) else 3
 
     return min(failures.items(), key=lambda kv: (own(kv[1]), kv[1].timestamp, kv[0]))
+
+
+def _failure_told(rank: int, failure, run_dir: Path) -> tuple[str, int]:
+    """The launcher's line on a failed group and its exit code. A reported rank that only lost
+    contact with a dead peer (EX_PEER_LOST) is not the one to blame: the board of forked ranks
+    (worker/forked.py) names the rank that failed on its own, or the one that died without a word."""
+    from orchestrate.worker.forked import BOARD, RankBoard
+
+    code = failure.exitcode
+    if BOARD is not None and code == EX_PEER_LOST:
+        own, silent = BOARD.ranks_in(RankBoard.FAILED), BOARD.ranks_in(RankBoard.RUNNING)
+        if own or silent:
+            what = "failed" if own else "died without an error of its own (killed by a signal: kill -9, or the out-of-memory killer)"
+            return (f"worker rank {(own or silent)[0]} {what}; rank {rank} then lost contact with it; the ranks' "
+                    f"output: {run_dir / LOG_DIR}"), 1
+    if code is not None and code < 0:
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
+        how = f"was killed by {name}" + (" (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else "")
+    else:
+        how = f"failed with exit code {code}"
+    return f"worker rank {rank} {how}; its output: {failure_output(failure.error_file, run_dir)}", \
+        code if code and code > 0 and code != EX_PEER_LOST else 1
 
 
 def failure_output(error_file: str | None, run_dir: Path) -> Path:
@@ -49,11 +75,15 @@ def run_torchrun(argv: list[str], run_dir: Path, say: Callable[[str], None], for
         else:
             run(parse_args(argv))
     except ChildFailedError as exc:
-        rank, failure = blamed_failure(exc.failures)
-        say(f"worker rank {rank} failed with exit code {failure.exitcode}; its output: "
-            f"{failure_output(failure.error_file, run_dir)}")
-        return failure.exitcode if failure.exitcode and failure.exitcode > 0 else 1
+        told, code = _failure_told(*blamed_failure(exc.failures), run_dir)
+        say(told)
+        return code
     except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
+        from orchestrate.worker.forked import BOARD
+
+        if BOARD is not None and BOARD.all_done:  # the signal came after the last step: nothing to resume
+            say(f"the run had finished when {exc.sigval.name} came: nothing to resume ({run_dir})")
+            return 0
         # A stop signal at any point (even before step 1) means: checkpoint if possible, requeue.
         say(stopped(exc.sigval, run_dir))
         return EX_TEMPFAIL
@@ -72,6 +102,7 @@ def _run_forked(args) -> None:
     from torch.distributed.run import config_from_args
 
     from orchestrate.worker.forked import run as run_worker
+    from orchestrate.worker.forked import share_board
 
     if not (args.module and args.training_script == WORKER_MODULE and len(args.training_script_args) == 1):
         # LocalTorchrun sends only its own worker here (_forks_worker); anything else runs in the launcher.
@@ -81,4 +112,23 @@ def _run_forked(args) -> None:
         args.master_port = 29500
     config, _, _ = config_from_args(args)
     config.start_method = "fork"
+    share_board(config.nproc_per_node)
+    _quiet_told_exits()
     elastic_launch(config=config, entrypoint=run_worker)(args.training_script_args[0])
+
+
+class _ExitTold(logging.Filter):
+    """Drops torchrun's traceback of a forked rank that exited (ProcessExitedException: "process 1
+    terminated with exit code 2" or "with signal SIGKILL"): its own frames only, and the launcher's
+    line (`_failure_told`) says which rank, with what code or signal, where its output is; a rank
+    with a code of its own printed why (a UserError, a stop, a lost peer). A rank that raised keeps
+    its traceback (ProcessRaisedException): that one is the only account of what went wrong."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from torch.multiprocessing.spawn import ProcessExitedException
+
+        return not (record.exc_info and isinstance(record.exc_info[1], ProcessExitedException))
+
+
+def _quiet_told_exits() -> None:
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(_ExitTold())

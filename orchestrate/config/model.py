@@ -46,7 +46,9 @@ class ModelSection(Section):
     values of `data.label_field`); when given it must agree with the data."""
 
     trust_remote_code: bool = False
-    """Allow model code from the model directory to run. Off by default: it executes foreign code."""
+    """The one switch that lets code named by the config run: `model.module` / `data.module` (imported
+    and called by `plan`, `config`, `launch` and the workers) and the `auto_map` code of a model or
+    tokenizer directory. Off by default: such code can do anything you can (docs/security.md)."""
 
     @field_validator("module")
     @classmethod

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.blocks import LabelledDocuments, PackedBlocks, PaddedDocuments, Subset, split_ids
-from orchestrate.data.cache import TokenStream, cache_dir_of
+from orchestrate.data.cache import TokenStream, cache_dir_of, check_ids
 from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
@@ -116,7 +116,8 @@ def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tok
     """The configured tokenizer, checked against the model's vocabulary when `vocab_size` is given."""
     tokenizer_dir = tokenizer_dir_of(config)  # data.tokenizer, else the model directory's own
     # The memo lets a cache hit skip loading an HF tokenizer (and importing transformers).
-    tokenizer = load_tokenizer(tokenizer_dir, cache_dir_of(config) / TOKENIZER_MEMO_SUBDIR)
+    tokenizer = load_tokenizer(tokenizer_dir, cache_dir_of(config) / TOKENIZER_MEMO_SUBDIR,
+                               config.model.trust_remote_code)
     if vocab_size is not None and tokenizer.vocab_size > vocab_size:
         raise UserError("the tokenizer does not fit the model", [Problem(
             "data.tokenizer", f"tokenizer has {tokenizer.vocab_size} ids, the model's vocab_size is {vocab_size}",
@@ -147,6 +148,9 @@ def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, pl
     kwargs = {"num_proc": data.num_proc, "progress": progress, "force": force, "may_build": may_build}
     train = ensure_stream(sources.train, spec, tokenizer, cache_dir, **kwargs)
     validation = ensure_stream(sources.validation, spec, tokenizer, cache_dir, **kwargs) if sources.validation else None
+    for result in (train, validation):
+        if result is not None:
+            check_ids(result.stream, tokenizer.vocab_size)
     tokenized = [name for name, r in (("train", train), ("validation", validation)) if r is not None and r.built]
     return PreparedData(sources, train.stream, validation.stream if validation else None, tokenized,
                         time.perf_counter() - start)
@@ -211,12 +215,7 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_ran
     tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
     prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
     train, validation = samples_for(prepared, config)
-    if len(train) < world_size:
-        names = "; ".join(s.describe() for s in prepared.sources.train)
-        unit = f"block(s) of {config.train.seq_len} tokens" if config.data.packing else "document(s)"
-        raise UserError("not enough training data", [Problem(
-            prepared.sources.train[0].where, f"{names} give {len(train)} training {unit}, "
-            f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
+    require_sample_per_rank(len(train), world_size, prepared, config)
     sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed,
                                       data_identity(config, prepared.train, prepared.validation))
     masker = None
@@ -224,6 +223,15 @@ def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_ran
         masker = MLMMasker(mask_token_id(tokenizer, plan.shape.vocab_size), tokenizer.vocab_size,
                            tokenizer.eos_id, config.train.seed)
     return TrainData(tokenizer, train, validation, sampler, tokenizer_dir, check_labels(config, prepared), masker)
+
+
+def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedData, config: RunConfig) -> None:
+    if samples < world_size:
+        names = "; ".join(s.describe() for s in prepared.sources.train)
+        unit = f"block(s) of {config.train.seq_len} tokens" if config.data.packing else "document(s)"
+        raise UserError("not enough training data", [Problem(
+            prepared.sources.train[0].where, f"{names} give {samples} training {unit}, "
+            f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
 
 
 def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
@@ -251,6 +259,7 @@ def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False,
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
     prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
     check_labels(plan.config, prepared)  # before any worker starts
+    require_sample_per_rank(len(samples_for(prepared, plan.config)[0]), plan.world_size, prepared, plan.config)
     if resumed is not None:
         check_same_data(resumed[1], data_identity(plan.config, prepared.train, prepared.validation), resumed[0])
     return describe_prepared(prepared, plan.config)

@@ -59,13 +59,14 @@ class HFTokenizer:
     under a content hash of the tokenizer files, so the next run computes the fingerprint from the
     files alone and loads the tokenizer only when it first encodes or decodes."""
 
-    def __init__(self, directory: Path, memo_dir: Path | None = None):
+    def __init__(self, directory: Path, memo_dir: Path | None = None, trust_remote_code: bool = False):
         if not directory.is_dir():
             raise UserError(f"tokenizer directory {directory} not found",
                             [Problem("data.tokenizer", f"{directory} is not a directory",
                                      "point it at a local Hugging Face tokenizer directory (`orchestrate tokenizer "
                                      "train` makes one), or remove it to use the built-in byte-level tokenizer")])
         self.directory = directory
+        self.trust_remote_code = trust_remote_code
         self._tok = None
         self._memo = memo_dir / f"{self._files_hash()}.json" if memo_dir is not None else None
         remembered = self._remembered()
@@ -91,14 +92,7 @@ class HFTokenizer:
             return None
 
     def _load(self):
-        from transformers import AutoTokenizer
-
-        try:
-            tok = AutoTokenizer.from_pretrained(str(self.directory))
-        except (OSError, ValueError) as exc:
-            raise UserError(f"cannot load the tokenizer in {self.directory}",
-                            [Problem("data.tokenizer", str(exc).splitlines()[0],
-                                     "the directory needs tokenizer.json or tokenizer_config.json")]) from None
+        tok = auto_tokenizer(self.directory, self.trust_remote_code)
         eos = tok.eos_token_id if tok.eos_token_id is not None else tok.sep_token_id
         if eos is None:
             raise UserError(f"the tokenizer in {self.directory} has no end-of-text token",
@@ -152,9 +146,30 @@ def _is_tokenizer_file(name: str) -> bool:
     return name.startswith(_TOKENIZER_FILES) or name.endswith((".model", ".tiktoken"))
 
 
-def load_tokenizer(tokenizer_dir: Path | None, memo_dir: Path | None = None) -> Tokenizer:
+def load_tokenizer(tokenizer_dir: Path | None, memo_dir: Path | None = None,
+                   trust_remote_code: bool = False) -> Tokenizer:
     """The byte tokenizer for None, else the directory's; `memo_dir`: see `HFTokenizer`."""
-    return ByteTokenizer() if tokenizer_dir is None else HFTokenizer(tokenizer_dir, memo_dir)
+    return ByteTokenizer() if tokenizer_dir is None else HFTokenizer(tokenizer_dir, memo_dir, trust_remote_code)
+
+
+def auto_tokenizer(directory: Path, trust_remote_code: bool):
+    """`AutoTokenizer.from_pretrained(directory)` with `trust_remote_code` always given: left unset,
+    transformers asks at a TTY whether to run a directory's `auto_map` code, and a "y" there would
+    bypass the config's switch. Custom code without the switch is a UserError naming it."""
+    from transformers import AutoTokenizer
+
+    from orchestrate.methods.custom.module import TRUST_SWITCH
+
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "trust_remote_code" in str(exc):
+            raise UserError(f"the tokenizer in {directory} runs its own code", [Problem(
+                "data.tokenizer", f"{first} (its auto_map names Python files in the directory)",
+                f"use a tokenizer without custom code, or read that code and set {TRUST_SWITCH}: true")]) from None
+        raise UserError(f"cannot load the tokenizer in {directory}", [Problem(
+            "data.tokenizer", first, "the directory needs tokenizer.json or tokenizer_config.json")]) from None
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -204,13 +219,11 @@ def _bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-def save_tokenizer(tokenizer_dir: Path | None, out_dir: Path) -> None:
+def save_tokenizer(tokenizer_dir: Path | None, out_dir: Path, trust_remote_code: bool = False) -> None:
     """Write the tokenizer a run used next to its model, loadable with `AutoTokenizer.from_pretrained`:
     a copy of a Hugging Face tokenizer directory, or the byte tokenizer (None) as tokenizer.json."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
         byte_tokenizer_fast().save_pretrained(str(out_dir))
         return
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(str(tokenizer_dir)).save_pretrained(str(out_dir))
+    auto_tokenizer(tokenizer_dir, trust_remote_code).save_pretrained(str(out_dir))

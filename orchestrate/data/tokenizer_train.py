@@ -18,6 +18,7 @@ from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
 from orchestrate.data.sources import resolve_sources
 from orchestrate.errors import Problem, UserError
+from orchestrate.run.layout import os_errors_as_user_errors
 
 EOS_TOKEN = "<|endoftext|>"
 MIN_VOCAB = 256 + 1 + 1
@@ -34,9 +35,12 @@ def train_tokenizer(config: RunConfig, vocab_size: int, out_dir: Path, *, progre
         raise UserError("vocabulary too small", [Problem(
             "--vocab-size", f"{vocab_size} ids cannot hold the 256 bytes, the end-of-text token and a merge",
             f"use at least {MIN_VOCAB} (typical: 8,000 to 64,000)")])
-    if out_dir.exists() and any(out_dir.iterdir()):
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} is not empty", [Problem("--out", "refusing to overwrite files",
                                                             "choose a new directory")])
+    with os_errors_as_user_errors("--out"):  # an unwritable --out is told now, not after the training
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        temp_dir_for(out_dir).rmdir()
     ensure_cache_dir(cache_dir_of(config))
     demo = None
     if config.data.generate_demo_corpus:
@@ -64,9 +68,9 @@ def train_tokenizer(config: RunConfig, vocab_size: int, out_dir: Path, *, progre
 
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, bos_token=EOS_TOKEN,
                                    unk_token=None, model_max_length=2**62)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temp_dir_for(out_dir)
-    fast.save_pretrained(str(tmp))
-    shutil.rmtree(out_dir, ignore_errors=True)  # empty (checked above)
-    tmp.rename(out_dir)
+    with os_errors_as_user_errors("--out"):
+        tmp = temp_dir_for(out_dir)
+        fast.save_pretrained(str(tmp))
+        shutil.rmtree(out_dir, ignore_errors=True)  # empty (checked above)
+        tmp.rename(out_dir)
     return out_dir, len(fast)

@@ -11,6 +11,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from orchestrate.hardware.software import SoftwareStack
 
+MAX_MEMORY_BYTES = 2**50
+"""1 PiB: more than any GPU or node has (the largest GPUs hold a few hundred GB, the largest nodes
+tens of TB); a bigger number is a typo, and planning with it would accept any strategy."""
+
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
@@ -19,7 +23,7 @@ class _Spec(BaseModel):
 class GPUSpec(_Spec):
     name: str
     """Marketing name, e.g. "NVIDIA GeForce RTX 3070"."""
-    memory_bytes: int = Field(gt=0)
+    memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
     """Total device memory per GPU."""
     compute_capability: tuple[int, int] = (8, 6)
     """CUDA compute capability; bf16 needs 8.0 or newer (Turing, 7.5, has none)."""
@@ -62,7 +66,7 @@ class HardwareProfile(_Spec):
     """GPUs per machine; 0 means CPU-only (gloo, one process per `--gpus`)."""
     gpu: GPUSpec | None = None
     """The GPU model (all GPUs are assumed identical); None on CPU-only machines."""
-    cpu_memory_bytes: int = Field(gt=0)
+    cpu_memory_bytes: int = Field(gt=0, le=MAX_MEMORY_BYTES)
     """CPU RAM per node."""
     cpu_cores: int = Field(default=8, gt=0)
     """Physical CPU cores per node (CPU Adam and data loading share them)."""

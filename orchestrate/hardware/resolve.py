@@ -5,13 +5,14 @@ then the CLI's hardware flags on top. Every bad flag is reported at once, in one
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import yaml
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.detect import detect_hardware, free_space
 from orchestrate.hardware.presets import load_preset, load_profile
-from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.profile import MAX_MEMORY_BYTES, HardwareProfile
 from orchestrate.hardware.software import SoftwareStack, installed_software
 from orchestrate.hardware.units import format_bytes, parse_size
 
@@ -89,10 +90,36 @@ def _resolve(profile: str | None, gpus: int | None, gpu_mem: str | None, cpu_mem
     return HardwareProfile.model_validate(base.model_dump() | update | {"name": f"{base.name}+flags"})
 
 
+PROFILE_HEADER = "# orchestrate hardware profile: sizes in bytes, bandwidths in bytes/s, TFLOPS dense.\n"
+"""The first line of every profile file `profile --out` writes: how it knows a file is its own."""
+
+
 def profile_to_yaml(profile: HardwareProfile) -> str:
     """A profile file `--profile path.yaml` reads back to an equal profile."""
-    header = "# orchestrate hardware profile: sizes in bytes, bandwidths in bytes/s, TFLOPS dense.\n"
-    return header + yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False)
+    return PROFILE_HEADER + yaml.safe_dump(profile.model_dump(mode="json"), sort_keys=False)
+
+
+def write_profile(profile: HardwareProfile, path: Path) -> Path:
+    """`profile --out FILE`: a new file, or one an earlier `profile --out` wrote (it starts with
+    PROFILE_HEADER); any other file is left alone (UserError), as is an unwritable path."""
+    from orchestrate.run.layout import os_errors_as_user_errors
+
+    path = Path(path)
+    if path.is_dir() or (path.exists() and not _starts_with(path, PROFILE_HEADER)):
+        raise UserError("--out names a file orchestrate did not write", [Problem(
+            "--out", f"{path} exists and is not a profile `orchestrate profile --out` wrote; it would be replaced",
+            "give a new file name: --out NEW.yaml (or remove that one)")])
+    with os_errors_as_user_errors("--out"):
+        path.write_text(profile_to_yaml(profile))
+    return path
+
+
+def _starts_with(path: Path, text: str) -> bool:
+    try:
+        with path.open("rb") as f:
+            return f.read(len(text.encode())) == text.encode()
+    except OSError:
+        return False
 
 
 def _memory(text: str | None, flag: str, problems: list[Problem]) -> int | None:
@@ -105,6 +132,10 @@ def _memory(text: str | None, flag: str, problems: list[Problem]) -> int | None:
         fix = (f"sizes without a unit are bytes: write {int(digits)}GiB?" if digits.isdigit() and int(digits) >= 1
                else "give at least 1GiB")
         problems.append(Problem(flag, f"{text!r} is only {format_bytes(size)}", fix))
+        return None
+    if size is not None and size > MAX_MEMORY_BYTES:
+        problems.append(Problem(flag, f"{text!r} is more than any machine has (at most {format_bytes(MAX_MEMORY_BYTES)})",
+                                "give the memory of one GPU (--gpu-mem) or of one node (--cpu-mem), e.g. 8GiB"))
         return None
     return size
 

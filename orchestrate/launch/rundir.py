@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
 from orchestrate.planner.plan import Plan, RunSection
@@ -22,15 +23,22 @@ from orchestrate.run.layout import (
     CONFIG_FILE,
     DEMO_CORPUS_FILE,
     LAUNCH_SCRIPT,
+    LOCK_FILE,
     LOG_DIR,
+    MARKER_FILE,
     METRICS_FILE,
     MODEL_DIR,
     PLAN_FILE,
+    REQUEUE_FILE,
+    check_no_links,
     check_run_dir_writable,
     os_errors_as_user_errors,
     write_marker,
 )
 from orchestrate.run.lock import RunLock
+
+RUN_DIR_OWN_FILES = (MARKER_FILE, LOCK_FILE, REQUEUE_FILE)
+"""Written into any run directory besides `run_dir_writes`, marked or not."""
 
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
@@ -127,6 +135,24 @@ def _write_run_files(plan: Plan, run_dir: Path, rendered: dict[str, str] | None)
     return plan
 
 
+def write_plan_dir(plan: Plan, out: Path) -> Path:
+    """`orchestrate plan --out DIR`: DIR/plan.json, with the rules of a run directory (the marker, the
+    lock): never over a plan.json orchestrate did not write, never into a run that has checkpoints
+    (its plan.json is what --resume continues with)."""
+    from orchestrate.run.checkpoints import list_checkpoints
+
+    out = Path(out).resolve()
+    check_run_dir_writable(out, [PLAN_FILE], plan.config.source_dir, where="--out")
+    check_no_links(out, [PLAN_FILE, *RUN_DIR_OWN_FILES])
+    if list_checkpoints(out):
+        raise UserError("the --out directory is a run with checkpoints", [Problem(
+            "--out", f"{out} holds {', '.join(p.name for p in list_checkpoints(out)[-3:])}; its plan.json is "
+            "the one --resume continues with", "give a new directory: --out NEW")])
+    with lock_run_dir(out, "orchestrate plan --out"), os_errors_as_user_errors("--out"):
+        write_marker(out)
+        return plan.write(out / PLAN_FILE)
+
+
 def run_dir_writes(rendered: dict[str, str]) -> list[str]:
     """The names `prepare_run` and the launch write into a run directory (`rendered`: the
     backend's config files)."""
@@ -157,6 +183,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.pipeline import check_data_config
     from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
+    from orchestrate.loading.weight_files import check_model_weights
     from orchestrate.planning import feasible_plan
 
     rendered = None
@@ -169,10 +196,12 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         rendered = get_backend(plan.chosen.strategy.backend).render(plan)
         check_run_dir_writable(run_dir, run_dir_writes(rendered), config.source_dir, force, where)
         refuse_checkpointed(run_dir)
+    check_model_weights(plan.config)
     if check_data:
         check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     if check is not None:
         check(plan)
+    check_no_links(run_dir, run_dir_writes(rendered or {}) + list(RUN_DIR_OWN_FILES))
     with ExitStack() as own:
         lock: AbstractContextManager = lock_run_dir(run_dir, f"orchestrate {name}", remote_workers)
         (hold if hold is not None else own).enter_context(lock)

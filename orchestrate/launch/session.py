@@ -16,6 +16,7 @@ The workers get nothing but the plan file's path: no orchestrate settings in the
 from __future__ import annotations
 
 import shlex
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.resume import failure_notice, resumed_data
@@ -179,7 +181,7 @@ class StoppedBeforeWorkers(Exception):
 
 @contextmanager
 def stop_signals_raise() -> Iterator[None]:
-    """SIGTERM/SIGUSR1 raise StoppedBeforeWorkers inside (main thread only: signal.signal's rule),
+    """SIGTERM/SIGHUP/SIGQUIT/SIGUSR1 raise StoppedBeforeWorkers inside (main thread only: signal.signal's rule),
     so that a stop at any point is exit 75 (nothing to checkpoint yet: the resume starts at step 0),
     not the default death by signal (143)."""
     def stop(signum: int, frame: object) -> None:
@@ -187,7 +189,7 @@ def stop_signals_raise() -> Iterator[None]:
 
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+        previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS if sig != signal.SIGINT}
     try:
         yield
     finally:
@@ -207,6 +209,8 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
         tell(line)
     hw = request.hardware
     hardware = hw if isinstance(hw, HardwareProfile) else transport.hardware(hw).resolve()
+    # A directory this launch makes is removed again when its data turns out unusable (see `start`).
+    fresh = not request.resume and (request.run_dir is None or not Path(request.run_dir).exists())
     with ExitStack() as held:  # the run directory's lock, from before it is written until the workers end
         if not request.dry_run:
             held.enter_context(transport.warm_up(request.config))
@@ -215,14 +219,16 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
                                         force=request.force, hold=held,
                                         remote_workers=transport.remote_workers, check_data=not request.program)
         return start(plan, run_dir, transport, request.max_restarts, request.dry_run, console, messages,
-                     own_data=bool(request.program))
+                     own_data=bool(request.program), fresh=fresh)
 
 
 def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,
-          console: Console | None = None, messages: list[str] | None = None, own_data: bool = False) -> LaunchResult:
+          console: Console | None = None, messages: list[str] | None = None, own_data: bool = False,
+          fresh: bool = False) -> LaunchResult:
     """The second half of `launch`, for a run directory written already (by `launch`'s first half
     or by `orchestrate config`): launch.sh, the data (not for a program with its own: `own_data`),
-    and the workers until they end."""
+    and the workers until they end. `fresh`: the launch made `run_dir`, so data that cannot be used
+    removes it again (nothing trained, nothing of the user's in it) before the UserError goes up."""
     messages = [] if messages is None else messages
 
     def tell(text: str) -> None:
@@ -243,6 +249,11 @@ def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0
                 # Tokenise once, here, into the shared cache: the workers (on every node) then only map
                 # it (no race between nodes, no collective timeout while a large corpus is tokenised).
                 tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
+    except UserError:
+        if fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+            tell(f"removed {run_dir} again: the data below cannot be trained on, so nothing ran there")
+        raise
     except StoppedBeforeWorkers as stopped:
         tell(f"stopped by {stopped} before the workers started; start it again with "
              f"`orchestrate launch CONFIG --resume --run-dir {run_dir}` (exit {EX_TEMPFAIL}: requeue)")

@@ -50,14 +50,21 @@ def plan_reads(model_dir: Path, layout: StateLayout) -> ReadPlan:
     """Match the files' tensors (headers only) to the model's state dict; UserError on any mismatch."""
     import re
 
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
+
+    from orchestrate.errors import UserError
+    from orchestrate.loading.weight_files import damaged_weights
 
     model_dir = Path(model_dir)
     reads: dict[Path, list[tuple[str, str]]] = defaultdict(list)
     found: set[str] = set()
     unexpected, wrong_shape = [], []
     for path in _weight_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
+        try:
+            opened = safe_open(str(path), framework="pt")
+        except SafetensorError as exc:
+            raise UserError(f"the model weights in {model_dir} cannot be read", [damaged_weights(path, exc)]) from None
+        with opened as f:
             for key in f.keys():
                 target = _match_key(key, layout)
                 if target is None:

@@ -115,7 +115,7 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     from orchestrate.worker import stages
 
     plan, run = stages.read_plan(_plan_path())
-    stages.check_lock(run)
+    stages.check_run_dir(run)
     worker = stages.start_process_group(plan, run)
     ranks, chosen, train = worker.ranks, plan.chosen, plan.config.train
     ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,

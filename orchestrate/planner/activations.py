@@ -107,7 +107,7 @@ class EagerAttention:
     """4 where the softmax runs in fp32 (Llama's eager attention up-casts; autocast runs softmax in
     fp32), else the compute dtype's c."""
     dropout: bool
-    """Attention dropout on (BERT's attention_probs_dropout_prob 0.1)."""
+    """Attention dropout on (0.1 by default in BERT and GPT-2: software_terms.eager_attention_dropout)."""
 
 
 def eager_attention_bytes(attn: EagerAttention, heads: int, c: int) -> int:

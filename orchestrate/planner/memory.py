@@ -93,10 +93,9 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, adapte
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
     eager = None
     if software_terms.eager_attention(sw, shape.model_type):
-        # Llama-style eager attention up-casts its softmax; torch.autocast (the DDP engine's 16-bit
-        # path) runs softmax in fp32 too; BERT's attention dropout is on by default (0.1).
-        upcast = shape.model_type != "bert" or (strategy.backend == "ddp" and c == 2)
-        eager = activations.EagerAttention(seq_len, 4 if upcast else c, dropout=shape.model_type == "bert")
+        autocast = strategy.backend == "ddp" and c == 2  # the DDP engine's 16-bit path runs under torch.autocast
+        eager = activations.EagerAttention(seq_len, software_terms.eager_softmax_bytes(shape.model_type, c, autocast),
+                                           dropout=software_terms.eager_attention_dropout(shape.model_type))
     delta = 0.0
     if adapters is not None:
         delta = adapter_saved_delta(shape, adapters, c, adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(sw))
@@ -107,12 +106,11 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, adapte
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT) -> int:
     """Head output and cross-entropy temporaries (measured, see constants): per token and vocabulary
     entry for LM heads; per sequence and label for a classifier (its logits are num_labels wide);
-    transformers before 4.46 kept more (software_terms.logits_upcast_kept)."""
+    transformers before 4.49 kept more (software_terms.logits_bytes_per_token_vocab)."""
     if shape.task == "custom":
         return 0  # in the measured activations
     per = (k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if strategy.precision == "fp32"
-           else software_terms.LOGITS_BYTES_PER_TOKEN_VOCAB_UPCAST_KEPT if software_terms.logits_upcast_kept(sw)
-           else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
+           else software_terms.logits_bytes_per_token_vocab(sw) or k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT)
     rows = knobs.logits_rows(strategy, seq_len, shape.logits_per_token)  # one chunk's when chunked
     hidden_grad = knobs.hidden_gradient_bytes(shape, strategy, seq_len, compute_bytes(strategy))
     return int(per * rows * shape.logits_width + hidden_grad)

@@ -143,4 +143,15 @@ class Plan:
 
     @classmethod
     def read(cls, path: Path) -> Plan:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The plan in `path`; a missing, damaged or foreign file is a UserError naming it."""
+        from orchestrate.errors import Problem, UserError
+
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        except UserError as exc:  # its config no longer validates
+            raise UserError(f"the plan {path} cannot be used", exc.problems) from None
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise UserError(f"the plan {path} cannot be read", [Problem(
+                str(path), f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                "restore it: every checkpoint keeps a copy (checkpoints/step-N/plan.json); or write a new run "
+                "directory (--run-dir NEW)")]) from None

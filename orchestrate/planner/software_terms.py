@@ -63,27 +63,57 @@ def bnb_saves_4bit_input(sw: SoftwareStack) -> bool:
     return older_than(sw.bitsandbytes, (0, 43, 2))
 
 
-def logits_upcast_kept(sw: SoftwareStack) -> bool:
-    """transformers before 4.46 up-cast the LM head's output in the model (`logits = logits.float()`,
-    modeling_llama.py; removed by transformers PR #33902 for 4.46) and its loss took a contiguous fp32
-    copy of the shifted logits (`shift_logits = logits[..., :-1, :].contiguous()`)."""
-    return older_than(sw.transformers, (4, 46))
+def logits_bytes_per_token_vocab(sw: SoftwareStack) -> int | None:
+    """Bytes per (token x vocabulary entry) at the LM loss of a 16-bit run, by transformers release; None:
+    the current releases' measured constant (constants.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT, 12).
+    - before 4.46: the model up-casts its output (`logits = logits.float()`, modeling_llama.py) and the
+      loss takes a contiguous fp32 copy of the shifted logits: 16, the fp32 logits (4) held by a caller
+      that keeps the output through backward (Answer.AI's train.py does) beside the fp32 log-softmax (4)
+      and its two fp32 gradients (4 + 4) at the start of backward;
+    - 4.46 to 4.48: the model returns 16-bit logits and `ForCausalLMLoss` (loss/loss_utils.py) up-casts
+      them and still slices a contiguous fp32 copy (`logits[..., :-1, :].contiguous()`): 14 at the end
+      of forward, the 16-bit logits (2), their fp32 up-cast (4), the shifted copy (4) and the
+      log-softmax (4);
+    - from 4.49 the loss pads the labels instead (`nn.functional.pad(labels, (0, 1))`): no copy.
+    Read in the wheels of 4.45.2, 4.46.0, 4.48.1 and 4.49.0; counted from the code, the 14 checked
+    against fms-acceleration's A100 rows (bench/published_peaks.py)."""
+    if older_than(sw.transformers, (4, 46)):
+        return 16
+    if older_than(sw.transformers, (4, 49)):
+        return 14
+    return None
 
 
-LOGITS_BYTES_PER_TOKEN_VOCAB_UPCAST_KEPT = 16
-"""Bytes per (token x vocabulary entry) at the loss with `logits_upcast_kept`: the model's fp32 logits
-(4), the loss's contiguous fp32 shifted copy (4), the fp32 log-softmax it saves (4) and that output's
-fp32 gradient (4), where the current releases hold 12 (constants.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT: bf16
-logits, one fp32 up-cast, fp32 log-softmax, bf16 gradient). Counted from the code, not measured."""
+_SDPA_SINCE = {"llama": (4, 36), "mistral": (4, 37), "qwen2": (4, 37), "gemma": (4, 38), "bert": (4, 41),
+               "gpt2": (4, 42), "phi3": (4, 45)}
+"""The transformers release from which each family's model class sets `_supports_sdpa = True`, so
+`_autoset_attn_implementation` picks torch's SDPA (a fused kernel that keeps no s x s matrix) unless
+told otherwise; read in the wheels of 4.35.2 to 4.45.2 (Qwen2 and Gemma arrived with it; Phi-3 had an
+SDPA class from 4.41 but `_supports_sdpa = False` until 4.45). Before, the eager attention
+materialised the scores."""
 
-_SDPA_SINCE = {"llama": (4, 36), "mistral": (4, 36), "qwen2": (4, 36), "phi3": (4, 36), "gemma": (4, 36),
-               "gpt2": (4, 36), "bert": (4, 41)}
-"""The transformers release from which each family's default attention is torch's SDPA (a fused kernel
-that keeps no s x s matrix): 4.36 made SDPA the default where a model supports it (release notes,
-December 2023; Llama, Mistral among the first); BERT gained an SDPA class in 4.41 (BertSdpaSelfAttention).
-Before, the eager attention materialised the scores."""
+SDPA_NEEDS_TORCH = (2, 1, 1)
+"""transformers uses SDPA only on torch >= 2.1.1 (utils/import_utils.py `is_torch_sdpa_available`)."""
+
+_EAGER_SOFTMAX_FP32 = frozenset({"llama", "mistral", "qwen2", "gemma", "phi3"})
+"""Eager attentions that call `softmax(..., dtype=torch.float32)` and cast the probabilities back
+(modeling_llama.py LlamaAttention and its copies); GPT-2's and BERT's softmax runs in the scores'
+dtype (fp32 only under autocast, which runs softmax in fp32)."""
+
+_EAGER_ATTENTION_DROPOUT = frozenset({"bert", "gpt2"})
+"""Families whose attention dropout defaults to 0.1 (BERT attention_probs_dropout_prob, GPT-2
+attn_pdrop); the Llama-style ones default attention_dropout to 0.0, which keeps no mask."""
 
 
 def eager_attention(sw: SoftwareStack, model_type: str) -> bool:
     since = _SDPA_SINCE.get(model_type)
-    return since is not None and older_than(sw.transformers, since)
+    return since is not None and (older_than(sw.transformers, since) or older_than(sw.torch, SDPA_NEEDS_TORCH))
+
+
+def eager_softmax_bytes(model_type: str, c: int, autocast: bool) -> int:
+    """Bytes per element of the softmax output the eager attention saves."""
+    return 4 if model_type in _EAGER_SOFTMAX_FP32 or autocast else c
+
+
+def eager_attention_dropout(model_type: str) -> bool:
+    return model_type in _EAGER_ATTENTION_DROPOUT

@@ -11,6 +11,13 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.report.plots import FIGURES
 from orchestrate.report.runs import Run, load_run
 from orchestrate.report.verdict import memory_verdict
+from orchestrate.run.layout import (
+    REPORT_DIR,
+    REPORT_MARKER_FILE,
+    check_output_dir,
+    is_run_dir,
+    os_errors_as_user_errors,
+)
 
 SUMMARY_FILE = "summary.md"
 
@@ -24,20 +31,26 @@ class Report:
 
 def write_report(run_dirs: list[Path], out_dir: Path | None = None) -> Report:
     """Load every run, draw the overlaid figures, write them and summary.md to `out_dir`
-    (default: RUN_DIR/report of the first run)."""
+    (default: RUN_DIR/report of the first run). Files it did not write are never replaced
+    (`check_output_dir`: a new or empty directory, an earlier report's, or a run's own report/);
+    an unwritable one is a UserError naming it."""
     if not run_dirs:
         raise UserError("nothing to report", [Problem("RUN_DIR", "no run directory given",
                                                       "orchestrate report RUN_DIR [RUN_DIR ...]")])
     runs = [load_run(Path(d)) for d in run_dirs]
-    out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / "report"
-    out.mkdir(parents=True, exist_ok=True)
+    out = Path(out_dir) if out_dir is not None else Path(run_dirs[0]) / REPORT_DIR
+    check_output_dir(out, REPORT_MARKER_FILE, f"{SUMMARY_FILE} and {', '.join(FIGURES)}",
+                     owned=out.name == REPORT_DIR and is_run_dir(out.parent))
     images = []
-    for name, draw in FIGURES.items():
-        fig = draw(runs)
-        fig.savefig(out / name)
-        images.append(out / name)
-    summary = out / SUMMARY_FILE
-    summary.write_text(summary_markdown(runs, [p.name for p in images]), encoding="utf-8")
+    with os_errors_as_user_errors("--out"):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / REPORT_MARKER_FILE).touch()  # first: ours from now on
+        for name, draw in FIGURES.items():
+            fig = draw(runs)
+            fig.savefig(out / name)
+            images.append(out / name)
+        summary = out / SUMMARY_FILE
+        summary.write_text(summary_markdown(runs, [p.name for p in images]), encoding="utf-8")
     return Report(out, images, summary)
 
 

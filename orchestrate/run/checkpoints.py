@@ -50,6 +50,8 @@ HF_CONFIG = "config.json"
 RANKS_DIR = "ranks"
 TMP_PREFIX = ".tmp-"
 TRASH_PREFIX = ".old-"
+DAMAGED_PREFIX = "damaged-"
+"""A damaged step-N that a new save of step N replaced is kept under this name for you to look at."""
 FORMAT_VERSION = 1
 
 
@@ -201,10 +203,20 @@ class Discovery:
         return lines
 
 
+_SCANS = 5
+"""Rescans when checkpoints vanish while they are inspected (a run still training prunes them)."""
+
+
 def _statuses(run_dir: Path, full: bool) -> list[CheckpointStatus]:
     """Every step-* checkpoint, newest first. One without a manifest that is newer than one with a
-    manifest was not written by this protocol's end (the manifest goes in before the rename)."""
-    statuses = [inspect_checkpoint(ckpt, full) for ckpt in reversed(list_checkpoints(run_dir))]
+    manifest was not written by this protocol's end (the manifest goes in before the rename). A
+    checkpoint that is gone once inspected was pruned by a run that is still training (an export or
+    a resume of a running run), not damaged: the scan starts again and sees what replaced it."""
+    for _ in range(_SCANS):
+        statuses = [inspect_checkpoint(ckpt, full) for ckpt in reversed(list_checkpoints(run_dir))]
+        if all(s.path.is_dir() for s in statuses):
+            break
+    statuses = [s for s in statuses if s.path.is_dir()]
     for i, s in enumerate(statuses):
         if s.intact and not s.verified and any(o.verified for o in statuses[i + 1:]):
             statuses[i] = CheckpointStatus(s.path, s.meta, f"no {MANIFEST_FILE} although older checkpoints have "

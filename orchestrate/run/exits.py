@@ -1,7 +1,7 @@
 """How a run ends, defined once: the exit codes of `orchestrate` and of its workers, and the signals
 that stop a run (torchrun handles them: launch.session.launch_env gives it this list as
 PET_SIGNALS_TO_HANDLE; the launcher forwards them to torchrun's agent process; the workers
-checkpoint on SIGTERM/SIGUSR1, orchestrate.worker.signals)."""
+checkpoint on SIGTERM/SIGHUP/SIGQUIT/SIGUSR1, orchestrate.worker.signals)."""
 
 import signal
 
@@ -10,6 +10,10 @@ EXIT_USER_ERROR = 2
 
 EX_TEMPFAIL = 75
 """sysexits.h EX_TEMPFAIL: the workers checkpointed on a stop signal; requeue / resume the run."""
+
+EX_PEER_LOST = 69
+"""sysexits.h EX_UNAVAILABLE: a worker's collective failed because another rank was gone (it died or
+stopped first); not this rank's fault, so the launcher blames another (orchestrate.agent.torchrun)."""
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)

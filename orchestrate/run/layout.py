@@ -25,6 +25,7 @@ directory) become one UserError naming the path and the fix (`os_errors_as_user_
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
@@ -55,6 +56,10 @@ LOCK_FILE = ".lock"
 """flock'ed by the launcher for the whole launch; names its holder (`orchestrate.run.lock`)."""
 EXPORT_MARKER_FILE = ".orchestrate-export"
 """Written by `orchestrate export` into its output directory, so that it may replace its own files."""
+REPORT_DIR = "report"
+"""`orchestrate report RUN_DIR` writes its PNGs and summary.md here unless --out says otherwise."""
+REPORT_MARKER_FILE = ".orchestrate-report"
+"""Written first by `orchestrate report` into its output directory, as EXPORT_MARKER_FILE."""
 
 WORKER_MODULE = "orchestrate.worker"
 """What torchrun runs on every rank: `python -m orchestrate.worker RUN_DIR/plan.json`."""
@@ -172,6 +177,44 @@ def check_run_dir_writable(run_dir: Path, writes: Iterable[str], config_dir: Pat
             where, f"{run_dir} holds {_short(entries)} (no {MARKER_FILE})",
             f"give a new directory: {where} NEW, or add --force to put the run there "
             "(none of those files would be replaced)")])
+
+
+def check_output_dir(out_dir: Path, marker: str, writes: str, owned: bool = False) -> None:
+    """UserError unless `out_dir` (an `--out DIR`) is new, empty, or was written by the same command
+    before (it holds `marker`, which that command writes first) or `owned` (the caller knows it is
+    its own): a command never replaces files it did not write. `writes`: what it would put there."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError("the output directory is a file", [Problem("--out", f"{out_dir} is not a directory",
+                                                                   "give a new directory: --out NEW")])
+    entries = _entries(out_dir)
+    if entries and marker not in entries and not owned:
+        raise UserError("the output directory holds files orchestrate did not write", [Problem(
+            "--out", f"{out_dir} holds {_short(entries)}; {writes} would replace any of the same name",
+            "give a new directory: --out NEW (or empty that one)")])
+
+
+def check_no_links(run_dir: Path, writes: Iterable[str] = ()) -> None:
+    """UserError naming every symbolic link where orchestrate writes in `run_dir`: anywhere in a
+    marked run directory (all of it is orchestrate's), else at the names in `writes` and below. A
+    write through such a link would land outside the run (RUN_DIR/.lock linked to a user's file
+    was truncated by the lock). Links are looked at, never followed."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return
+    names = _entries(run_dir) if is_run_dir(run_dir) else sorted({Path(w).parts[0] for w in writes})
+    links = []
+    for name in names:
+        top = run_dir / name
+        if top.is_symlink():
+            links.append(top)
+        elif top.is_dir():
+            for parent, dirs, files in os.walk(top):  # followlinks=False: a linked directory is listed, not entered
+                links += [Path(parent) / n for n in (*dirs, *files) if (Path(parent) / n).is_symlink()]
+    if links:
+        raise UserError("the run directory holds symbolic links", [Problem(
+            str(link), f"a symbolic link to {os.readlink(link)}: orchestrate writes only inside its run directory "
+            "and never through a link", f"remove the link (rm {link}), or give another directory") for link in links[:5]])
 
 
 def write_requeue(run_dir: Path, record: dict[str, Any]) -> Path:

@@ -71,9 +71,13 @@ class RunLock:
     def acquire(cls, run_dir: Path, what: str, remote_workers: bool = False) -> RunLock:
         """Lock `run_dir` (created if missing) or raise UserError naming the holder."""
         path = Path(run_dir) / LOCK_FILE
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:  # O_NOFOLLOW: a .lock linked to another file must not be truncated below (ELOOP instead)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o666)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UserError("the run directory's lock file is a symbolic link", [Problem(
+                    str(path), f"a link to {os.readlink(path)}, which locking would overwrite",
+                    f"remove the link (rm {path}), or give another directory")]) from None
             raise UserError("cannot lock the run directory", [Problem(
                 str(path), exc.strerror or str(exc), "give a run directory you can write to (--run-dir)")]) from None
         try:

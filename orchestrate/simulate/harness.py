@@ -82,7 +82,10 @@ class Trainer:
         s = spec.strategy_obj
         self.backend, self.precision = s.backend, s.precision
         self.cfg = hf_config_for_simulation(spec.model_config)
-        model = AutoModelForCausalLM.from_config(self.cfg, attn_implementation="sdpa", dtype=torch.float32)
+        # Built-in model types only (hf_config_for_simulation): their own code, never an auto_map's; given
+        # explicitly, so transformers never asks at a TTY.
+        model = AutoModelForCausalLM.from_config(self.cfg, attn_implementation="sdpa", dtype=torch.float32,
+                                                 trust_remote_code=False)
         model.train()
         self.hf_model = model
         self._install_phase_hooks(model)

@@ -29,6 +29,7 @@ import torch
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import (
+    DAMAGED_PREFIX,
     HF_CONFIG,
     LATEST_FILE,
     PLAN_COPY,
@@ -175,7 +176,7 @@ class Checkpointer:
         UserError naming the checkpoint that is kept; anything else propagates unchanged. The
         partial directory goes first: on a full disk that makes room for this very message in
         the logs (which are on the same disk)."""
-        error = _os_error(exc)
+        error = _os_error(exc, tmp)
         if error is None:
             return exc
         shutil.rmtree(tmp, ignore_errors=True)
@@ -251,9 +252,20 @@ def _unloadable(ckpt_dir: Path, why: str) -> UserError:
         f"was step {step})")])
 
 
-def _os_error(exc: BaseException | None) -> OSError | None:
-    """The OSError behind `exc`: itself, its cause or context, or one of a DCP CheckpointException's
-    per-rank failures."""
+_TORCH_WRITE_FAILED = ("PytorchStreamWriter failed", "inline_container.cc", "iostream error", "file write failed")
+"""How torch.save(obj, path) fails when the file system refuses a write: a RuntimeError from its C++
+zip writer, without the errno (`torch.save(x, "/dev/full")`: "[enforce fail at inline_container.cc:672]
+. unexpected pos ..." with "basic_ios::clear: iostream error" as its context). DeepSpeed and DDP's
+trainer_state.pt save that way."""
+_NEARLY_FULL = 64 * 2**20
+
+
+def _os_error(exc: BaseException | None, written: Path | None = None) -> OSError | None:
+    """The OSError behind `exc`: itself, its cause or context, one of a DCP CheckpointException's
+    per-rank failures (each an `(exception, traceback summary)` pair, torch/distributed/checkpoint/
+    api.py), or torch.save's writer failing (`_TORCH_WRITE_FAILED`). That one carries no errno: the
+    file system of `written` with under 64 MiB free (the partial checkpoint still on it) is ENOSPC,
+    anything else EIO."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -261,18 +273,39 @@ def _os_error(exc: BaseException | None) -> OSError | None:
             return exc
         failures = getattr(exc, "failures", None)  # torch.distributed.checkpoint.api.CheckpointException
         for failure in failures.values() if isinstance(failures, dict) else ():
-            found = _os_error(failure) if isinstance(failure, BaseException) else None
+            if isinstance(failure, tuple) and failure:
+                failure = failure[0]
+            found = _os_error(failure, written) if isinstance(failure, BaseException) else None
             if found is not None:
                 return found
+        if isinstance(exc, RuntimeError) and any(s in str(exc) for s in _TORCH_WRITE_FAILED):
+            return OSError(_write_errno(written), f"{os.strerror(_write_errno(written))} (torch.save: {exc})")
         exc = exc.__cause__ or exc.__context__
     return None
 
 
+def _write_errno(written: Path | None) -> int:
+    try:
+        full = written is not None and shutil.disk_usage(written if written.exists() else written.parent).free < _NEARLY_FULL
+    except OSError:
+        full = False
+    return errno.ENOSPC if full else errno.EIO
+
+
 def _publish(tmp: Path, final: Path) -> None:
-    """Rename the finished directory into place. A `final` already there is a stale copy (written
-    before a crash, never named by `latest`, or the same step saved again): it goes first."""
+    """Rename the finished directory into place. A `final` already there is one the resume skipped
+    as damaged (discovery takes the newest intact one, so an intact step N is never saved again):
+    it may hold intact weights (only its manifest lost, say), so it is moved aside to
+    `damaged-step-N`, not deleted, and said so."""
     if final.exists():
-        _remove(final)
+        aside = final.with_name(DAMAGED_PREFIX + final.name)
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = final.with_name(f"{DAMAGED_PREFIX}{final.name}-{n}")
+        os.rename(final, aside)
+        print(f"orchestrate: {final} was there already (skipped as damaged when the run resumed): kept as "
+              f"{aside.name} for you to look at or delete; the new save of that step replaces it", flush=True)
     os.rename(tmp, final)
 
 

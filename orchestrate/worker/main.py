@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
-from orchestrate.run.exits import EX_TEMPFAIL, EXIT_USER_ERROR
+from orchestrate.run.exits import EX_PEER_LOST, EX_TEMPFAIL, EXIT_USER_ERROR
 
 if TYPE_CHECKING:
     from orchestrate.worker.signals import StopRequest
@@ -42,7 +42,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     from orchestrate.worker.preload import start_preload
 
     plan, run = stages.read_plan(plan_path)
-    stages.check_lock(run)
+    stages.check_run_dir(run)
     preload = start_preload(plan)  # the model's code imports while the ranks meet (worker/preload.py)
     worker = stages.start_process_group(plan, run)
     resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
@@ -86,9 +86,33 @@ def main(argv: list[str] | None = None) -> int:
     if not args.plan.is_file():
         print(f"error: plan file {args.plan} not found", file=sys.stderr)
         return EXIT_USER_ERROR
+    # @record writes the traceback of an unexpected error to torchrun's per-rank error file. Not of a
+    # UserError or a lost peer: those are told in one line and are not crashes, and on a full disk
+    # writing that file fails and leaves it empty, which torchrun's agent cannot parse.
+    return record(_exit_code)(args.plan, stop)
+
+
+def _exit_code(plan_path: Path, stop: StopRequest) -> int:
+    """`train`, with a UserError or a lost peer as its exit code (any other error propagates)."""
     try:
-        # @record writes the traceback of an unexpected error to torchrun's per-rank error file.
-        return record(train)(args.plan, stop)
+        return train(plan_path, stop)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
+    except Exception as exc:
+        if not peer_lost(exc):
+            raise
+        print(f"error: lost contact with another rank, which stopped or died first ({str(exc).splitlines()[0]})",
+              file=sys.stderr, flush=True)
+        return EX_PEER_LOST
+
+
+_PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
+              "remote process exited")
+"""What a collective raises when another rank's process is gone: gloo's tcp transport (pair.cc: "Read
+error ... Connection reset by peer", seen here after a kill -9 of the other rank) and NCCL's abort
+messages (those unverified on a GPU here)."""
+
+
+def peer_lost(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and any(s in str(exc) for s in _PEER_GONE)

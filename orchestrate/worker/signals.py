@@ -1,4 +1,4 @@
-"""Stop requests (SIGTERM, SIGUSR1).
+"""Stop requests (SIGTERM, SIGHUP, SIGQUIT, SIGUSR1).
 
 A signal only sets a flag: the worker finishes the step it is in (a collective cannot be left
 half-way), then every rank learns of any rank's signal through the step's stats all-gather
@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported when needed: the handler is installed before torch loads (worker/main.py)
     import torch
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
+"""SIGHUP (the terminal or SSH session went away) and SIGQUIT mean what SIGTERM means: checkpoint
+and exit 75. SIGINT (Ctrl-C) is not among them: it aborts (docs/fault-tolerance.md)."""
 
 
 class StopRequest:

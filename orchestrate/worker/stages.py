@@ -55,11 +55,15 @@ def read_plan(plan_path: Path) -> tuple[Plan, RunDir]:
     return plan, RunDir(plan_path.parent)
 
 
-def check_lock(run: RunDir) -> None:
-    """UserError when another launch holds the run directory's lock (orchestrate.run.lock)."""
+def check_run_dir(run: RunDir) -> None:
+    """UserError when another launch holds the run directory's lock (orchestrate.run.lock), or when
+    a symbolic link in it would take a write outside (workers started without this launcher too:
+    launch.sh, srun, SSH)."""
+    from orchestrate.run.layout import check_no_links
     from orchestrate.run.lock import check_worker_may_run
 
     check_worker_may_run(run.path)
+    check_no_links(run.path)
 
 
 def start_process_group(plan: Plan, run: RunDir) -> Worker:
@@ -230,7 +234,8 @@ def save_model(plan: Plan, run: RunDir, engine: TrainEngine, data: TrainData, wo
     if not worker.is_main:
         return
     if plan.config.model.module is None:  # your own module has no tokenizer
-        save_tokenizer(data.tokenizer_dir, run.model)  # None: the byte tokenizer, as tokenizer.json
+        # None: the byte tokenizer, as tokenizer.json
+        save_tokenizer(data.tokenizer_dir, run.model, plan.config.model.trust_remote_code)
     if data.label_names is not None:
         from orchestrate.loading.labels import write_labels
 

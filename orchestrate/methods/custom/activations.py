@@ -152,8 +152,7 @@ def with_measured_activations(config: RunConfig, shape: ModelShape) -> ModelShap
     model_factory = module_factory(config)
     if config.data.module is None and config.model.example_input is None:
         load_dataset(config)  # the UserError that asks for data.module (or model.example_input)
-    data_factory = None if config.data.module is None else import_object(config.data.module, "data.module",
-                                                                          config.source_dir)
+    data_factory = None if config.data.module is None else import_object(config.data.module, "data.module", config)
     path = cache_dir() / f"{fingerprint(config, model_factory, data_factory)}.json"
     try:
         cached = json.loads(path.read_text())

@@ -32,7 +32,7 @@ def load_dataset(config: RunConfig) -> Any:
             WHERE, "a custom module trains (and the planner measures its activations) on data.module",
             "set data.module: 'package.module:factory' returning a torch Dataset (your own training loop, "
             "`launch -- python train.py`: model.example_input instead, docs/own-loop.md)")])
-    factory = import_object(config.data.module, WHERE, config.source_dir)
+    factory = import_object(config.data.module, WHERE, config)
     try:
         dataset = factory(**config.data.kwargs)
     except Exception as exc:  # noqa: BLE001 - user code

@@ -51,8 +51,26 @@ def _on_path(directory: Path | None):
             sys.path.remove(str(directory))
 
 
-def import_object(spec: str, where: str, source_dir: Path | None = None) -> Any:
-    """The object "package.module:Name" names; a UserError naming the path and the error otherwise."""
+TRUST_SWITCH = "model.trust_remote_code"
+"""The one opt-in that lets code named by a config run (docs/security.md)."""
+
+
+def require_trust(config: RunConfig, where: str, what: str) -> None:
+    """UserError unless the config opted in to running the code `what` names (nothing is imported first)."""
+    if not config.model.trust_remote_code:
+        raise UserError("the config names code to run, and running it is not allowed", [Problem(
+            where, f"{what} would be imported and run here and in every worker; code from a config runs "
+            f"only with {TRUST_SWITCH}: true",
+            f"read that code first; if you trust it, set {TRUST_SWITCH}: true in the YAML "
+            f"(or --set {TRUST_SWITCH}=true)")])
+
+
+def import_object(spec: str, where: str, config: RunConfig) -> Any:
+    """The object "package.module:Name" names, imported only when the config opted in
+    (`model.trust_remote_code`); a UserError naming the path and the error otherwise. The YAML
+    file's directory is first on sys.path while importing."""
+    require_trust(config, where, repr(spec))
+    source_dir = config.source_dir
     module_name, _, attr = spec.partition(":")
     fix = (f"check the spelling; the module must be importable (installed, on PYTHONPATH, or next to the "
            f"YAML file{f' in {source_dir}' if source_dir else ''})")
@@ -91,7 +109,7 @@ def instantiate(factory: Callable[..., Any], kwargs: dict[str, Any], where: str)
 
 
 def module_factory(config: RunConfig) -> Callable[..., Any]:
-    return import_object(config.model.module, "model.module", config.source_dir)
+    return import_object(config.model.module, "model.module", config)
 
 
 def build_module(config: RunConfig, device: torch.device | str = "cpu") -> nn.Module:

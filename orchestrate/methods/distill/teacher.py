@@ -57,12 +57,10 @@ def teacher_shape(config: RunConfig, student: ModelShape) -> ModelShape:
     return shape
 
 
-def _vocab(tokenizer_dir: Path | None) -> dict[str, int]:
-    from transformers import AutoTokenizer
+def _vocab(tokenizer_dir: Path | None, trust_remote_code: bool) -> dict[str, int]:
+    from orchestrate.data.tokenizer import auto_tokenizer, byte_tokenizer_fast
 
-    from orchestrate.data.tokenizer import byte_tokenizer_fast
-
-    tok = byte_tokenizer_fast() if tokenizer_dir is None else AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tok = byte_tokenizer_fast() if tokenizer_dir is None else auto_tokenizer(tokenizer_dir, trust_remote_code)
     return tok.get_vocab()
 
 
@@ -74,7 +72,8 @@ def _tokenizer_problems(config: RunConfig, path: Path) -> list[Problem]:
                         "compare with the student's", "copy the teacher's tokenizer files into its directory "
                         "(orchestrate saves them next to RUN_DIR/model)")]
     student_dir = tokenizer_dir_of(config)
-    student, teacher = _vocab(student_dir), _vocab(path)
+    trust = config.model.trust_remote_code
+    student, teacher = _vocab(student_dir, trust), _vocab(path, trust)
     if student == teacher:
         return []
     differ = sorted(set(student.items()) ^ set(teacher.items()))[:3]

@@ -9,9 +9,11 @@ forwards every stop signal once; torchrun in the agent then stops the workers as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -32,11 +34,16 @@ AGENT_PROGRAM = ("-m", "orchestrate.agent")
 
 def _pump(source: IO[bytes], target: Callable[[], IO[str]]) -> None:
     """Copy the agent's output line by line to this process's stream as it is now (a progress bar
-    or click's test runner may have replaced sys.stdout)."""
+    or click's test runner may have replaced sys.stdout). A stream that no longer takes writes (a
+    terminal that hung up: EIO) is skipped, but the pipe is still read to its end: a full pipe would
+    block the agent, and with it the workers' shutdown."""
     for line in iter(source.readline, b""):
-        stream = target()
-        stream.write(line.decode(errors="replace"))
-        stream.flush()
+        try:
+            stream = target()
+            stream.write(line.decode(errors="replace"))
+            stream.flush()
+        except (OSError, ValueError):  # EIO, EPIPE; ValueError: a closed stream
+            pass
     source.close()
 
 
@@ -100,6 +107,19 @@ class WarmAgent:
         self.reply.close()
 
 
+def _detach_from_terminal() -> None:
+    """After SIGHUP (the terminal or SSH session went away) this process's output goes to /dev/null
+    where it went to a terminal: writing there now fails (EIO), and a failed print would end the
+    launcher, and with it (its children die with it) the checkpoint the workers are writing. The
+    run's own output stays in RUN_DIR/logs."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            if stat.S_ISCHR(os.fstat(fd).st_mode):  # a terminal (isatty may fail once it hung up)
+                os.dup2(devnull, fd)
+    os.close(devnull)
+
+
 class _Forwarder:
     """While inside: the first of each stop signal this launcher gets goes to the agent (main thread
     only: signal.signal's rule; elsewhere nothing is installed and the default applies)."""
@@ -110,6 +130,8 @@ class _Forwarder:
         self.previous: dict[int, object] = {}
 
     def _forward(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGHUP:
+            _detach_from_terminal()
         if signum not in self.sent:
             self.sent.add(signum)
             try:

@@ -387,7 +387,7 @@ def test_ssh_launch_trains_on_two_hosts(sshd, run_dir):
     text = out.getvalue()
     assert result.exit_code == 0, text
     assert [r["step"] for r in _metrics(run_dir)] == [1, 2, 3, 4] and (run_dir / "model" / "config.json").is_file()
-    assert re.search(r"(?m)^\[orch-[ab]:[01]\] \[default0\]:training .* on 4 rank\(s\)", text), text
+    assert re.search(r"(?m)^\[orch-[ab]:[01]\] training .* on 4 rank\(s\)", text), text
     assert re.search(r"(?m)^\[orch-a:0\] ", text) and re.search(r"(?m)^\[orch-b:1\] ", text), text
     # One torchrun per host, each with its own two local ranks: c10d gave them distinct node ranks.
     logs = list((run_dir / "logs").rglob("stdout.log"))

@@ -160,6 +160,28 @@ def test_nccl_rule_table(name: str, count: int, driver: str | None, disabled: bo
     assert bool(nccl_rules(_gpus(name, count, driver))) == disabled
 
 
+def test_runs_go_under_the_working_directory_not_beside_the_config(tmp_path: Path, monkeypatch):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from orchestrate.cli import cli
+
+    (tmp_path / "configs").mkdir()
+    config = shutil.copy(TINY, tmp_path / "configs" / "tiny-gpt2.yaml")  # as examples/ holds it: no output_dir
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    result = CliRunner().invoke(cli, ["launch", "--gpus", "2", str(config), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = (tmp_path / "work" / "runs").glob("tiny-gpt2-*")
+    assert (run_dir / PLAN_FILE).is_file() and not (tmp_path / "configs" / "runs").exists()
+    assert Plan.read(run_dir / PLAN_FILE).config.train.output_dir == str(tmp_path.resolve() / "work" / "runs")
+    # A relative path written in the YAML (or set) is the YAML's, as every path in it is.
+    result = CliRunner().invoke(cli, ["launch", "--gpus", "2", str(config), "--dry-run", "--set", "train.output_dir=out"])
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "configs" / "out").glob("tiny-gpt2-*"))
+
+
 def test_nccl_env_is_recorded_in_the_plan_and_cpu_runs_need_none():
     assert nccl_env(cpu_hardware(2)) == {}
 

@@ -39,7 +39,7 @@ def run_to_resume(config: RunConfig, name: str, run_dir: Path | None) -> Path:
             raise UserError("nothing to resume", [Problem(
                 "--run-dir", f"{run_dir} holds no {PLAN_FILE}", "give the run directory of an earlier `orchestrate launch`")])
         return run_dir
-    base = config.resolve_path(config.train.output_dir).resolve()
+    base = config.output_root().resolve()
     # default_run_dir's names: <name>-YYYYmmdd-HHMMSS, then -2, -3, ... within the same second.
     pattern = re.compile(re.escape(name) + r"-(\d{8}-\d{6})(?:-(\d+))?")
     runs = []

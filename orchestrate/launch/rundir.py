@@ -43,7 +43,7 @@ RUN_DIR_OWN_FILES = (MARKER_FILE, LOCK_FILE, REQUEUE_FILE)
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
     """`<train.output_dir>/<name>-<timestamp>`, with a numeric suffix if that exists already."""
-    base = config.resolve_path(config.train.output_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = config.output_root() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     candidate, n = base, 1
     while candidate.exists():
         n += 1
@@ -67,7 +67,7 @@ def resolved_config_dict(config: RunConfig) -> dict[str, Any]:
         d["cache_dir"] = absolute(d["cache_dir"])
     if d.get("dataset") and config.resolve_path(d["dataset"]).exists():  # a local path, not a Hub name
         d["dataset"] = absolute(d["dataset"])
-    data["train"]["output_dir"] = absolute(data["train"]["output_dir"])
+    data["train"]["output_dir"] = str(config.output_root().resolve())
     if data["strategy"]["nvme_path"]:
         data["strategy"]["nvme_path"] = absolute(data["strategy"]["nvme_path"])
     name = data["model"]["name_or_path"]

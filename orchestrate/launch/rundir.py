@@ -189,7 +189,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     rendered = None
     if resume:
         run_dir = run_to_resume(config, name, run_dir)
-        plan, reused, found = plan_for_resume(config, hardware, run_dir)
+        plan, reused, found, changes = plan_for_resume(config, hardware, run_dir)
     else:
         plan, reused = feasible_plan(config, hardware), False
         run_dir = (run_dir or default_run_dir(config, name)).resolve()
@@ -206,5 +206,5 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         lock: AbstractContextManager = lock_run_dir(run_dir, f"orchestrate {name}", remote_workers)
         (hold if hold is not None else own).enter_context(lock)
         if resume:
-            say(resume_notice(run_dir, reused, found))
+            say(resume_notice(run_dir, reused, found, changes))
         return (plan if reused else prepare_run(plan, run_dir, rendered)), run_dir

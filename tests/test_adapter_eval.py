@@ -81,7 +81,7 @@ def _run(cases: list[tuple[str, str, str]], model_dirs: dict[str, str], run_root
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory) -> dict[str, str]:
-    from orchestrate.model.init_weights import build_initial_model
+    from orchestrate.loading.init_weights import build_initial_model
 
     root = tmp_path_factory.mktemp("m")
     return {f: str(build_initial_model(_plan("fsdp", "lora", f), root / f)) for f in FAMILIES}

@@ -55,7 +55,7 @@ def _plan(model: str, backend: str, ranks: int):
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.model.meta import load_model_config, shape_from_config
     from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
-    from orchestrate.planner.plan import Candidate, Plan
+    from orchestrate.planner.plan import Candidate, RunPlan
     from orchestrate.planner.strategy import Strategy
 
     name, stage = STRATEGY[backend]
@@ -66,7 +66,7 @@ def _plan(model: str, backend: str, ranks: int):
     hardware = HardwareProfile(name="cpu-bench", gpus_per_node=0, cpu_processes=ranks,
                                cpu_memory_bytes=16 * 2**30, cpu_cores=2)
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), 1, fits=True)
-    return Plan(config=cfg, hardware=hardware, shape=shape_from_config(load_model_config(cfg)),
+    return RunPlan(config=cfg, hardware=hardware, shape=shape_from_config(load_model_config(cfg)),
                 candidates=[cand], chosen=cand)
 
 
@@ -109,12 +109,13 @@ def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) ->
     import torch
     import torch.distributed as dist
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.registry import get_backend
     from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
     from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.run.checkpoints import latest_checkpoint
     from orchestrate.worker.checkpointing import Checkpointer
+    from orchestrate.worker.objective import CausalLMObjective
+    from orchestrate.worker.rank import Rank
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -124,11 +125,11 @@ def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) ->
     if rank == 0:
         build_initial_model(plan, work_dir / "init_model")
     dist.barrier()
-    ctx = WorkerContext(rank, rank, ranks, torch.device("cpu"), work_dir / "run", work_dir / "init_model")
-    engine = get_backend(backend).setup(plan, ctx)
+    me = Rank(rank, rank, ranks, 0, torch.device("cpu"))
+    engine = get_backend(backend).setup(plan, me, work_dir / "init_model", CausalLMObjective())
     ids = torch.randint(0, plan.shape.vocab_size, (1, 128), generator=torch.Generator().manual_seed(rank))
     engine.train_step([{"input_ids": ids, "labels": ids}])
-    checkpointer = Checkpointer(plan, engine, ctx)
+    checkpointer = Checkpointer(plan, engine, me, work_dir / "run", work_dir / "init_model")
     sampler = {"epoch": 0, "position": 0, "seed": 0, "num_blocks": 1}
     out = {"params": plan.shape.parameters}
     plain_dir = work_dir / "torch_save"
@@ -145,10 +146,10 @@ def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) ->
     # Interleaved (bench/repeats.py): write, torch.save, write, torch.save, ...; then the loads.
     out.update(interleave({"ckpt_write_s": lambda: _timed(lambda: checkpointer.save(next(steps), sampler)),
                            "torch_save_s": lambda: _timed(lambda: torch.save(state, target))}, repeats))
-    out.update(interleave({"ckpt_load_s": lambda: _timed(lambda: checkpointer.load(latest_checkpoint(ctx.run_dir))),
+    out.update(interleave({"ckpt_load_s": lambda: _timed(lambda: checkpointer.load(latest_checkpoint(checkpointer.run_dir))),
                            "torch_load_s": lambda: _timed(load)}, repeats))
     if rank == 0:
-        out["ckpt_bytes"] = _size(latest_checkpoint(ctx.run_dir))
+        out["ckpt_bytes"] = _size(latest_checkpoint(checkpointer.run_dir))
         out["torch_save_bytes"] = _size(plain_dir)
     dist.destroy_process_group()
     return out

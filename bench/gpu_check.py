@@ -132,7 +132,7 @@ def hardware(args, gpu_name: str | None):
 
 def predict(config: dict, hw) -> dict:
     """The plan orchestrate makes for a zoo entry's config (pins honoured), as the JSON row's prediction."""
-    from orchestrate.api import plan_for
+    from orchestrate.api import is_runnable, plan_for
     from orchestrate.config.load import config_from_dict
     from orchestrate.errors import UserError
 
@@ -140,7 +140,7 @@ def predict(config: dict, hw) -> dict:
         plan = plan_for(config_from_dict(config, ROOT), hw)
     except UserError as exc:
         return {"feasible": False, "error": str(exc)}
-    if plan.chosen is None:
+    if not is_runnable(plan):
         return {"feasible": False, "error": "nothing fits"}
     mem = plan.chosen.memory
     return {"feasible": True, "strategy": plan.chosen.name, "seq_len": plan.config.train.seq_len,

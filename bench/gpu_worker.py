@@ -32,10 +32,10 @@ def cap_fraction(plan_gpu_bytes: int, device_total_bytes: int) -> float:
 def main(argv: list[str]) -> int:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.worker.main import main as worker_main
 
-    plan = Plan.read(Path(argv[0]))
+    plan = RunPlan.read(Path(argv[0]))
     if plan.hardware.has_gpu and torch.cuda.is_available():
         device = int(os.environ.get("LOCAL_RANK", "0"))
         total = torch.cuda.get_device_properties(device).total_memory

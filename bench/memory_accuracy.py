@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
+from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -147,7 +148,7 @@ class Cache:
 def compare(point: Point, sim: SimulationResult) -> dict:
     plan = point.plan()
     adapters = adapters_for(plan.config, plan.shape)
-    est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len, adapters=adapters).gpu
+    est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len, methods=[AdapterTerms(adapters)] if adapters else []).gpu
     seen = sim.peak_bytes_cuda_rounded
     total = seen + sum(_unseen(plan, est).values())
     act = est.get("activations", 0) + est.get("logits", 0)

@@ -208,9 +208,9 @@ def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
 def _hand_cfg(run_dir: Path, steps: int) -> dict:
     """The hand-written scripts' settings, read from orchestrate's run of the same config."""
     from orchestrate.loading.init_weights import build_initial_model, has_weights
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
-    plan = Plan.read(run_dir / "plan.json")
+    plan = RunPlan.read(run_dir / "plan.json")
     t = plan.config.train
     model = run_dir / "init_model"
     if not has_weights(model):  # DDP builds its from-config model in the workers and writes no weights:

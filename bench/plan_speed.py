@@ -99,7 +99,7 @@ def plan_once(config, hw: HardwareProfile, shape: ModelShape) -> tuple[str, int]
     """(chosen name or "infeasible", number of candidates)."""
     plan = make_plan(config, hw, shape)
     try:
-        return require_feasible(plan).name, len(plan.candidates)
+        return require_feasible(plan).chosen.name, len(plan.candidates)
     except UserError:
         return "infeasible", len(plan.candidates)
 

@@ -30,7 +30,7 @@ from bench.published_cases import CASES, RESERVE_PAIRS, Case  # noqa: E402, F401
 from orchestrate.config.schema import RunConfig  # noqa: E402
 from orchestrate.hardware.profile import HardwareProfile  # noqa: E402
 from orchestrate.hardware.units import GiB  # noqa: E402
-from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
+from orchestrate.methods.registry import method_terms  # noqa: E402
 from orchestrate.model.meta import shape_for  # noqa: E402
 from orchestrate.planner import constants as k  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
@@ -61,7 +61,7 @@ def comparable_bytes(gpu: dict, case: Case) -> float:
 def _inputs(case: Case) -> tuple:
     config = _config(case)
     shape = shape_for(config)
-    return shape, _hardware(case), case.strategy, case.train["seq_len"], case.accumulation, adapters_for(config, shape)
+    return shape, _hardware(case), case.strategy, case.train["seq_len"], case.accumulation, method_terms(config, shape, None)
 
 
 def evaluate(case: Case) -> dict:

@@ -98,7 +98,8 @@ def llama3_8b_config(base_cfg: dict, steps: int, work: Path, hw) -> tuple[dict, 
         cfg["train"].update({**example["train"], "seq_len": seq, "global_batch_size": 2, "method": "qlora",
                              "optimizer": {"name": "auto"}, "max_steps": steps})
         cfg["strategy"] = {"gpu_memory_headroom": HEADROOM_8B}
-        chosen = plan_for(config_from_dict(cfg, ROOT), hw).chosen
+        plan = plan_for(config_from_dict(cfg, ROOT), hw)
+        chosen = getattr(plan, "chosen", None)  # a Refusal has none
         tried.append({"seq_len": seq, "fits": chosen is not None,
                       "gpu_bytes": chosen.memory.gpu_total if chosen else None})
         if chosen is not None:

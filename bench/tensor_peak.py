@@ -38,9 +38,9 @@ def _demo_plan():
 def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
     import torch
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.registry import get_backend
     from orchestrate.worker.objective import objective_for
+    from orchestrate.worker.rank import Rank
     from orchestrate.worker.tensor_peak import COUNTED_STEPS, TensorPeak
 
     rank, world = init_gloo()
@@ -49,10 +49,9 @@ def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
     seq = plan.config.train.seq_len
     tokens = torch.randint(0, 256, (micro * accumulation, seq), generator=torch.Generator().manual_seed(rank))
     batches = [{"input_ids": x, "labels": x} for x in tokens.split(micro)]
-    ctx = WorkerContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"),
-                        run_dir=Path(run_dir), model_dir=Path(model_dir), objective=objective_for(plan))
     counter = TensorPeak.start()  # where the worker starts it: before the engine is built
-    engine = get_backend(plan.chosen.strategy.backend).setup(plan, ctx)
+    engine = get_backend(plan.chosen.strategy.backend).setup(plan, Rank(rank, rank, world, 0, torch.device("cpu")),
+                                                             Path(model_dir), objective_for(plan))
     for _ in range(COUNTED_STEPS):
         engine.train_step(batches)
         counter.step_done()

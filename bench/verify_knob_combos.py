@@ -1,5 +1,5 @@
 """Check on CPU (1 gloo rank) the optimizer / quantized-base combinations the planner never picks
-(planner/knobs.py VERIFIED_ON, docs/memory-knobs.md): each prints what happened, not what is believed.
+(each backend's `knobs`, backends/registry.py runs_knob; docs/memory-knobs.md): each prints what happened, not what is believed.
 
     python -m bench.verify_knob_combos
 

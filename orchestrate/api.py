@@ -22,11 +22,11 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.launch.session import LaunchRequest, LaunchResult, Transport
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import Refusal, RunPlan
     from orchestrate.transports.slurm.transport import PreparedJob, SlurmOptions
     from orchestrate.transports.ssh.hosts import SshOptions
 
-__all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets",
+__all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "choose_transport", "describe_schema", "export", "hardware_presets", "is_runnable",
            "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
            "profile", "profile_table", "profile_yaml", "render_plan", "report", "require_feasible", "slurm_options",
            "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config", "write_plan", "write_profile"]
@@ -42,15 +42,15 @@ def load_config(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     return load(path, list(overrides))
 
 
-def plan_for(config: RunConfig, hardware: HardwareProfile) -> Plan:
-    """Plan a validated config on a hardware profile; `chosen` is None when nothing fits."""
+def plan_for(config: RunConfig, hardware: HardwareProfile) -> RunPlan | Refusal:
+    """Plan a validated config on a hardware profile: the runnable plan, or the Refusal when nothing fits."""
     from orchestrate.planning import plan_for as plan
 
     return plan(config, hardware)
 
 
 def plan_from_file(config_path: str | Path, overrides: Sequence[str] = (),
-                   hardware: HardwareFlags | HardwareProfile = HardwareFlags()) -> Plan:
+                   hardware: HardwareFlags | HardwareProfile = HardwareFlags()) -> RunPlan | Refusal:
     """`orchestrate plan` without the printing: load + override + validate, resolve hardware, plan."""
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.model.meta import shape_for
@@ -65,7 +65,14 @@ def plan_from_file(config_path: str | Path, overrides: Sequence[str] = (),
     return plan_with_shape(config, profile, shape)
 
 
-def write_plan(plan: Plan, out: Path) -> Path:
+def is_runnable(plan: RunPlan | Refusal) -> bool:
+    """Whether the planner chose a strategy (a RunPlan) rather than refused (nothing fits)."""
+    from orchestrate.planner.plan import RunPlan
+
+    return isinstance(plan, RunPlan)
+
+
+def write_plan(plan: RunPlan | Refusal, out: Path) -> Path:
     """`plan --out DIR`: DIR/plan.json (never over files orchestrate did not write, nor into a
     run with checkpoints); returns the file."""
     from orchestrate.launch.rundir import write_plan_dir
@@ -73,14 +80,14 @@ def write_plan(plan: Plan, out: Path) -> Path:
     return write_plan_dir(plan, Path(out))
 
 
-def require_feasible(plan: Plan) -> None:
+def require_feasible(plan: RunPlan | Refusal) -> None:
     """UserError (what does not fit, by how much, what would) unless the plan chose a strategy."""
     from orchestrate.planner.remedies import require_feasible as require
 
     require(plan)
 
 
-def render_plan(plan: Plan, console: Console | None = None) -> dict[str, Any]:
+def render_plan(plan: RunPlan | Refusal, console: Console | None = None) -> dict[str, Any]:
     """The plan as plan.json's public JSON (docs/plan-json.md); with `console`, also printed as tables."""
     from orchestrate.planner.report import plan_json, print_plan
 
@@ -89,7 +96,7 @@ def render_plan(plan: Plan, console: Console | None = None) -> dict[str, Any]:
     return plan_json(plan)
 
 
-def verify(plan: Plan) -> str:
+def verify(plan: RunPlan) -> str:
     """`plan --simulate`: the chosen plan run on fake tensors, set against the analytical estimate."""
     from orchestrate.simulate import verify_plan
 
@@ -101,7 +108,7 @@ CONFIG_TARGETS = ("hf-trainer",)
 
 
 def write_config(config: RunConfig, hardware: HardwareFlags | HardwareProfile, out: Path,
-                 name: str = "run", force: bool = False, for_tool: str | None = None) -> Plan:
+                 name: str = "run", force: bool = False, for_tool: str | None = None) -> RunPlan:
     """`orchestrate config`: the run directory `launch` would write (the same plan, data,
     existing-checkpoint and overwrite checks, the lock), without starting anything. Returns the
     plan with its files. With `for_tool="hf-trainer"` also the DeepSpeed config a stock HF Trainer
@@ -126,7 +133,7 @@ def write_config(config: RunConfig, hardware: HardwareFlags | HardwareProfile, o
     if for_tool is not None:
         for file_name, text in target.render(plan).items():
             (run_dir / file_name).write_text(text)
-            plan.files[f"{for_tool}:{file_name}"] = file_name
+            plan.files.tools[f"{for_tool}:{file_name}"] = file_name
         plan.write(run_dir / PLAN_FILE)  # plan.json lists the extra files too
     return plan
 

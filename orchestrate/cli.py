@@ -111,7 +111,7 @@ def plan(config, overrides, as_json, out, simulate, **kwargs):
         click.echo(json.dumps(api.render_plan(the_plan), indent=2))
     else:
         api.render_plan(the_plan, console)
-    if simulate and the_plan.chosen is not None:
+    if simulate and api.is_runnable(the_plan):
         console.print("simulating the chosen plan (real model code on fake tensors)...")
         console.print(api.verify(the_plan), markup=False, highlight=False, soft_wrap=True)
     api.require_feasible(the_plan)
@@ -135,7 +135,7 @@ def config_cmd(config_path, overrides, out, force, for_tool, **kwargs):
     written = api.write_config(api.load_config(config_path, overrides), _flags(kwargs), Path(out),
                                name=Path(config_path).stem, force=force, for_tool=for_tool)
     console.print(f"chosen: [bold]{written.chosen.name}[/]")
-    for role, name in written.files.items():
+    for role, name in written.files.model_dump().items():
         if (Path(out) / name).is_file():
             console.print(f"  {role:<20} {Path(out) / name}")
     console.print(f"  {'plan':<20} {Path(out) / PLAN_FILE}")

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.registry import base_method
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
 from orchestrate.run.layout import EXPORT_MARKER_FILE, check_output_dir, os_errors_as_user_errors
 
@@ -50,15 +51,16 @@ def _stderr(text: str) -> None:
 
 
 def _check_merge(plan, ckpt: Path, merge: bool) -> None:
-    """A LoRA / QLoRA checkpoint holds the adapters only: exporting it means merging them (`--merge`)."""
-    method = plan.config.train.method
-    if method != "full" and not merge:
+    """A checkpoint of a method that trains adapters on a frozen base (LoRA / QLoRA: `Method.trains_adapters`)
+    holds the adapters only: exporting it means merging them (`--merge`)."""
+    method = base_method(plan.config)
+    if method.trains_adapters and not merge:
         raise UserError("this checkpoint holds LoRA adapters only", [Problem(
-            str(ckpt), f"a {method} checkpoint keeps the trainable adapters, not the frozen base",
+            str(ckpt), "the checkpoints of this run keep the trainable adapters, not the frozen base",
             "add --merge: the base is re-read and the adapters merged into it (full precision)")])
-    if method == "full" and merge:
+    if not method.trains_adapters and merge:
         raise UserError("nothing to merge", [Problem(
-            "--merge", "this run trains every weight (train.method: full): its checkpoints hold no adapters",
+            "--merge", f"this run trains every weight ({method.name}): its checkpoints hold no adapters",
             "drop --merge")])
 
 
@@ -119,14 +121,14 @@ def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool):
 
     from orchestrate.backends.hf_io import StateLayout
     from orchestrate.model.meta import build_meta_model
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
     if not (ckpt / HF_CONFIG).is_file():  # orchestrate.save of a user's own module (docs/own-loop.md)
         raise UserError(f"the checkpoint {ckpt} is not a Hugging Face model", [Problem(
             str(ckpt), f"no {HF_CONFIG}: it was written by orchestrate.save from your own loop's module",
             "restore it in your script with orchestrate.load(), then save the module as you like")])
     try:
-        plan = Plan.read(ckpt / PLAN_COPY)
+        plan = RunPlan.read(ckpt / PLAN_COPY)
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ckpt / HF_CONFIG, trust_remote_code=trust)
         layout = StateLayout.of(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust))

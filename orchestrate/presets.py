@@ -59,8 +59,8 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     overrides = [f"{k}={v}" for k, v in preset.pins.items()]
     config = load_config(REPO / "examples" / preset.example, overrides)
     hardware = resolve_hardware(profile=preset.profile, gpus=preset.gpus)
-    plan = plan_for(config, hardware)
-    chosen = require_feasible(plan)
+    plan = require_feasible(plan_for(config, hardware))
+    chosen = plan.chosen
     files = dict(get_backend(chosen.strategy.backend).render(plan))
     files[ACCELERATE_FILE] = render_accelerate_config(plan, out_dir_for_links)
     summary = {

@@ -20,8 +20,8 @@ import torch
 
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_backend_ddp import _ctx
 from tests.test_lora_backends import BACKENDS, FAMILIES, SEQ
 
 STRATEGIES = {**BACKENDS, "ddp": Strategy("ddp", 0, "none", "none", "fp32", False, 2)}
@@ -61,7 +61,7 @@ def _run(cases: list[tuple[str, str, str]], model_dirs: dict[str, str], run_root
     out = {}
     for backend, method, family in cases:
         plan, run = _plan(backend, method, family), Path(run_root) / f"{backend}-{method}-{family}"
-        engine = get_backend(plan.chosen.strategy.backend).setup(plan, _ctx(rank, world, model_dirs[family], str(run)))
+        engine = setup_engine(get_backend(plan.chosen.strategy.backend), plan, cpu_rank(rank, world), model_dirs[family])
         losses, evals = [], []
         for step in range(1, EVAL_AFTER[-1] + 1):
             losses.append(engine.train_step(train).loss)

@@ -13,6 +13,7 @@ from orchestrate.backends.ddp import DDPBackend, ddp_settings
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
 
 FAST_TRAIN = {"max_steps": 8, "optimizer": {"lr": 1e-3}, "schedule": {"warmup_steps": 1}}
@@ -55,13 +56,6 @@ def test_render_refuses_sharding_and_offload():
         ddp_settings(plan_for(Strategy("ddp", 0, "cpu", "none", "fp32", False, 2)))
 
 
-def _ctx(rank: int, world: int, model_dir: str, run_dir: str):
-    from orchestrate.backends.base import WorkerContext
-
-    return WorkerContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"),
-                         run_dir=Path(run_dir), model_dir=Path(model_dir))
-
-
 def _tokens(rank: int, n: int) -> torch.Tensor:
     return torch.randint(0, 257, (n, SEQ), generator=torch.Generator().manual_seed(1000 + rank))
 
@@ -80,12 +74,12 @@ def _train_resume_export(model_dir: str, run_dir: str) -> dict:
     rank, world = init_gloo()
     plan = plan_for(ddp())
     batches = _split(_tokens(rank, 4), 2)
-    a = DDPBackend().setup(plan, _ctx(rank, world, model_dir, run_dir))
+    a = setup_engine(DDPBackend(), plan, cpu_rank(rank, world), model_dir)
     results = [a.train_step(batches) for _ in range(4)]
     a.save_checkpoint(Path(run_dir) / "ckpt", {"step": 4})
     results += [a.train_step(batches) for _ in range(4)]
     a.save_hf_model(Path(run_dir) / "hf")
-    resumed = DDPBackend().setup(plan, _ctx(rank, world, model_dir, run_dir))
+    resumed = setup_engine(DDPBackend(), plan, cpu_rank(rank, world), model_dir)
     client = resumed.load_checkpoint(Path(run_dir) / "ckpt")
     out = {"losses": [r.loss for r in results], "norms": [r.grad_norm for r in results], "client": client,
            "resumed": [resumed.train_step(batches).loss for _ in range(4)],
@@ -114,8 +108,8 @@ def test_ddp_trains_resumes_and_exports(model_dir, tmp_path):
 def _accumulation_vs_one_batch(model_dir: str, run_dir: str) -> dict:
     rank, world = init_gloo()
     tokens = _tokens(rank, 2)  # this rank's share of a global batch of 4
-    one = DDPBackend().setup(plan_for(ddp(mb=2), global_batch=4), _ctx(rank, world, model_dir, run_dir))
-    acc = DDPBackend().setup(plan_for(ddp(mb=1), global_batch=4), _ctx(rank, world, model_dir, run_dir))
+    one = setup_engine(DDPBackend(), plan_for(ddp(mb=2), global_batch=4), cpu_rank(rank, world), model_dir)
+    acc = setup_engine(DDPBackend(), plan_for(ddp(mb=1), global_batch=4), cpu_rank(rank, world), model_dir)
     assert one.settings["gradient_accumulation"] == 1 and acc.settings["gradient_accumulation"] == 2
     steps = []
     for _ in range(2):
@@ -140,7 +134,7 @@ def _bf16_checkpointed(model_dir: str, run_dir: str) -> dict:
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 
     rank, world = init_gloo()
-    engine = DDPBackend().setup(plan_for(ddp("bf16", ac=True)), _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(DDPBackend(), plan_for(ddp("bf16", ac=True)), cpu_rank(rank, world), model_dir)
     batches = _split(_tokens(rank, 4), 2)
     seen = []  # the dtype the engine's own forward computes the logits in
     engine.model.module.lm_head.register_forward_hook(lambda _m, _i, out: seen.append(str(out.dtype)))

@@ -21,7 +21,7 @@ from orchestrate.backends.deepspeed_render import CONFIG_FILE, render, render_co
 from orchestrate.backends.schedule import lr_multiplier
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import TINY_GPT2, make_plan
 
@@ -41,9 +41,9 @@ def _ds(stage: int, opt: str = "none", param: str = "none", precision: str = "fp
     return Strategy("deepspeed", stage, opt, param, precision, ac, micro)
 
 
-def _plan(strategy: Strategy, gpu: bool = False, config: dict | None = None) -> Plan:
+def _plan(strategy: Strategy, gpu: bool = False, config: dict | None = None) -> RunPlan:
     plan = make_plan(strategy, config=config)
-    return dataclasses.replace(plan, hardware=_gpu_hardware()) if gpu else plan
+    return plan.model_copy(update={"hardware": _gpu_hardware()}) if gpu else plan
 
 
 # name -> plan: a few representative renderings kept byte for byte in tests/golden/deepspeed/.
@@ -160,13 +160,13 @@ def test_parameter_offload_nvme_buffer_holds_the_largest_partition():
     cfg = render_config(_plan(_ds(3, "nvme", "nvme"), config={"strategy": {"nvme_path": NVME}}))
     assert cfg["zero_optimization"]["offload_param"]["buffer_size"] == 10**8  # tiny model: the default
     plan = _plan(_ds(3, "nvme", "nvme"), config={"strategy": {"nvme_path": NVME}})
-    plan = dataclasses.replace(plan, shape=dataclasses.replace(plan.shape, largest_layer_parameters=525_336_576))
+    plan = plan.model_copy(update={"shape": dataclasses.replace(plan.shape, largest_layer_parameters=525_336_576)})
     assert render_config(plan)["zero_optimization"]["offload_param"]["buffer_size"] == 262_668_288
 
 
 def test_nvme_path_comes_from_the_config_first_then_the_hardware(tmp_path):
     plan = make_plan(_ds(2, "nvme"), config={"strategy": {"nvme_path": "swap"}}, source_dir=tmp_path)
-    plan = dataclasses.replace(plan, hardware=_gpu_hardware())
+    plan = plan.model_copy(update={"hardware": _gpu_hardware()})
     assert render_config(plan)["zero_optimization"]["offload_optimizer"]["nvme_path"] == str(tmp_path / "swap")
     plan = _plan(_ds(2, "nvme"), gpu=True)
     assert render_config(plan)["zero_optimization"]["offload_optimizer"]["nvme_path"] == NVME
@@ -213,12 +213,13 @@ class _FakeDeepSpeedEngine:
     """DeepSpeed's step semantics in miniature (engine.py `step`/`_take_model_step`): the update happens
     on the accumulation boundary, and an fp16 overflow skips it *and* the scheduler step."""
 
-    def __init__(self, plan: Plan, overflow_on: set[int]):
+    def __init__(self, plan: RunPlan, overflow_on: set[int]):
         import torch
 
         from orchestrate.backends.schedule import make_scheduler
 
         self.weight = torch.nn.Parameter(torch.ones(()))
+        self.module = torch.nn.ParameterList([self.weight])  # what the engine wraps (its inputs' dtype)
         self.optimizer = torch.optim.SGD([self.weight], lr=plan.config.train.optimizer.lr)
         self.lr_scheduler = make_scheduler(self.optimizer, plan.config.train)
         self.accumulation = plan.chosen.gradient_accumulation
@@ -254,12 +255,13 @@ class _FakeDeepSpeedEngine:
 def test_train_step_reports_unscaled_loss_and_keeps_the_schedule_through_skipped_steps(tmp_path):
     import torch
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
+    from orchestrate.worker.objective import CausalLMObjective
+    from tests.helpers.engines import cpu_rank
 
     plan = make_plan(_ds(2, precision="fp16"), config=TRAIN_CONFIG)
-    ctx = WorkerContext(0, 0, 2, torch.device("cpu"), tmp_path, tmp_path)
-    engine = DeepSpeedTrainEngine(_FakeDeepSpeedEngine(plan, overflow_on={0}), plan, ctx)
+    engine = DeepSpeedTrainEngine(_FakeDeepSpeedEngine(plan, overflow_on={0}), plan, cpu_rank(0, 2), tmp_path,
+                                  CausalLMObjective())
     batches = [{"input_ids": torch.full((2, 4), float(v)), "labels": torch.zeros(2, 4)} for v in (1, 3)]
     results = [engine.train_step(batches) for _ in range(3)]
     assert [r.skipped for r in results] == [True, False, False]
@@ -279,7 +281,7 @@ STEPS = 6
 RESUME_AT = 3
 
 
-def _micro_batches(plan: Plan, rank: int, step: int):
+def _micro_batches(plan: RunPlan, rank: int, step: int):
     """Fixed random tokens: two distinct batches per rank, alternating. Drawn from 16 of the 257 ids,
     so a few steps can learn that (the loss falls from ln 257 towards ln 16)."""
     import torch
@@ -311,19 +313,19 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | N
     import torch
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.deepspeed_backend import DeepSpeedBackend
     from tests.helpers.dist import init_gloo
+    from tests.helpers.engines import cpu_rank, setup_engine
 
     torch.set_num_threads(1)  # 2 ranks on 2 shared cores
     rank, world = init_gloo()
     work_dir = Path(work)
     plan = make_plan(strategy, config=TRAIN_CONFIG)
-    ctx = WorkerContext(rank, int(os.environ["LOCAL_RANK"]), world, torch.device("cpu"), work_dir, Path(model_dir))
+    me = cpu_rank(rank, world, int(os.environ["LOCAL_RANK"]))
     backend = DeepSpeedBackend()
     out: dict = {}
 
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     out["zero3_init"] = is_deepspeed_zero3_enabled()  # the switch that made from_pretrained use zero.Init
     out["checkpointing"] = engine.engine.module.is_gradient_checkpointing
     out["a"] = _train(engine, plan, rank, RESUME_AT)
@@ -336,18 +338,18 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | N
         out["logits"] = engine.model(input_ids=_probe()).logits
     del engine
 
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     out["b"] = _train(engine, plan, rank, STEPS)
     del engine
 
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     out["client_state"] = engine.load_checkpoint(work_dir / "ckpt")
     out["c"] = _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
     del engine
 
     if also is not None:
         other = make_plan(also, config=TRAIN_CONFIG)
-        out["also"] = _train(backend.setup(other, ctx), other, rank, 2)
+        out["also"] = _train(setup_engine(backend, other, me, model_dir), other, rank, 2)
     return out
 
 

@@ -18,6 +18,7 @@ from orchestrate.errors import UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
+from tests.helpers.engines import cpu_rank, gpu_rank, setup_engine
 from tests.helpers.plans import TINY_GPT2, make_plan
 
 TINY_LLAMA = {
@@ -145,13 +146,6 @@ def test_rotary_buffers_are_recomputed_after_to_empty(model_dirs):
 
 # ---------------------------------------------------------------- 2 gloo ranks (slow)
 
-def _ctx(rank: int, world: int, model_dir: str, run_dir: str):
-    from orchestrate.backends.base import WorkerContext
-
-    return WorkerContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"),
-                         run_dir=Path(run_dir), model_dir=Path(model_dir))
-
-
 def _batches(rank: int, plan) -> list[dict[str, torch.Tensor]]:
     """This rank's fixed micro-batches of seeded random tokens (the same every step: memorisable)."""
     g = torch.Generator().manual_seed(1000 + rank)
@@ -192,7 +186,7 @@ def _train_resume_export(strategy: Strategy, arch: dict | None, model_dir: str, 
     batches = _batches(rank, plan)
     backend = FSDPBackend()
 
-    a = backend.setup(plan, _ctx(rank, world, model_dir, run_dir))
+    a = setup_engine(backend, plan, cpu_rank(rank, world), model_dir)
     results = [a.train_step(batches) for _ in range(4)]
     a.save_checkpoint(Path(run_dir) / "ckpt", {"step": 4, "note": "resume here"})
     results += [a.train_step(batches) for _ in range(4)]
@@ -200,10 +194,10 @@ def _train_resume_export(strategy: Strategy, arch: dict | None, model_dir: str, 
     a.save_hf_model(Path(run_dir) / "hf")
     trained = _full_state(a)
 
-    again = backend.setup(plan, _ctx(rank, world, model_dir, run_dir))  # same seed, same data
+    again = setup_engine(backend, plan, cpu_rank(rank, world), model_dir)  # same seed, same data
     again_losses = [again.train_step(batches).loss for _ in range(8)]
 
-    resumed = backend.setup(plan, _ctx(rank, world, model_dir, run_dir))
+    resumed = setup_engine(backend, plan, cpu_rank(rank, world), model_dir)
     client = resumed.load_checkpoint(Path(run_dir) / "ckpt")
     resumed_losses = [resumed.train_step(batches).loss for _ in range(4)]
 
@@ -259,7 +253,7 @@ def _grad_op_bf16(model_dir: str, run_dir: str) -> dict:
 
     rank, world = init_gloo()
     plan = plan_for(fsdp(2, "bf16", ac=True))
-    engine = FSDPBackend().setup(plan, _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(FSDPBackend(), plan, cpu_rank(rank, world), model_dir)
     blocks = list(engine.model.transformer.h)
     batches = _batches(rank, plan)
     losses = [engine.train_step(batches).loss for _ in range(8)]
@@ -289,8 +283,8 @@ def _hybrid_vs_flat(model_dir: str, run_dir: str) -> dict:
     flat_plan = plan_for(fsdp(3))
     hybrid_plan = plan_for(fsdp(3, hybrid=True), nodes=2)
     batches = _batches(rank, flat_plan)
-    flat = FSDPBackend().setup(flat_plan, _ctx(rank, world, model_dir, run_dir))
-    hybrid = FSDPBackend().setup(hybrid_plan, _ctx(rank, world, model_dir, run_dir))
+    flat = setup_engine(FSDPBackend(), flat_plan, cpu_rank(rank, world), model_dir)
+    hybrid = setup_engine(FSDPBackend(), hybrid_plan, cpu_rank(rank, world), model_dir)
     placements = {str(p.placements) for p in hybrid.model.parameters()}
     return {"flat": [flat.train_step(batches).loss for _ in range(3)],
             "hybrid": [hybrid.train_step(batches).loss for _ in range(3)], "placements": placements}
@@ -309,7 +303,7 @@ def _fp16_overflow(model_dir: str, run_dir: str) -> dict:
 
     rank, world = init_gloo()
     plan = plan_for(fsdp(3, "fp16"))
-    engine = FSDPBackend().setup(plan, _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(FSDPBackend(), plan, cpu_rank(rank, world), model_dir)
     # A scale no fp16 gradient survives, backing off straight to 2**16: step 1 must be skipped.
     engine.scaler = ShardedGradScaler(device="cpu", init_scale=2.0**60, backoff_factor=2.0**-44)
     batches = _batches(rank, plan)
@@ -333,7 +327,6 @@ def test_fp16_loss_scaling_skips_overflow_steps_on_every_rank(model_dirs, tmp_pa
 def _cpu_offload_on_gpu(model_dir: str, run_dir: str) -> dict:
     import torch.distributed as dist
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.hardware.profile import GPUSpec
 
     if not dist.is_initialized():
@@ -345,8 +338,7 @@ def _cpu_offload_on_gpu(model_dir: str, run_dir: str) -> dict:
         name="test", memory_bytes=8 * 2**30, compute_capability=(8, 0), peak_tflops_fp16=1, peak_tflops_bf16=1,
         peak_tflops_fp32=1))
     plan.chosen = dataclasses.replace(plan.chosen, gradient_accumulation=max(1, 8 // (2 * world)))
-    ctx = WorkerContext(rank, rank, world, torch.device("cuda", rank), Path(run_dir), Path(model_dir))
-    engine = FSDPBackend().setup(plan, ctx)
+    engine = setup_engine(FSDPBackend(), plan, gpu_rank(rank, world), model_dir)
     devices = {p.device.type for p in engine.model.parameters()}
     losses = [engine.train_step(_batches(rank, plan)).loss for _ in range(6)]
     return {"devices": devices, "losses": losses}

@@ -3,6 +3,8 @@ for the planner and the renderers, the process group each plan needs, duplicate 
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from orchestrate.backends.registry import backend_names, get_backend, register
@@ -63,3 +65,33 @@ def test_renderers_refuse_with_the_backends_own_problems():
         get_backend("ddp").render(pinned_plan(ddp))
     assert err.value.problems == get_backend("ddp").problems(ddp.sharding)
     assert {p.where for p in err.value.problems} == {"strategy.zero_stage", "strategy.offload"}
+
+
+class _Twin:
+    """A registered backend that runs what FSDP2 runs: priced by FSDP2's terms, preferred after it."""
+
+    def __init__(self, priced_as: str = "fsdp") -> None:
+        fsdp = get_backend("fsdp")
+        self.name, self.zero_stages, self.preference, self.priced_as = "fsdp-twin", fsdp.zero_stages, 9, priced_as
+        self.knobs = fsdp.knobs
+        self.shards_parameters, self.problems = fsdp.shards_parameters, fsdp.problems
+
+
+def test_a_registered_backend_is_searched_ranked_and_priced_like_a_built_in_one(monkeypatch):
+    from orchestrate.backends import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", {})
+    with pytest.raises(ValueError, match="priced as 'megatron'"):
+        register(_Twin("megatron"))
+    register(_Twin())
+    plan = make_plan(config(), gpu_hw(2), gpt2_xl())
+    def key(c):
+        return dataclasses.replace(c.strategy, backend="")
+
+    twins = {key(c): c for c in plan.candidates if c.strategy.backend == "fsdp-twin"}
+    fsdp = {key(c): c for c in plan.candidates if c.strategy.backend == "fsdp"}
+    assert twins and twins.keys() == fsdp.keys()
+    for name, twin in twins.items():  # the same terms: the same memory and speed
+        assert (twin.memory, twin.speed) == (fsdp[name].memory, fsdp[name].speed)
+        # equally fast, so the tie-break puts the twin (preference 9) after FSDP2
+        assert plan.candidates.index(twin) > plan.candidates.index(fsdp[name])

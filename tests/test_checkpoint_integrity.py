@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
 from orchestrate.run import checkpoints as rc
 from orchestrate.run.checkpoints import MANIFEST_FILE, manifest_problem, write_manifest
 from orchestrate.run.layout import RunDir
 from orchestrate.worker import checkpointing as ck
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
 
 FSDP = Strategy("fsdp", 3, "none", "none", "fp32", False, 2)
@@ -60,8 +60,7 @@ def run(tmp_path):
     run_dir.mkdir()
     plan.write(run_dir / "plan.json")
     engine = FakeEngine()
-    ctx = WorkerContext(0, 0, 1, torch.device("cpu"), run_dir, model_dir)
-    return plan, engine, ck.Checkpointer(plan, engine, ctx), run_dir
+    return plan, engine, ck.Checkpointer(plan, engine, cpu_rank(), run_dir, model_dir), run_dir
 
 
 def _save(checkpointer, engine, step: int) -> Path:
@@ -69,18 +68,11 @@ def _save(checkpointer, engine, step: int) -> Path:
     return checkpointer.save(step, {**SAMPLER, "position": step * 8})
 
 
-def _worker():
-    from orchestrate.worker.dist_env import RankInfo
-    from orchestrate.worker.stages import Worker
-
-    return Worker(RankInfo(0, 0, 1, 1), torch.device("cpu"))
-
-
 def _worker_resumes(plan, run_dir: Path, capsys) -> tuple[str | None, str]:
     """What a starting worker continues from, and what it printed."""
     from orchestrate.worker.stages import checkpoint_to_resume
 
-    found = checkpoint_to_resume(plan, RunDir(run_dir), _worker())
+    found = checkpoint_to_resume(plan, RunDir(run_dir), cpu_rank())
     return (found.name if found else None), capsys.readouterr().out
 
 
@@ -303,9 +295,8 @@ def fsdp_run(tmp_path):
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         plan = make_plan(FSDP, ranks=1)
-        ctx = WorkerContext(0, 0, 1, torch.device("cpu"), tmp_path / "run", tmp_path / "init")
-        engine = FSDPBackend().setup(plan, ctx)
-        checkpointer = ck.Checkpointer(plan, engine, ctx)
+        engine = setup_engine(FSDPBackend(), plan, cpu_rank(), tmp_path / "init")
+        checkpointer = ck.Checkpointer(plan, engine, cpu_rank(), tmp_path / "run", tmp_path / "init")
         ids = torch.randint(0, 257, (2, 32), generator=torch.Generator().manual_seed(0))
         for step in (1, 2):
             engine.train_step([{"input_ids": ids, "labels": ids}] * plan.chosen.gradient_accumulation)

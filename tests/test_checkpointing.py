@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.backends.base import WorkerContext
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
 from orchestrate.run import checkpoints as rc
 from orchestrate.run.checkpoints import CheckpointMeta
 from orchestrate.run.resume_rules import resume_problems
 from orchestrate.worker import checkpointing as ck
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
 
 FSDP = Strategy("fsdp", 3, "none", "none", "fp32", False, 2)
@@ -54,8 +54,7 @@ def single(tmp_path):
     (model_dir / "config.json").write_text("{}")
     plan = make_plan(FSDP, ranks=1, config={"train": {"keep_checkpoints": 2}})
     engine = FakeEngine()
-    ctx = WorkerContext(0, 0, 1, torch.device("cpu"), tmp_path / "run", model_dir)
-    return plan, engine, ck.Checkpointer(plan, engine, ctx)
+    return plan, engine, ck.Checkpointer(plan, engine, cpu_rank(), tmp_path / "run", model_dir)
 
 
 def _save(checkpointer, engine, step: int) -> Path:
@@ -129,7 +128,7 @@ def test_a_crash_between_rename_and_latest_keeps_latest_on_the_previous(single, 
 def test_a_run_directory_other_nodes_cannot_see_is_refused_at_the_first_save(single, tmp_path):
     plan, engine, checkpointer = single
     # Rank 1 of 2 "wrote" its files on another node's local disk: rank 0 cannot see them.
-    checkpointer.ctx = WorkerContext(0, 0, 2, torch.device("cpu"), tmp_path / "run", checkpointer.ctx.model_dir)
+    checkpointer.rank = cpu_rank(0, 2)
     with pytest.raises(UserError, match="shared file system"):
         _save(checkpointer, engine, 1)
     assert rc.latest_checkpoint(tmp_path / "run") is None
@@ -214,7 +213,7 @@ def test_ddp_checkpoint_with_foreign_code_is_refused(tmp_path):
     ckpt.mkdir()
     torch.save({"model": _Evil()}, ckpt / "trainer_state.pt")
     engine = DDPEngine.__new__(DDPEngine)
-    engine.ctx = WorkerContext(0, 0, 1, torch.device("cpu"), tmp_path, tmp_path)
+    engine.rank = cpu_rank()
     with pytest.raises(pickle.UnpicklingError):
         engine.load_checkpoint(ckpt)
 
@@ -253,12 +252,14 @@ def test_stop_request_signal_marker_and_grace(single, tmp_path):
 
 def _stop_early(plan, checkpointer, step, waited_s, save_s, stop, run_dir):
     """The stop-signal callback at a step without a checkpoint of its own, as the loop calls it."""
-    from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+    from orchestrate.run.layout import RunDir
+    from orchestrate.worker.callbacks.base import StepEnd, Training
     from orchestrate.worker.callbacks.standard import StopOnSignal
 
-    callback = StopOnSignal(stop, checkpointer, _Data())
+    callback = StopOnSignal()
     end = StepEnd(step, final=False, stopping=True, record={}, signal_waited_s=waited_s, slowest_save_s=save_s)
-    callback.on_step_end(RunInfo(plan, run_dir, rank=0, world_size=1, start_step=0), end)
+    training = Training(plan, cpu_rank(), RunDir(run_dir), checkpointer.engine, _Data(), checkpointer, stop, 0)
+    callback.on_step_end(training, end)
     assert end.stop
     return callback.record
 
@@ -311,9 +312,8 @@ def _crash_while_writing(model_dir: str, run_dir: str, phase: str) -> dict:
     torch.set_num_threads(1)
     rank, world = init_gloo()
     plan = make_plan(FSDP, ranks=2)
-    ctx = WorkerContext(rank, rank, world, torch.device("cpu"), Path(run_dir), Path(model_dir))
-    engine = FSDPBackend().setup(plan, ctx)
-    checkpointer = ck.Checkpointer(plan, engine, ctx)
+    engine = setup_engine(FSDPBackend(), plan, cpu_rank(rank, world), model_dir)
+    checkpointer = ck.Checkpointer(plan, engine, cpu_rank(rank, world), Path(run_dir), Path(model_dir))
     g = torch.Generator().manual_seed(rank)
     ids = torch.randint(0, 257, (2, 32), generator=g)
     batches = [{"input_ids": ids, "labels": ids}] * plan.chosen.gradient_accumulation

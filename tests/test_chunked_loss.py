@@ -74,8 +74,8 @@ def test_activation_offload_wraps_the_forward_in_save_on_cpu_and_changes_no_grad
     runs inside save_on_cpu exactly when the settings say so, and the gradients are the same."""
     from pathlib import Path
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.torch_engine import TorchEngine
+    from tests.helpers.engines import cpu_rank
 
     entered = []
     real = torch.autograd.graph.save_on_cpu
@@ -86,11 +86,10 @@ def test_activation_offload_wraps_the_forward_in_save_on_cpu_and_changes_no_grad
 
     monkeypatch.setattr(torch.autograd.graph, "save_on_cpu", recording)
     model, b = tiny("llama"), batch(False)
-    ctx = WorkerContext(rank=0, local_rank=0, world_size=1, device=torch.device("cpu"), run_dir=Path("."),
-                        model_dir=Path("."), objective=CausalLMObjective(4))
     grads = {}
     for offload in (False, True):
-        engine = TorchEngine(None, model, None, None, None, {"activation_offload": offload}, None, None, ctx)
+        engine = TorchEngine(model, None, None, None, {"activation_offload": offload}, None, None, cpu_rank(), Path("."),
+                             CausalLMObjective(4))
         model.zero_grad(set_to_none=True)
         engine._forward_loss(b).backward()
         grads[offload] = [p.grad.clone() for p in model.parameters()]

@@ -15,6 +15,7 @@ from orchestrate.errors import UserError
 from orchestrate.methods.custom import activations as custom_activations
 from orchestrate.methods.custom.module import shape_of_module
 from orchestrate.model.meta import shape_for
+from orchestrate.planner.plan import RunPlan
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn"
 HELPERS = "tests.helpers.custom_modules"
@@ -130,7 +131,7 @@ def test_the_plan_says_the_activations_were_measured():
     config = _config({"module": "cnn_example:CNN"}, {"module": "cnn_example:patterns", "kwargs": {"size": 50}})
     shape = shape_for(config)
     plan = make_plan(config, cpu_hardware(2), shape)
-    assert plan.chosen is not None and plan.chosen.memory.gpu["activations"] > 0
+    assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["activations"] > 0
     assert "measured on fake tensors" in plan_json(plan)["activations_source"]
     assert not any(c.strategy.activation_checkpointing for c in plan.candidates)  # the CNN has no blocks to recompute
     from rich.console import Console

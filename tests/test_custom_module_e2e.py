@@ -14,6 +14,7 @@ from orchestrate.config.load import load_config
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.model.meta import shape_for
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import cpu_hardware
@@ -34,7 +35,7 @@ def test_the_example_cnn_trains_to_ninety_percent_and_its_weights_load(tmp_path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config = load_config(EXAMPLE / "cnn.yaml", [*SMALL, *pins, f"train.output_dir={tmp_path}"])
     plan = make_plan(config, cpu_hardware(2), shape_for(config))
-    assert plan.chosen is not None and plan.chosen.strategy.backend == pins[0].split("=")[1]
+    assert isinstance(plan, RunPlan) and plan.chosen.strategy.backend == pins[0].split("=")[1]
     run_dir = tmp_path / "run"
     assert start(prepare_run(plan, run_dir), run_dir.resolve(), LocalTorchrun()).exit_code == 0
 

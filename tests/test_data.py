@@ -18,10 +18,11 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.data.blocks import IGNORE_INDEX, PackedBlocks, PaddedDocuments, Subset, split_ids
 from orchestrate.data.cache import TOKENS_FILE, open_entry
 from orchestrate.data.corpus import demo_corpus, write_demo_corpus
-from orchestrate.data.pipeline import DEMO_CORPUS_ROLE, build_data, check_data_config, prepare_data
+from orchestrate.data.pipeline import build_data, check_data_config, prepare_data
 from orchestrate.data.prepare import _wait_for
 from orchestrate.data.tokenizer import BYTE_EOS, ByteTokenizer, HFTokenizer, token_dtype
 from orchestrate.errors import UserError
+from orchestrate.planner.plan import RunFiles
 from tests.helpers.plans import TINY_GPT2
 from tests.helpers.word_tokenizers import word_tokenizer
 
@@ -34,14 +35,14 @@ def _config(tmp_path: Path, data: dict, seq_len: int = 8, **train):
                              "data": {"num_proc": 1, **data}}, tmp_path)
 
 
-def _plan(config, files: dict[str, str] | None = None):
+def _plan(config, files: RunFiles | None = None):
     from orchestrate.model.meta import load_model_config, shape_from_config
 
     class _Plan:  # build_data reads only these attributes
         pass
 
     plan = _Plan()
-    plan.config, plan.files = config, dict(files or {})
+    plan.config, plan.files = config, files or RunFiles()
     plan.shape = shape_from_config(load_model_config(config))
     return plan
 
@@ -222,7 +223,7 @@ def test_validation_files_and_a_validation_split_of_a_dataset_dict(tmp_path: Pat
 def test_build_data_from_demo_corpus_splits_and_shards(tmp_path: Path):
     cfg = _config(tmp_path, {"generate_demo_corpus": True, "validation_ratio": 0.1}, seq_len=32)
     write_demo_corpus(tmp_path / "corpus.txt", seed=0)
-    plan = _plan(cfg, {DEMO_CORPUS_ROLE: "corpus.txt"})
+    plan = _plan(cfg, RunFiles(demo_corpus="corpus.txt"))
     d0 = build_data(plan, tmp_path, rank=0, world_size=2)
     d1 = build_data(plan, tmp_path, rank=1, world_size=2)
     assert d0.train.shape == d1.train.shape and d0.train.shape[1] == 32
@@ -288,7 +289,7 @@ def test_the_demo_corpus_of_every_run_directory_shares_one_entry(tmp_path: Path,
     count_tokenizer_calls["n"] = 0
     for run in ("run-1", "run-2"):
         write_demo_corpus(tmp_path / run / "data" / "demo.txt", seed=0)
-        prepared = prepare_data(cfg, {DEMO_CORPUS_ROLE: "data/demo.txt"}, tmp_path / run)
+        prepared = prepare_data(cfg, RunFiles(demo_corpus="data/demo.txt"), tmp_path / run)
         assert prepared.tokenized == []
     assert count_tokenizer_calls["n"] == 0
     assert len([p for p in (tmp_path / "runs" / "data_cache").iterdir() if p.name.startswith("demo_corpus-")]) == 1

@@ -14,6 +14,7 @@ import pytest
 from orchestrate.config.load import load_config
 from orchestrate.data import checks
 from orchestrate.errors import UserError
+from orchestrate.planner.plan import RunPlan
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = """\
@@ -121,4 +122,4 @@ def test_plan_refuses_seq_len_past_the_positions(config_path):
     err = _refused(plan_from_file, config_path, ["train.seq_len=512"], load_preset("rtx3070"))
     assert [(p.where, p.message) for p in err.problems] == [
         ("train.seq_len", "512 is longer than the model's max_position_embeddings 256")]
-    assert plan_from_file(config_path, ["train.seq_len=256"], load_preset("rtx3070")).chosen is not None
+    assert isinstance(plan_from_file(config_path, ["train.seq_len=256"], load_preset("rtx3070")), RunPlan)

@@ -13,20 +13,25 @@ import torch
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
+from orchestrate.methods.auxiliary import (
+    AuxiliaryModel,
+    auto_placements,
+    first_pass_bytes,
+    forward_flops_per_token,
+    resolve_placement,
+)
 from orchestrate.methods.distill.memory import (
     SOFT_TARGET_BYTES_PER_TOKEN_VOCAB,
     STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB,
     TOPK_BYTES_PER_ENTRY,
-    Teacher,
-    auto_placements,
-    first_pass_bytes,
-    resolve_placement,
-    teacher_forward_flops_per_token,
+    teacher_model,
 )
+from orchestrate.methods.distill.method import DistillTerms
 from orchestrate.methods.distill.objective import DistillationObjective, soft_target_kl
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.constants import NCCL_BUFFER_BYTES_PER_COMMUNICATOR
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.plan import Refusal, RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.worker.objective import CausalLMObjective
@@ -48,8 +53,8 @@ def _config(distill: dict | None = None, arch: dict = STUDENT, **train):
     return config_from_dict(data)
 
 
-def _teacher(placement: str, top_k: int = 16) -> Teacher:
-    return Teacher(shape_from_dict(dict(GPT2)), placement, top_k)
+def _teacher(placement: str, top_k: int = 16) -> AuxiliaryModel:
+    return teacher_model(shape_from_dict(dict(GPT2)), placement, top_k)
 
 
 def test_distill_section_defaults_and_bounds():
@@ -86,7 +91,7 @@ def test_teacher_memory_per_placement_is_hand_computed(placement):
             "offload": (0, gathered, full_logits, c * p // n),
             "precomputed": (0, 0, MICRO * SEQ * (16 * TOPK_BYTES_PER_ENTRY + v * STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB), 0)
             }[placement]
-    with_teacher = estimate_memory(t.shape, hw, s, SEQ, 1, teacher=t)
+    with_teacher = estimate_memory(t.shape, hw, s, SEQ, 1, [DistillTerms(t)])
     without = estimate_memory(t.shape, hw, s, SEQ, 1)
     got = (with_teacher.gpu["teacher_weights"], with_teacher.gpu["teacher_gathered"],
            with_teacher.gpu["teacher_logits"], with_teacher.cpu["offloaded_teacher"] // hw.ranks_per_node)
@@ -101,7 +106,7 @@ def test_teacher_memory_per_placement_is_hand_computed(placement):
 
 def test_offload_on_a_cpu_only_machine_counts_the_teacher_in_the_rank_s_memory():
     t, s = _teacher("offload"), strat("fsdp", 3, precision="fp32", micro=MICRO)
-    mem = estimate_memory(t.shape, cpu_hw(2), s, SEQ, 1, teacher=t)
+    mem = estimate_memory(t.shape, cpu_hw(2), s, SEQ, 1, [DistillTerms(t)])
     assert mem.gpu["teacher_weights"] == 4 * t.shape.parameters and mem.cpu["offloaded_teacher"] == 0
 
 
@@ -109,11 +114,11 @@ def test_speed_adds_the_teacher_forward_and_its_gathers():
     t_shape, hw = shape_from_dict(dict(GPT2)), gpu_hw(2)
     s = strat("fsdp", 3, micro=MICRO)
     base = estimate_speed(t_shape, hw, s, SEQ, 2)
-    replicated = estimate_speed(t_shape, hw, s, SEQ, 2, _teacher("replicated"))
-    sharded = estimate_speed(t_shape, hw, s, SEQ, 2, _teacher("sharded"))
-    precomputed = estimate_speed(t_shape, hw, s, SEQ, 2, _teacher("precomputed"))
+    replicated = estimate_speed(t_shape, hw, s, SEQ, 2, [DistillTerms(_teacher("replicated"))])
+    sharded = estimate_speed(t_shape, hw, s, SEQ, 2, [DistillTerms(_teacher("sharded"))])
+    precomputed = estimate_speed(t_shape, hw, s, SEQ, 2, [DistillTerms(_teacher("precomputed"))])
     # Teacher and student of one shape: its forward is forward/(forward+backward) of the compute.
-    ratio = teacher_forward_flops_per_token(t_shape, SEQ) / training_flops_per_token(t_shape, SEQ)[0]
+    ratio = forward_flops_per_token(t_shape, SEQ) / training_flops_per_token(t_shape, SEQ)[0]
     assert ratio == pytest.approx(1 / 3)
     assert replicated.breakdown["teacher_forward"] == pytest.approx(base.breakdown["compute"] * ratio)
     assert replicated.breakdown["teacher_communication"] == 0 < sharded.breakdown["teacher_communication"]
@@ -126,15 +131,15 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     student, teacher = shape_from_dict(dict(STUDENT)), shape_from_dict(dict(LLAMA_7B))
     hw = gpu_hw(2)
     for placement in ("replicated", "sharded"):
-        plan = make_plan(_config({"teacher": "t", "placement": placement}), hw, student, teacher)
-        assert plan.chosen is None, placement
-    plan = make_plan(_config({"teacher": "t", "placement": "precomputed"}), hw, student, teacher)
-    assert plan.chosen is not None and plan.chosen.memory.gpu["teacher_weights"] == 0
+        plan = make_plan(_config({"teacher": "t", "placement": placement}), hw, student, {"teacher": teacher})
+        assert isinstance(plan, Refusal), placement
+    plan = make_plan(_config({"teacher": "t", "placement": "precomputed"}), hw, student, {"teacher": teacher})
+    assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["teacher_weights"] == 0
     assert plan.chosen.memory.gpu["teacher_logits"] < 64 * 2**20  # top-k entries + the student's soft targets
     # Its first pass holds the gathered root and two blocks of the offloaded 7B (1.3 GB) before the
     # student exists: the rank's peak is that pass, not the tiny student's training.
     gpu = plan.chosen.memory.gpu
-    pass_bytes = first_pass_bytes(Teacher(teacher, "precomputed", 64), plan.chosen.strategy, hw, SEQ, 2)
+    pass_bytes = first_pass_bytes(teacher_model(teacher, "precomputed", 64), plan.chosen.strategy, hw, SEQ, 2)
     assert pass_bytes > 2**30
     training = sum(v for k, v in gpu.items() if k not in ("teacher_first_pass", "cuda_context", "workspace",
                                                               "allocator_reserve", "comm_buckets"))
@@ -142,17 +147,16 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     assert gpu["teacher_first_pass"] == pytest.approx(pass_bytes - training - before_nccl, abs=2)
     # auto: every candidate takes the first placement that fits. With 64 GiB of RAM the offloaded
     # shards (6.7 GB per rank) fit; with 8 GiB only the precomputed logits do.
-    assert make_plan(_config({"teacher": "t"}), hw, student, teacher).chosen.teacher_placement == "offload"
-    auto = make_plan(_config({"teacher": "t"}), gpu_hw(2, ram_gib=8), student, teacher)
-    assert auto.chosen.teacher_placement == "precomputed"
+    assert make_plan(_config({"teacher": "t"}), hw, student, {"teacher": teacher}).chosen.placements["teacher"] == "offload"
+    auto = make_plan(_config({"teacher": "t"}), gpu_hw(2, ram_gib=8), student, {"teacher": teacher})
+    assert auto.chosen.placements["teacher"] == "precomputed"
     assert auto.chosen.memory.gpu == plan.chosen.memory.gpu
-    assert {c.teacher_placement for c in auto.candidates} == {"precomputed"}
+    assert {c.placements["teacher"] for c in auto.candidates} == {"precomputed"}
     # a small teacher fits replicated beside the student: the cheapest placement per step.
-    small = make_plan(_config({"teacher": "t"}), hw, student, shape_from_dict(dict(GPT2)))
-    assert small.chosen.teacher_placement == "replicated"
-    from orchestrate.planner.plan import Plan
+    small = make_plan(_config({"teacher": "t"}), hw, student, {"teacher": shape_from_dict(dict(GPT2))})
+    assert small.chosen.placements["teacher"] == "replicated"
 
-    assert Plan.from_dict(small.to_dict()).chosen.teacher_placement == "replicated"
+    assert RunPlan.model_validate(small.to_dict()).chosen.placements["teacher"] == "replicated"
 
 
 def _teacher_dir(path: Path, vocab: int, tokenizer_words: list[str] | None) -> Path:
@@ -251,7 +255,7 @@ def test_the_objective_is_alpha_ce_plus_t_squared_kl_and_evaluates_the_student_a
 def test_the_teacher_is_frozen_in_eval_mode(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from orchestrate.methods.distill.build import build_teacher, teacher_placement
+    from orchestrate.methods.distill.runtime import build_teacher, teacher_placement
     from tests.helpers.plans import make_plan as pinned_plan
 
     GPT2LMHeadModel(GPT2Config(**GPT2)).save_pretrained(tmp_path / "teacher")

@@ -79,9 +79,9 @@ def test_a_tied_embedding_is_refused():
 def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks: int = 1) -> dict:
     from safetensors.torch import load_file
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.ddp import DDPBackend
     from orchestrate.worker.objective import objective_for
+    from tests.helpers.engines import cpu_rank
     from tests.helpers.plans import make_plan
 
     strategy = replace(KNOB_STRATEGY, embedding_offload=offload)
@@ -89,15 +89,14 @@ def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks
         "model": {"architecture": dict(TINY_LLAMA)},
         "train": {"method": method, "max_steps": 3, "optimizer": {"lr": 2e-2}, "schedule": {"warmup_steps": 1}}})
     rank = torch.distributed.get_rank()
-    ctx = WorkerContext(rank=rank, local_rank=rank, world_size=ranks, device=torch.device("cpu"), run_dir=run_dir,
-                        model_dir=Path(model_dir), objective=objective_for(plan))
-    engine = DDPBackend().setup(plan, ctx)
+    me = cpu_rank(rank, ranks)
+    engine = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan))
     losses = [engine.train_step(_batches(rank)).loss for _ in range(3)]
     engine.save_checkpoint(run_dir / "ckpt", {"step": 3})
     engine.save_hf_model(run_dir / "model")
     saved = torch.load(run_dir / "ckpt" / "trainer_state.pt", weights_only=True)["model"]
     module = engine.model.module
-    resumed = DDPBackend().setup(plan, ctx)
+    resumed = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan))
     resumed.load_checkpoint(run_dir / "ckpt")
     merged = load_file(run_dir / "model" / "model.safetensors")["model.embed_tokens.weight"]
     return {"losses": losses, "ignored": sorted(engine.model.parameters_to_ignore), "ckpt": sorted(saved),
@@ -138,10 +137,10 @@ def test_on_a_gpu_the_table_never_touches_the_device(tmp_path):
 
     import torch.distributed as dist
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.ddp import DDPBackend
     from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.worker.objective import objective_for
+    from tests.helpers.engines import gpu_rank
     from tests.helpers.plans import make_plan
 
     arch = {**TINY_LLAMA, "vocab_size": 32768, "hidden_size": 256, "num_attention_heads": 4}
@@ -161,9 +160,7 @@ def test_on_a_gpu_the_table_never_touches_the_device(tmp_path):
             torch.cuda.empty_cache()
             before = torch.cuda.memory_allocated()
             p = plan(on)
-            ctx = WorkerContext(rank=0, local_rank=0, world_size=1, device=torch.device("cuda", 0),
-                                run_dir=tmp_path / str(on), model_dir=model_dir, objective=objective_for(p))
-            engine = DDPBackend().setup(p, ctx)
+            engine = DDPBackend().setup(p, gpu_rank(), model_dir, objective_for(p))
             held[on] = torch.cuda.memory_allocated() - before
             ids = torch.randint(0, 32768, (4, 32), generator=torch.Generator().manual_seed(0))
             batches = [{"input_ids": t, "labels": t} for t in ids.split(2)]

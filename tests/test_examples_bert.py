@@ -11,6 +11,7 @@ import pytest
 
 from orchestrate.api import plan_from_file
 from orchestrate.hardware.presets import load_preset
+from orchestrate.planner.plan import RunPlan
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -31,7 +32,7 @@ def test_the_generated_csv_has_one_keyword_of_its_label_per_row(tmp_path):
                                             ("bert-mlm.yaml", "masked-lm")])
 def test_the_bert_examples_plan(name, task):
     plan = plan_from_file(EXAMPLES / name, (), load_preset("rtx3070"))
-    assert plan.chosen is not None and plan.shape.task == task and plan.shape.model_type == "bert"
+    assert isinstance(plan, RunPlan) and plan.shape.task == task and plan.shape.model_type == "bert"
     if task == "sequence-classification":
         assert plan.config.data.label_field == "label" and plan.config.data.validation_files
         assert plan.shape.num_labels == 3

@@ -15,7 +15,7 @@ from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
 from orchestrate.launch.rundir import default_run_dir, worker_env
 from orchestrate.launch.torchrun_args import LaunchOptions, torchrun_argv
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE
 from tests.helpers.plans import cpu_hardware
 
@@ -41,10 +41,11 @@ def test_dry_run_writes_the_run_dir_and_starts_nothing(tmp_path: Path):
     run_dir = result.run_dir
     assert result.exit_code is None
     assert run_dir.parent == tmp_path and run_dir.name.startswith("tiny-gpt2-")
-    plan = Plan.read(run_dir / PLAN_FILE)
-    assert plan.chosen is not None and plan.files["config"] == "config.yaml"
-    for role in ("config", "backend_config", "accelerate_config", "demo_corpus"):
-        assert (run_dir / plan.files[role]).is_file(), role
+    plan = RunPlan.read(run_dir / PLAN_FILE)
+    files = plan.files
+    assert files.config == "config.yaml" and files.backend and files.accelerate_config and files.demo_corpus
+    for name in (files.config, *files.backend, files.accelerate_config, files.demo_corpus):
+        assert (run_dir / name).is_file(), name
     assert (run_dir / "launch.sh").read_text().strip().endswith(result.command)
     # Nothing ran: no worker output, no metrics, no weights.
     assert (run_dir / "logs").is_dir() and not any((run_dir / "logs").iterdir())
@@ -64,7 +65,7 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
     # 2 cores, 2 ranks; DeepSpeed told there is no GPU (no "Setting accelerator to CPU" warning)
-    assert Plan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    assert RunPlan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     # torchrun's own shutdown settings (session.launch_env): wait train.preemption_grace_s for
     # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too; a fresh store per restart.
     assert env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
@@ -175,7 +176,7 @@ def test_runs_go_under_the_working_directory_not_beside_the_config(tmp_path: Pat
     assert result.exit_code == 0, result.output
     (run_dir,) = (tmp_path / "work" / "runs").glob("tiny-gpt2-*")
     assert (run_dir / PLAN_FILE).is_file() and not (tmp_path / "configs" / "runs").exists()
-    assert Plan.read(run_dir / PLAN_FILE).config.train.output_dir == str(tmp_path.resolve() / "work" / "runs")
+    assert RunPlan.read(run_dir / PLAN_FILE).config.train.output_dir == str(tmp_path.resolve() / "work" / "runs")
     # A relative path written in the YAML (or set) is the YAML's, as every path in it is.
     result = CliRunner().invoke(cli, ["launch", "--gpus", "2", str(config), "--dry-run", "--set", "train.output_dir=out"])
     assert result.exit_code == 0, result.output
@@ -219,7 +220,7 @@ def test_config_runs_the_checks_launch_runs(tmp_path: Path):
 
     out = tmp_path / "written"
     plan = api.write_config(_tiny(f"train.output_dir={tmp_path}"), cpu_hardware(2), out)
-    assert Plan.read(out / PLAN_FILE).chosen.name == plan.chosen.name
+    assert RunPlan.read(out / PLAN_FILE).chosen.name == plan.chosen.name
     (out / "checkpoints" / "step-00000002").mkdir(parents=True)
     (out / "checkpoints" / "step-00000002" / "meta.json").write_text("{}")
     (out / "checkpoints" / "latest").write_text("step-00000002")

@@ -16,8 +16,8 @@ import torch
 
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_backend_ddp import _ctx
 
 SEQ = 32
 VOCAB = 257
@@ -84,7 +84,7 @@ def _train(backend: str, method: str, family: str, model_dir: str, run_dir: str)
     rank, world = init_gloo()
     plan, run = _plan(backend, method, family), Path(run_dir)
     impl = get_backend(plan.chosen.strategy.backend)
-    engine = impl.setup(plan, _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(impl, plan, cpu_rank(rank, world), model_dir)
     module = getattr(engine.model, "module", engine.model)
     frozen = _frozen_bytes(module)
     # DeepSpeed only: the offload blocks the engine runs with (tests/test_lora_offload.py asserts them)
@@ -99,7 +99,7 @@ def _train(backend: str, method: str, family: str, model_dir: str, run_dir: str)
     engine.save_hf_model(run / "model")
     engine.save_adapter(run / "adapter")
     del engine
-    resumed = impl.setup(plan, _ctx(rank, world, model_dir, run_dir))
+    resumed = setup_engine(impl, plan, cpu_rank(rank, world), model_dir)
     resumed.load_checkpoint(run / "ckpt")
     out = {"offload": offload, "losses": losses, "changed": changed + sorted(after.keys() - frozen.keys()), "frozen": len(frozen),
            "resumed": [resumed.train_step(_batches(rank)).loss for _ in range(4)]}
@@ -165,9 +165,9 @@ def check_adapter_run(out: dict, label: str, method: str) -> None:
                                                   ("zero2", torch.uint8)])
 def test_the_nf4_base_is_stored_in_the_compute_dtype_where_the_backend_shards_it(backend, storage, model_dirs):
     from orchestrate.loading.weights import load_replicated
-    from orchestrate.methods.lora.transform import LoraTransform
+    from orchestrate.methods.lora.transform import add_adapters
 
     plan = _plan(backend, "qlora", "llama")
-    model = LoraTransform().apply(load_replicated(Path(model_dirs["llama"]), torch.device("cpu"), torch.float32), plan)
+    model = add_adapters(load_replicated(Path(model_dirs["llama"]), torch.device("cpu"), torch.float32), plan)
     packed = {p.dtype for n, p in model.named_parameters() if type(p).__name__ == "Params4bit"}
     assert packed == {storage}  # fp32 is the compute dtype on CPU; ZeRO-2 replicates the base: uint8

@@ -9,8 +9,8 @@ import torch
 
 from orchestrate.backends.ddp import DDPBackend
 from orchestrate.planner.strategy import Strategy
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_backend_ddp import _ctx
 from tests.test_lora_train import SEQ, TINY_LLAMA
 
 
@@ -21,8 +21,8 @@ def _plan(dtype: str):
                   "optimizer": {"lr": 2e-2}, "schedule": {"warmup_steps": 1}}})
 
 
-def _run(dtype: str, model_dir: str, run_dir) -> dict:
-    engine = DDPBackend().setup(_plan(dtype), _ctx(0, 1, model_dir, str(run_dir)))
+def _run(dtype: str, model_dir: str) -> dict:
+    engine = setup_engine(DDPBackend(), _plan(dtype), cpu_rank(), model_dir)
     module = engine.model.module
     batches = [{"input_ids": t, "labels": t}
                for t in torch.randint(0, 257, (4, SEQ), generator=torch.Generator().manual_seed(3)).split(2)]
@@ -42,12 +42,12 @@ def model_dir(tmp_path_factory) -> str:
 
 
 @pytest.mark.slow  # two short trainings in-process: ~40 s on 2 busy cores
-def test_the_adapters_train_in_the_configured_dtype(model_dir, tmp_path):
+def test_the_adapters_train_in_the_configured_dtype(model_dir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        runs = {dtype: _run(dtype, model_dir, tmp_path / dtype) for dtype in ("fp32", "bf16")}
+        runs = {dtype: _run(dtype, model_dir) for dtype in ("fp32", "bf16")}
     finally:
         dist.destroy_process_group()
     for dtype, expected in (("fp32", torch.float32), ("bf16", torch.bfloat16)):

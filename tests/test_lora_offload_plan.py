@@ -11,6 +11,7 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.methods.lora.adapters import adapters_for, trains
 from orchestrate.methods.lora.memory import base_bytes
+from orchestrate.methods.lora.method import AdapterTerms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import make_plan
@@ -59,8 +60,8 @@ def test_pinning_cpu_offload_plans_deepspeed_with_the_verified_offloads():
 def test_the_offloaded_base_is_on_the_host_and_zero3_gathers_the_same_as_without_offload(method):
     shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
     a = adapters_for(config(TINY, method=method, lora={"r": 4}), shape)
-    off = estimate_memory(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, 1, a)
-    on_gpu = estimate_memory(shape, hw, strat("deepspeed", 3), 32, 1, a)
+    off = estimate_memory(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, 1, [AdapterTerms(a)])
+    on_gpu = estimate_memory(shape, hw, strat("deepspeed", 3), 32, 1, [AdapterTerms(a)])
     whole, _, _ = base_bytes(shape, a, 2)  # bf16 on a GPU; NF4 block linears for qlora
     # Per rank: the base's partition and the adapters' bf16 partition, times 2 ranks on the node.
     assert off.cpu["offloaded_params"] == int(2 * (whole / 2 + 2 * a.trainable / 2))
@@ -73,7 +74,7 @@ def test_the_offloaded_base_crosses_pcie_before_every_forward_and_backward_gathe
     shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
     a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
     accumulation, c, n, t = 3, 2, 2, a.trainable
-    speed = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation, adapters=a)
+    speed = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation, [AdapterTerms(a)])
     whole, _, _ = base_bytes(shape, a, c)
     # base: 2 gathers per micro-batch, up only; adapters (ZeRO-Offload): grads down every micro-batch,
     # updated values up once, their own 2 gathers per micro-batch (speed._offload).
@@ -99,8 +100,8 @@ def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_f
 def test_optimizer_offload_moves_only_the_adapters_states_and_leaves_the_base_on_the_gpu(stage):
     shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
     a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
-    off = estimate_memory(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, a)
-    on_gpu = estimate_memory(shape, hw, strat("deepspeed", stage), 32, 1, a)
+    off = estimate_memory(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, [AdapterTerms(a)])
+    on_gpu = estimate_memory(shape, hw, strat("deepspeed", stage), 32, 1, [AdapterTerms(a)])
     t = a.trainable
     # DeepSpeed's fp32 Adam m, v and master partitions of the adapters, 2 ranks on the node (stage_1_and_2.py /
     # stage3.py with offload_optimizer: the states on the CPU)
@@ -108,7 +109,7 @@ def test_optimizer_offload_moves_only_the_adapters_states_and_leaves_the_base_on
     assert off.gpu["optimizer_states"] == off.gpu["master_weights"] == 0
     assert off.gpu["weights"] == on_gpu.gpu["weights"]  # the frozen base (and 16-bit adapters) stay on the GPU
     assert off.cpu["offloaded_params"] == 0
-    speed = estimate_speed(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, adapters=a)
+    speed = estimate_speed(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, [AdapterTerms(a)])
     moved = 2 * t / 2 + 2 * t / 2  # the adapters' bf16 gradients down, their update up; the base never moves
     assert speed.breakdown["offload_transfer"] == pytest.approx(moved / hw.gpu.pcie_bandwidth)
 

@@ -12,8 +12,8 @@ import torch
 from orchestrate.backends.ddp import DDPBackend
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_backend_ddp import _ctx
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 257, "max_position_embeddings": 64}
@@ -40,7 +40,7 @@ def _batches(rank: int) -> list[dict[str, torch.Tensor]]:
 def _train(method: str, model_dir: str, run_dir: str) -> dict:
     rank, world = init_gloo()
     plan, run = lora_plan(method), Path(run_dir)
-    engine = DDPBackend().setup(plan, _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(DDPBackend(), plan, cpu_rank(rank, world), model_dir)
     module = engine.model.module
     frozen = {n: p.detach().clone() for n, p in module.named_parameters() if not p.requires_grad}
     losses = [engine.train_step(_batches(rank)).loss for _ in range(4)]
@@ -49,7 +49,7 @@ def _train(method: str, model_dir: str, run_dir: str) -> dict:
     same_base = all(torch.equal(p, frozen[n]) for n, p in module.named_parameters() if not p.requires_grad)
     engine.save_hf_model(run / "model")
     engine.save_adapter(run / "adapter")
-    resumed = DDPBackend().setup(plan, _ctx(rank, world, model_dir, run_dir))
+    resumed = setup_engine(DDPBackend(), plan, cpu_rank(rank, world), model_dir)
     resumed.load_checkpoint(run / "ckpt")
     out = {"losses": losses, "same_base": same_base, "frozen": len(frozen),
            "resumed": [resumed.train_step(_batches(rank)).loss for _ in range(4)]}

@@ -12,10 +12,12 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for
+from orchestrate.methods.lora.method import AdapterTerms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.plan import Refusal, RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed
 from tests.test_lora_plan import LLAMA3_8B, TINY
@@ -87,7 +89,7 @@ def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
 def test_llama3_8b_qlora_host_load_is_one_tensor_not_the_fp32_model():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB").resolve()
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
-    mem = estimate_memory(shape, hw, replace(strat("ddp", 0, ac=True), loss_chunks=16), 4096, 1, a)
+    mem = estimate_memory(shape, hw, replace(strat("ddp", 0, ac=True), loss_chunks=16), 4096, 1, [AdapterTerms(a)])
     # embedding (128256 x 4096) read in fp32 and cast to bf16: 6 B x 525M = 2.9 GiB, less the steady host bytes
     assert mem.cpu["loading_spike"] <= 6 * 128256 * 4096
     full = estimate_memory(shape, hw, strat("ddp", 0, ac=True), 4096)
@@ -119,7 +121,7 @@ def test_adamw8bit_pinned_with_backend_auto_plans_ddp_only():
 
 def test_method_auto_is_full_when_full_fits_even_with_lora_settings_given():
     plan = make_plan(cfg(TINY, method="auto", lora={"r": 4}), cpu_hw(2), shape_from_dict(dict(TINY)))
-    assert plan.config.train.method == "full" and plan.chosen is not None
+    assert plan.config.train.method == "full" and isinstance(plan, RunPlan)
     assert plan.notes == ["train.method auto: full, the most faithful method that fits"]
 
 
@@ -127,11 +129,11 @@ def test_method_auto_takes_the_first_of_full_lora_qlora_that_fits():
     shape = shape_from_dict(dict(LLAMA3_8B))
     hw = HardwareFlags(gpus=1, gpu_mem="24GiB", cpu_mem="64GiB").resolve()
     base = {"seq": 1024, "batch": 8}
-    fits = {m: make_plan(cfg(LLAMA3_8B, **base, method=m), hw, shape).chosen is not None
+    fits = {m: isinstance(make_plan(cfg(LLAMA3_8B, **base, method=m), hw, shape), RunPlan)
             for m in ("full", "lora", "qlora")}
     assert fits == {"full": False, "lora": True, "qlora": True}  # 16 GiB bf16 base + adapters fit 24 GiB
     plan = make_plan(cfg(LLAMA3_8B, **base, method="auto"), hw, shape)
-    assert plan.config.train.method == "lora" and plan.chosen is not None
+    assert plan.config.train.method == "lora" and isinstance(plan, RunPlan)
     assert plan.notes[0].startswith("train.method auto: lora, the most faithful method that fits (full does not fit")
     assert plan.to_dict()["notes"] == plan.notes
 
@@ -141,7 +143,7 @@ def test_method_auto_when_nothing_fits_shows_qlora_and_says_so():
     # 2 GiB: on 4 GiB QLoRA fits with the base offloaded under ZeRO-3 (its 16-bit LM head gathered alone)
     hw = HardwareFlags(gpus=1, gpu_mem="2GiB", cpu_mem="32GiB").resolve()
     plan = make_plan(cfg(LLAMA3_8B, seq=1024, batch=8, method="auto"), hw, shape)
-    assert plan.chosen is None and plan.config.train.method == "qlora"
+    assert isinstance(plan, Refusal) and plan.config.train.method == "qlora"
     assert plan.notes[0].startswith("train.method auto: nothing fits (full does not fit")
 
 
@@ -153,7 +155,7 @@ def test_a_knob_pinned_off_that_would_fit_is_a_remedy():
     pinned = config_from_dict({"model": {"architecture": dict(LLAMA3_8B)}, "strategy": {"offload": "none"},
                                "train": {"seq_len": 4096, "global_batch_size": 8, "method": "qlora", "loss_chunks": 0}})
     plan = make_plan(pinned, hw, shape)  # without offload (the base offloaded, ZeRO-3 fits the logits)
-    assert plan.chosen is None  # the 5.9 GiB of unchunked logits
+    assert isinstance(plan, Refusal)  # the 5.9 GiB of unchunked logits
     remedies = {p.where: p for p in infeasible_error(plan).problems}
     assert remedies["train.loss_chunks"].fix == "train.loss_chunks: auto"
     assert "-ce16-" in remedies["train.loss_chunks"].message and "fits" in remedies["train.loss_chunks"].message

@@ -27,16 +27,14 @@ def knob_plan(method: str):
 
 
 def _train(model_dir: str, run_dir: str) -> dict:
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.worker.objective import objective_for
+    from tests.helpers.engines import cpu_rank
 
     rank, world = init_gloo()
     out = {}
     for method in ("full", "qlora"):
         plan = knob_plan(method)
-        ctx = WorkerContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"),
-                            run_dir=Path(run_dir), model_dir=Path(model_dir), objective=objective_for(plan))
-        engine = DDPBackend().setup(plan, ctx)
+        engine = DDPBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
         losses = [engine.train_step(_batches(rank)).loss for _ in range(6)]
         states = {str(v.dtype) for st in engine.optimizer.state.values() for key, v in st.items()
                   if key in ("state1", "state2")}
@@ -72,9 +70,9 @@ def test_ddp_trains_with_adamw8bit_and_a_chunked_loss(model_dir, tmp_path):
 
 
 def _fsdp_chunked_vs_whole(model_dir: str, run_dir: str) -> dict:
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.fsdp import FSDPBackend
     from orchestrate.worker.objective import objective_for
+    from tests.helpers.engines import cpu_rank
 
     rank, world = init_gloo()
     out = {}
@@ -83,9 +81,7 @@ def _fsdp_chunked_vs_whole(model_dir: str, run_dir: str) -> dict:
         plan = make_plan(strategy, config={"model": {"architecture": dict(TINY_LLAMA)},
                                            "train": {"max_steps": 2, "optimizer": {"lr": 2e-2},
                                                      "schedule": {"warmup_steps": 1}}})
-        ctx = WorkerContext(rank=rank, local_rank=rank, world_size=world, device=torch.device("cpu"),
-                            run_dir=Path(run_dir), model_dir=Path(model_dir), objective=objective_for(plan))
-        engine = FSDPBackend().setup(plan, ctx)
+        engine = FSDPBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
         steps = [engine.train_step(_batches(rank)) for _ in range(2)]
         out[chunks] = {"losses": [s.loss for s in steps], "norms": [s.grad_norm for s in steps]}
     return out

@@ -30,7 +30,7 @@ from orchestrate.api import HardwareFlags
 from orchestrate.cli import cli
 from orchestrate.config.load import load_config
 from orchestrate.errors import UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.transports.slurm import cluster as slurm_cluster
 from orchestrate.transports.slurm.cluster import detect_slurm_allocation
 from orchestrate.transports.slurm.transport import allocation_to_use, hardware_for_allocation
@@ -113,10 +113,11 @@ def test_slurm_command_writes_the_run_dir_and_batch_script(tmp_path):
                      "--run-dir", run, *_sets(*SHORT, f"train.output_dir={tmp_path}"))
     assert result.exit_code == 0, result.output
     assert f"submit with: sbatch {run / 'job.sbatch'}" in result.output
-    plan = Plan.read(run / "plan.json")
+    plan = RunPlan.read(run / "plan.json")
     assert (plan.hardware.nodes, plan.hardware.ranks_per_node, plan.world_size) == (2, 2, 4)
-    for role in ("config", "backend_config", "accelerate_config"):
-        assert (run / plan.files[role]).is_file(), role
+    files = plan.files
+    for name in (files.config, *files.backend, files.accelerate_config):
+        assert name and (run / name).is_file(), name
     text = (run / "job.sbatch").read_text()
     for line in ["#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --cpus-per-task=2",
                  "#SBATCH --partition=cpu", "#SBATCH --time=10:00", "#SBATCH --job-name=tiny-gpt2",
@@ -145,7 +146,7 @@ def test_gpu_nodes_are_planned_with_the_inter_node_link(tmp_path, link, backend)
                      "--gpus-per-node", 4, "--run-dir", run,
                      *_sets("strategy.backend=fsdp", "data.generate_demo_corpus=true", f"train.output_dir={tmp_path}"))
     assert result.exit_code == 0, result.output
-    plan = Plan.read(run / "plan.json")
+    plan = RunPlan.read(run / "plan.json")
     assert plan.chosen.name.startswith(backend + "-") and plan.world_size == 8
     rendered = json.loads((run / "fsdp.json").read_text())
     assert rendered["world_size"] == 8
@@ -175,7 +176,7 @@ def test_hosts_dry_run_writes_what_every_host_runs(tmp_path):
                      "--run-dir", run, *_sets(*SHORT, f"train.output_dir={tmp_path}"))
     assert result.exit_code == 0, result.output
     assert "hosts: node-a, node-b; rendezvous 10.9.0.1:PORT" in result.output
-    assert Plan.read(run / "plan.json").world_size == 4
+    assert RunPlan.read(run / "plan.json").world_size == 4
     from torch.distributed.run import parse_args
 
     lines = [line for line in (run / "launch.sh").read_text().splitlines() if line.startswith("ssh ")]
@@ -209,7 +210,7 @@ def test_launch_inside_an_allocation_spreads_over_its_nodes(tmp_path, monkeypatc
     result = _invoke("launch", TINY, "--gpus", 2, "--dry-run", "--run-dir", tmp_path / "run", *_sets(*SHORT))
     assert result.exit_code == 0, result.output
     assert "SLURM job 20001: launching on its 2 node(s) with srun" in result.output
-    assert Plan.read(tmp_path / "run" / "plan.json").world_size == 4
+    assert RunPlan.read(tmp_path / "run" / "plan.json").world_size == 4
     command = (tmp_path / "run" / "launch.sh").read_text().splitlines()[-1]
     words = shlex.split(command)
     at = words.index("srun")

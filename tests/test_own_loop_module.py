@@ -15,6 +15,7 @@ from orchestrate.config.load import config_from_dict, load_config
 from orchestrate.errors import UserError
 from orchestrate.loop_api.session import _check_size
 from orchestrate.model.meta import shape_for
+from orchestrate.planner.plan import RunPlan
 from tests.helpers.plans import cpu_hardware
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own_loop"
@@ -113,10 +114,10 @@ def test_the_example_plans_its_own_net_and_the_builtin_worker_still_needs_data_m
         sys.path.remove(str(EXAMPLE))
     plan = api.plan_for(config, cpu_hardware(2))
     assert plan.shape.parameters == sum(p.numel() for p in Net().parameters()) == 19_204
-    assert plan.shape.activation_bytes_per_sample > 0 and plan.chosen is not None
-    from orchestrate.planner.report import activation_note
+    assert plan.shape.activation_bytes_per_sample > 0 and isinstance(plan, RunPlan)
+    from orchestrate.methods.custom.method import CUSTOM
 
-    assert "one micro-batch of model.example_input" in activation_note(plan)
+    assert "one micro-batch of model.example_input" in CUSTOM.report(plan)[0][0]
     with pytest.raises(UserError, match="needs data.module"):  # no program after `--`: the worker has no data
         api.launch(api.launch_request(config, cpu_hardware(2), dry_run=True, run_dir=tmp_path / "plain"))
 

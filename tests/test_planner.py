@@ -17,7 +17,7 @@ from rich.console import Console
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import Refusal, RunPlan
 from orchestrate.planner.remedies import require_feasible
 from orchestrate.planner.report import plan_json, print_plan
 from orchestrate.planner.search import make_plan
@@ -59,7 +59,7 @@ def wheres(exc: pytest.ExceptionInfo[UserError]) -> list[str]:
 def test_gpt2_xl_on_one_8gb_gpu_and_64gb_ram_chooses_a_fitting_offload_plan():
     hw = gpu_hw(1, ram_gib=64)
     plan = make_plan(config(), hw, gpt2_xl())
-    chosen = require_feasible(plan)
+    chosen = require_feasible(plan).chosen
     assert chosen.fits and chosen is plan.candidates[0]
     assert chosen.strategy.offload_optimizer != "none"
     assert chosen.memory.gpu_total <= 0.90 * 8 * GiB
@@ -70,7 +70,7 @@ def test_gpt2_xl_on_one_8gb_gpu_and_64gb_ram_chooses_a_fitting_offload_plan():
 
 def test_llama2_7b_with_64gb_ram_is_infeasible_and_names_the_cpu_overflow():
     plan = make_plan(config(), gpu_hw(1, ram_gib=64), llama2_7b())
-    assert plan.chosen is None and plan.candidates and not any(c.fits for c in plan.candidates)
+    assert isinstance(plan, Refusal) and plan.candidates and not any(c.fits for c in plan.candidates)
     with pytest.raises(UserError) as exc:
         require_feasible(plan)
     text = str(exc.value)
@@ -86,7 +86,7 @@ def test_llama2_7b_with_64gb_ram_is_infeasible_and_names_the_cpu_overflow():
 def test_llama2_7b_becomes_feasible_with_an_nvme_path():
     hw = gpu_hw(1, ram_gib=64, nvme_path="/mnt/nvme", nvme_free_bytes=500 * GiB)
     plan = make_plan(config(), hw, llama2_7b())
-    chosen = require_feasible(plan)
+    chosen = require_feasible(plan).chosen
     assert chosen.strategy.backend == "deepspeed" and chosen.strategy.zero_stage == 3
     assert chosen.strategy.offload_optimizer == "nvme" and chosen.strategy.offload_params != "none"
     assert 0 < chosen.memory.nvme_bytes <= 500 * GiB
@@ -98,13 +98,13 @@ def test_nvme_path_from_the_config_enables_nvme_candidates_too():
     without = make_plan(config(), gpu_hw(1), llama2_7b())
     assert any(c.memory.nvme_bytes for c in with_path.candidates)
     assert not any("nvme" in c.name for c in without.candidates)
-    assert with_path.chosen is not None  # free space unknown: left to DeepSpeed at start-up
+    assert isinstance(with_path, RunPlan)  # free space unknown: left to DeepSpeed at start-up
 
 
 def test_too_small_nvme_is_an_nvme_overflow():
     hw = gpu_hw(1, ram_gib=64, nvme_path="/mnt/nvme", nvme_free_bytes=20 * GiB)
     plan = make_plan(config(), hw, llama2_7b())
-    assert plan.chosen is None
+    assert isinstance(plan, Refusal)
     assert any(re.search(r"NVMe \d+\.\d GiB > 20\.0 GiB free", c.reason) for c in plan.candidates)
     with pytest.raises(UserError) as exc:
         require_feasible(plan)
@@ -258,12 +258,12 @@ def test_hybrid_shard_only_across_nodes():
 
 def test_cpu_only_profile_plans_without_offload_and_checks_the_node_total():
     plan = make_plan(config(seq_len=128, global_batch=16), cpu_hw(2, ram_gib=16), tiny())
-    assert plan.chosen is not None
+    assert isinstance(plan, RunPlan)
     assert all(c.strategy.offload_optimizer == "none" for c in plan.candidates)
     assert plan.chosen.memory.gpu["cuda_context"] == 0
     # RAM too small for two 1 GiB process runtimes: the node total, not the host dict alone, decides.
     starved = make_plan(config(seq_len=128, global_batch=16), cpu_hw(2, ram_gib=2), tiny())
-    assert starved.chosen is None
+    assert isinstance(starved, Refusal)
     assert all(c.reason.startswith("CPU ") for c in starved.candidates)
 
 
@@ -332,7 +332,7 @@ def test_plan_json_schema_and_round_trip():
         assert {"name", "fits", "gpu_bytes_per_rank", "cpu_bytes_per_node", "host_bytes_per_node",
                 "tokens_per_s", "reason"} <= set(entry)
         assert isinstance(entry["gpu_bytes_per_rank"], int)
-    again = Plan.from_dict(plan.to_dict())
+    again = RunPlan.model_validate(plan.to_dict())
     assert again.chosen.name == plan.chosen.name and again.chosen.memory == plan.chosen.memory
 
 

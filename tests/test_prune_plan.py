@@ -7,6 +7,7 @@ import pytest
 from orchestrate.config.load import config_from_dict, load_config
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.methods.prune.method import MaskTerms
 from orchestrate.methods.prune.schedule import (
     pruned_count,
     pruned_parameters,
@@ -16,6 +17,7 @@ from orchestrate.methods.prune.schedule import (
 )
 from orchestrate.model.meta import load_model_config, shape_from_config
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
 
@@ -94,19 +96,19 @@ def test_mask_memory_is_sharded_with_the_parameters():
     shape, prune = _shape(cfg), cfg.prune
     h, i, kv = 64, 128, 2 * 16
     elements = 2 * (h * h + 2 * h * kv + h * h + 3 * h * i)  # q, k, v, o, gate, up, down per block
-    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, None, prune)
-    fsdp = estimate_memory(shape, _cpu(), Strategy("fsdp", 3, "none", "none", "fp32", False, 2), 32, 1, None, prune)
-    zero2 = estimate_memory(shape, _cpu(), Strategy("deepspeed", 2, "none", "none", "fp32", False, 2), 32, 1, None,
-                            prune)
-    zero3 = estimate_memory(shape, _cpu(), Strategy("deepspeed", 3, "none", "none", "fp32", False, 2), 32, 1, None,
-                            prune)
+    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(prune)])
+    fsdp = estimate_memory(shape, _cpu(), Strategy("fsdp", 3, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(prune)])
+    zero2 = estimate_memory(shape, _cpu(), Strategy("deepspeed", 2, "none", "none", "fp32", False, 2), 32, 1,
+                            [MaskTerms(prune)])
+    zero3 = estimate_memory(shape, _cpu(), Strategy("deepspeed", 3, "none", "none", "fp32", False, 2), 32, 1,
+                            [MaskTerms(prune)])
     assert ddp.gpu["prune_masks"] == zero2.gpu["prune_masks"] == elements  # one bool byte each, replicated
     assert fsdp.gpu["prune_masks"] == zero3.gpu["prune_masks"] == elements // 2
     assert ddp.gpu["prune_scratch"] == 5 * h * i
     plain = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32)
     assert ddp.gpu_total - plain.gpu_total == elements + 5 * h * i
     structured = _config(_prune(method="structured", scope="per-layer")).prune
-    s = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, None, structured)
+    s = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(structured)])
     assert s.gpu["prune_masks"] == 2 * 3 * h * i
 
 
@@ -117,7 +119,7 @@ def test_structured_prediction_counts_the_removed_channels():
     magnitude = _config(_prune()).prune
     assert pruned_parameters(shape, magnitude) == shape.parameters
     plan = make_plan(cfg, _cpu(), shape)
-    assert plan.chosen is not None and plan.chosen.memory.gpu["prune_masks"] > 0
+    assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["prune_masks"] > 0
 
 
 def test_plan_report_states_the_saved_size():
@@ -137,7 +139,7 @@ def test_head_pruning_counts_and_checks():
     shape = _shape(cfg)
     # 64 of 128 channels (3 x 64 weights each) and 1 of 2 query heads per kv group (2 x 64 x 16 each), 2 blocks
     assert pruned_parameters(shape, cfg.prune) == shape.parameters - 2 * (3 * 64 * 64 + 2 * (2 * 64 * 16))
-    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, None, cfg.prune)
+    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(cfg.prune)])
     assert ddp.gpu["prune_masks"] == 2 * (3 * 64 * 128 + 2 * 64 * 64)  # the MLP's and q/o_proj's masks
     qwen = _config(_prune(method="structured", scope="per-layer", heads=True), arch={**TINY_LLAMA, "model_type": "qwen2"})
     # qwen2's q_proj has a bias: d more per head

@@ -59,15 +59,17 @@ def _master_sparsity(engine, views) -> float | None:
     return zeros / total
 
 
-def _run(engine, plan, info, steps: range, ckpt: Path | None = None) -> dict:
+def _run(training, steps: range, ckpt: Path | None = None) -> dict:
+    """The pruning callback around each step, as the loop calls it (data, checkpointer and stop unused)."""
     from orchestrate.methods.prune.callback import Pruning
     from orchestrate.worker.callbacks.base import StepEnd
 
-    cb = Pruning(engine)
+    engine, plan, info = training.engine, training.plan, training
+    cb = Pruning()
     cb.on_train_start(info)
     out: dict = {"loss": [], "sparsity": [], "master": [], "monotone": True}
     for step in steps:
-        loss = engine.train_step(_batches(plan, info.rank, step)).loss
+        loss = engine.train_step(_batches(plan, info.rank.rank, step)).loss
         before = cb.masks
         end = StepEnd(step, step == STEPS, False, {})
         cb.on_step_end(info, end)
@@ -82,23 +84,26 @@ def _run(engine, plan, info, steps: range, ckpt: Path | None = None) -> dict:
 
 
 def _rank_main(strategy: Strategy, prune: dict, model_dir: str, work: str) -> dict:
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.backends.registry import get_backend
-    from orchestrate.worker.callbacks.base import RunInfo
+    from orchestrate.run.layout import RunDir
+    from orchestrate.worker.callbacks.base import Training
     from tests.helpers.dist import init_gloo
+    from tests.helpers.engines import cpu_rank, setup_engine
 
     torch.set_num_threads(1)  # 2 ranks on 2 shared cores
     rank, world = init_gloo()
     work_dir, plan = Path(work), _plan(strategy, prune)
-    ctx = WorkerContext(rank, int(os.environ["LOCAL_RANK"]), world, torch.device("cpu"), work_dir, Path(model_dir))
+    me = cpu_rank(rank, world, int(os.environ["LOCAL_RANK"]))
     backend = get_backend(strategy.backend)
-    engine = backend.setup(plan, ctx)
-    out = {"a": _run(engine, plan, RunInfo(plan, work_dir, rank, world, 0), range(1, STEPS + 1), work_dir / "ckpt")}
+    engine = setup_engine(backend, plan, me, model_dir)
+    out = {"a": _run(Training(plan, me, RunDir(work_dir), engine, None, None, None, 0), range(1, STEPS + 1),
+                     work_dir / "ckpt")}
     engine.save_hf_model(work_dir / "hf")
     del engine
-    engine = backend.setup(plan, ctx)
+    engine = setup_engine(backend, plan, me, model_dir)
     engine.load_checkpoint(work_dir / "ckpt")
-    out["c"] = _run(engine, plan, RunInfo(plan, work_dir, rank, world, RESUME_AT), range(RESUME_AT + 1, STEPS + 1))
+    out["c"] = _run(Training(plan, me, RunDir(work_dir), engine, None, None, None, RESUME_AT),
+                    range(RESUME_AT + 1, STEPS + 1))
     engine.save_hf_model(work_dir / "hf_resumed")
     return out
 

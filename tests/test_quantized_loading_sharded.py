@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from orchestrate.methods.lora.transform import LoraTransform, compute_dtype, quant_storage
+from orchestrate.methods.lora.transform import add_adapters, compute_dtype, quant_storage
 from orchestrate.planner.strategy import Strategy
+from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
 from tests.test_quantized_loading import ARCHS, BIG
 
@@ -73,9 +74,9 @@ def test_the_sharding_backends_base_equals_the_old_16bit_path(backend, family, t
         assert m.weight.bnb_quantized and m.weight.dtype == STORAGE[backend] == quant_storage(plan)
         assert m.quant_state is m.weight.quant_state  # module=new: FSDP2's unsharded copy finds it there
     torch.manual_seed(1)  # the adapters' random init
-    before = LoraTransform().apply(old, plan).state_dict()
+    before = add_adapters(old, plan).state_dict()
     torch.manual_seed(1)
-    during = LoraTransform().apply(new, plan).state_dict()
+    during = add_adapters(new, plan).state_dict()
     assert before.keys() == during.keys()
     assert sum(k.endswith("weight.absmax") for k in during) == 2 * 7  # quantized once, not again
     for key in before:
@@ -123,7 +124,6 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     from orchestrate.backends.registry import get_backend
     from orchestrate.loading import weights as loading
     from tests.helpers.dist import init_gloo
-    from tests.test_backend_ddp import _ctx
 
     rank, world = init_gloo()
     original, calls = loading.load_replicated, []
@@ -131,7 +131,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     out = {}
     for backend in ("fsdp", "zero2", "zero3"):
         plan = _plan(backend, ARCHS["qwen2"])
-        engine = get_backend(plan.chosen.strategy.backend).setup(plan, _ctx(rank, world, model_dir, run_dir))
+        engine = setup_engine(get_backend(plan.chosen.strategy.backend), plan, cpu_rank(rank, world), model_dir)
         module = getattr(engine.model, "module", engine.model)
         out[backend] = sorted({str(m.weight.dtype) for m in module.modules() if isinstance(m, bnb.nn.Linear4bit)}
                               | {f"n={sum(isinstance(m, bnb.nn.Linear4bit) for m in module.modules())}"})
@@ -140,7 +140,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     loading.load_replicated = lambda *a, **kw: calls.append(1) or original(*a, **kw)
     plan = make_plan(SHARDING["fsdp"], config={"model": {"architecture": dict(ARCHS["qwen2"])},
                                                "train": {"method": "lora"}})
-    engine = get_backend("fsdp").setup(plan, _ctx(rank, world, model_dir, run_dir))
+    engine = setup_engine(get_backend("fsdp"), plan, cpu_rank(rank, world), model_dir)
     out["lora_reads"], out["lora_base"] = len(calls), _base_mismatches(engine.model, model_dir)
     return out
 
@@ -182,6 +182,7 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
     """Llama-3-8B shape on 2 GPUs: the host while loading is 2 x (NF4 block linears at 4.127 bits + the rest
     in bf16 + the embedding read in fp32 and cast to bf16), where it was 2 x 2 B x P."""
     from orchestrate.methods.lora.adapters import adapters_for
+    from orchestrate.methods.lora.method import AdapterTerms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
     from tests.test_lora_plan import LLAMA3_8B
@@ -190,7 +191,7 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
-    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, a)
+    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, [AdapterTerms(a)])
     nf4 = a.quantized * 4.127 / 8 + (shape.parameters - a.quantized) * 2
     expected = 2 * (nf4 + (4 + 2) * 128256 * 4096)
     steady = sum(v for key, v in mem.cpu.items() if key not in ("loading_spike", "process_runtime"))
@@ -202,6 +203,7 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
 @pytest.mark.parametrize(("backend", "stage", "copies"), [("fsdp", 3, 1), ("deepspeed", 2, 2), ("deepspeed", 3, 2)])
 def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_under_deepspeed(backend, stage, copies):
     from orchestrate.methods.lora.adapters import adapters_for
+    from orchestrate.methods.lora.method import AdapterTerms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
     from tests.test_lora_plan import LLAMA3_8B
@@ -210,6 +212,6 @@ def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_un
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     a = adapters_for(cfg(LLAMA3_8B, method="lora"), shape)
-    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, a)
+    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, [AdapterTerms(a)])
     steady = sum(v for key, v in mem.cpu.items() if key not in ("loading_spike", "process_runtime"))
     assert mem.cpu["loading_spike"] == pytest.approx(max(0.0, copies * 2 * shape.parameters - steady), rel=1e-3)

@@ -24,7 +24,7 @@ DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
 def _plan(gpu_pred: int = 400 * 2**20, cpu_pred: int = 3 * GIB, strategy: Strategy = DDP):
     plan = make_plan(strategy, ranks=2)
     chosen = dataclasses.replace(plan.chosen, memory=MemoryEstimate({"weights": gpu_pred}, {"runtime": cpu_pred}))
-    return dataclasses.replace(plan, chosen=chosen, candidates=[chosen])
+    return plan.model_copy(update={"chosen": chosen, "candidates": [chosen]})
 
 
 def _records(n: int = 6, loss0: float = 5.0, gpu: bool = False, tensors: int | None = 390 * 2**20) -> list[dict]:
@@ -99,7 +99,7 @@ def _gpu_plan(ac: bool):
     plan = make_plan(Strategy("ddp", 0, "none", "none", "bf16", ac, 2), ranks=2)
     gpu = GPUSpec(name="test", memory_bytes=8 * GIB, peak_tflops_fp16=100.0, peak_tflops_bf16=80.0,
                   peak_tflops_fp32=20.0)
-    return dataclasses.replace(plan, hardware=HardwareProfile(gpus_per_node=2, gpu=gpu, cpu_memory_bytes=64 * GIB))
+    return plan.model_copy(update={"hardware": HardwareProfile(gpus_per_node=2, gpu=gpu, cpu_memory_bytes=64 * GIB)})
 
 
 def test_mfu_is_palm_appendix_b():

@@ -113,7 +113,7 @@ def test_a_refused_resume_leaves_the_run_untouched(tmp_path: Path):
     """A resume the checkpoint cannot continue under is refused before anything is written."""
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.run.checkpoints import (
         LATEST_FILE,
         CheckpointMeta,
@@ -125,7 +125,7 @@ def test_a_refused_resume_leaves_the_run_untouched(tmp_path: Path):
 
     run_dir = tmp_path / "run"
     _dry_run(tmp_path, run_dir)
-    plan = Plan.read(run_dir / "plan.json")
+    plan = RunPlan.read(run_dir / "plan.json")
     ckpt = checkpoint_root(run_dir) / step_dir_name(2)
     ckpt.mkdir(parents=True)
     write_meta(ckpt, CheckpointMeta.of(plan, 2, 2, {}, torch.__version__))

@@ -15,7 +15,7 @@ from orchestrate.backends.hf_io import find_blocks, model_block_class_names
 from orchestrate.hardware.presets import load_preset
 from orchestrate.model.meta import build_meta_model, load_model_config, shape_from_config
 from orchestrate.planner import constants as k
-from orchestrate.planner.memory import root_parameters
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.report import memory_table
 from tests.helpers.plans import TINY_GPT2
 from tests.test_tasks import BERT
@@ -36,8 +36,8 @@ def _plan(tmp_path, task: str):
 @pytest.mark.parametrize("task", sorted(MODELS))
 def test_plan_shows_memory_for_every_task(tmp_path, task):
     plan = _plan(tmp_path, task)
+    assert isinstance(plan, RunPlan) and plan.chosen.fits
     chosen = plan.chosen
-    assert chosen is not None and chosen.fits
     gpu = chosen.memory.gpu
     mb = chosen.strategy.micro_batch_size
     per = k.LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 if chosen.strategy.precision == "fp32" else k.LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT
@@ -69,4 +69,4 @@ def test_the_fsdp_root_unit_is_what_the_backend_wraps_around(tmp_path, task):
     outside = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values() if id(p) not in inside)
     assert len(blocks) == shape.num_layers
     assert {sum(p.numel() for p in b.parameters()) for _, b in blocks} == {shape.block_parameters}
-    assert root_parameters(shape) == outside
+    assert shape.root_parameters == outside

@@ -8,8 +8,10 @@ import pytest
 
 from orchestrate.errors import UserError
 from orchestrate.planner.strategy import Strategy
-from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+from orchestrate.run.layout import RunDir
+from orchestrate.worker.callbacks.base import StepEnd, Training
 from orchestrate.worker.callbacks.trackers import TB_DIR, build_trackers
+from tests.helpers.engines import cpu_rank
 from tests.helpers.plans import make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
@@ -35,7 +37,8 @@ def _plan(trackers: list[str]):
 
 
 def _drive(plan, run_dir, records, rank: int = 0, start_step: int = 0) -> None:
-    run = RunInfo(plan=plan, run_dir=run_dir, rank=rank, world_size=2, start_step=start_step)
+    # the trackers read the plan, the rank and the run directory only
+    run = Training(plan, cpu_rank(rank, 2), RunDir(run_dir), None, None, None, None, start_step)
     trackers = build_trackers(plan)
     for t in trackers:
         t.on_train_start(run)

@@ -10,7 +10,7 @@ import torch
 
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
@@ -69,7 +69,7 @@ def test_worker_reports_a_data_error_and_exits_2(tmp_path: Path):
         _run(tmp_path, FSDP, data={"train_files": ["docs.jsonl"], "generate_demo_corpus": False})
     # Workers started on the run directory directly (as a hand-run launch.sh does) say it too.
     run_dir = (tmp_path / "run").resolve()
-    plan = Plan.read(run_dir / "plan.json")
+    plan = RunPlan.read(run_dir / "plan.json")
     transport = LocalTorchrun()
     transport.prepare(plan, run_dir, launch_env(plan), max_restarts=0, dry_run=False)
     code = transport.run(plan, run_dir, print, None)
@@ -139,20 +139,19 @@ def test_progress_prints_plain_lines_when_not_a_terminal(capsys):
     assert capsys.readouterr().out == ""
 
 
-def test_rank_info_from_slurm_and_a_clear_error_without_master(monkeypatch):
+def test_ranks_from_slurm_and_a_clear_error_without_master(monkeypatch):
     from orchestrate.errors import UserError
-    from orchestrate.worker.dist_env import rank_info
+    from orchestrate.worker.rank import environment_ranks
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(key, "")  # recorded, so monkeypatch restores what rank_info writes
+        monkeypatch.setenv(key, "")  # recorded, so monkeypatch restores what environment_ranks writes
         monkeypatch.delenv(key)
     monkeypatch.setenv("SLURM_PROCID", "3")
     monkeypatch.setenv("SLURM_NTASKS", "4")
     monkeypatch.setenv("SLURM_LOCALID", "1")
     monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2(x2)")
     with pytest.raises(UserError, match="srun"):
-        rank_info()
+        environment_ranks()
     monkeypatch.setenv("MASTER_ADDR", "node1")
     monkeypatch.setenv("MASTER_PORT", "29500")
-    info = rank_info()
-    assert (info.rank, info.local_rank, info.world_size, info.local_world_size) == (3, 1, 4, 2)
+    assert environment_ranks() == (3, 1, 4, 2)

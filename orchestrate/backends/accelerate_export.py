@@ -16,12 +16,12 @@ import yaml
 from orchestrate.backends.deepspeed_render import CONFIG_FILE as DEEPSPEED_CONFIG_FILE
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 _MIXED = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
-def _fsdp_config(plan: Plan) -> dict[str, Any]:
+def _fsdp_config(plan: RunPlan) -> dict[str, Any]:
     from orchestrate.backends.fsdp import fsdp_settings
 
     st = fsdp_settings(plan)
@@ -42,7 +42,7 @@ def _fsdp_config(plan: Plan) -> dict[str, Any]:
     return {k: v for k, v in config.items() if v is not None}
 
 
-def render_accelerate_config(plan: Plan, backend_files_dir: str | Path) -> str:
+def render_accelerate_config(plan: RunPlan, backend_files_dir: str | Path) -> str:
     """The accelerate config YAML for `plan`; `backend_files_dir` is where the backend's rendered
     files (deepspeed.json) are written, so the YAML can point at them."""
     cand = plan.chosen

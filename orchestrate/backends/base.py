@@ -3,8 +3,10 @@
 A backend has two halves that live in one file:
 - `render(plan)`: pure, launcher side. Returns the backend's config files (name -> text), e.g.
   DeepSpeed's JSON, so the user can read, diff and reuse exactly what will run.
-- `setup(plan, ctx)`: worker side. Builds the model from `ctx.model_dir` without N full copies in
-  CPU RAM, wraps it, creates the optimizer and schedule, and returns a `TrainEngine`.
+- `setup(plan, rank, model_dir, objective)`: worker side. Asks the run's base method for the model
+  (`ModelRequest`, orchestrate/methods/runtime.py: built from `model_dir` without N full copies in
+  CPU RAM), wraps it, creates the optimizer and schedule, and returns a `TrainEngine` training
+  `objective`. It never asks which method trains: the method's builder and transforms decide.
 
 Adding a backend = one new file defining `BACKEND`, named in `orchestrate.backends.registry`
 (or passed to `register`), plus its tests.
@@ -21,27 +23,30 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
-    from orchestrate.worker.objective import Objective
+    from orchestrate.worker.rank import Rank
 
 
-@dataclass(frozen=True)
-class WorkerContext:
-    """What a worker knows about itself; everything else comes from the plan."""
+class Objective(Protocol):
+    """What a batch's loss is, and what evaluation measures (one per model.task in
+    orchestrate/worker/objective.py; a training method's in its folder)."""
 
-    rank: int
-    local_rank: int
-    world_size: int
-    device: torch.device
-    """cuda:<local_rank> on GPU machines, cpu otherwise."""
-    run_dir: Path
-    model_dir: Path
-    """A Hugging Face model directory (config.json + safetensors) holding the initial weights; only
-    config.json when the backend builds a from-config model itself (Backend.reads_weights)."""
-    objective: Objective | None = None
-    """What a batch's loss is (orchestrate.worker.objective); None: the causal-LM loss."""
+    name: str
+
+    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The scalar loss of one micro-batch (already on the model's device)."""
+        ...
+
+    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Additive evaluation sums of one batch, "loss" among them; the same keys on every rank."""
+        ...
+
+    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
+        """The record's eval_* entries from the sums over `batches` batches of all ranks."""
+        ...
+
 
 
 @dataclass(frozen=True)
@@ -100,29 +105,44 @@ class Backend(Protocol):
     name: str
     zero_stages: tuple[int, ...]
     """The ZeRO-style stages it implements, in the planner's search order."""
+    preference: int
+    """Tie-break between equally fast candidates, lower first: simpler to run and debug."""
+    priced_as: str
+    """The built-in backend whose memory and speed terms describe it (planner/memory.py, speed.py):
+    its own name for the built-in ones."""
+    knobs: frozenset[str]
+    """The memory knobs its engine is verified to run (planner/knobs.py: loss_chunks,
+    activation_offload, adamw8bit, embedding_offload; docs/memory-knobs.md)."""
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        """Whether every parameter is sharded (flattened, gathered per use) under `sharding`, frozen
+        ones too. Pure."""
+        ...
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         """Why it cannot run `sharding` (empty: it can). The one rule set the planner's candidate
         generation, its pin check and `render` all use. Pure."""
         ...
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         """Backend config files for this plan, file name -> content. Pure: no I/O, no devices."""
         ...
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         """The `torch.distributed.init_process_group` backend the worker starts for this plan
         (e.g. "nccl", "gloo", "cuda:nccl,cpu:gloo"). Pure."""
         ...
 
-    def reads_weights(self, plan: Plan) -> bool:
-        """Whether `setup` loads the initial weights from files in ctx.model_dir. False: a model
-        trained from its config is built by `setup` itself (seeded, from ctx.model_dir/config.json),
+    def reads_weights(self, plan: RunPlan) -> bool:
+        """Whether `setup` loads the initial weights from files in model_dir. False: a model
+        trained from its config is built by `setup` itself (seeded, from model_dir/config.json),
         so none are written and read back before step 1. Pure."""
         ...
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> TrainEngine:
-        """Build model, wrapper, optimizer and schedule on this rank. Collective."""
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> TrainEngine:
+        """Build model (the base method's, from `model_dir`: a Hugging Face model directory with the
+        initial weights, or only config.json when `reads_weights` is False), wrapper, optimizer and
+        schedule on this rank. Collective."""
         ...
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
@@ -136,7 +156,7 @@ class Backend(Protocol):
         ...
 
 
-def device_process_group(plan: Plan) -> str:
+def device_process_group(plan: RunPlan) -> str:
     """nccl between GPUs, gloo between CPU processes: what a backend needs that keeps every tensor
     its collectives touch on the ranks' own devices."""
     return "nccl" if plan.hardware.has_gpu else "gloo"

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
+from orchestrate.backends.base import device_process_group, require_runnable
 from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
     DTYPES,
@@ -29,18 +29,21 @@ from orchestrate.backends.torch_engine import (
 )
 from orchestrate.errors import Problem
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter, trainable_state
+from orchestrate.methods.registry import active_methods
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.backends.base import Objective
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
+    from orchestrate.worker.rank import Rank
 
 TRAINER_STATE_FILE = "trainer_state.pt"
 
 
-def ddp_settings(plan: Plan) -> dict[str, Any]:
+def ddp_settings(plan: RunPlan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.model.block_classes import block_class_names
 
@@ -83,11 +86,15 @@ def ddp_settings(plan: Plan) -> dict[str, Any]:
 class DDPEngine(TorchEngine):
     """TrainEngine over a DistributedDataParallel model."""
 
+    def __init__(self, plan: RunPlan, *args: Any) -> None:
+        super().__init__(*args)
+        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
         dtype = self.settings["autocast_dtype"]
-        with torch.autocast(self.ctx.device.type, dtype=getattr(torch, dtype) if dtype else None, enabled=bool(dtype)):
+        with torch.autocast(self.rank.device.type, dtype=getattr(torch, dtype) if dtype else None, enabled=bool(dtype)):
             return super()._forward_loss(batch)
 
     def _gradient_sync(self, index: int, count: int) -> contextlib.AbstractContextManager:
@@ -99,11 +106,11 @@ class DDPEngine(TorchEngine):
 
         from orchestrate.backends.hf_io import save_hf_dir
 
-        if self.ctx.rank == 0:  # every rank holds the same weights
+        if self.rank.rank == 0:  # every rank holds the same weights
             module = self.model.module
             if is_peft(module):  # the base re-read and merged on the CPU, as the sharding backends do:
                 # never from the live 4-bit weights, whose layout a library may have changed in place
-                state, _ = merge_adapters(self.plan, self.ctx.model_dir, trainable_state(module))
+                state, _ = merge_adapters(self.plan, self.model_dir, trainable_state(module))
             else:
                 state = module.state_dict()
             save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
@@ -112,7 +119,7 @@ class DDPEngine(TorchEngine):
     def save_adapter(self, out_dir: Path) -> None:
         import torch.distributed as dist
 
-        if self.ctx.rank == 0:
+        if self.rank.rank == 0:
             save_adapter(self.model.module, Path(out_dir))
         dist.barrier()
 
@@ -121,7 +128,7 @@ class DDPEngine(TorchEngine):
         import torch.distributed as dist
 
         ckpt_dir = Path(ckpt_dir)
-        if self.ctx.rank == 0:  # replicated state: one copy is the whole checkpoint
+        if self.rank.rank == 0:  # replicated state: one copy is the whole checkpoint
             ckpt_dir.mkdir(parents=True, exist_ok=True)
             module = self.model.module
             # A LoRA run's base is frozen and re-read from model_dir on resume: only the adapters are saved.
@@ -139,7 +146,7 @@ class DDPEngine(TorchEngine):
 
         ckpt_dir = Path(ckpt_dir)
         # weights_only: tensors and plain containers only, nothing a checkpoint file could execute.
-        state = torch.load(ckpt_dir / TRAINER_STATE_FILE, map_location=self.ctx.device, weights_only=True)
+        state = torch.load(ckpt_dir / TRAINER_STATE_FILE, map_location=self.rank.device, weights_only=True)
         module = self.model.module
         if is_peft(module):  # the adapters only (see save_checkpoint); every one of them must be there
             result = module.load_state_dict(state["model"], strict=False)
@@ -158,6 +165,13 @@ class DDPEngine(TorchEngine):
 class DDPBackend:
     name = "ddp"
     zero_stages = (0,)
+    preference = 0
+    priced_as = "ddp"
+    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py
+    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload"})
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        return False  # every rank holds every parameter
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         out = []
@@ -170,13 +184,13 @@ class DDPBackend:
             out.append(Problem("strategy", "hybrid shard is an FSDP2 mode", "use backend fsdp"))
         return out
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         # Every rank holds the whole model: from its config, each builds it under the same seed (what
-        # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway). Adapters
-        # keep the file: QLoRA quantizes while loading it, `export --merge` re-reads the base.
-        return plan.config.train.method != "full"
+        # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway), unless a
+        # method needs the file (LoRA: QLoRA quantizes while loading it, `export --merge` re-reads the base).
+        return any(method.trains_adapters for method in active_methods(plan.config))
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         return device_process_group(plan)
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
@@ -189,63 +203,47 @@ class DDPBackend:
         return torch.load(Path(ckpt_dir) / TRAINER_STATE_FILE, map_location="cpu", weights_only=True,
                           mmap=True)["model"]
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> DDPEngine:
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> DDPEngine:
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
         from orchestrate.loading.host_embedding import host_names, route_lookups, to_device_keeping_embedding
-        from orchestrate.loading.init_weights import build_from_config, has_weights
-        from orchestrate.loading.transforms import apply_transforms
-        from orchestrate.loading.weights import has_safetensors, load_replicated
-        from orchestrate.methods.custom.module import build_module, is_custom, model_config
-        from orchestrate.methods.lora.quantized_loading import load_quantized
-        from orchestrate.model.tasks import auto_class
+        from orchestrate.methods.registry import base_runtime
+        from orchestrate.methods.runtime import ModelRequest
 
         st = ddp_settings(plan)
-        check_world_size(st, ctx)
+        check_world_size(st, rank)
         torch.manual_seed(st["seed"])
-        trust, task = plan.config.model.trust_remote_code, plan.config.model.task
-        quantize_on_load = plan.config.train.method == "qlora" and has_safetensors(ctx.model_dir)
-        if is_custom(plan.config):  # your own module, built and initialised by its own code (seeded)
-            model = build_module(plan.config, ctx.device)
-        elif quantize_on_load:
-            # Quantized tensor by tensor as it loads: never the fp32 base (orchestrate/methods/lora/quantized_loading.py).
-            model, layout = load_quantized(ctx.model_dir, ctx.device, plan, trust, task)
-        elif has_safetensors(ctx.model_dir):
-            # Allocated on this rank's device and filled one tensor at a time (orchestrate/loading/weights.py):
-            # no full fp32 copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
-            model = load_replicated(ctx.model_dir, ctx.device, torch.float32, trust, task, st["embedding_offload"])
-        elif has_weights(ctx.model_dir):  # PyTorch .bin weights: transformers' loader, a full fp32 copy per rank
-            model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
-        else:  # trained from its config (reads_weights): built here, seeded above, as init_weights would
-            model = build_from_config(ctx.model_dir, task, trust)
-        if not quantize_on_load:  # (load_quantized returns the unquantized model's layout)
-            layout = hf_io.StateLayout.of(model)  # before any transform or wrapper renames modules
-        model = apply_transforms(model, plan)
+        # Allocated on this rank's device and filled one tensor at a time (loading/weights.py): no full fp32
+        # copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
+        built = base_runtime(plan.config).build_model(plan, ModelRequest(
+            "replicated", rank.device, rank.rank, model_dir, torch.float32, embedding_offload=st["embedding_offload"]))
+        model = built.model
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)
         if st["embedding_offload"]:  # the frozen input embedding stays on the CPU (loading/host_embedding.py)
-            to_device_keeping_embedding(model, ctx.device)
-            route_lookups(model, ctx.device)
+            to_device_keeping_embedding(model, rank.device)
+            route_lookups(model, rank.device)
             # DDP refuses parameters on two device types and broadcasts every one at construction (NCCL cannot
             # send CPU tensors): leave the table out; every rank read the same bytes, and frozen, it has no
             # gradient to reduce (torch/nn/parallel/distributed.py parameters_to_ignore).
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, sorted(host_names(model, True)))
         else:
-            model.to(ctx.device)
-        on_gpu = ctx.device.type == "cuda"
-        ddp = DistributedDataParallel(model, device_ids=[ctx.device.index] if on_gpu else None)
+            model.to(rank.device)
+        on_gpu = rank.device.type == "cuda"
+        ddp = DistributedDataParallel(model, device_ids=[rank.device.index] if on_gpu else None)
 
         optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], st["optimizer"], on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
-        scaler = torch.amp.GradScaler(ctx.device.type) if st["loss_scaling"] else None
-        return DDPEngine(plan, ddp, optimizer, scheduler, scaler, st, model_config(model, plan.config), layout, ctx)
+        scaler = torch.amp.GradScaler(rank.device.type) if st["loss_scaling"] else None
+        return DDPEngine(plan, ddp, optimizer, scheduler, scaler, st, built.config, built.layout, rank, model_dir,
+                         objective)
 
 
 BACKEND = DDPBackend()

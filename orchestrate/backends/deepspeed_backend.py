@@ -12,22 +12,22 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, WorkerContext, device_process_group
+from orchestrate.backends.base import StepResult, device_process_group
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
-from orchestrate.backends.torch_engine import default_objective
 from orchestrate.errors import Problem
-from orchestrate.loading.transforms import apply_transforms
-from orchestrate.methods.lora.saving import merge_adapters, save_adapter
+from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
 from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.backends.base import Objective
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
+    from orchestrate.worker.rank import Rank
 
 _LOAD_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """Parameter dtype of a replicated (ZeRO-0/1/2) load per training precision."""
@@ -45,14 +45,22 @@ _CLIENT_KEY = "orchestrate"
 class DeepSpeedBackend:
     name = "deepspeed"
     zero_stages = (1, 2, 3)
+    preference = 2
+    priced_as = "deepspeed"
+    # None verified: ZeRO-3 releases the LM head before the loss chunks call it; DeepSpeed builds its own
+    # optimizer from the rendered config; the embedding is a parameter of its flat groups (knobs.py).
+    knobs: frozenset[str] = frozenset()
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         return sharding_problems(sharding)
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         return True  # the engine's model is filled from the files (ZeRO-3: partitioned as it loads)
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         return device_process_group(plan)
 
     def resume_conflicts(self, saved: dict[str, Any], strategy: Strategy) -> list[Problem]:
@@ -78,67 +86,31 @@ class DeepSpeedBackend:
             with contextlib.redirect_stdout(io.StringIO()):  # a line per tensor group
                 return get_fp32_state_dict_from_zero_checkpoint(str(ckpt_dir), tag=_CKPT_TAG)
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         return render(plan)
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> DeepSpeedTrainEngine:
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> DeepSpeedTrainEngine:
         import deepspeed
         import torch
 
-        from orchestrate.loading.weights import has_safetensors, load_replicated
-        from orchestrate.methods.custom.module import build_module, is_custom
-        from orchestrate.methods.lora.loading import load_adapter_base
-        from orchestrate.model.tasks import auto_class
+        from orchestrate.methods.registry import base_runtime
+        from orchestrate.methods.runtime import ModelRequest
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
         config = engine_config(plan)  # refuses a plan without a deepspeed strategy
         strategy = plan.chosen.strategy
         # gloo on CPU, nccl on GPU. If the worker already called init_process_group, DeepSpeed
         # wraps that group instead of creating a second one.
-        deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
-
-        trust, task = plan.config.model.trust_remote_code, plan.config.model.task
-        hf_ds_config = None
-        custom = is_custom(plan.config)
-        adapters = plan.config.train.method != "full"
-        if custom:
-            # Your own module initialises itself (seeded alike on every rank); deepspeed.initialize
-            # casts, partitions (ZeRO-3 included) and moves it.
-            model = build_module(plan.config, ctx.device)
-        elif strategy.zero_stage == 3 and not adapters:
-            from transformers.integrations import HfDeepSpeedConfig
-
-            # While this object lives, from_pretrained builds the model inside deepspeed.zero.Init
-            # (parameters partitioned as each module is created, onto offload_param's device) and
-            # loads the checkpoint shard by shard into the partitions: no rank ever holds the whole
-            # model. transformers keeps only a weakref, so the engine keeps it alive.
-            hf_ds_config = HfDeepSpeedConfig(config)
-            # fp32 on purpose: zero.Init casts to bf16/fp16 itself as it partitions, and the fp32
-            # master partitions are built from that cast copy (stage3.py), as under the HF Trainer.
-            model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
-        elif has_safetensors(ctx.model_dir):
-            # Stages 0-2 replicate parameters (and a LoRA run's ZeRO-3, which partitions the transformed
-            # model in deepspeed.initialize: the adapted model's keys are not the checkpoint's, so
-            # zero.Init's load cannot fill it): allocate them on this rank's device and fill them one
-            # tensor at a time (orchestrate/loading/weights.py), never a full copy in CPU RAM per rank.
-            # In the training dtype: the engine would cast the parameters to it anyway
-            # (_cast_module_mixed_precision) and builds the fp32 master from that cast copy
-            # (stage_1_and_2.py), so the result is the same and the device holds half the bytes.
-            # A LoRA run's base loads on the CPU before deepspeed.initialize moves or partitions it: QLoRA's
-            # quantized as it loads (the NF4 base plus one tensor per rank), LoRA's in the compute dtype.
-            if adapters:
-                model = load_adapter_base(ctx.model_dir, plan, trust, task)[0]
-            else:
-                model = load_replicated(ctx.model_dir, ctx.device, getattr(torch, _LOAD_DTYPES[strategy.precision]),
-                                        trust, task)
-        else:  # PyTorch .bin weights: transformers' loader, one full fp32 copy per rank in CPU RAM
-            model = auto_class(task).from_pretrained(ctx.model_dir, dtype=torch.float32, trust_remote_code=trust)
-        if not custom:
-            model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
-        if adapters:  # peft draws lora_A at random: every rank must draw the same (ZeRO-3 keeps each rank's slice)
-            torch.manual_seed(plan.config.train.seed)
-        model = apply_transforms(model, plan)
-        if strategy.activation_checkpointing and custom:  # your own module's repeated blocks, as under DDP/FSDP2
+        deepspeed.init_distributed(dist_backend="nccl" if rank.device.type == "cuda" else "gloo", verbose=False)
+        # ZeRO-3 may build the model inside zero.Init, loading it shard by shard into the partitions
+        # (the base method decides: a LoRA base is adapted first, so its keys are not the checkpoint's and
+        # it loads whole, deepspeed.initialize partitioning it); stages 0-2 replicate parameters, loaded
+        # in the training dtype (the engine would cast them anyway, and builds the fp32 master from that copy).
+        built = base_runtime(plan.config).build_model(plan, ModelRequest(
+            "engine", rank.device, rank.rank, model_dir, getattr(torch, _LOAD_DTYPES[strategy.precision]),
+            zero_init=config if strategy.zero_stage == 3 else None))
+        model, hf_ds_config = built.model, built.keep_alive
+        if strategy.activation_checkpointing and plan.shape.block_classes:  # your module's blocks, as under DDP/FSDP2
             from orchestrate.backends.hf_io import checkpoint_blocks
 
             checkpoint_blocks(model, list(plan.shape.block_classes))
@@ -167,18 +139,18 @@ class DeepSpeedBackend:
             model=model, optimizer=optimizer, config=config, dist_init_required=False,
             # A callable, so the schedule drives the optimizer DeepSpeed wraps (ZeRO replaces it).
             lr_scheduler=lambda wrapped: make_scheduler(wrapped, train))
-        return DeepSpeedTrainEngine(engine, plan, ctx, hf_ds_config)
+        return DeepSpeedTrainEngine(engine, plan, rank, model_dir, objective, hf_ds_config)
 
 
 class DeepSpeedTrainEngine:
     """orchestrate's TrainEngine over a `deepspeed.DeepSpeedEngine`."""
 
-    def __init__(self, engine: Any, plan: Plan, ctx: WorkerContext, hf_ds_config: Any = None) -> None:
+    def __init__(self, engine: Any, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
+                 hf_ds_config: Any = None) -> None:
         strategy = plan.chosen.strategy
         self.engine = engine
-        self._custom = plan.config if plan.config.model.module is not None else None
         self.model = engine  # an nn.Module: forward returns the HF output with .loss
-        self._ctx = ctx
+        self._rank, self._model_dir = rank, model_dir
         self._zero3 = strategy.zero_stage == 3
         self._accumulation = plan.chosen.gradient_accumulation
         # Only ZeRO and the bf16/fp16 optimizers record the norm DeepSpeed computed for clipping
@@ -186,16 +158,17 @@ class DeepSpeedTrainEngine:
         self._own_grad_norm = strategy.zero_stage == 0 and strategy.precision == "fp32"
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
         self._plan = plan
-        self._peft = plan.config.train.method != "full"  # the LoRA transform made a PEFT model
-        self.objective = ctx.objective or default_objective()
+        self._peft = is_peft(engine.module)  # the LoRA transform made a PEFT model
+        # A Hugging Face model saves itself; your own module is saved as its state dict and description.
+        self._hf = hasattr(engine.module, "save_pretrained")
+        self.objective = objective
 
     def _inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """The batch on this rank's device; for your own module, floating inputs in the dtype DeepSpeed
-        cast the module to (an HF model embeds integer ids; a CNN takes float pixels, and DeepSpeed
-        does not autocast)."""
-        dtype = next(self.engine.module.parameters()).dtype if self._custom is not None else None
-        return {k: v.to(self._ctx.device, dtype=dtype if dtype is not None and v.is_floating_point() else None)
-                for k, v in batch.items()}
+        """The batch on this rank's device, floating inputs in the dtype DeepSpeed cast the module to
+        (an HF model embeds integer ids; your CNN takes float pixels, and DeepSpeed does not autocast)."""
+        floating = any(v.is_floating_point() for v in batch.values())
+        dtype = next(self.engine.module.parameters()).dtype if floating else None
+        return {k: v.to(self._rank.device, dtype=dtype if v.is_floating_point() else None) for k, v in batch.items()}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return self.objective.loss(self.engine, self._inputs(batch))
@@ -257,7 +230,7 @@ class DeepSpeedTrainEngine:
         if self._peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
             adapters = self._adapters()
             if dist.get_rank() == 0:
-                state, layout = merge_adapters(self._plan, self._ctx.model_dir, adapters)
+                state, layout = merge_adapters(self._plan, self._model_dir, adapters)
                 save_hf_dir(state, self.engine.module.get_base_model().config, Path(out_dir), layout)
             dist.barrier()
             return
@@ -267,8 +240,8 @@ class DeepSpeedTrainEngine:
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
             state = self.engine.module.state_dict() if dist.get_rank() == 0 else None
-        if dist.get_rank() == 0 and self._custom is not None:  # your own module: state dict + description
-            save_module(state, self._custom, Path(out_dir))
+        if dist.get_rank() == 0 and not self._hf:  # your own module: state dict + description
+            save_module(state, self._plan.config, Path(out_dir))
             follow_umask(Path(out_dir))
         elif dist.get_rank() == 0:
             self.engine.module.save_pretrained(Path(out_dir), state_dict=state)

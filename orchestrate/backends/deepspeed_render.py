@@ -31,7 +31,7 @@ from orchestrate.planner import ds_buckets
 from orchestrate.planner.constants import DS_SUB_GROUP_SIZE  # the memory model assumes it
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding
 
 CONFIG_FILE = "deepspeed.json"
@@ -53,10 +53,8 @@ _AIO = {
 _STEPS_PER_PRINT = 10**9  # the worker logs steps itself; DeepSpeed's own progress lines would duplicate them
 
 
-def render_config(plan: Plan) -> dict[str, Any]:
+def render_config(plan: RunPlan) -> dict[str, Any]:
     """The DeepSpeed config dict for `plan.chosen` (what `deepspeed.initialize(config=...)` receives)."""
-    if plan.chosen is None:
-        raise ValueError("the plan has no chosen strategy to render")
     strategy = plan.chosen.strategy
     if strategy.backend != "deepspeed":
         raise ValueError(f"strategy {strategy.name} is not a deepspeed strategy")
@@ -98,7 +96,7 @@ def sharding_problems(sharding: Sharding) -> list[Problem]:
     return out
 
 
-def engine_config(plan: Plan) -> dict[str, Any]:
+def engine_config(plan: RunPlan) -> dict[str, Any]:
     """What the orchestrate backend passes to `deepspeed.initialize`: the file without "optimizer" and
     "scheduler". DeepSpeed would use the client optimizer and scheduler anyway (engine.py
     `_configure_optimizer`, `_configure_lr_scheduler`), but stripping them keeps the dict free of
@@ -108,7 +106,7 @@ def engine_config(plan: Plan) -> dict[str, Any]:
     return cfg
 
 
-def _optimizer(plan: Plan) -> dict[str, Any]:
+def _optimizer(plan: RunPlan) -> dict[str, Any]:
     # DeepSpeed builds torch.optim.AdamW, or DeepSpeedCPUAdam(adamw_mode=True) under optimizer offload
     # (engine.py `_configure_basic_optimizer`): the same optimizers the orchestrate backend creates.
     opt = plan.config.train.optimizer
@@ -116,7 +114,7 @@ def _optimizer(plan: Plan) -> dict[str, Any]:
                                         "weight_decay": opt.weight_decay}}
 
 
-def _scheduler(plan: Plan) -> dict[str, Any]:
+def _scheduler(plan: RunPlan) -> dict[str, Any]:
     train = plan.config.train
     return {"type": "WarmupCosineLR", "params": {
         "total_num_steps": train.max_steps,
@@ -127,7 +125,7 @@ def _scheduler(plan: Plan) -> dict[str, Any]:
     }}
 
 
-def render(plan: Plan) -> dict[str, str]:
+def render(plan: RunPlan) -> dict[str, str]:
     return {CONFIG_FILE: json.dumps(render_config(plan), indent=2) + "\n"}
 
 
@@ -140,7 +138,7 @@ def _fp16(enabled: bool) -> dict[str, Any]:
             "hysteresis": 2, "min_loss_scale": 1}
 
 
-def _zero(plan: Plan) -> dict[str, Any]:
+def _zero(plan: RunPlan) -> dict[str, Any]:
     strategy = plan.chosen.strategy
     stage = strategy.zero_stage
     if stage == 0:
@@ -194,7 +192,7 @@ def _zero(plan: Plan) -> dict[str, Any]:
     return zero
 
 
-def _offload_optimizer(plan: Plan, pin: bool) -> dict[str, Any]:
+def _offload_optimizer(plan: RunPlan, pin: bool) -> dict[str, Any]:
     device = plan.chosen.strategy.offload_optimizer
     block: dict[str, Any] = {"device": device, "pin_memory": pin}
     if device == "nvme":
@@ -202,7 +200,7 @@ def _offload_optimizer(plan: Plan, pin: bool) -> dict[str, Any]:
     return block
 
 
-def _offload_param(plan: Plan, pin: bool) -> dict[str, Any]:
+def _offload_param(plan: RunPlan, pin: bool) -> dict[str, Any]:
     device = plan.chosen.strategy.offload_params
     block: dict[str, Any] = {"device": device, "pin_memory": pin}
     if device == "nvme":
@@ -215,7 +213,7 @@ def _offload_param(plan: Plan, pin: bool) -> dict[str, Any]:
     return block
 
 
-def _nvme_path(plan: Plan) -> str:
+def _nvme_path(plan: RunPlan) -> str:
     path = plan.config.strategy.nvme_path or plan.hardware.nvme_path
     if not path:
         raise UserError("NVMe offload needs a directory", [Problem(

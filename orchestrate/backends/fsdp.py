@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import WorkerContext, device_process_group, require_runnable
+from orchestrate.backends.base import device_process_group, require_runnable
 from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
     DTYPES,
@@ -33,14 +33,16 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.backends.base import Objective
+    from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
+    from orchestrate.worker.rank import Rank
 
 ENGINE_STATE_FILE = "engine_state.json"
 
 
-def fsdp_settings(plan: Plan) -> dict[str, Any]:
+def fsdp_settings(plan: RunPlan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
     from orchestrate.model.block_classes import block_class_names
 
@@ -132,6 +134,10 @@ class FSDPEngine(TorchEngine):
     so the default `_gradient_sync` applies; mixed precision comes from the MixedPrecisionPolicy.
     """
 
+    def __init__(self, plan: RunPlan, *args: Any) -> None:
+        super().__init__(*args)
+        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+
     def _global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
@@ -151,9 +157,9 @@ class FSDPEngine(TorchEngine):
 
         peft = is_peft(self.model)
         state = self._full_state(trainable_only=peft)
-        if self.ctx.rank == 0:
+        if self.rank.rank == 0:
             if peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
-                state, _ = merge_adapters(self.plan, self.ctx.model_dir, state)
+                state, _ = merge_adapters(self.plan, self.model_dir, state)
             save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
         dist.barrier()
 
@@ -161,7 +167,7 @@ class FSDPEngine(TorchEngine):
         import torch.distributed as dist
 
         state = self._full_state(trainable_only=True)
-        if self.ctx.rank == 0:
+        if self.rank.rank == 0:
             save_adapter(self.model, Path(out_dir), state)
         dist.barrier()
 
@@ -188,7 +194,7 @@ class FSDPEngine(TorchEngine):
         # twice (+150 MB for GPT-2 small). Only the first key of each tie group is saved.
         model_sd = {k: v for k, v in model_sd.items() if k not in self.layout.aliases}
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(ckpt_dir))
-        if self.ctx.rank == 0:  # scheduler and scaler state are identical on every rank
+        if self.rank.rank == 0:  # scheduler and scaler state are identical on every rank
             (ckpt_dir / ENGINE_STATE_FILE).write_text(json.dumps(self._engine_state(), indent=1))
             write_client_state(ckpt_dir, client_state)
         dist.barrier()
@@ -217,23 +223,6 @@ class FSDPEngine(TorchEngine):
         return read_client_state(ckpt_dir)
 
 
-def _materialise(model, st: dict[str, Any], ctx: WorkerContext, layout) -> None:
-    """Allocate the sharded meta model and read every rank's rows of each tensor from the safetensors."""
-    import torch
-
-    from orchestrate.backends import hf_io
-    from orchestrate.loading.weights import load_sharded
-
-    # Offloaded shards live in CPU memory; FSDP moves them to the GPU per block (torchtitan's init).
-    model.to_empty(device=torch.device("cpu") if st["cpu_offload"] else ctx.device)
-    for group in layout.tie_groups:  # fully_shard and to_empty keep tied Parameters one object
-        params = {id(model.get_parameter(name)) for name in group}
-        if len(params) != 1:
-            raise RuntimeError(f"tied weights {group} came apart during sharding")
-    load_sharded(model, ctx.model_dir, layout)
-    hf_io.restore_non_persistent_buffers(model, ctx.device)
-
-
 def check_device(settings: dict[str, Any], device: torch.device) -> None:
     """Refuse what this device cannot run, before any collective starts."""
     if settings["cpu_offload"] and device.type == "cpu":
@@ -246,6 +235,13 @@ def check_device(settings: dict[str, Any], device: torch.device) -> None:
 class FSDPBackend:
     name = "fsdp"
     zero_stages = (2, 3)
+    preference = 1
+    priced_as = "fsdp"
+    # tests/test_memory_knobs_train.py; adamw8bit gets DTensor parameters here (bench/verify_knob_combos.py)
+    knobs = frozenset({"loss_chunks", "activation_offload"})
+
+    def shards_parameters(self, sharding: Sharding) -> bool:
+        return True  # both stages shard the parameters (DTensor); shard-grad-op only keeps them gathered
 
     def problems(self, sharding: Sharding) -> list[Problem]:
         out, stage = [], sharding.zero_stage
@@ -267,10 +263,10 @@ class FSDPBackend:
             out.append(Problem("strategy.zero_stage", "hybrid shard is full sharding inside a node", "set zero_stage: 3"))
         return out
 
-    def reads_weights(self, plan: Plan) -> bool:
+    def reads_weights(self, plan: RunPlan) -> bool:
         return True  # rank 0 (or each rank) fills the sharded model from the files
 
-    def process_group(self, plan: Plan) -> str:
+    def process_group(self, plan: RunPlan) -> str:
         strategy = plan.chosen.strategy
         if plan.hardware.has_gpu and strategy.offload_params == "cpu":
             # Offloaded shards, gradients and the clip norm are CPU tensors: their collectives need
@@ -295,51 +291,36 @@ class FSDPBackend:
         dcp.load({"model": state}, storage_reader=reader, no_dist=True)
         return state
 
-    def render(self, plan: Plan) -> dict[str, str]:
+    def render(self, plan: RunPlan) -> dict[str, str]:
         return {"fsdp.json": json.dumps(fsdp_settings(plan), indent=2) + "\n"}
 
-    def setup(self, plan: Plan, ctx: WorkerContext) -> FSDPEngine:
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> FSDPEngine:
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-        from transformers import AutoConfig
 
         from orchestrate.backends import hf_io
         from orchestrate.backends.schedule import make_scheduler
-        from orchestrate.loading.transforms import apply_transforms
-        from orchestrate.methods.custom.module import ModuleConfig, build_module, is_custom
-        from orchestrate.methods.lora.loading import fill_from_rank0, fsdp_adapter_model
-        from orchestrate.model.meta import build_meta_model
+        from orchestrate.methods.registry import base_runtime
+        from orchestrate.methods.runtime import ModelRequest
 
         st = fsdp_settings(plan)
-        check_device(st, ctx.device)
+        check_device(st, rank.device)
         if st["cpu_offload"] and "gloo" not in str(dist.get_backend()):
             # process_group() asked the worker for a gloo part; a process group made elsewhere may lack it.
             raise RuntimeError("FSDP CPU offload needs the process group initialised as 'cuda:nccl,cpu:gloo', "
                                f"not {dist.get_backend()!r}")
-        check_world_size(st, ctx)
+        check_world_size(st, rank)
         torch.manual_seed(st["seed"])
-        trust, custom = plan.config.model.trust_remote_code, is_custom(plan.config)
-        adapters = plan.config.train.method != "full"
-        if custom:
-            # Your own module initialises itself: built for real (seeded alike on every rank), then
-            # fully_shard keeps each rank's shard of those weights; no meta build, nothing to load.
-            hf_config, model = ModuleConfig(plan.config), build_module(plan.config, ctx.device)
-            layout = hf_io.StateLayout.of(model)
-        elif adapters:
-            hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-            # QLoRA: each rank's base quantized as it loads on the CPU; LoRA: a meta model, filled from rank 0's
-            # after fully_shard (methods/lora/loading.py). layout: the base's keys, the merged model's.
-            model, layout, rank0_state = fsdp_adapter_model(ctx.model_dir, plan, ctx.rank, trust,
-                                                            plan.config.model.task)
-        else:
-            hf_config = AutoConfig.from_pretrained(ctx.model_dir, trust_remote_code=trust)
-            model = apply_transforms(build_meta_model(hf_config, task=plan.config.model.task,
-                                                      trust_remote_code=trust), plan)
-            layout = hf_io.StateLayout.of(model)  # before any wrapper renames modules
-        # Your own module without repeated blocks is one FSDP unit (the root).
-        classes = st["fully_shard"]["block_classes"] or ([] if custom else
+        # On the meta device (a Hugging Face model), filled after fully_shard; your own module is built for
+        # real (seeded alike on every rank) and fully_shard keeps each rank's shard of those weights.
+        built = base_runtime(plan.config).build_model(plan, ModelRequest(
+            "sharded", rank.device, rank.rank, model_dir, cpu_offload=st["cpu_offload"]))
+        model, hf_config, layout = built.model, built.config, built.layout
+        # A module of yours names its blocks in its shape (detected or strategy.wrap); without any it is one
+        # FSDP unit (the root). A Hugging Face model's come from its family or its _no_split_modules.
+        classes = st["fully_shard"]["block_classes"] or ([] if plan.shape.task == "custom" else
                                                          hf_io.model_block_class_names(model, hf_config.model_type))
         keep = _shardable(hf_io.find_blocks(model, classes), layout) if classes else []
         if st["activation_checkpointing"]:
@@ -362,12 +343,10 @@ class FSDPBackend:
             fully_shard(block, **shard_kwargs)
         fully_shard(model, **shard_kwargs)
 
-        if not custom and not adapters:
-            _materialise(model, st, ctx, layout)
-        elif adapters and rank0_state is not None:
-            fill_from_rank0(model, rank0_state, ctx.device)
-            del rank0_state
-        hf_io.move_buffers(model, ctx.device)  # buffers are not sharded: they stay on the compute device
+        if built.fill is not None:  # allocate the shards and read this rank's rows (or rank 0's broadcast)
+            built.fill(model)
+        del built
+        hf_io.move_buffers(model, rank.device)  # buffers are not sharded: they stay on the compute device
         # Train mode before any forward: bitsandbytes repacks a 4-bit weight in place for its CPU kernel on
         # an eval-mode no-grad forward (Linear4bit.forward), which would break the sharded parameter.
         model.train()
@@ -381,8 +360,8 @@ class FSDPBackend:
             from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
             # Sharded: the inf/nan check is all-reduced, so every rank skips the same steps.
-            scaler = ShardedGradScaler(device=ctx.device.type)
-        return FSDPEngine(plan, model, optimizer, scheduler, scaler, st, hf_config, layout, ctx)
+            scaler = ShardedGradScaler(device=rank.device.type)
+        return FSDPEngine(plan, model, optimizer, scheduler, scaler, st, hf_config, layout, rank, model_dir, objective)
 
 
 BACKEND = FSDPBackend()

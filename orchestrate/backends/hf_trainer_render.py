@@ -26,7 +26,7 @@ from orchestrate.backends.deepspeed_render import render_config
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 TARGET = "hf-trainer"
 DEEPSPEED_FILE = "deepspeed-hf-trainer.json"
@@ -37,16 +37,16 @@ _AUTO_TOP = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_acc
 _AUTO_OPTIMIZER = ("lr", "betas", "eps", "weight_decay")
 
 
-def check_plan(plan: Plan) -> None:
+def check_plan(plan: RunPlan) -> None:
     """UserError unless the plan chose DeepSpeed: the Trainer variant is a DeepSpeed config."""
-    backend = plan.chosen.strategy.backend if plan.chosen is not None else "none"
+    backend = plan.chosen.strategy.backend
     if backend != "deepspeed":
         raise UserError(f"config --for {TARGET} needs a DeepSpeed plan", [Problem(
             "strategy.backend", f"the chosen strategy uses {backend}; the HF Trainer file is a DeepSpeed config",
             "pin DeepSpeed: --set strategy.backend=deepspeed")])
 
 
-def hf_deepspeed_config(plan: Plan) -> dict[str, Any]:
+def hf_deepspeed_config(plan: RunPlan) -> dict[str, Any]:
     """deepspeed.json with "auto" wherever the Trainer fills the value, and no scheduler block."""
     check_plan(plan)
     cfg = render_config(plan)
@@ -60,7 +60,7 @@ def hf_deepspeed_config(plan: Plan) -> dict[str, Any]:
     return cfg
 
 
-def training_args(plan: Plan) -> dict[str, Any]:
+def training_args(plan: RunPlan) -> dict[str, Any]:
     """`TrainingArguments` keywords carrying the plan's batch, optimizer, clipping, precision and
     schedule (the per-device batch and accumulation are the plan's for its world size)."""
     check_plan(plan)
@@ -85,7 +85,7 @@ def training_args(plan: Plan) -> dict[str, Any]:
     }
 
 
-def render(plan: Plan) -> dict[str, str]:
+def render(plan: RunPlan) -> dict[str, str]:
     """File name -> text of both files."""
     return {DEEPSPEED_FILE: json.dumps(hf_deepspeed_config(plan), indent=2) + "\n",
             TRAINING_ARGS_FILE: json.dumps(training_args(plan), indent=2) + "\n"}

@@ -13,20 +13,22 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, WorkerContext
+from orchestrate.backends.base import StepResult
 from orchestrate.backends.schedule import step_schedule
 
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.backends.base import Objective
     from orchestrate.config.train import TrainSection
-    from orchestrate.planner.plan import Candidate, Plan
+    from orchestrate.planner.plan import Candidate, RunPlan
+    from orchestrate.worker.rank import Rank
 
 CLIENT_STATE_FILE = "client_state.json"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
 
-def chosen_for(plan: Plan, backend: str) -> Candidate:
+def chosen_for(plan: RunPlan, backend: str) -> Candidate:
     """The plan's chosen candidate; ValueError unless its strategy uses `backend`."""
     cand = plan.chosen
     if cand is None or cand.strategy.backend != backend:
@@ -34,7 +36,7 @@ def chosen_for(plan: Plan, backend: str) -> Candidate:
     return cand
 
 
-def run_settings(plan: Plan) -> dict[str, Any]:
+def run_settings(plan: RunPlan) -> dict[str, Any]:
     """The leading entries of ddp.json and fsdp.json: which backend, strategy, device and world size."""
     s = plan.chosen.strategy
     return {"backend": s.backend, "strategy": s.name, "device_type": "cuda" if plan.hardware.has_gpu else "cpu",
@@ -66,15 +68,9 @@ def schedule_settings(train: TrainSection) -> dict[str, Any]:
             "max_steps": train.max_steps, "shape": "linear warm-up, cosine decay"}
 
 
-def check_world_size(settings: dict[str, Any], ctx: WorkerContext) -> None:
-    if ctx.world_size != settings["world_size"]:
-        raise RuntimeError(f"plan is for {settings['world_size']} ranks, this job has {ctx.world_size}")
-
-
-def default_objective():
-    from orchestrate.worker.objective import CausalLMObjective
-
-    return CausalLMObjective()
+def check_world_size(settings: dict[str, Any], rank: Rank) -> None:
+    if rank.world_size != settings["world_size"]:
+        raise RuntimeError(f"plan is for {settings['world_size']} ranks, this job has {rank.world_size}")
 
 
 def write_client_state(ckpt_dir: Path, client_state: dict[str, Any]) -> None:
@@ -88,9 +84,8 @@ def read_client_state(ckpt_dir: Path) -> dict[str, Any]:
 class TorchEngine:
     """TrainEngine over a torch-wrapped model; subclasses add checkpointing and the per-backend hooks."""
 
-    def __init__(self, plan: Plan, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout,
-                 ctx: WorkerContext):
-        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+    def __init__(self, model, optimizer, scheduler, scaler, settings: dict, hf_config, layout, rank: Rank,
+                 model_dir: Path, objective: Objective):
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
@@ -98,11 +93,13 @@ class TorchEngine:
         self.settings = settings
         self.hf_config = hf_config
         self.layout = layout
-        self.ctx = ctx
-        self.objective = ctx.objective or default_objective()
+        self.rank = rank
+        self.model_dir = model_dir
+        """The initial weights (a LoRA run's merged save re-reads its base there)."""
+        self.objective = objective
 
     def _to_device(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.ctx.device, non_blocking=True) for k, v in batch.items()}
+        return {k: v.to(self.rank.device, non_blocking=True) for k, v in batch.items()}
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.settings.get("activation_offload"):
@@ -111,7 +108,7 @@ class TorchEngine:
             # Every tensor saved for backward outside the recomputed blocks (the checkpointed blocks'
             # inputs) waits in pinned host memory until backward brings it back (planner/knobs.py).
             # (Pinned only where there is a device to copy back to: pinning needs CUDA.)
-            with torch.autograd.graph.save_on_cpu(pin_memory=self.ctx.device.type == "cuda"):
+            with torch.autograd.graph.save_on_cpu(pin_memory=self.rank.device.type == "cuda"):
                 return self.objective.loss(self.model, self._to_device(batch))
         return self.objective.loss(self.model, self._to_device(batch))
 

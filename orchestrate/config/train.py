@@ -12,7 +12,6 @@ from orchestrate.config.requirements import check_method_libraries, check_optimi
 from orchestrate.config.section import MAX_COUNT, Auto, Section
 from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 
-
 DEFAULT_OUTPUT_DIR = "runs"
 """Where run directories go when train.output_dir is unset: under the working directory (config.load)."""
 

@@ -26,7 +26,7 @@ from orchestrate.data.identity import check_same_data, data_identity
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
-from orchestrate.data.sources import DEMO_CORPUS_ROLE, DataSources, check_entries, resolve_sources
+from orchestrate.data.sources import DataSources, check_entries, resolve_sources
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
@@ -34,9 +34,9 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunFiles, RunPlan
 
-__all__ = ["DEMO_CORPUS_ROLE", "PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
+__all__ = ["PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
 
 Samples = PackedBlocks | PaddedDocuments
 TOKENIZER_MEMO_SUBDIR = "tokenizers"
@@ -125,7 +125,7 @@ def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tok
     return tokenizer, tokenizer_dir
 
 
-def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, plan_dir: Path | None = None, *,
+def prepare_data(config: RunConfig, plan_files: RunFiles | None = None, plan_dir: Path | None = None, *,
                  tokenizer: Tokenizer | None = None, progress: bool = False, force: bool = False,
                  may_build: bool = True) -> PreparedData:
     """Tokenise the configured data into the cache (`data.cache_dir`) unless it is there already."""
@@ -135,7 +135,7 @@ def prepare_data(config: RunConfig, plan_files: dict[str, str] | None = None, pl
     if may_build:  # a file or a read-only directory there: one clear error before any work
         ensure_cache_dir(cache_dir)
     demo_path = None
-    if data.generate_demo_corpus and not (plan_files and DEMO_CORPUS_ROLE in plan_files):
+    if data.generate_demo_corpus and not (plan_files and plan_files.demo_corpus):
         # Outside a run directory (`orchestrate prepare`): the same text as the run's copy, so the
         # content-hashed cache entry is the one the run will look up.
         demo_path = cache_dir / "demo" / f"demo_corpus_seed{config.train.seed}.txt"
@@ -207,7 +207,7 @@ def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
     return names
 
 
-def build_data(plan: Plan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None) -> TrainData:
+def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None) -> TrainData:
     """This rank's data. Maps the prepared cache entry; builds it first when it is missing and this
     is local rank 0 (or `local_rank` is None), else waits for it. `plan_dir` resolves `plan.files`."""
     config = plan.config
@@ -247,7 +247,7 @@ def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     return text
 
 
-def prepare_for_plan(plan: Plan, plan_dir: Path, progress: bool = False,
+def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False,
                      resumed: tuple[str, dict] | None = None) -> str:
     """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`.
     `resumed`: (the checkpoint the workers continue from, the data identity it recorded): data that

@@ -14,12 +14,13 @@ import hashlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 
-DEMO_CORPUS_ROLE = "demo_corpus"
-"""plan.files role of the generated corpus the launcher writes into the run directory."""
+if TYPE_CHECKING:
+    from orchestrate.planner.plan import RunFiles
 
 HASH_CONTENT_BYTES = 16 * 2**20
 """Files up to this size are identified by a content hash, larger ones by path, size and mtime."""
@@ -151,7 +152,7 @@ def check_entries(config: RunConfig) -> list[Problem]:
     return problems
 
 
-def resolve_sources(config: RunConfig, plan_files: dict[str, str] | None = None,
+def resolve_sources(config: RunConfig, plan_files: RunFiles | None = None,
                     plan_dir: Path | None = None, demo_path: Path | None = None) -> DataSources:
     """The training and validation sources of `config.data`; raises one UserError listing every
     missing or unreadable entry. The demo corpus comes from the run directory (`plan_files`) or,
@@ -168,8 +169,8 @@ def resolve_sources(config: RunConfig, plan_files: dict[str, str] | None = None,
     elif data.train_files:
         train = _group(config, data.train_files, "data.train_files", problems)
     elif data.generate_demo_corpus:
-        if plan_files and DEMO_CORPUS_ROLE in plan_files and plan_dir is not None:
-            path = plan_dir / plan_files[DEMO_CORPUS_ROLE]
+        if plan_files and plan_files.demo_corpus and plan_dir is not None:
+            path = plan_dir / plan_files.demo_corpus
         elif demo_path is not None:
             path = demo_path
         else:

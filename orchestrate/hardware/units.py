@@ -60,5 +60,10 @@ def gib(n: float) -> str:
     return format_bytes(n, digits=1, in_gib=True)
 
 
+def parameter_count(n: int) -> str:
+    """A parameter count for tables and messages: "8.03B", "124.4M"."""
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M"
+
+
 def _bad(where: str, message: str, fix: str = _EXAMPLES) -> UserError:
     return UserError("invalid size", [Problem(where, message, fix)])

@@ -19,8 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
-from orchestrate.run.checkpoints import PLAN_COPY, CheckpointMeta, Discovery, list_checkpoints, newest_checkpoint
+from orchestrate.planner.plan import RunPlan
+from orchestrate.run.checkpoints import (
+    PLAN_COPY,
+    CheckpointMeta,
+    Discovery,
+    list_checkpoints,
+    newest_checkpoint,
+)
 from orchestrate.run.layout import PLAN_FILE
 from orchestrate.run.resume_rules import check_resumable, config_changes
 
@@ -82,7 +88,7 @@ def _same(a: RunConfig, b: RunConfig) -> bool:
     return dump(a) == dump(b)
 
 
-def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[Plan, bool, Discovery,
+def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[RunPlan, bool, Discovery,
                                                                                       list[str]]:
     """(plan, True when it is the run's own plan.json unchanged, the checkpoint it continues, the
     config changes since that checkpoint that apply from its next step). UserError when the newest
@@ -90,11 +96,11 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
     checkpoints but none is intact (starting from step 0 would replace them)."""
     from orchestrate.planning import feasible_plan
 
-    old = Plan.read(run_dir / PLAN_FILE)
+    old = RunPlan.read(run_dir / PLAN_FILE)
     found = newest_checkpoint(run_dir, full=True)
     ckpt = found.chosen.path if found.chosen else None
-    unchanged = (old.chosen is not None and old.hardware.nodes == hardware.nodes
-                 and old.world_size == hardware.world_size and _same(old.config, config))
+    unchanged = (old.hardware.nodes == hardware.nodes and old.world_size == hardware.world_size
+                 and _same(old.config, config))
     if unchanged:
         plan = old
     else:
@@ -104,7 +110,7 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
         check_resumable(ckpt, plan)
         if (ckpt / PLAN_COPY).is_file():  # "auto" and the checkpoint's own choice are no change
             meta = found.chosen.meta
-            changes, problems = config_changes(_pinned(Plan.read(ckpt / PLAN_COPY).config, meta), _pinned(config, meta))
+            changes, problems = config_changes(_pinned(RunPlan.read(ckpt / PLAN_COPY).config, meta), _pinned(config, meta))
             if problems:
                 raise UserError(f"cannot resume from {ckpt}: the config changed where the checkpoint cannot "
                                 "follow", problems)

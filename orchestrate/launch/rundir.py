@@ -17,7 +17,7 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
-from orchestrate.planner.plan import Plan, RunSection
+from orchestrate.planner.plan import Refusal, RunFiles, RunPlan, RunSection
 from orchestrate.run.layout import (
     ACCELERATE_FILE,
     CONFIG_FILE,
@@ -76,7 +76,7 @@ def resolved_config_dict(config: RunConfig) -> dict[str, Any]:
     return data
 
 
-def worker_env(plan: Plan) -> tuple[dict[str, str], list[str]]:
+def worker_env(plan: RunPlan) -> tuple[dict[str, str], list[str]]:
     """Environment for the libraries under the workers (never orchestrate settings) and why."""
     env, notes = nccl_env(plan.hardware), [rule.reason for rule in nccl_rules(plan.hardware)]
     if not plan.hardware.has_gpu:
@@ -89,12 +89,10 @@ def worker_env(plan: Plan) -> tuple[dict[str, str], list[str]]:
     return env, notes
 
 
-def prepare_run(plan: Plan, run_dir: Path, rendered: dict[str, str] | None = None) -> Plan:
+def prepare_run(plan: RunPlan, run_dir: Path, rendered: dict[str, str] | None = None) -> RunPlan:
     """Write the run directory for a feasible plan; returns the plan with `files` and `run` filled
     in. An OS error (read-only directory, full disk) is a UserError naming the path. `rendered`:
     the backend's config files when the caller has them already."""
-    if plan.chosen is None:  # callers check feasibility first (planner.remedies.require_feasible)
-        raise ValueError("prepare_run needs a plan with a chosen strategy")
     run_dir = run_dir.resolve()
     with os_errors_as_user_errors("--run-dir"):
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -102,15 +100,14 @@ def prepare_run(plan: Plan, run_dir: Path, rendered: dict[str, str] | None = Non
         return _write_run_files(plan, run_dir, rendered)
 
 
-def _write_run_files(plan: Plan, run_dir: Path, rendered: dict[str, str] | None) -> Plan:
+def _write_run_files(plan: RunPlan, run_dir: Path, rendered: dict[str, str] | None) -> RunPlan:
     from orchestrate.backends.accelerate_export import render_accelerate_config
     from orchestrate.backends.registry import get_backend
     from orchestrate.data.corpus import write_demo_corpus
-    from orchestrate.data.pipeline import DEMO_CORPUS_ROLE
 
     (run_dir / LOG_DIR).mkdir(exist_ok=True)
     config = plan.config
-    files: dict[str, str] = {"config": CONFIG_FILE, "logs": LOG_DIR, "metrics": METRICS_FILE, "model_out": MODEL_DIR}
+    files = RunFiles(config=CONFIG_FILE, logs=LOG_DIR, metrics=METRICS_FILE, model_out=MODEL_DIR)
 
     header = (f"# The validated config of this run (paths made absolute; originally from "
               f"{config.source_dir or 'an in-memory config'}).\n")
@@ -118,15 +115,15 @@ def _write_run_files(plan: Plan, run_dir: Path, rendered: dict[str, str] | None)
 
     if rendered is None:  # prepare_run_dir rendered them already, to check what would be replaced
         rendered = get_backend(plan.chosen.strategy.backend).render(plan)
-    for i, (name, text) in enumerate(rendered.items()):
+    for name, text in rendered.items():
         (run_dir / name).write_text(text)
-        files["backend_config" if i == 0 else f"backend_config:{name}"] = name
+        files.backend.append(name)
     (run_dir / ACCELERATE_FILE).write_text(render_accelerate_config(plan, run_dir))
-    files["accelerate_config"] = ACCELERATE_FILE
+    files.accelerate_config = ACCELERATE_FILE
 
     if config.data.generate_demo_corpus and not config.data.train_files:
         write_demo_corpus(run_dir / DEMO_CORPUS_FILE, config.train.seed)
-        files[DEMO_CORPUS_ROLE] = DEMO_CORPUS_FILE
+        files.demo_corpus = DEMO_CORPUS_FILE
 
     plan.files = files
     env, notes = worker_env(plan)
@@ -135,7 +132,7 @@ def _write_run_files(plan: Plan, run_dir: Path, rendered: dict[str, str] | None)
     return plan
 
 
-def write_plan_dir(plan: Plan, out: Path) -> Path:
+def write_plan_dir(plan: RunPlan | Refusal, out: Path) -> Path:
     """`orchestrate plan --out DIR`: DIR/plan.json, with the rules of a run directory (the marker, the
     lock): never over a plan.json orchestrate did not write, never into a run that has checkpoints
     (its plan.json is what --resume continues with)."""
@@ -169,9 +166,9 @@ def lock_run_dir(run_dir: Path, what: str, remote_workers: bool = False) -> RunL
 
 
 def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run_dir: Path | None, resume: bool,
-                    say: Callable[[str], None], check: Callable[[Plan], None] | None = None, *,
+                    say: Callable[[str], None], check: Callable[[RunPlan], None] | None = None, *,
                     force: bool = False, hold: ExitStack | None = None, remote_workers: bool = False,
-                    where: str = "--run-dir", check_data: bool = True) -> tuple[Plan, Path]:
+                    where: str = "--run-dir", check_data: bool = True) -> tuple[RunPlan, Path]:
     """Plan (UserError when nothing fits), check the data, run `check` on the plan, check that the
     directory may be written (orchestrate.run.layout; `force`), then lock it and write it;
     notices (resuming) go to `say`. With `resume`, `run_dir` (default: the newest run of `name`)

@@ -30,7 +30,7 @@ from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.resume import failure_notice, resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
 from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, clear_requeue, read_requeue
 
@@ -90,7 +90,7 @@ class Transport(Protocol):
         """Lines printed before planning."""
         ...
 
-    def check(self, plan: Plan) -> None:
+    def check(self, plan: RunPlan) -> None:
         """UserError when the plan cannot run this way; called before the run directory is written
         (not for dry runs)."""
         ...
@@ -101,18 +101,18 @@ class Transport(Protocol):
         workers' code meanwhile)."""
         ...
 
-    def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
+    def prepare(self, plan: RunPlan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:
         ...
 
-    def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
+    def run(self, plan: RunPlan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
         """Start the workers of the last `prepare` and wait; returns their exit code."""
         ...
 
 
 @dataclass
 class LaunchResult:
-    plan: Plan
+    plan: RunPlan
     run_dir: Path
     plan_path: Path
     command: str
@@ -137,7 +137,7 @@ def write_launch_script(run_dir: Path, comment: str, body: str) -> None:
     path.chmod(0o755)
 
 
-def launch_env(plan: Plan) -> dict[str, str]:
+def launch_env(plan: RunPlan) -> dict[str, str]:
     """The plan's worker environment plus torchrun's own shutdown settings: on SIGTERM (or SIGUSR1)
     torchrun forwards the signal to the workers and waits `train.preemption_grace_s` for their
     checkpoint before SIGKILL (its default is 30 s).
@@ -158,7 +158,7 @@ def env_prefix(env: dict[str, str]) -> str:
     return " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(env.items()))
 
 
-def describe(plan: Plan) -> str:
+def describe(plan: RunPlan) -> str:
     hw = plan.hardware
     what = f"{hw.gpus_per_node} GPU(s)" if hw.has_gpu else f"{hw.cpu_processes} CPU process(es) (gloo)"
     return f"{hw.nodes} node(s) x {what}: {plan.world_size} ranks; strategy {plan.chosen.name}"
@@ -222,7 +222,7 @@ def launch(request: LaunchRequest, transport: Transport, console: Console | None
                      own_data=bool(request.program), fresh=fresh)
 
 
-def start(plan: Plan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,
+def start(plan: RunPlan, run_dir: Path, transport: Transport, max_restarts: int = 0, dry_run: bool = False,
           console: Console | None = None, messages: list[str] | None = None, own_data: bool = False,
           fresh: bool = False) -> LaunchResult:
     """The second half of `launch`, for a run directory written already (by `launch`'s first half

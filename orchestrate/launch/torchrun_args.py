@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.ports import free_port
 from orchestrate.run.layout import LOG_DIR, WORKER_MODULE, worker_program
 
@@ -41,7 +41,7 @@ class LaunchOptions:
     `launch.user_program`), run under the plan instead of the worker; () runs the worker."""
 
 
-def torchrun_argv(plan: Plan, plan_path: Path, options: LaunchOptions, log_dir: Path) -> list[str]:
+def torchrun_argv(plan: RunPlan, plan_path: Path, options: LaunchOptions, log_dir: Path) -> list[str]:
     """torchrun's arguments (without the program name) that run `python -m orchestrate.worker plan_path`."""
     nnodes = options.nnodes or plan.hardware.nodes
     if nnodes != plan.hardware.nodes:

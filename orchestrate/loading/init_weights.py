@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import INIT_MODEL_DIR
 
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin")
@@ -49,7 +49,7 @@ def _hub_snapshot(name: str, download: bool) -> Path:
             "download the model into a local directory and point model.name_or_path at it")]) from None
 
 
-def initial_config(plan: Plan, labels: list[str] | None):
+def initial_config(plan: RunPlan, labels: list[str] | None):
     """The transformers config the initial model is built from, with the data's labels for a classifier."""
     from orchestrate.loading.labels import apply_labels
     from orchestrate.model.meta import load_model_config
@@ -96,7 +96,7 @@ def _has_config(directory: Path) -> bool:
     return (directory / "config.json").is_file()
 
 
-def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = None) -> Path:
+def build_initial_model(plan: RunPlan, out_dir: Path, labels: list[str] | None = None) -> Path:
     """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
     from orchestrate.backends.deepspeed_import import import_deepspeed_lean
 
@@ -108,7 +108,7 @@ def build_initial_model(plan: Plan, out_dir: Path, labels: list[str] | None = No
     return out_dir
 
 
-def existing_weights_dir(plan: Plan, run_dir: Path) -> Path:
+def existing_weights_dir(plan: RunPlan, run_dir: Path) -> Path:
     """The model directory `ensure_initial_weights` gave this run's workers, found again without building or
     downloading (for `orchestrate export --merge`, which re-reads a LoRA run's frozen base)."""
     name = plan.config.model.name_or_path
@@ -121,7 +121,7 @@ def existing_weights_dir(plan: Plan, run_dir: Path) -> Path:
     return Path(run_dir) / INIT_MODEL_DIR
 
 
-def ensure_initial_weights(plan: Plan, run_dir: Path, local_rank: int, labels: list[str] | None = None,
+def ensure_initial_weights(plan: RunPlan, run_dir: Path, local_rank: int, labels: list[str] | None = None,
                            weights: bool = True) -> Path:
     """The model directory to load from; collective when a process group is initialised. `labels`:
     a classifier's label names (from the data), which size its head. `weights=False`: a model built

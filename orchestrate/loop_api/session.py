@@ -15,7 +15,7 @@ continues where the script saved.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,19 +25,19 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.loop_api.loader import EpochLoader
-    from orchestrate.planner.plan import Plan
-    from orchestrate.worker.stages import Worker
+    from orchestrate.planner.plan import RunPlan
+    from orchestrate.run.layout import RunDir
+    from orchestrate.worker.rank import Rank
 
 _LAUNCH_FIX = "start the script with `orchestrate launch CONFIG.yaml -- python SCRIPT ARGS`"
 
 
 @dataclass
 class Session:
-    plan: Plan
-    worker: Worker
-    ctx: WorkerContext
+    plan: RunPlan
+    rank: Rank
+    run: RunDir
     model: Any
     optimizer: Any
     """optim.PlannedOptimizer or optim.DeepSpeedOptimizer: what the user's loop steps."""
@@ -57,7 +57,7 @@ def _plan_path() -> Path:
     return launch_state.plan_path
 
 
-def _check_size(plan: Plan, parameters: int, warn: bool) -> None:
+def _check_size(plan: RunPlan, parameters: int, warn: bool) -> None:
     """The plan's memory is for the YAML's model. `model.module` names the script's own module: it must
     be that module (an error with the numbers); an HF model stands in for it: a warning when far off."""
     planned, module = plan.shape.parameters, plan.config.model.module
@@ -71,7 +71,7 @@ def _check_size(plan: Plan, parameters: int, warn: bool) -> None:
               f"the module given to prepare has {parameters:,}: name it in model.module (docs/own-loop.md)", flush=True)
 
 
-def _input_dtype(plan: Plan) -> Any:
+def _input_dtype(plan: RunPlan) -> Any:
     """The dtype float inputs need: DeepSpeed's bf16/fp16 modes cast the module itself and do not
     autocast (DDP autocasts, FSDP2's MixedPrecisionPolicy casts the inputs), so its inputs must match."""
     import torch
@@ -82,8 +82,8 @@ def _input_dtype(plan: Plan) -> Any:
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
 
 
-def _wrap(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, worker: Worker,
-          ctx: WorkerContext) -> tuple[Any, Any, Any]:
+def _wrap(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: Rank,
+          run: RunDir) -> tuple[Any, Any, Any]:
     """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
     from orchestrate.loop_api.optim import DeepSpeedOptimizer, PlannedOptimizer
     from orchestrate.loop_api.wrap import grad_scaler, wrap_ddp, wrap_deepspeed, wrap_fsdp
@@ -91,17 +91,20 @@ def _wrap(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, 
     backend = plan.chosen.strategy.backend
     if backend == "deepspeed":
         from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
+        from orchestrate.worker.objective import plain_objective
 
         engine = wrap_deepspeed(plan, model, optimizer)
-        return engine, DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, ctx)
+        # Your loop computes its own loss: the engine's objective is never called (a placeholder).
+        return engine, DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, rank, run.path,
+                                                                         plain_objective(plan))
     from orchestrate.loop_api.torch_state import TorchLoopState
 
-    wrapped = wrap_fsdp(plan, model, optimizer, worker.device) if backend == "fsdp" else \
-        wrap_ddp(plan, model, worker.device)
-    scaler = grad_scaler(plan, worker.device)
+    wrapped = wrap_fsdp(plan, model, optimizer, rank.device) if backend == "fsdp" else \
+        wrap_ddp(plan, model, rank.device)
+    scaler = grad_scaler(plan, rank.device)
     stepper = PlannedOptimizer(optimizer, wrapped, plan.chosen.gradient_accumulation, plan.config.train.grad_clip,
                                scaler)
-    return wrapped, stepper, TorchLoopState(wrapped, optimizer, scaler, ctx.rank)
+    return wrapped, stepper, TorchLoopState(wrapped, optimizer, scaler, rank.rank)
 
 
 def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: Any = None) -> tuple[Any, Any, Any]:
@@ -109,31 +112,28 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     gradient accumulation; the loader (optional) sharded with a DistributedSampler. Collective."""
     import torch
 
-    from orchestrate.backends.base import WorkerContext
     from orchestrate.loop_api.loader import distributed_loader
     from orchestrate.loop_api.wrap import broadcast_from_rank0
     from orchestrate.worker import stages
 
     plan, run = stages.read_plan(_plan_path())
     stages.check_run_dir(run)
-    worker = stages.start_process_group(plan, run)
-    ranks, chosen, train = worker.ranks, plan.chosen, plan.config.train
-    ctx = WorkerContext(rank=ranks.rank, local_rank=ranks.local_rank, world_size=ranks.world_size,
-                        device=worker.device, run_dir=run.path, model_dir=run.path)
+    rank = stages.start_process_group(plan)
+    chosen, train = plan.chosen, plan.config.train
     # Every rank checks (each raises, none waits in a collective); rank 0 alone warns.
-    _check_size(plan, sum(p.numel() for p in model.parameters()), worker.is_main)
+    _check_size(plan, sum(p.numel() for p in model.parameters()), rank.is_main)
     broadcast_from_rank0(model)
-    wrapped, stepper, state = _wrap(plan, model, optimizer, worker, ctx)
+    wrapped, stepper, state = _wrap(plan, model, optimizer, rank, run)
     sharded = None
     if loader is not None:
-        sharded = distributed_loader(loader, chosen.strategy.micro_batch_size, ranks.rank, ranks.world_size,
-                                     train.seed, worker.device, _input_dtype(plan))
-        if worker.is_main and loader.batch_size != sharded.batch_size:
+        sharded = distributed_loader(loader, chosen.strategy.micro_batch_size, rank.rank, rank.world_size,
+                                     train.seed, rank.device, _input_dtype(plan))
+        if rank.is_main and loader.batch_size != sharded.batch_size:
             print(f"orchestrate: batches of {sharded.batch_size} per rank (the plan's micro-batch; the loader asked "
-                  f"for {loader.batch_size}), {chosen.gradient_accumulation} per step on {ranks.world_size} "
+                  f"for {loader.batch_size}), {chosen.gradient_accumulation} per step on {rank.world_size} "
                   f"rank(s): {train.global_batch_size} samples per optimizer step", flush=True)
-    torch.manual_seed(train.seed + ranks.rank)  # as the worker: dropout differs per rank (other data), reproducibly
-    launch_state.session = Session(plan, worker, ctx, wrapped, stepper, sharded, state)
+    torch.manual_seed(train.seed + rank.rank)  # as the worker: dropout differs per rank (other data), reproducibly
+    launch_state.session = Session(plan, rank, run, wrapped, stepper, sharded, state)
     return wrapped, stepper, sharded
 
 
@@ -154,8 +154,8 @@ def backward(loss: torch.Tensor) -> None:
 def _checkpointer(session: Session, directory: str | Path | None) -> Any:
     from orchestrate.worker.checkpointing import Checkpointer
 
-    root = Path(directory).resolve() if directory is not None else session.ctx.run_dir
-    return Checkpointer(session.plan, session.state, replace(session.ctx, run_dir=root, model_dir=root))
+    root = Path(directory).resolve() if directory is not None else session.run.path
+    return Checkpointer(session.plan, session.state, session.rank, root, root)
 
 
 def save(directory: str | Path | None = None, **state: Any) -> Path:
@@ -183,7 +183,7 @@ def load(directory: str | Path | None = None) -> dict[str, Any] | None:
 
     session = _session("load")
     checkpointer = _checkpointer(session, directory)
-    found = checkpoint_to_resume(session.plan, RunDir(checkpointer.ctx.run_dir), session.worker)
+    found = checkpoint_to_resume(session.plan, RunDir(checkpointer.run_dir), session.rank)
     if found is None:
         return None
     restored = checkpointer.load(found)

@@ -16,7 +16,7 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
 def broadcast_from_rank0(model: torch.nn.Module) -> None:
@@ -28,7 +28,7 @@ def broadcast_from_rank0(model: torch.nn.Module) -> None:
         dist.broadcast(tensor.data, src=0)
 
 
-def grad_scaler(plan: Plan, device: torch.device) -> Any:
+def grad_scaler(plan: RunPlan, device: torch.device) -> Any:
     """fp16's dynamic loss scaling (ddp.json / fsdp.json "loss_scaling"); None otherwise. Sharded
     under FSDP2: the inf/nan check is all-reduced, so every rank skips the same steps."""
     if plan.chosen.strategy.precision != "fp16":
@@ -49,7 +49,7 @@ def _require_fresh(optimizer: torch.optim.Optimizer) -> None:
             "create the optimizer, then call prepare before the first step (load a checkpoint with orchestrate.load)")])
 
 
-def wrap_ddp(plan: Plan, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+def wrap_ddp(plan: RunPlan, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
@@ -77,7 +77,7 @@ def _blocks(model: torch.nn.Module, class_names: list[str] | None) -> list[torch
     return [m for m in largest if any(p.requires_grad for p in m.parameters())] if largest is not None else []
 
 
-def wrap_fsdp(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def wrap_fsdp(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               device: torch.device) -> torch.nn.Module:
     """fully_shard each block, then the root, with fsdp.json's mesh, resharding, mixed precision and
     offload; the optimizer's parameter groups are pointed at the sharded (DTensor) parameters."""
@@ -110,7 +110,7 @@ def wrap_fsdp(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimiz
     return model
 
 
-def wrap_deepspeed(plan: Plan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+def wrap_deepspeed(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
     """`deepspeed.initialize` with deepspeed.json (less its optimizer/scheduler blocks: the user's
     optimizer is the client optimizer). Returns the engine: it is the model, steps and accumulates."""
     import deepspeed

@@ -44,6 +44,19 @@ class ModelShape:
     """Your own module: the measured activation bytes that do not grow with the micro-batch."""
 
     @property
+    def root_parameters(self) -> int:
+        """Parameters outside the repeated blocks (embeddings, final norm, LM head): FSDP2's root unit,
+        what a block-by-block gather keeps besides the blocks."""
+        return max(0, self.parameters - self.num_layers * self.block_parameters)
+
+    @property
+    def matmul_parameters(self) -> int:
+        """Parameters that take part in matrix multiplies: all but the input (and position) embedding
+        lookups, plus the LM head when it is tied to the input embedding (counted once in P)."""
+        tied_head = self.vocab_size * self.hidden_size if self.tied_embeddings else 0
+        return self.parameters - self.embedding_parameters + tied_head
+
+    @property
     def logits_width(self) -> int:
         """Columns of the head's output: the vocabulary for LM heads, num_labels for a classifier."""
         return self.num_labels if self.task == "sequence-classification" else self.vocab_size

@@ -172,25 +172,3 @@ offloaded parameters; FSDP2 CPUOffloadPolicy copies on a side stream with pinned
 NVME_OVERLAP_FRACTION = 0.0
 """NVMe optimizer swapping overlaps with the CPU optimizer only with pipeline_read/pipeline_write,
 which DeepSpeed leaves off by default (offload_config.py); counted fully."""
-
-# --------------------------------------------------------------------------------------------------
-# LoRA / QLoRA (train.method)
-# --------------------------------------------------------------------------------------------------
-
-NF4_BITS = 4
-"""Bits per weight of 4-bit NormalFloat (Dettmers et al. 2023, "QLoRA", section 3)."""
-
-NF4_BLOCK = 64
-"""Weights per quantization block, each with one absmax constant (QLoRA section 3; bitsandbytes
-`Linear4bit` default blocksize 64)."""
-
-NF4_DOUBLE_QUANT_BLOCK = 256
-"""Double quantization: the fp32 absmax constants are themselves quantized to 8 bits in blocks of 256,
-each with one fp32 constant: 8/64 + 32/(64*256) = 0.127 bits per weight instead of 32/64 = 0.5
-(QLoRA section 3, "Double Quantization"), so NF4 with double quantization is ~4.127 bits per weight."""
-
-
-def nf4_bits_per_param(double_quant: bool) -> float:
-    if double_quant:
-        return NF4_BITS + 8 / NF4_BLOCK + 32 / (NF4_BLOCK * NF4_DOUBLE_QUANT_BLOCK)
-    return NF4_BITS + 32 / NF4_BLOCK

@@ -16,7 +16,7 @@ verified to run, and the options the search tries. Pure; memory.py, speed.py and
   Quantization"): m and v in uint8 with one fp32 absmax per block of 256 (bitsandbytes/optim/optimizer.py,
   Optimizer8bit: block_wise, blocksize 256): 2 + 8/256 B/param instead of AdamW's 8.
 - Embedding offload: a frozen input embedding (LoRA / QLoRA keep it in the compute dtype, unquantized:
-  adapter_memory.base_bytes) is only looked up, never multiplied, so it can stay in host memory: the
+  methods/lora/memory.py base_bytes) is only looked up, never multiplied, so it can stay in host memory: the
   lookup (a gather of b·s rows) runs on the CPU and only the rows (b x s x h, compute dtype) cross PCIe
   to the GPU, once per micro-batch (backends/ddp.py). Llama-3's 128,256 x 4096 table is 1 GiB of bf16.
   Not where it is tied to the LM head (the head multiplies the same tensor on the GPU), nor where it
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 
+from orchestrate.backends.registry import knob_backends, runs_knob
 from orchestrate.errors import Problem
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
@@ -47,14 +48,12 @@ ADAMW_STATE_BYTES_PER_PARAM = 8
 ADAM8BIT_BYTES_PER_PARAM = k.ADAM_BYTES_PER_PARAM - 12
 """One 8-bit AdamW update reads and writes m and v as 1 byte each instead of 4: 16 + 12 + 2 B less 12."""
 
-VERIFIED_ON = {"loss_chunks": ("ddp", "fsdp"), "activation_offload": ("ddp", "fsdp"), "adamw8bit": ("ddp",),
-               "embedding_offload": ("ddp",)}
-"""Backends whose engines run each knob (tests/test_memory_knobs_train.py, docs/memory-knobs.md). loss_chunks
-under DeepSpeed: not run (ZeRO-3 releases the LM head after the forward; the chunks call it after). adamw8bit:
-under FSDP2 bitsandbytes gets DTensor parameters (verified to fail, bench/verify_knob_combos.py);
-DeepSpeed builds its own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired.
-embedding_offload: under FSDP2 and ZeRO-3 the embedding is a sharded parameter the engine gathers onto the
-GPU, under ZeRO-1/2 a parameter of the engine's flat groups; not built there."""
+# Where each knob runs is each backend's `knobs` (backends/registry.py runs_knob): loss_chunks under DeepSpeed is
+# not run (ZeRO-3 releases the LM head after the forward; the chunks call it after). adamw8bit: under FSDP2
+# bitsandbytes gets DTensor parameters (verified to fail, bench/verify_knob_combos.py); DeepSpeed builds its
+# own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired. embedding_offload:
+# under FSDP2 and ZeRO-3 the embedding is a sharded parameter the engine gathers onto the GPU, under ZeRO-1/2 a
+# parameter of the engine's flat groups; not built there (tests/test_memory_knobs_train.py, docs/memory-knobs.md).
 
 
 def auto_loss_chunks(seq_len: int) -> int:
@@ -144,7 +143,7 @@ def knob_options(setting: object, backend: str, knob: str, usable: bool, choose:
     """What the search tries for one knob: the pin, or (auto) `choose` where the knob can run."""
     if setting != "auto":
         return (setting,)
-    return choose if usable and backend in VERIFIED_ON[knob] else choose[:1]
+    return choose if usable and runs_knob(backend, knob) else choose[:1]
 
 
 def knob_problems(strategy: Strategy, has_gpu: bool, frozen_embedding: bool = False,
@@ -156,10 +155,10 @@ def knob_problems(strategy: Strategy, has_gpu: bool, frozen_embedding: bool = Fa
     backend_bound = strategy.embedding_offload and not out
     for knob, on in (("loss_chunks", strategy.loss_chunks > 0), ("activation_offload", strategy.activation_offload),
                      ("adamw8bit", strategy.optimizer == "adamw8bit"), ("embedding_offload", backend_bound)):
-        if on and strategy.backend not in VERIFIED_ON[knob]:
+        if on and not runs_knob(strategy.backend, knob):
             where = "train.optimizer.name" if knob == "adamw8bit" else f"train.{knob}"
             out.append(Problem(where, f"{knob} is not verified to run under {strategy.backend}",
-                               f"use backend {' or '.join(VERIFIED_ON[knob])}, or set it to auto"))
+                               f"use backend {' or '.join(knob_backends(knob))}, or set it to auto"))
     if strategy.activation_offload and not has_gpu:
         out.append(Problem("train.activation_offload", "moves activations off a GPU; this profile has none",
                            "set activation_offload: false (or auto)"))

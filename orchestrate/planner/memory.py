@@ -28,26 +28,21 @@ process's RAM) with no CUDA context, workspace or allocator reserve; callers com
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from orchestrate.backends.registry import priced_as
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.software import SoftwareStack
-from orchestrate.methods.distill.memory import Teacher, add_teacher_memory, first_pass_bytes
-from orchestrate.methods.lora.adapters import Adapters
-from orchestrate.methods.lora.memory import (
-    adapter_saved_delta,
-    add_frozen_base,
-    fsdp_forward_start_excess,
-    quantized_load_bytes,
-    scale_adapter_states,
-    trainable_shape,
-)
-from orchestrate.methods.prune.config import PruneSection
-from orchestrate.methods.prune.memory import mask_memory
+from orchestrate.methods import auxiliary
+from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
 
+# The breakdown of every plan holds these keys, then its methods' own: `breakdown_keys`, from which
+# estimate_memory starts.
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
             "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
@@ -67,23 +62,12 @@ def shard_group_size(hw: HardwareProfile, strategy: Strategy) -> int:
     return hw.ranks_per_node if strategy.hybrid_shard else hw.world_size
 
 
-def matmul_parameters(shape: ModelShape) -> int:
-    """Parameters that take part in matrix multiplies: all but the input (and position) embedding
-    lookups, plus the LM head when it is tied to the input embedding (counted once in P)."""
-    tied_head = shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0
-    return shape.parameters - shape.embedding_parameters + tied_head
-
-
-def root_parameters(shape: ModelShape) -> int:
-    """Parameters outside the transformer blocks (embeddings, final norm, LM head): FSDP2's root unit."""
-    return max(0, shape.parameters - shape.num_layers * shape.block_parameters)
-
-
-def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, adapters: Adapters | None = None,
-                     sw: SoftwareStack = _CURRENT) -> int:
+def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT,
+                     methods: Sequence[MethodTerms] = ()) -> int:
     """Saved activations of one micro-batch at the backward-start peak, from the family's block
     structure (planner/activations.py) and what the library versions `sw` save (software_terms.py);
-    offloaded, two block inputs stay on the device (knobs.py); `adapters`: what they change per block."""
+    offloaded, two block inputs stay on the device (knobs.py); `methods`: what they save per block beyond
+    the formula (MethodTerms.saved_bytes: LoRA's adapter inputs)."""
     if shape.task == "custom":
         # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
         # sample (orchestrate/methods/custom/activations.py), loss temporaries included.
@@ -93,12 +77,10 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, adapte
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
     eager = None
     if software_terms.eager_attention(sw, shape.model_type):
-        autocast = strategy.backend == "ddp" and c == 2  # the DDP engine's 16-bit path runs under torch.autocast
+        autocast = priced_as(strategy.backend) == "ddp" and c == 2  # the DDP engine's 16-bit path runs under torch.autocast
         eager = activations.EagerAttention(seq_len, software_terms.eager_softmax_bytes(shape.model_type, c, autocast),
                                            dropout=software_terms.eager_attention_dropout(shape.model_type))
-    delta = 0.0
-    if adapters is not None:
-        delta = adapter_saved_delta(shape, adapters, c, adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(sw))
+    delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
     return activations.activation_bytes(shape, c, tokens, strategy.activation_checkpointing,
                                         logits_bytes(shape, strategy, seq_len, sw), stored_layers, eager, delta)
 
@@ -134,7 +116,7 @@ def _ddp(shape: ModelShape, strategy: Strategy, world: int) -> _Placement:
     if c == 2:
         # autocast casts each weight to 16-bit for its matmul and autograd saves that copy for
         # backward, so a 16-bit copy of every matmul weight is live at the backward-start peak.
-        out.gpu["gathered_params"] = 2 * matmul_parameters(shape)
+        out.gpu["gathered_params"] = 2 * shape.matmul_parameters
     if world > 1:
         # DDP's gradient buckets are a second full copy of the gradients unless
         # gradient_as_bucket_view=True (torch DistributedDataParallel docs: "the saved memory size
@@ -232,7 +214,7 @@ def _fsdp(shape: ModelShape, strategy: Strategy, n: int) -> _Placement:
     # Sharded gradients are fp32 like the sharded parameters. One FSDP unit per block + the root.
     p, c = shape.parameters, compute_bytes(strategy)
     out = _Placement()
-    block, root = shape.block_parameters, root_parameters(shape)
+    block, root = shape.block_parameters, shape.root_parameters
     states = {"weights": 4 * p / n, "gradients": 4 * p / n, "optimizer_states": 8 * p / n}
     if strategy.offload_params == "cpu":
         # CPUOffloadPolicy: sharded params, grads and optimizer states on (pinned) CPU memory.
@@ -260,14 +242,15 @@ def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int) -> 
     """Model-state bytes (key, size) born in backward or the step and freed by it, so not live at the
     backward-start peak, and the step's temporaries beyond them (simulated, see the module doc)."""
     grads, buckets, c, pn = gpu["gradients"], gpu["comm_buckets"], compute_bytes(strategy), shape.parameters / n
-    if strategy.backend == "ddp":
+    backend = priced_as(strategy.backend)
+    if backend == "ddp":
         # torch zero_grad(set_to_none=True); DDP's buckets persist. A tied input embedding's backward
         # (embedding_dense_backward) makes a dense fp32 vocab x hidden gradient at the very end of
         # backward, summed with the LM head's .grad into a third (autograd accumulate_grad); an untied
         # one becomes the .grad itself (simulated: gpt2 +2·4·V·h, llama +0).
         tied = 8 * shape.vocab_size * shape.hidden_size if shape.tied_embeddings else 0
         return [("gradients", grads)], tied
-    if strategy.backend == "fsdp":
+    if backend == "fsdp":
         # + the unsharded gradients and the reduce-scatter input, allocated per unit in backward
         # (_fsdp_param_group.py post_backward / foreach_reduce). Fused AdamW: no step temporaries.
         return [("gradients", grads), ("comm_buckets", buckets)], 0.0
@@ -283,19 +266,15 @@ def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int) -> 
     return [("gradients", grads), ("comm_buckets", buckets)], c * pn
 
 
-def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adapters: Adapters | None) -> float:
-    """Host bytes one node holds while the weights load, as the backends load them."""
-    p = shape.parameters
-    if adapters is not None and strategy.backend != "ddp":
-        # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
-        # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
-        # DeepSpeed by every rank (methods/lora/loading.py; QLoRA: adapter_memory.quantized_load_bytes).
-        return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * compute_bytes(strategy) * p
-    if strategy.backend == "fsdp":
+def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> float:
+    """Host bytes one node holds while the weights load, as the backends load them (a method that loads
+    its own way says so: MethodTerms.load_bytes)."""
+    p, backend = shape.parameters, priced_as(strategy.backend)
+    if backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
         # shard (set_model_state_dict(broadcast_from_rank0=True); orchestrate/backends/fsdp.py).
         return k.LOAD_BYTES_PER_PARAM * p
-    if strategy.backend == "deepspeed" and strategy.zero_stage == 3:
+    if backend == "deepspeed" and strategy.zero_stage == 3:
         # HfDeepSpeedConfig makes from_pretrained build inside zero.Init and load shard by shard into
         # the partitions: DeepSpeed's zero_init=True estimate is largest_layer x 4 B x ranks per node.
         return hw.ranks_per_node * k.LOAD_BYTES_PER_PARAM * shape.largest_layer_parameters
@@ -304,18 +283,12 @@ def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adap
     return hw.ranks_per_node * k.LOAD_BYTES_PER_PARAM * p
 
 
-def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accumulation: int,
-               adapters: Adapters | None = None) -> _Placement:
-    if adapters is not None:  # the adapters' states as a small model, plus the frozen base (adapter_memory.py)
-        out = _placement(trainable_shape(shape, adapters), hw, strategy, accumulation)
-        scale_adapter_states(out.gpu, out.cpu, strategy, adapters)
-        add_frozen_base(out.gpu, out.cpu, shape, strategy, shard_group_size(hw, strategy), adapters,
-                        compute_bytes(strategy))
-        return out
-    n = shard_group_size(hw, strategy)
-    if strategy.backend == "ddp":
+def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accumulation: int) -> _Placement:
+    """The trained model's states, as the backend's terms place them."""
+    n, backend = shard_group_size(hw, strategy), priced_as(strategy.backend)
+    if backend == "ddp":
         return _ddp(shape, strategy, hw.world_size)
-    if strategy.backend == "deepspeed":
+    if backend == "deepspeed":
         out = _deepspeed(shape, strategy, n, accumulation)
         if hw.world_size > 1:
             # ipg reduce buckets (x2 with overlap_comm) + the all-gather bucket; ZeRO-3: + the
@@ -329,22 +302,62 @@ def _placement(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, accum
     return _fsdp(shape, strategy, n)
 
 
+def _add(into: dict, additions: list[tuple[str, float]], scale: float = 1) -> None:
+    """Each (key, bytes) added in order (a new key starts from 0); host terms are scaled to the node."""
+    for key, value in additions:
+        into[key] = into.get(key, 0) + (scale * value if scale != 1 else value)
+
+
+def trained_shape(shape: ModelShape, methods: Sequence[MethodTerms]) -> ModelShape:
+    """The model whose weights train (LoRA: the adapters), after every method's say."""
+    for method in methods:
+        shape = method.trained_shape(shape)
+    return shape
+
+
+def breakdown_keys(methods: Sequence[MethodTerms]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(device keys, host keys) the breakdown of a plan with these methods holds, in order."""
+    models = [m for method in methods for m in method.auxiliary()]
+    gpu = (*GPU_KEYS, *(key for m in models for key in m.gpu_keys[:3]), *(key for t in methods for key in t.gpu_keys),
+           *(m.gpu_keys[3] for m in models))
+    cpu = (*CPU_KEYS, *(key for m in models for key in m.cpu_keys), *(key for t in methods for key in t.cpu_keys))
+    return gpu, cpu
+
+
 def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                    gradient_accumulation: int = 1, adapters: Adapters | None = None,
-                    prune: PruneSection | None = None, teacher: Teacher | None = None) -> MemoryEstimate:
+                    gradient_accumulation: int = 1, methods: Sequence[MethodTerms] = ()) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
-    `adapters`: a LoRA / QLoRA run (adapter_memory.py); `prune`: its masks (prune_memory.py);
-    `teacher`: distillation (teacher_memory.py)."""
-    placed = _placement(shape, hw, strategy, gradient_accumulation, adapters)
-    if teacher is not None:
-        add_teacher_memory(placed.gpu, placed.cpu, teacher, strategy, hw, seq_len, compute_bytes(strategy))
+    `methods`: the plan's training methods' terms (orchestrate/methods/spec.py MethodTerms), in order."""
+    trained = trained_shape(shape, methods)  # what has gradients and optimizer states
+    c = compute_bytes(strategy)
+    placed = _placement(trained, hw, strategy, gradient_accumulation)
+    gpu_keys, cpu_keys = breakdown_keys(methods)  # every term, in the breakdown's order, from 0
+    placed.gpu = {key: placed.gpu.get(key, 0) for key in gpu_keys}
+    placed.cpu = {key: placed.cpu.get(key, 0) for key in cpu_keys}
+    for method in methods:  # the trained states in another dtype than fp32 (bf16 adapters)
+        for key, factor in method.state_scale(strategy).items():
+            terms = placed.gpu if key in placed.gpu else placed.cpu
+            terms[key] *= factor
+    models = [m for method in methods for m in method.auxiliary()]
+    for method in methods:  # a frozen base beside the trained states (LoRA)
+        frozen = method.frozen_bytes(shape, hw, strategy)
+        _add(placed.gpu, frozen.gpu)
+        _add(placed.cpu, frozen.cpu)
+    for model in models:  # the frozen models a method runs beside (methods/auxiliary.py)
+        on_gpu, on_cpu = auxiliary.state_bytes(model, strategy, hw, seq_len, c)
+        placed.gpu.update(on_gpu)
+        placed.cpu.update(on_cpu)
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     if strategy.embedding_offload:  # the frozen input embedding stays in host memory (knobs.py)
-        gpu["weights"] -= knobs.input_embedding_bytes(shape, compute_bytes(strategy))
-    if prune is not None:
-        gpu.update(mask_memory(shape, strategy, shard_group_size(hw, strategy), prune))
+        gpu["weights"] -= knobs.input_embedding_bytes(shape, c)
+    own = PlacedBytes()
+    for method in methods:  # tensors of the methods' own (pruning masks)
+        mine = method.own_bytes(shape, hw, strategy)
+        own.gpu += mine.gpu
+        own.cpu += mine.cpu
+    _add(gpu, own.gpu)
     sw = hw.software
-    gpu["activations"] = activation_bytes(shape, strategy, seq_len, adapters, sw)
+    gpu["activations"] = activation_bytes(shape, strategy, seq_len, sw, methods)
     gpu["logits"] = logits_bytes(shape, strategy, seq_len, sw)
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
@@ -352,19 +365,17 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
         free = gpu["activations"] + gpu["logits"] + gpu["gathered_params"]
-        trained = trainable_shape(shape, adapters) if adapters is not None else shape  # what has gradients
         backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
         for key, size in backward:
             reused = min(free, size)
             gpu[key] -= reused
             free -= reused
         gpu["gradients"] += max(0.0, step - free)  # step temporaries beyond what is still free
-    if adapters is not None:  # a frozen base's FSDP2 forward start (adapter_memory.py)
-        gpu["gathered_params"] += fsdp_forward_start_excess(shape, strategy, adapters, compute_bytes(strategy),
-                                                            gpu["activations"] + gpu["logits"])
-    if teacher is not None:  # precomputed: the first pass runs before the student exists (teacher_memory.py)
-        gpu["teacher_first_pass"] = max(0.0, first_pass_bytes(teacher, strategy, hw, seq_len, compute_bytes(strategy))
-                                        - sum(gpu.values()))
+    for method in methods:  # peaks the training peak does not cover (a frozen base's FSDP2 forward start)
+        _add(gpu, list(method.peak_bytes(shape, strategy, gpu["activations"] + gpu["logits"]).items()))
+    for model in models:  # precomputed: the first pass runs before the trained model exists
+        gpu[f"{model.name}_first_pass"] = max(0.0, auxiliary.first_pass_bytes(model, strategy, hw, seq_len, c)
+                                               - sum(gpu.values()))
     if hw.has_gpu:
         gpu["cuda_context"] = software_terms.cuda_context_bytes(sw)
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
@@ -376,13 +387,15 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
-    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len,
-                                                                          compute_bytes(strategy))
+    _add(cpu, own.cpu, rpn)
+    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len, c)
     # every DDP rank its own copy of the table (each process looks up its own micro-batch)
-    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, strategy, seq_len, compute_bytes(strategy))
+    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, strategy, seq_len, c)
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    load = (quantized_load_bytes(shape, rpn, compute_bytes(strategy), strategy, adapters)
-            if adapters is not None and adapters.quantized else _load_bytes(shape, hw, strategy, adapters))
+    load = next((b for method in methods if (b := method.load_bytes(shape, hw, strategy)) is not None),
+                None)
+    if load is None:
+        load = _load_bytes(shape, hw, strategy)
     cpu["loading_spike"] = max(0.0, load - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},

@@ -10,9 +10,11 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import GiB, gib
+from orchestrate.methods.registry import methods
+from orchestrate.methods.spec import Alternative
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import node_host_bytes
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.search import Limits, describe_hardware, make_plan, nvme_available, overflow_score
 
 _CLOSEST = 3
@@ -26,9 +28,10 @@ def _replan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Candid
         config = config.model_copy(update={"train": config.train.model_copy(
             update={"global_batch_size": -(-batch // world) * world})})
     try:
-        return make_plan(config, hw, shape).chosen
+        plan = make_plan(config, hw, shape)
     except UserError:
         return None
+    return plan.chosen if isinstance(plan, RunPlan) else None
 
 
 def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
@@ -39,22 +42,21 @@ def _fit_summary(c: Candidate, hw: HardwareProfile) -> str:
     return f"{c.name} fits ({', '.join(parts)})"
 
 
-def _adapter_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, method: str) -> Problem | None:
-    """What the plan would be with LoRA / QLoRA adapters (default settings) instead of full training."""
-    train = config.train.model_copy(update={"method": method})
+def _method_remedy(config: RunConfig, hw: HardwareProfile, shape: ModelShape, alternative: Alternative) -> Problem | None:
+    """What the plan would be with another training method (a method's `alternatives`)."""
     try:
-        plan = make_plan(config.model_copy(update={"train": train}), hw, shape)
-    except UserError:  # a family LoRA is not planned for, or pins the method cannot train under
+        plan = make_plan(alternative.config, hw, shape)
+    except UserError:  # e.g. a family LoRA is not planned for, or pins the method cannot train under
         return None
-    what = "LoRA adapters on a frozen base" if method == "lora" else "LoRA adapters on a frozen NF4 (4-bit) base"
-    if plan.chosen is not None:
-        return Problem("train.method", f"with {what}, {_fit_summary(plan.chosen, hw)}", f"train.method: {method}")
+    where, what, fix = alternative.where, alternative.what, alternative.fix
+    if isinstance(plan, RunPlan):
+        return Problem(where, f"with {what}, {_fit_summary(plan.chosen, hw)}", fix)
     closest = min(plan.candidates, key=lambda c: overflow_score(c, Limits.of(config, hw), hw))
-    return Problem("train.method", f"with {what}, the closest, {closest.name}, still overflows: {closest.reason}",
-                   f"train.method: {method}, with one of the other remedies")
+    return Problem(where, f"with {what}, the closest, {closest.name}, still overflows: {closest.reason}",
+                   f"{fix}, with one of the other remedies")
 
 
-def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
+def _remedies(plan: Refusal, limits: Limits) -> list[Problem]:
     config, hw, shape = plan.config, plan.hardware, plan.shape
     out: list[Problem] = []
     only = {what: [c for c in plan.candidates if [o[0] for o in limits.overflows(c.memory, hw)] == [what]]
@@ -107,8 +109,8 @@ def _remedies(plan: Plan, limits: Limits) -> list[Problem]:
         if (c := _replan(free, hw, shape)) is not None:
             out.append(Problem("strategy", f"the strategy pins exclude a plan that fits: {_fit_summary(c, hw)}",
                                "set backend, zero_stage, offload and offload_params to auto"))
-    if config.train.method == "full":
-        out += [p for method in ("lora", "qlora") if (p := _adapter_remedy(config, hw, shape, method))]
+    out += [p for m in methods() for alternative in m.alternatives(config)
+            if (p := _method_remedy(config, hw, shape, alternative))]
     return out + _knob_remedies(config, hw, shape)
 
 
@@ -128,7 +130,7 @@ def _knob_remedies(config: RunConfig, hw: HardwareProfile, shape: ModelShape) ->
     return out
 
 
-def infeasible_error(plan: Plan) -> UserError:
+def infeasible_error(plan: Refusal) -> UserError:
     """The `UserError` for a plan without a fitting candidate (see `require_feasible`)."""
     hw, shape = plan.hardware, plan.shape
     limits = Limits.of(plan.config, hw)
@@ -145,9 +147,9 @@ def infeasible_error(plan: Plan) -> UserError:
     return UserError(headline, _remedies(plan, limits), "\n".join(lines))
 
 
-def require_feasible(plan: Plan) -> Candidate:
-    """The chosen candidate, or a `UserError` (exit 2) naming the closest candidates, by how much
-    each overflows, and concrete remedies. Call it before launching."""
-    if plan.chosen is not None:
-        return plan.chosen
+def require_feasible(plan: RunPlan | Refusal) -> RunPlan:
+    """The runnable plan, or for a Refusal the `UserError` (exit 2) naming the closest candidates, by
+    how much each overflows, and concrete remedies. Call it before launching."""
+    if isinstance(plan, RunPlan):
+        return plan
     raise infeasible_error(plan)

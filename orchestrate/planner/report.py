@@ -11,28 +11,24 @@ from rich.console import Console, Group
 from rich.table import Table
 
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.hardware.units import gib
-from orchestrate.methods.prune.schedule import prune_summary
+from orchestrate.hardware.units import gib, parameter_count
+from orchestrate.methods.registry import active_methods
 from orchestrate.planner.memory import node_host_bytes
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, RunPlan, Weighed
 from orchestrate.planner.search import Limits, describe_hardware
-
-
-def _count(parameters: int) -> str:
-    return f"{parameters / 1e9:.2f}B" if parameters >= 1e9 else f"{parameters / 1e6:.1f}M"
 
 
 def _size(n: int) -> str:
     return gib(n) if n else "-"
 
 
-def candidates_table(plan: Plan) -> Table:
+def candidates_table(plan: Weighed) -> Table:
     """Every candidate: name, fits, GPU peak per rank, CPU peak per node, tokens/s, reason; chosen
     highlighted. On CPU-only profiles the per-rank column is the rank's RAM and the node column the
     whole node (ranks x rank + host terms)."""
     hw = plan.hardware
     per_rank = "GPU/rank" if hw.has_gpu else "RAM/rank"
-    table = Table(title=f"Candidates for {_count(plan.shape.parameters)} {plan.shape.model_type} "
+    table = Table(title=f"Candidates for {parameter_count(plan.shape.parameters)} {plan.shape.model_type} "
                         f"on {describe_hardware(hw)}")
     table.add_column("")
     # Names are what users pin and grep for: folded onto more lines on a narrow terminal, never
@@ -43,7 +39,7 @@ def candidates_table(plan: Plan) -> Table:
         table.add_column(header, justify=justify, no_wrap=True)
     table.add_column("reason")
     for c in plan.candidates:
-        chosen = plan.chosen is not None and c.name == plan.chosen.name
+        chosen = isinstance(plan, RunPlan) and c.name == plan.chosen.name
         table.add_row("*" if chosen else "", c.name, "yes" if c.fits else "no", gib(c.memory.gpu_total),
                       gib(node_host_bytes(c.memory, hw)), gib(c.memory.nvme_bytes) if c.memory.nvme_bytes else "",
                       f"{c.speed.tokens_per_s:,.0f}", c.reason,
@@ -82,45 +78,30 @@ def speed_table(candidate: Candidate) -> Table:
     return table
 
 
-def render_plan(plan: Plan) -> Group:
-    """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns."""
+def render_plan(plan: Weighed) -> Group:
+    """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns, then
+    what its methods say about themselves (`Method.report`)."""
     parts: list[Any] = [candidates_table(plan), *plan.notes]
-    if plan.chosen is not None:
+    if isinstance(plan, RunPlan):
         parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
-    if (note := activation_note(plan)) is not None:
-        parts.append(note)
-    if plan.config.prune is not None:
-        p = prune_summary(plan.shape, plan.config.prune)
-        parts.append(f"pruning ({p['method']}, {p['scope']}): {p['target_sparsity']:.0%} of {_count(p['pruned_weights'])} "
-                     f"weights; saved model {_count(p['saved_parameters'])} parameters")
+    for method in active_methods(plan.config):
+        parts += method.report(plan)[0]
     return Group(*parts)
 
 
-def activation_note(plan: Plan) -> str | None:
-    """Where the activation term came from when it is not a formula (your own module)."""
-    if plan.shape.task != "custom":
-        return None
-    source = "model.example_input" if plan.config.model.example_input is not None else "data.module"
-    return (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of {source} "
-            f"({plan.shape.activation_bytes_per_sample:,} B/sample + {plan.shape.activation_bytes_fixed:,} B, fp32; "
-            "methods/custom/activations.py)")
-
-
-def print_plan(plan: Plan, console: Console | None = None) -> None:
+def print_plan(plan: Weighed, console: Console | None = None) -> None:
     (console or Console()).print(render_plan(plan))
 
 
-def plan_json(plan: Plan) -> dict[str, Any]:
-    """`orchestrate plan --json`: `Plan.to_dict()` plus the limits each candidate was checked against
-    and each candidate's whole-node host bytes (see docs/plan-json.md)."""
+def plan_json(plan: Weighed) -> dict[str, Any]:
+    """`orchestrate plan --json`: `RunPlan.to_dict()` (a Refusal's: chosen null) plus the limits each candidate was checked against,
+    each candidate's whole-node host bytes and what the plan's methods add (see docs/plan-json.md)."""
     data = plan.to_dict()
-    if (note := activation_note(plan)) is not None:
-        data["activations_source"] = note
     limits = Limits.of(plan.config, plan.hardware)
     data["limits"] = {"gpu_bytes_usable_per_rank": limits.gpu, "cpu_bytes_usable_per_node": limits.cpu,
                       "nvme_bytes_free_per_node": limits.nvme}
-    if plan.config.prune is not None:
-        data["prune"] = prune_summary(plan.shape, plan.config.prune)
+    for method in active_methods(plan.config):
+        data.update(method.report(plan)[1])
     for entry, cand in zip(data["candidates"], plan.candidates, strict=True):
         entry["host_bytes_per_node"] = node_host_bytes(cand.memory, plan.hardware)
     return data

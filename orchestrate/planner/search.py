@@ -1,10 +1,10 @@
 """The planner: enumerate strategies, estimate each, keep what fits, choose the fastest.
 
 Pure: no I/O, no devices. Two entry points:
-- `make_plan(config, hw, shape) -> Plan`: every candidate weighed; `chosen` is None when nothing
+- `make_plan(config, hw, shape) -> RunPlan | Refusal`: every candidate weighed; a Refusal when nothing
   fits, so `orchestrate plan` can still print the table. Raises `UserError` only for inputs that
   cannot be planned at all (batch not divisible by the world size, contradictory pins).
-- `planner.remedies.require_feasible(plan) -> Candidate`: the chosen candidate, or a `UserError`
+- `planner.remedies.require_feasible(plan) -> RunPlan`: the runnable plan, or a `UserError`
   (exit 2) listing the closest candidates and remedies computed by re-planning variations.
 
 Search space: backend x ZeRO stage x offload x activation checkpointing x micro-batch, at one
@@ -24,18 +24,17 @@ so each row shows the knobs its strategy needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import product
 
-from orchestrate.backends.registry import backend_names, get_backend
+from orchestrate.backends.registry import backend_names, get_backend, preference
+from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
-from orchestrate.methods.distill.memory import Teacher, auto_placements
-from orchestrate.methods.lora.adapters import Adapters, adapters_for, trains
-from orchestrate.methods.lora.offload import offloaded_adapters
-from orchestrate.methods.prune.config import PruneSection
-from orchestrate.methods.prune.schedule import check_prune
+from orchestrate.methods.registry import auto_note, auto_variants, is_auto, method_terms, no_auto_method
+from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.knobs import (
@@ -45,11 +44,10 @@ from orchestrate.planner.knobs import (
     knob_problems,
 )
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy
 
-_BACKEND_ORDER = {"ddp": 0, "fsdp": 1, "deepspeed": 2}  # tie-break: simpler first
 _OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),
              ("cpu", "nvme"), ("nvme", "nvme"))
 """(optimizer, parameters) offload targets, in search order."""
@@ -231,21 +229,31 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
     return [pinned]
 
 
+def _with_models(methods: list[MethodTerms], chosen: tuple) -> list[MethodTerms]:
+    """The methods' terms with their auxiliary models at the placements of `chosen` (in their order)."""
+    out, i = [], 0
+    for method in methods:
+        count = len(method.auxiliary())
+        out.append(method.with_auxiliary(list(chosen[i:i + count])) if count else method)
+        i += count
+    return out
+
+
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits, adapters: Adapters | None = None, prune: PruneSection | None = None,
-               teacher: Teacher | None = None) -> Candidate:
-    if teacher is not None and teacher.placement == "auto":
-        # The first placement that fits, cheapest per step first; precomputed last (a first pass, disk).
-        tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, adapters, prune,
-                            replace(teacher, placement=p)) for p in auto_placements(hw)]
+               limits: Limits, methods: list[MethodTerms]) -> Candidate:
+    models = [m for method in methods for m in method.auxiliary()]
+    if any(m.placement == "auto" for m in models):
+        # The first placements that fit, cheapest per step first; precomputed last (a first pass, disk).
+        tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, _with_models(methods, chosen))
+                 for chosen in product(*(m.choices(hw) for m in models))]
         return next((c for c in tried if c.fits), tried[-1])
-    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, adapters, prune, teacher)
-    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, teacher, adapters)
+    memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, methods)
+    speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, methods)
     over = limits.overflows(memory, hw)
     reason = "; ".join(f"{what} {gib(need)} > {gib(have)} {word} (+{gib(need - have)})"
                        for what, need, have, word in over)
     return Candidate(strategy, memory, speed, accumulation, fits=not over, reason=reason,
-                     teacher_placement=teacher.placement if teacher is not None else None)
+                     placements={m.name: m.placement for m in models})
 
 
 def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfile) -> float:
@@ -263,16 +271,16 @@ def _rank_key(c: Candidate) -> tuple:
     # offloads, fewer memory knobs, simpler backend, lower stage, no recompute, larger micro-batch (fewer
     # steps of Python overhead, which the speed model does not see)
     return (s.optimizer != "adamw", s.activation_offload, s.embedding_offload, -c.speed.tokens_per_s, offloads, knobs,
-            _BACKEND_ORDER[s.backend], s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
+            preference(s.backend), s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
 
 
 def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool,
-                 has_8bit_optimizer: bool, embedding_offloadable: bool) -> list[tuple]:
+                 has_8bit_optimizer: bool, embedding_offloadable: bool, chunkable: bool) -> list[tuple]:
     """(loss_chunks, activation_offload, optimizer, embedding_offload) settings to try: the pins, or for "auto"
-    off and on where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed."""
+    off and on where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed;
+    `chunkable`: the methods' objective can take the loss in chunks."""
     t = config.train
-    chunks = knob_options(t.loss_chunks, backend, "loss_chunks",
-                          config.model.task == "causal-lm" and config.model.module is None and config.distill is None,
+    chunks = knob_options(t.loss_chunks, backend, "loss_chunks", config.model.task == "causal-lm" and chunkable,
                           (0, auto_loss_chunks(t.seq_len)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
@@ -281,64 +289,38 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpoin
     return [(c, o, n, e) for c in chunks for o in offload for n in optimizer for e in embedding]
 
 
-_AUTO_METHODS = ("full", "lora", "qlora")
-"""train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in
-the training precision; the same on a base rounded to 4-bit NF4."""
-
-
-def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None
-                 ) -> Plan:
-    """train.method auto: the plan of the first method in _AUTO_METHODS that fits, with a note saying
-    which and why; if none fits, the last one planned (the closest to fitting)."""
-    from orchestrate.config.requirements import METHOD_LIBRARIES, installed
-    from orchestrate.methods.lora.config import LoraSection, QuantizationSection
-
-    why: list[str] = []
+def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
+                 auxiliary: dict[str, ModelShape] | None) -> RunPlan | Refusal:
+    """The auto method: the plan of the first method in methods/registry.py AUTO_METHODS that fits, with
+    a note saying which and why; if none fits, the last one planned (the closest to fitting)."""
+    variants, why = auto_variants(config)
     plan = None
-    for method in _AUTO_METHODS:
-        if not installed(METHOD_LIBRARIES[method]):
-            why.append(f"{method} needs {' and '.join(METHOD_LIBRARIES[method])} (not installed)")
-            continue
-        unused = {"lora": LoraSection()} if method == "full" else {}  # settings for the methods not taken
-        if method != "qlora":
-            unused["quantization"] = QuantizationSection()
-        train = config.train.model_copy(update={"method": method, **unused})
+    for method, variant in variants:
         try:
-            attempt = make_plan(config.model_copy(update={"train": train}), hw, shape, teacher_shape)
+            attempt = make_plan(variant, hw, shape, auxiliary)
         except UserError as err:  # e.g. a family LoRA is not planned for, or pins this method cannot train under
             why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
             continue
         plan = attempt
-        if plan.chosen is not None:
-            because = f" ({'; '.join(why)})" if why else ""
-            plan.notes.append(f"train.method auto: {method}, the most faithful method that fits{because}")
+        if isinstance(plan, RunPlan):
+            plan.notes.append(auto_note(method, why))
             return plan
         why.append(f"{method} does not fit (closest: {plan.candidates[0].name}: {plan.candidates[0].reason})")
     if plan is None:
-        raise UserError("Cannot plan this run: train.method auto found no method to plan",
-                        [Problem("train.method", "; ".join(why), "set train.method: full, lora or qlora")])
-    plan.notes.append(f"train.method auto: nothing fits ({'; '.join(why)}); shown: {plan.config.train.method}")
+        raise no_auto_method(why)
+    plan.notes.append(auto_note(None, why, plan.config))
     return plan
 
 
-def _no_blocks_to_recompute(pinned: bool | str) -> list[bool]:
-    if pinned is True:
-        raise UserError("Cannot plan this run", [Problem(
-            "train.activation_checkpointing", "model.module has no repeated block class to recompute",
-            "name the blocks in strategy.wrap: [ClassName], or set activation_checkpointing: false")])
-    return [False]
-
-
-def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher_shape: ModelShape | None = None
-              ) -> Plan:
-    """Every candidate, best first; `chosen` is the fastest fitting one or None (see module doc);
-    `teacher_shape`: the distillation teacher's (config.distill), counted in every candidate."""
-    if config.train.method == "auto":
-        return _method_plan(config, hw, shape, teacher_shape)
-    adapters = adapters_for(config, shape)  # None for full fine-tuning; a UserError for bad LoRA settings
-    check_prune(config, shape)  # a UserError for pruning settings that do not fit the model
-    teacher = (Teacher(teacher_shape, config.distill.placement, config.distill.top_k)
-               if config.distill is not None and teacher_shape is not None else None)
+def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
+              auxiliary: dict[str, ModelShape] | None = None) -> RunPlan | Refusal:
+    """Every candidate, best first: a RunPlan whose `chosen` is the fastest fitting one, or a Refusal
+    when none fits (see module doc);
+    `auxiliary`: the shapes of the methods' auxiliary models (the distillation teacher's), counted in
+    every candidate."""
+    if is_auto(config):
+        return _method_plan(config, hw, shape, auxiliary)
+    methods = method_terms(config, shape, auxiliary)  # a UserError for method settings that do not fit the model
     problems = _pin_problems(config, hw)
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
@@ -347,13 +329,13 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
     per_rank = config.train.global_batch_size // hw.world_size
     ac = config.train.activation_checkpointing
     ac_options = [False, True] if ac == "auto" else [ac]
-    if shape.task == "custom" and not shape.block_classes:
-        ac_options = _no_blocks_to_recompute(ac)  # your own module without repeated blocks
+    for method in methods:  # your own module without repeated blocks has nothing to recompute
+        ac_options = method.recompute_options(ac) or ac_options
     limits = Limits.of(config, hw)
     # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
     zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1
     bases = [b for b in _all_bases(hw, nvme_available(config, hw), zero1) if _matches_pins(b, config)
-             and (adapters is None or trains(adapters.method, b))]
+             and all(method.trains_under(b) for method in methods)]
     if not bases:
         pins = {k: v for k, v in config.strategy.model_dump().items()
                 if k in ("backend", "zero_stage", "offload", "offload_params") and v != "auto"}
@@ -361,17 +343,17 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
             "strategy", f"nothing planned matches {pins} on this hardware",
             "relax a pin (set it to auto)")])
 
-    from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
-
     has_8bit_optimizer = installed(OPTIMIZER_LIBRARIES["adamw8bit"])  # looked up once per plan (a file-system probe)
-    frozen, tied = adapters is not None, shape.tied_embeddings  # what embedding offload needs (knobs.py)
+    # what embedding offload needs (knobs.py): a frozen embedding not tied to the head
+    frozen, tied = any(method.freezes_base for method in methods), shape.tied_embeddings
+    chunkable = all(method.chunks_loss for method in methods)
     seq_len = config.train.seq_len
     kept: list[Candidate] = []
     refused: list[Problem] = []
     for base in bases:
         for checkpointing in ac_options:
             combos = _knob_combos(config, hw, base.backend, checkpointing, has_8bit_optimizer,
-                                  not embedding_offload_problems(frozen, tied, hw.has_gpu))
+                                  not embedding_offload_problems(frozen, tied, hw.has_gpu), chunkable)
             strategies = [Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
                                    precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt, emb)
                           for micro in micros for chunks, offload, opt, emb in combos]
@@ -383,8 +365,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
                     runnable.append(strategy)
             if not runnable:
                 continue
-            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, adapters,
-                                config.prune, teacher)
+            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, methods)
                      for s in runnable]
             fit = [c for c in tried if c.fits]
             kept.append(min(fit, key=_rank_key) if fit
@@ -392,8 +373,10 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, teacher
 
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
-    # an adapter run with offload only where nothing else fits (adapter_offload.py: no GPU has run it)
-    fitting = sorted((c for c in kept if c.fits), key=lambda c: (offloaded_adapters(adapters, c.strategy), _rank_key(c)))
+    # a method may rank a fitting candidate after the others (LoRA's offload: no GPU has run it)
+    fitting = sorted((c for c in kept if c.fits),
+                     key=lambda c: (any(m.ranks_last(c.strategy) for m in methods), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
-    return Plan(config=config, hardware=hw, shape=shape, candidates=fitting + rest,
-                chosen=fitting[0] if fitting else None)
+    if not fitting:
+        return Refusal(config=config, hardware=hw, shape=shape, candidates=rest)
+    return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0])

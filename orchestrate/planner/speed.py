@@ -25,22 +25,23 @@ they are not hidden.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from orchestrate.backends.registry import priced_as
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.methods.distill.memory import Teacher, teacher_seconds
-from orchestrate.methods.lora.adapters import Adapters
-from orchestrate.methods.lora.memory import trainable_shape
-from orchestrate.methods.lora.offload import base_h2d_bytes
+from orchestrate.methods import auxiliary
+from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
 from orchestrate.planner.estimate import SpeedEstimate
-from orchestrate.planner.memory import compute_bytes, matmul_parameters, shard_group_size
-from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.memory import compute_bytes, shard_group_size, trained_shape
+from orchestrate.planner.strategy import Strategy, tokens_per_step
 
 
 def training_flops_per_token(shape: ModelShape, seq_len: int) -> tuple[float, float]:
     """(forward + backward, recompute) FLOPs per token."""
-    forward = 2 * matmul_parameters(shape) + 4 * shape.num_layers * seq_len * shape.hidden_size
+    forward = 2 * shape.matmul_parameters + 4 * shape.num_layers * seq_len * shape.hidden_size
     return 3 * forward, forward
 
 
@@ -79,9 +80,10 @@ def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     flat_bw = intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth)
     gather = (world - 1) / world  # fraction of the full tensor each rank sends in AG / RS
 
-    if strategy.backend == "ddp":
+    backend = priced_as(strategy.backend)
+    if backend == "ddp":
         return (2 * gather * 4 * p) / flat_bw
-    if strategy.backend == "deepspeed" and strategy.zero_stage in (1, 2):
+    if backend == "deepspeed" and strategy.zero_stage in (1, 2):
         reduce_passes = accumulation if strategy.zero_stage == 2 else 1
         return ((reduce_passes + 1) * gather * c * p) / flat_bw
 
@@ -89,8 +91,8 @@ def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     # planner/ds_buckets.py), and checkpointing's recompute gather is reused by the block's backward:
     # simulated 373M elements gathered per step for a 219M-parameter 2-block TinyLlama, with and
     # without checkpointing, i.e. two gathers less the LM head kept from forward into backward.
-    gathers = 1 if (strategy.backend == "fsdp" and strategy.zero_stage == 2) else 2
-    reduce_bytes = k.FSDP_REDUCE_BYTES if strategy.backend == "fsdp" else c
+    gathers = 1 if (backend == "fsdp" and strategy.zero_stage == 2) else 2
+    reduce_bytes = k.FSDP_REDUCE_BYTES if backend == "fsdp" else c
     volume = (gathers * c + reduce_bytes) * p  # bytes of full tensors per micro-batch
     latency = (gathers + 1) * shape.num_layers * k.COLLECTIVE_LATENCY_S * accumulation
     if not strategy.hybrid_shard:
@@ -123,7 +125,7 @@ def _offload(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     pcie = hw.gpu.pcie_bandwidth
     shard = p / n
 
-    if strategy.backend == "fsdp":
+    if priced_as(strategy.backend) == "fsdp":
         # CPUOffloadPolicy: fp32 shard copied H2D before each all-gather (forward, and backward when
         # resharded), fp32 sharded grads D2H each micro-batch; torch's CPU AdamW steps the shard.
         gathers = 2 if strategy.zero_stage == 3 else 1
@@ -181,7 +183,7 @@ def _optimizer_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strateg
     """(device optimizer, host optimizer) seconds for optimizers that are not offloaded."""
     if strategy.offload_optimizer != "none" or strategy.offload_params != "none":
         return 0.0, 0.0
-    sharded = strategy.backend != "ddp"
+    sharded = priced_as(strategy.backend) != "ddp"
     params = shape.parameters / (shard_group_size(hw, strategy) if sharded else 1)
     if hw.has_gpu:
         per = knobs.ADAM8BIT_BYTES_PER_PARAM if strategy.optimizer == "adamw8bit" else k.ADAM_BYTES_PER_PARAM
@@ -190,19 +192,17 @@ def _optimizer_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strateg
 
 
 def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
-                   gradient_accumulation: int, teacher: Teacher | None = None,
-                   adapters: Adapters | None = None) -> SpeedEstimate:
-    """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model);
-    `teacher`: distillation, its forward, gathers and copies added (teacher_memory.py); `adapters`: a
-    LoRA / QLoRA run, whose offloaded states are the adapters' plus the frozen base (adapter_offload.py)."""
+                   gradient_accumulation: int, methods: Sequence[MethodTerms] = ()) -> SpeedEstimate:
+    """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model); `methods`: the
+    plan's training methods' terms (orchestrate/methods/spec.py): what trains (LoRA: the adapters, whose
+    offloaded states are small), their frozen weights' copies, their auxiliary models' forward, gathers
+    and copies (methods/auxiliary.py)."""
     compute, recompute = _compute_seconds(shape, hw, strategy, seq_len, gradient_accumulation)
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
-    offloaded = trainable_shape(shape, adapters) if adapters is not None else shape
-    transfer, cpu_opt, nvme = (_offload(offloaded, hw, strategy, gradient_accumulation)
+    transfer, cpu_opt, nvme = (_offload(trained_shape(shape, methods), hw, strategy, gradient_accumulation)
                                if hw.has_gpu else (0.0, 0.0, 0.0))
-    if adapters is not None and hw.has_gpu:
-        transfer += base_h2d_bytes(shape, strategy, shard_group_size(hw, strategy), adapters,
-                                   compute_bytes(strategy), gradient_accumulation) / hw.gpu.pcie_bandwidth
+    for method in methods:
+        transfer += method.transfer_seconds(shape, hw, strategy, gradient_accumulation)
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
         transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
                                                  gradient_accumulation) / hw.gpu.pcie_bandwidth
@@ -215,15 +215,16 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
                                                      gradient_accumulation) / hw.gpu.pcie_bandwidth
                       if hw.has_gpu else 0.0)
     extra: dict[str, float] = {}
-    if teacher is not None:
+    for model in (m for method in methods for m in method.auxiliary()):
         flop_tokens = gradient_accumulation * strategy.micro_batch_size * seq_len * training_flops_per_token(
             shape, seq_len)[0]
         intra = _intra_node_bandwidth(hw)
-        extra = teacher_seconds(teacher, hw, strategy, seq_len, gradient_accumulation, compute / flop_tokens,
-                                compute_bytes(strategy), intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth))
-        compute += extra["teacher_forward"]
-        comm += extra["teacher_communication"]
-        transfer += extra["teacher_transfer"]
+        seconds = auxiliary.seconds(model, hw, strategy, seq_len, gradient_accumulation, compute / flop_tokens,
+                                    compute_bytes(strategy), intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth))
+        compute += seconds[f"{model.name}_forward"]
+        comm += seconds[f"{model.name}_communication"]
+        transfer += seconds[f"{model.name}_transfer"]
+        extra.update(seconds)
     device_opt, host_opt = _optimizer_seconds(shape, hw, strategy)
     cpu_opt += host_opt
 
@@ -233,7 +234,7 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
             + max(0.0, transfer - k.OFFLOAD_OVERLAP_FRACTION * busy)
             + embedding_copy
             + device_opt + cpu_opt + nvme * (1 - k.NVME_OVERLAP_FRACTION))
-    tokens = strategy.micro_batch_size * gradient_accumulation * hw.world_size * seq_len
+    tokens = tokens_per_step(strategy, gradient_accumulation, hw.world_size, seq_len)
     breakdown = {"compute": compute, "recompute": recompute, "communication": comm,
                  "offload_transfer": transfer + embedding_copy, "optimizer": device_opt, "cpu_optimizer": cpu_opt,
                  "nvme_io": nvme, **extra}

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Literal
 
-Backend = Literal["ddp", "deepspeed", "fsdp"]
 Offload = Literal["none", "cpu", "nvme"]
 Precision = Literal["bf16", "fp16", "fp32"]
 
@@ -28,8 +27,9 @@ class Sharding:
 
 @dataclass(frozen=True)
 class Strategy:
-    backend: Backend
-    """ddp = torch DistributedDataParallel; deepspeed = ZeRO engine; fsdp = FSDP2 `fully_shard`."""
+    backend: str
+    """A registered backend: ddp = torch DistributedDataParallel; deepspeed = ZeRO engine; fsdp = FSDP2
+    `fully_shard` (orchestrate/backends/registry.py)."""
     zero_stage: int
     """0 = replicate everything (DDP); 1 = shard optimizer states; 2 = + gradients; 3 = + parameters.
     For fsdp: 3 = full shard (`reshard_after_forward=True`), 2 = shard-grad-op (`False`)."""
@@ -58,8 +58,8 @@ class Strategy:
         parts = [self.backend]
         if self.backend == "fsdp":
             parts.append("hybrid" if self.hybrid_shard else ("full" if self.zero_stage == 3 else "grad_op"))
-        elif self.backend == "deepspeed":
-            parts.append(f"z{self.zero_stage}")
+        elif self.backend != "ddp":  # DeepSpeed's, and a registered backend's (its stage and hybrid shard)
+            parts.append(f"z{self.zero_stage}" + ("-hybrid" if self.hybrid_shard else ""))
         if self.offload_optimizer != "none":
             parts.append(f"offload_opt_{self.offload_optimizer}")
         if self.offload_params != "none":
@@ -89,3 +89,9 @@ class Strategy:
     @classmethod
     def from_dict(cls, data: dict) -> Strategy:
         return cls(**data)
+
+
+def tokens_per_step(strategy: Strategy, gradient_accumulation: int, world_size: int, seq_len: int) -> int:
+    """Tokens one optimizer step trains on, over every rank: the one home of the formula (the speed
+    model's tokens/s, the step record's tokens, the worker's intro line)."""
+    return strategy.micro_batch_size * gradient_accumulation * world_size * seq_len

@@ -19,20 +19,20 @@ from typing import TYPE_CHECKING
 from orchestrate.planner.speed import training_flops_per_token
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def peak_flops(plan: Plan) -> float | None:
+def peak_flops(plan: RunPlan) -> float | None:
     """Dense peak FLOP/s of all ranks together at the plan's precision; None where unknown (CPU)."""
     gpu = plan.hardware.gpu
-    if gpu is None or not plan.hardware.has_gpu or plan.chosen is None:
+    if gpu is None or not plan.hardware.has_gpu:
         return None
     per_gpu = {"bf16": gpu.peak_tflops_bf16, "fp16": gpu.peak_tflops_fp16,
                "fp32": gpu.peak_tflops_fp32}[plan.chosen.strategy.precision] * 1e12
     return per_gpu * plan.world_size if per_gpu > 0 else None
 
 
-def utilisation(tokens_per_s: float, plan: Plan) -> dict[str, float]:
+def utilisation(tokens_per_s: float, plan: RunPlan) -> dict[str, float]:
     """{"mfu": ..., "hfu": ...} for `tokens_per_s` over all ranks; {} where the peak is unknown
     (left out rather than 0, so a CPU run's plot shows no made-up line)."""
     peak = peak_flops(plan)

@@ -8,10 +8,10 @@ from orchestrate.hardware.units import format_bytes
 from orchestrate.report.mfu import utilisation
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def memory_and_mfu(record: dict[str, Any], plan: Plan) -> str:
+def memory_and_mfu(record: dict[str, Any], plan: RunPlan) -> str:
     """"mem 5.12 GiB/7.20 GiB  MFU 38.5%": the measured peak per rank (GPU allocated, else the CPU
     tensor peak) against the plan's prediction, and MFU where the peak FLOP/s are known."""
     measured = record.get("gpu_max_allocated_bytes", record.get("cpu_tensor_peak_bytes"))

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import METRICS_FILE, PLAN_FILE, read_records
 
 NUMERIC_FIELDS = ("step", "loss", "eval_loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_time_s",
@@ -21,7 +21,7 @@ class Run:
     name: str
     """The run directory's name: the legend label when runs are overlaid."""
     path: Path
-    plan: Plan
+    plan: RunPlan
     records: list[dict[str, Any]]
 
 
@@ -41,10 +41,7 @@ def load_run(run_dir: Path) -> Run:
             str(metrics_path), "metrics.jsonl holds no step records",
             "report on a run that trained at least one step")])
     _check_numbers(records, metrics_path)
-    plan = Plan.read(plan_path)
-    if plan.chosen is None:
-        raise UserError(f"{run_dir} has no chosen strategy", [Problem(
-            str(plan_path), "the plan chose no strategy, so nothing ran", "report on a run that trained")])
+    plan = RunPlan.read(plan_path)  # a UserError for a plan that chose nothing: nothing ran
     return Run(run_dir.resolve().name, run_dir, plan, records)
 
 

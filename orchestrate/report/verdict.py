@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.hardware.units import format_bytes
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 TOLERANCE = 0.05
 """How far a measured peak may exceed its prediction before the verdict warns. The analytical model
@@ -82,10 +82,8 @@ def _peak(records: list[dict[str, Any]], key: str) -> int | None:
     return int(max(values)) if values else None
 
 
-def memory_verdict(records: list[dict[str, Any]], plan: Plan) -> MemoryVerdict:
+def memory_verdict(records: list[dict[str, Any]], plan: RunPlan) -> MemoryVerdict:
     """Compare the run's measured peaks with `plan.chosen`'s predictions."""
-    if plan.chosen is None:
-        raise ValueError("the plan has no chosen strategy")
     gpu_pred = plan.chosen.memory.gpu_total
     cpu_pred = plan.chosen.memory.cpu_total
     checks: list[MemoryCheck] = []

@@ -39,7 +39,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.run.layout import PLAN_FILE
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
 CHECKPOINT_DIR = "checkpoints"  # the one name of this module listed in RUN_DIR (orchestrate.run)
@@ -77,7 +77,7 @@ class CheckpointMeta:
     torch_version: str
 
     @classmethod
-    def of(cls, plan: Plan, step: int, world_size: int, sampler_state: dict[str, Any],
+    def of(cls, plan: RunPlan, step: int, world_size: int, sampler_state: dict[str, Any],
            torch_version: str) -> CheckpointMeta:
         strategy, train = plan.chosen.strategy, plan.config.train
         return cls(format=FORMAT_VERSION, step=step, world_size=world_size, backend=strategy.backend,

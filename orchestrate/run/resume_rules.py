@@ -11,13 +11,13 @@ from orchestrate.run.checkpoints import FORMAT_VERSION, CheckpointMeta, read_met
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 EXPORT_FIX = ("or `orchestrate export RUN_DIR --out DIR` and start a new run from it "
               "(model.name_or_path: DIR)")
 
 
-def resume_problems(meta: CheckpointMeta, plan: Plan) -> list[Problem]:
+def resume_problems(meta: CheckpointMeta, plan: RunPlan) -> list[Problem]:
     """Why the checkpoint described by `meta` cannot continue under `plan` (empty: it can). World
     size may differ where the backend reshards (each backend's `resume_conflicts` says what not)."""
     from orchestrate.backends.registry import get_backend
@@ -96,7 +96,7 @@ def config_changes(then: RunConfig, now: RunConfig) -> tuple[list[str], list[Pro
     return applied, problems
 
 
-def check_resumable(ckpt_dir: Path, plan: Plan) -> CheckpointMeta:
+def check_resumable(ckpt_dir: Path, plan: RunPlan) -> CheckpointMeta:
     """The checkpoint's metadata; UserError naming every difference that prevents resuming."""
     meta = read_meta(ckpt_dir)
     problems = resume_problems(meta, plan)

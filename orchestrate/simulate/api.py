@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.simulate.result import SimulationResult
 from orchestrate.simulate.spec import RunSpec, plan_from_parts, spec_from_plan
@@ -18,13 +18,13 @@ from orchestrate.simulate.spec import RunSpec, plan_from_parts, spec_from_plan
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
-def make_spec(target: Plan | RunSpec | Any, strategy: Strategy | None = None, seq_len: int | None = None,
+def make_spec(target: RunPlan | RunSpec | Any, strategy: Strategy | None = None, seq_len: int | None = None,
               world_size: int | None = None, *, hardware: Any = None, rank: int = 0, steps: int = 2) -> RunSpec:
     """The run to simulate: a plan's chosen candidate, a ready `RunSpec`, or (HF config, strategy,
     seq_len, world_size) set up as on `hardware` (default: the generic 8 GB GPU preset)."""
     if isinstance(target, RunSpec):
         return target
-    if isinstance(target, Plan):
+    if isinstance(target, RunPlan):
         return spec_from_plan(target, steps=steps, rank=rank)
     if strategy is None or seq_len is None or world_size is None:
         raise TypeError("simulate(hf_config, strategy, seq_len, world_size): all four are needed")
@@ -32,7 +32,7 @@ def make_spec(target: Plan | RunSpec | Any, strategy: Strategy | None = None, se
     return spec_from_plan(plan, steps=steps, rank=rank)
 
 
-def simulate(target: Plan | RunSpec | Any, strategy: Strategy | None = None, seq_len: int | None = None,
+def simulate(target: RunPlan | RunSpec | Any, strategy: Strategy | None = None, seq_len: int | None = None,
              world_size: int | None = None, *, hardware: Any = None, rank: int = 0, steps: int = 2,
              timeout_s: float = 900) -> SimulationResult:
     """Per-rank memory of `steps` real training steps on fake tensors (see `make_spec` for targets).

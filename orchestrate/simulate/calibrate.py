@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.simulate.api import make_spec, simulate
 from orchestrate.simulate.result import SimulationResult
@@ -48,7 +48,7 @@ class Calibration:
         return asdict(self)
 
 
-def calibrate(target: Plan | Any, strategy: Strategy | None = None, seq_len: int | None = None,
+def calibrate(target: RunPlan | Any, strategy: Strategy | None = None, seq_len: int | None = None,
               world_size: int | None = None, *, hardware: Any = None, layers: tuple[int, int] = (1, 2),
               parallel: int = 2) -> Calibration:
     """Simulate `layers` depths of the model `target` describes (see `simulate` for targets)."""

@@ -127,7 +127,7 @@ class Trainer:
         wrapping as they call it; the hooks above stay on the same modules, which peft wraps in place."""
         if spec.adapters is None:
             return model
-        from orchestrate.loading.transforms import apply_transforms
+        from orchestrate.methods.registry import apply_transforms
         from orchestrate.simulate.spec import plan_from_parts
 
         plan = plan_from_parts(spec.model_config, spec.strategy_obj, spec.seq_len, spec.world_size,

@@ -1,6 +1,6 @@
 """What one simulated (or real, measured) training run does: every knob as a plain JSON-able value.
 
-A `RunSpec` is derived from a `Plan` through the backends' own pure renderers (`fsdp_settings`,
+A `RunSpec` is derived from a `RunPlan` through the backends' own pure renderers (`fsdp_settings`,
 `ddp_settings`, DeepSpeed's `render_config`), so the simulation wraps the model as the worker will.
 It is JSON so it can cross into the subprocess that runs the simulation.
 """
@@ -11,7 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.methods.lora.method import LORA
+from orchestrate.planner.plan import Candidate, RunPlan
 from orchestrate.planner.strategy import Strategy
 
 OFFLOAD_NOTE = "not simulated: offload moves state to CPU — simulated as if resident"
@@ -88,7 +89,7 @@ def _without_offload(strategy: Strategy) -> tuple[Strategy, tuple[str, ...]]:
     return resident, (OFFLOAD_NOTE,)
 
 
-def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int = 2, rank: int = 0) -> RunSpec:
+def spec_from_plan(plan: RunPlan, candidate: Candidate | None = None, *, steps: int = 2, rank: int = 0) -> RunSpec:
     """The run `plan` would make for `candidate` (default: the chosen one), as the backends set it up."""
     from orchestrate.model.meta import load_model_config
 
@@ -103,7 +104,7 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         notes += (f"simulated with {accumulation} micro-batches per step (the plan accumulates "
                   f"{cand.gradient_accumulation}; later micro-batches repeat the second)",)
     resident = dataclasses.replace(cand, strategy=strategy, gradient_accumulation=accumulation)
-    plan1 = dataclasses.replace(plan, candidates=[resident], chosen=resident)
+    plan1 = plan.model_copy(update={"candidates": [resident], "chosen": resident})
     hf_config = load_model_config(plan.config)
     hw, train = plan.hardware, plan.config.train
     mesh: tuple[int, ...] = (plan.world_size,)
@@ -136,18 +137,19 @@ def spec_from_plan(plan: Plan, candidate: Candidate | None = None, *, steps: int
         sync_last_micro_batch_only=sync_last, grad_clip=train.grad_clip,
         fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
         deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None,
-        adapters=adapter_settings(train), notes=notes)
+        adapters=adapter_settings(plan.config), notes=notes)
 
 
-def adapter_settings(train: Any) -> dict[str, Any] | None:
-    """The `train` keys the LoRA transform reads (None for full fine-tuning)."""
-    if train.method == "full":
+def adapter_settings(config: Any) -> dict[str, Any] | None:
+    """The `train` keys the LoRA transform reads (None unless the run trains adapters)."""
+    if not LORA.active(config):
         return None
-    return {"method": train.method, "lora": train.lora.model_dump(), "quantization": train.quantization.model_dump()}
+    t = config.train
+    return {"method": t.method, "lora": t.lora.model_dump(), "quantization": t.quantization.model_dump()}
 
 
 def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size: int,
-                    hardware: Any = None, adapters: dict[str, Any] | None = None) -> Plan:
+                    hardware: Any = None, adapters: dict[str, Any] | None = None) -> RunPlan:
     """A one-candidate plan for `strategy` (default hardware: the generic 8 GB GPU preset, one rank
     per GPU), so simulating parts goes through the same renderers as simulating a plan. `adapters`:
     `train` keys of a LoRA / QLoRA run (`adapter_settings`)."""
@@ -170,4 +172,4 @@ def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size
                                       "micro_batch_size": strategy.micro_batch_size, **(adapters or {})}}, None)
     shape = shape_from_config(load_model_config(cfg))
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), 1, fits=True)
-    return Plan(config=cfg, hardware=hardware, shape=shape, candidates=[cand], chosen=cand)
+    return RunPlan(config=cfg, hardware=hardware, shape=shape, candidates=[cand], chosen=cand)

@@ -12,7 +12,8 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
-from orchestrate.planner.plan import Plan
+from orchestrate.methods.registry import active_methods
+from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
 from orchestrate.simulate.spec import OFFLOAD_NOTE
@@ -47,7 +48,7 @@ class VerificationReport:
         return "\n".join([line, *(f"  note: {n}" for n in self.notes)])
 
 
-def _unseen(plan: Plan, analytical: dict[str, int]) -> dict[str, int]:
+def _unseen(plan: RunPlan, analytical: dict[str, int]) -> dict[str, int]:
     from orchestrate.planner import constants as k
 
     hw, strategy = plan.hardware, plan.chosen.strategy
@@ -60,7 +61,7 @@ def _unseen(plan: Plan, analytical: dict[str, int]) -> dict[str, int]:
             "nccl_buffers": nccl, "allocator_reserve": analytical.get("allocator_reserve", 0)}
 
 
-def verify_plan(plan: Plan, *, timeout_s: float = 900) -> VerificationReport:
+def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
     """Simulate `plan.chosen` (one rank, rank 0) and compare its peak with the plan's estimate."""
     from orchestrate.planner.memory import estimate_memory
 
@@ -71,11 +72,9 @@ def verify_plan(plan: Plan, *, timeout_s: float = 900) -> VerificationReport:
         raise UserError("plan --simulate runs causal LMs only", [Problem(
             "model.task", f"the fake-tensor simulation builds the causal-LM class, not the {plan.config.model.task} "
             "head, so its peak would describe another model", "drop --simulate: the analytical estimate covers every task")])
-    if plan.config.train.method == "qlora":  # bitsandbytes' Params4bit cannot re-type a FakeTensor
-        raise UserError("plan --simulate cannot run QLoRA", [Problem(
-            "train.method", "the fake-tensor simulation cannot hold a 4-bit base: bitsandbytes' Params4bit is a "
-            "tensor subclass that refuses fake tensors and its kernels read real data (bench/qlora_pieces.py "
-            "checks QLoRA's terms piece by piece instead)", "simulate method: lora, or drop --simulate")])
+    refusals = [p for m in active_methods(plan.config) if (p := m.simulation_refusal(plan.config)) is not None]
+    if refusals:
+        raise UserError("plan --simulate cannot run this training method", refusals)
     analytical = dict(cand.memory.gpu) or estimate_memory(
         plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation).gpu
     sim = simulate(plan, timeout_s=timeout_s)

@@ -51,8 +51,9 @@ from orchestrate.run.checkpoints import (
 )
 
 if TYPE_CHECKING:
-    from orchestrate.backends.base import TrainEngine, WorkerContext
-    from orchestrate.planner.plan import Plan
+    from orchestrate.backends.base import TrainEngine
+    from orchestrate.planner.plan import RunPlan
+    from orchestrate.worker.rank import Rank
 
 
 # --- per-rank state ----------------------------------------------------------------------------
@@ -117,11 +118,15 @@ class Checkpointer:
     """Saves and restores a TrainEngine plus everything else a bit-exact resume needs. Collective:
     every rank calls `save` / `load` at the same step."""
 
-    def __init__(self, plan: Plan, engine: TrainEngine, ctx: WorkerContext):
+    def __init__(self, plan: RunPlan, engine: TrainEngine, rank: Rank, run_dir: Path, model_dir: Path):
         self.plan = plan
         self.engine = engine
-        self.ctx = ctx
-        self.root = checkpoint_root(ctx.run_dir)
+        self.rank = rank
+        self.run_dir = run_dir
+        """Where the checkpoints go (RUN_DIR, or your own loop's directory)."""
+        self.model_dir = model_dir
+        """The initial model directory: its config.json goes into every checkpoint (for export)."""
+        self.root = checkpoint_root(run_dir)
         self.keep = plan.config.train.keep_checkpoints
         self.last_save_s: float | None = None
         """Wall time of the last save on this rank (what a preemption's grace period is weighed against)."""
@@ -136,7 +141,7 @@ class Checkpointer:
         start = time.perf_counter()
         name = step_dir_name(step)
         tmp = self.root / (TMP_PREFIX + name)
-        rank = self.ctx.rank
+        rank = self.rank.rank
         try:
             self._write(step, tmp, sampler_state)
         except engine_errors() as exc:  # only an OSError inside it becomes a UserError
@@ -157,19 +162,19 @@ class Checkpointer:
         return final
 
     def _write(self, step: int, tmp: Path, sampler_state: dict[str, Any]) -> None:
-        rank = self.ctx.rank
+        rank = self.rank.rank
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)  # what a crash during an earlier save left
             (tmp / RANKS_DIR).mkdir(parents=True)
         self._barrier()
-        _write_json(rank_file(tmp, rank), {"rank": rank, "step": step, "rng": rng_state(self.ctx.device),
+        _write_json(rank_file(tmp, rank), {"rank": rank, "step": step, "rng": rng_state(self.rank.device),
                                             "sampler": sampler_state})
         self.engine.save_checkpoint(tmp, {"step": step})
         if rank == 0:
-            write_meta(tmp, CheckpointMeta.of(self.plan, step, self.ctx.world_size, sampler_state, torch.__version__))
+            write_meta(tmp, CheckpointMeta.of(self.plan, step, self.rank.world_size, sampler_state, torch.__version__))
             _write_json(tmp / PLAN_COPY, self.plan.to_dict())
-            if (self.ctx.model_dir / HF_CONFIG).is_file():  # a user's own module (orchestrate.prepare) has none
-                shutil.copyfile(self.ctx.model_dir / HF_CONFIG, tmp / HF_CONFIG)
+            if (self.model_dir / HF_CONFIG).is_file():  # a user's own module (orchestrate.prepare) has none
+                shutil.copyfile(self.model_dir / HF_CONFIG, tmp / HF_CONFIG)
 
     def _write_failed(self, step: int, tmp: Path, exc: BaseException) -> BaseException:
         """A write that failed on the file system (disk full, quota, permissions) becomes a
@@ -180,20 +185,20 @@ class Checkpointer:
         if error is None:
             return exc
         shutil.rmtree(tmp, ignore_errors=True)
-        kept = newest_intact(self.ctx.run_dir)
+        kept = newest_intact(self.run_dir)
         what = "no space left on device" if error.errno in (errno.ENOSPC, errno.EDQUOT) else error.strerror
         keeps = (f"the previous checkpoint {kept.path} (step {kept.meta.step}) is kept, intact: --resume continues "
                  "from it" if kept else "there is no earlier checkpoint to resume from")
         return UserError(f"the checkpoint of step {step} could not be written: {what}", [Problem(
             str(self.root), f"{error}; the partial {tmp.name} was removed and {keeps}",
-            f"free space where {self.ctx.run_dir} is (df -h {self.root}) or lower train.keep_checkpoints, then "
-            f"`orchestrate launch CONFIG --resume --run-dir {self.ctx.run_dir}`")])
+            f"free space where {self.run_dir} is (df -h {self.root}) or lower train.keep_checkpoints, then "
+            f"`orchestrate launch CONFIG --resume --run-dir {self.run_dir}`")])
 
     def _require_shared(self, tmp: Path) -> None:
-        missing = [r for r in range(self.ctx.world_size) if not rank_file(tmp, r).is_file()]
+        missing = [r for r in range(self.rank.world_size) if not rank_file(tmp, r).is_file()]
         if missing:
             raise UserError("checkpoint files of other ranks are not visible on rank 0", [Problem(
-                str(self.ctx.run_dir), f"ranks {missing[:8]} wrote their part of {tmp.name} where rank 0 cannot "
+                str(self.run_dir), f"ranks {missing[:8]} wrote their part of {tmp.name} where rank 0 cannot "
                 "see it: the run directory is not on a file system shared by all nodes",
                 "put train.output_dir (the run directory) on a shared file system (NFS, Lustre, ...)")])
 
@@ -202,7 +207,7 @@ class Checkpointer:
         the oldest of them (damaged ones are left for the user to look at); delete only what is
         older. Sizes are checked, not checksums: the newest was checksummed a moment ago."""
         intact = 0
-        for ckpt in reversed(list_checkpoints(self.ctx.run_dir)):
+        for ckpt in reversed(list_checkpoints(self.run_dir)):
             if intact >= self.keep:
                 _remove(ckpt)
             else:
@@ -219,18 +224,18 @@ class Checkpointer:
         meta = read_meta(ckpt_dir)
         try:
             client = self.engine.load_checkpoint(ckpt_dir)
-            own = json.loads(rank_file(ckpt_dir, self.ctx.rank).read_text()) if meta.world_size == self.ctx.world_size \
+            own = json.loads(rank_file(ckpt_dir, self.rank.rank).read_text()) if meta.world_size == self.rank.world_size \
                 else None
         except engine_errors() as exc:  # the boundary: whatever the engine raises
             raise _unloadable(ckpt_dir, f"{type(exc).__name__}: {exc}") from exc
         if int(client.get("step", -1)) != meta.step:
             raise _unloadable(ckpt_dir, f"the engine state is of step {client.get('step')}, meta.json says {meta.step}")
         if own is not None:
-            set_rng_state(own["rng"], self.ctx.device)
+            set_rng_state(own["rng"], self.rank.device)
             sampler = own["sampler"]
         else:
             # The sampler's state is world-size independent; rank generators are not, so they restart.
-            reseed(self.plan.config.train.seed, self.ctx.rank, meta.step, self.ctx.device)
+            reseed(self.plan.config.train.seed, self.rank.rank, meta.step, self.rank.device)
             sampler = meta.sampler
         self._barrier()
         return {"step": meta.step, "sampler": sampler}

@@ -18,10 +18,10 @@ from orchestrate.worker.main import main
 # All three backends: their modules are light (the engines import lazily).
 WORKER_MODULES = (
     "orchestrate.worker.stages", "orchestrate.worker.loop", "orchestrate.worker.callbacks.standard",
-    "orchestrate.worker.checkpointing", "orchestrate.worker.dist_env", "orchestrate.worker.objective",
+    "orchestrate.worker.checkpointing", "orchestrate.worker.rank", "orchestrate.worker.objective",
     "orchestrate.worker.preload", "orchestrate.data.pipeline", "orchestrate.backends.ddp",
     "orchestrate.backends.fsdp", "orchestrate.backends.deepspeed_backend", "orchestrate.backends.hf_io",
-    "orchestrate.loading.init_weights", "orchestrate.loading.weights", "orchestrate.loading.transforms",
+    "orchestrate.loading.init_weights", "orchestrate.loading.weights", "orchestrate.methods.registry",
     "orchestrate.methods.lora.quantized_loading", "orchestrate.loading.host_embedding",
 )
 

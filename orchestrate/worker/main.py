@@ -1,8 +1,10 @@
 """The worker's whole life, as a recipe in stages (in the manner of torchtitan's `Trainer`):
 
-    plan -> process group -> model (initial weights; model transforms inside the backend) ->
-    wrap (backend engine, with the task's objective) -> data -> resume -> step loop with callbacks
-    (evaluation, metrics, progress, checkpoints, stop signals) -> consolidated Hugging Face model.
+    plan -> process group -> data -> the methods' auxiliary models -> model (initial weights; built
+    by the base method with the methods' transforms, inside the backend) -> wrap (backend engine,
+    with the objective of the task and the methods) -> resume -> step loop with callbacks (the
+    methods', evaluation, metrics, progress, checkpoints, stop signals) -> consolidated Hugging Face
+    model and what the methods save.
 
 Fault tolerance (docs/fault-tolerance.md): whenever RUN_DIR/checkpoints/latest names a complete
 checkpoint the worker continues from it, so `orchestrate launch --resume`, a torchrun restart
@@ -38,25 +40,25 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     import torch.distributed as dist
 
     from orchestrate.worker import stages
+    from orchestrate.worker.callbacks.base import Training
     from orchestrate.worker.loop import run_loop
     from orchestrate.worker.preload import start_preload
 
     plan, run = stages.read_plan(plan_path)
     stages.check_run_dir(run)
     preload = start_preload(plan)  # the model's code imports while the ranks meet (worker/preload.py)
-    worker = stages.start_process_group(plan, run)
-    resume_from = stages.checkpoint_to_resume(plan, run, worker)  # checked before anything is built
+    rank = stages.start_process_group(plan)
+    resume_from = stages.checkpoint_to_resume(plan, run, rank)  # checked before anything is built
     preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
-    data = stages.build_data(plan, run, worker)  # first: a classifier's labels size its head
-    tensors = stages.count_tensors(worker)  # CPU: the live-tensor peak the memory verdict compares
-    teacher = stages.build_teacher(plan, run, worker, data)  # before the student (see the function)
-    engine, ctx = stages.build_engine(plan, run, worker, data.label_names, teacher)
-    checkpointer, start_step = stages.resume(plan, ctx, engine, data, resume_from)
-    info = stages.run_info(plan, run, worker, start_step)
-    callbacks = stages.callbacks(info, engine, data, stop, checkpointer, worker, resume_from)
-    stopped = run_loop(info, engine, data, stop, checkpointer, callbacks, worker.node, worker.device, tensors)
+    data = stages.build_data(plan, run, rank)  # first: a classifier's labels size its head
+    tensors = stages.count_tensors(rank)  # CPU: the live-tensor peak the memory verdict compares
+    auxiliary = stages.build_auxiliary(plan, run, rank, data)  # before the trained model (see the function)
+    engine, model_dir = stages.build_engine(plan, run, rank, data.label_names, auxiliary)
+    checkpointer, start_step = stages.resume(plan, run, rank, engine, model_dir, data, resume_from)
+    training = Training(plan, rank, run, engine, data, checkpointer, stop, start_step)
+    stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from), tensors)
     if not stopped:
-        stages.save_model(plan, run, engine, data, worker)
+        stages.save_model(plan, run, rank, engine, data)
     dist.barrier()
     dist.destroy_process_group()
     return EX_TEMPFAIL if stopped else 0

@@ -2,35 +2,24 @@
 `objective.loss(model, batch)` on every training micro-batch and backpropagates it; evaluation
 calls `eval_sums(model, batch)` per batch (sums that add up over batches and ranks) and the
 Evaluation callback turns their totals into the record's metrics with `metrics(sums, batches)`.
-One class per `model.task`, named in `_OBJECTIVES`.
+One class per `model.task`, named in `_OBJECTIVES`; a training method's objective (distillation,
+your own module's loss) lives in its folder and takes the task's place through its runtime's
+`objective` hook (`objective_for`). An objective that measures more per step (a preference method's
+rewards) keeps its sums and a MEASURE-phase callback of its method adds them to the step's record.
 """
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any
+
+from orchestrate.backends.base import Objective
+from orchestrate.methods.registry import active_methods, runtimes
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.methods.distill.objective import TeacherLogits
-    from orchestrate.planner.plan import Plan
-
-
-class Objective(Protocol):
-    name: str
-
-    def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The scalar loss of one micro-batch (already on the model's device)."""
-        ...
-
-    def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Additive evaluation sums of one batch, "loss" among them; the same keys on every rank."""
-        ...
-
-    def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
-        """The record's eval_* entries from the sums over `batches` batches of all ranks."""
-        ...
+    from orchestrate.planner.plan import RunPlan
 
 
 class CausalLMObjective:
@@ -108,18 +97,22 @@ class SequenceClassificationObjective:
 _OBJECTIVES = {o.name: o for o in (CausalLMObjective, MaskedLMObjective, SequenceClassificationObjective)}
 
 
-def objective_for(plan: Plan, teacher: TeacherLogits | None = None) -> Objective:
-    """The objective of the plan's task (model.task), or of your own module (train.loss); with
-    `distill:` the distillation objective around the task's (orchestrate/methods/distill/objective.py), fed by
-    `teacher`."""
-    if plan.config.model.module is not None:
-        from orchestrate.methods.custom.objective import CustomObjective
-
-        return CustomObjective(plan.config.train.loss)
-    if plan.config.distill is not None:  # the KL term needs the student's whole logits: never chunked
-        from orchestrate.methods.distill.objective import DistillationObjective
-
-        return DistillationObjective(_OBJECTIVES[plan.config.model.task](), teacher, plan.config.distill)
-    if plan.config.model.task == "causal-lm" and plan.chosen is not None:  # the loss in chunks when planned
-        return CausalLMObjective(plan.chosen.strategy.loss_chunks)
+def plain_objective(plan: RunPlan) -> Objective:
+    """The objective of the plan's task (model.task), the loss never chunked."""
     return _OBJECTIVES[plan.config.model.task]()
+
+
+def task_objective(plan: RunPlan) -> Objective:
+    """The objective of the plan's task, the causal-LM loss in chunks where the plan chunks it."""
+    if plan.config.model.task == "causal-lm":
+        return CausalLMObjective(plan.chosen.strategy.loss_chunks)
+    return plain_objective(plan)
+
+
+def objective_for(plan: RunPlan, auxiliary: dict[str, Any] | None = None) -> Objective:
+    """The task's objective, then every active method's say in hook order (your own module's loss;
+    distillation around the task's, fed by its teacher in `auxiliary`: methods/runtime.py)."""
+    objective = task_objective(plan)
+    for method, runtime in zip(active_methods(plan.config), runtimes(plan.config), strict=True):
+        objective = runtime.objective(plan, objective, (auxiliary or {}).get(method.name))
+    return objective

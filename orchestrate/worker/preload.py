@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def start_preload(plan: Plan) -> threading.Thread:
+def start_preload(plan: RunPlan) -> threading.Thread:
     thread = threading.Thread(target=_preload, args=(plan,), name="orchestrate-preload", daemon=True)
     thread.start()
     return thread
 
 
-def _preload(plan: Plan) -> None:
+def _preload(plan: RunPlan) -> None:
     from orchestrate.backends.deepspeed_import import import_deepspeed_lean
     from orchestrate.backends.registry import get_backend
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.report.mfu import utilisation
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 # record key -> tracker tag
 _DIRECT = {
@@ -31,7 +31,7 @@ _DIRECT = {
 }
 
 
-def step_scalars(record: dict[str, Any], plan: Plan) -> dict[str, float]:
+def step_scalars(record: dict[str, Any], plan: RunPlan) -> dict[str, float]:
     out = {tag: float(record[key]) for key, tag in _DIRECT.items() if record.get(key) is not None}
     if record.get("tokens_per_s") is not None:
         out.update({f"perf/{k}": v for k, v in utilisation(float(record["tokens_per_s"]), plan).items()})

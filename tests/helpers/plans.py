@@ -1,4 +1,4 @@
-"""Build a Plan for a pinned strategy without running the planner, for backend and worker tests.
+"""Build a RunPlan for a pinned strategy without running the planner, for backend and worker tests.
 
 The memory and speed estimates of such a plan are empty on purpose: these tests exercise rendering
 and training, not prediction.
@@ -11,7 +11,7 @@ from pathlib import Path
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
-from orchestrate.planner.plan import Candidate, Plan
+from orchestrate.planner.plan import Candidate, RunPlan
 from orchestrate.planner.strategy import Strategy
 
 TINY_GPT2 = {
@@ -26,7 +26,7 @@ def cpu_hardware(ranks: int) -> HardwareProfile:
 
 
 def make_plan(strategy: Strategy, ranks: int = 2, config: dict | None = None,
-              source_dir: Path | None = None) -> Plan:
+              source_dir: Path | None = None) -> RunPlan:
     from orchestrate.model.meta import load_model_config, shape_from_config
 
     data = {
@@ -41,4 +41,4 @@ def make_plan(strategy: Strategy, ranks: int = 2, config: dict | None = None,
     world = ranks
     accumulation = max(1, cfg.train.global_batch_size // (strategy.micro_batch_size * world))
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), accumulation, fits=True)
-    return Plan(config=cfg, hardware=cpu_hardware(ranks), shape=shape, candidates=[cand], chosen=cand)
+    return RunPlan(config=cfg, hardware=cpu_hardware(ranks), shape=shape, candidates=[cand], chosen=cand)

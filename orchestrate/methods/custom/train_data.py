@@ -12,10 +12,10 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.methods.custom.data import WHERE, load_dataset, split
 
 if TYPE_CHECKING:
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def build_module_data(plan: Plan, rank: int, world_size: int) -> TrainData:
+def build_module_data(plan: RunPlan, rank: int, world_size: int) -> TrainData:
     config = plan.config
     train, validation = split(load_dataset(config), config.data.validation_ratio, config.train.seed)
     if len(train) < world_size:

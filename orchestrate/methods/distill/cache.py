@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.data.pipeline import TrainData
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 _VALUES, _IDS, _DONE = "values.npy", "ids.npy", "complete.json"
 
@@ -37,7 +37,7 @@ def _digest(batch: dict[str, torch.Tensor], row: int) -> bytes:
     return h.digest()
 
 
-def _expected(plan: Plan, data: TrainData) -> dict:
+def _expected(plan: RunPlan, data: TrainData) -> dict:
     """What a complete cache must have been made from: the samples' shape, top_k, and the
     teacher's weight files by name, size and modification time (a teacher retrained in place
     invalidates the cache; resuming with the same teacher reuses it)."""
@@ -49,7 +49,7 @@ def _expected(plan: Plan, data: TrainData) -> dict:
             "weights": [[w.name, w.stat().st_size, w.stat().st_mtime_ns] for w in weights]}
 
 
-def write_cache(plan: Plan, run_dir: Path, data: TrainData, teacher: torch.nn.Module, device: torch.device,
+def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn.Module, device: torch.device,
                 rank: int, world_size: int) -> None:
     """The first pass (collective): every rank writes rows rank, rank + world, ... ; all ranks run
     the same number of forwards (a sharded teacher gathers its blocks with every rank)."""

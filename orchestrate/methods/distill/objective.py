@@ -15,11 +15,12 @@ and an undistilled run report comparable eval_loss.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.backends.base import Objective
     from orchestrate.methods.distill.config import DistillSection
 
 TeacherLogits = Callable[[dict], "tuple[torch.Tensor, torch.Tensor | None]"]
@@ -46,9 +47,8 @@ def soft_target_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, i
 class DistillationObjective:
     name = "distillation"
 
-    def __init__(self, task: Any, teacher: TeacherLogits, settings: DistillSection) -> None:
-        # task: the model.task's objective (orchestrate.worker.objective, which imports this file).
-        self.task = task
+    def __init__(self, task: Objective, teacher: TeacherLogits, settings: DistillSection) -> None:
+        self.task = task  # the model.task's objective: evaluation measures the student alone
         self.teacher = teacher
         self.temperature = settings.temperature
         self.alpha = settings.alpha

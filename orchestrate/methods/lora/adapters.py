@@ -1,7 +1,7 @@
 """What `train.method: lora | qlora` changes in the model states, from the config and the shape alone:
 the adapted linears, the trainable adapter parameters and how the frozen base is stored. Pure.
 
-The memory terms that use it are in `adapter_memory.py`; the model transform that does it is
+The memory terms that use it are in `memory.py` (the method's terms: `method.py`); the model transform is
 `orchestrate/methods/lora/transform.py`.
 """
 
@@ -13,8 +13,26 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.model.linears import block_linears, linear_families
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.constants import nf4_bits_per_param
 from orchestrate.planner.strategy import Sharding
+
+NF4_BITS = 4
+"""Bits per weight of 4-bit NormalFloat (Dettmers et al. 2023, "QLoRA", section 3)."""
+
+NF4_BLOCK = 64
+"""Weights per quantization block, each with one absmax constant (QLoRA section 3; bitsandbytes
+`Linear4bit` default blocksize 64)."""
+
+NF4_DOUBLE_QUANT_BLOCK = 256
+"""Double quantization: the fp32 absmax constants are themselves quantized to 8 bits in blocks of 256,
+each with one fp32 constant: 8/64 + 32/(64*256) = 0.127 bits per weight instead of 32/64 = 0.5
+(QLoRA section 3, "Double Quantization"), so NF4 with double quantization is ~4.127 bits per weight."""
+
+
+def nf4_bits_per_param(double_quant: bool) -> float:
+    if double_quant:
+        return NF4_BITS + 8 / NF4_BLOCK + 32 / (NF4_BLOCK * NF4_DOUBLE_QUANT_BLOCK)
+    return NF4_BITS + 32 / NF4_BLOCK
+
 
 # (backend, ZeRO stage) pairs whose engines train each method, without offload, verified on 2 gloo ranks
 # (tests/test_lora_train.py: DDP; tests/test_lora_backends.py: FSDP2 full shard, ZeRO-2, ZeRO-3). Others

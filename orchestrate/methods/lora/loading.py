@@ -28,10 +28,10 @@ from torch import nn
 
 if TYPE_CHECKING:
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def load_adapter_base(model_dir: Path, plan: Plan, trust_remote_code: bool = False,
+def load_adapter_base(model_dir: Path, plan: RunPlan, trust_remote_code: bool = False,
                       task: str = "causal-lm") -> tuple[nn.Module, StateLayout]:
     """The base on the CPU (QLoRA from safetensors: quantized as it loads; else whole in the compute dtype),
     untransformed, with the StateLayout of the unquantized model (checkpoints and the merged export use it)."""
@@ -47,13 +47,13 @@ def load_adapter_base(model_dir: Path, plan: Plan, trust_remote_code: bool = Fal
     return model, StateLayout.of(model)
 
 
-def fsdp_adapter_model(model_dir: Path, plan: Plan, rank: int, trust_remote_code: bool = False,
+def fsdp_adapter_model(model_dir: Path, plan: RunPlan, rank: int, trust_remote_code: bool = False,
                        task: str = "causal-lm") -> tuple[nn.Module, StateLayout, dict[str, torch.Tensor] | None]:
     """(the transformed model FSDP2's setup shards, the base's StateLayout, and for LoRA the full state dict
     `fill_from_rank0` broadcasts after fully_shard: rank 0's, {} elsewhere; None for QLoRA, filled already)."""
-    from orchestrate.loading.transforms import apply_transforms
     from orchestrate.loading.weights import cast_floating_parameters, meta_model
     from orchestrate.methods.lora.transform import compute_dtype
+    from orchestrate.methods.registry import apply_transforms
 
     if plan.config.train.method == "qlora":
         model, layout = load_adapter_base(model_dir, plan, trust_remote_code, task)

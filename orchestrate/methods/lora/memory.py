@@ -6,7 +6,7 @@ the base is frozen (no gradients, no optimizer states; peft sets requires_grad=F
   (`trainable_shape`), so DDP's replicated 16 B/param and FSDP2's sharded 16/n B/param hold as for
   full training.
 - Frozen base: the compute dtype (the LoRA transform casts it there; fp32 on CPU), or NF4 for its
-  block linears under QLoRA (`constants.nf4_bits_per_param`: 4.127 bits with double quantization,
+  block linears under QLoRA (`adapters.nf4_bits_per_param`: 4.127 bits with double quantization,
   Dettmers et al. 2023) with everything else (embeddings, norms, LM head) in the compute dtype.
   Replicated under DDP, sharded over n ranks under FSDP2 (fully_shard shards frozen parameters too).
 - Adapters in bf16 (`train.lora.dtype`): 2 + 2 + 4 B/param under DDP and FSDP2 (torch's AdamW keeps
@@ -18,14 +18,16 @@ the base is frozen (no gradients, no optimizer states; peft sets requires_grad=F
   tuners/lora/layer.py Linear.forward: `lora_B(lora_A(dropout(x)))`); older bitsandbytes kept each
   4-bit linear's input too (software_terms.bnb_saves_4bit_input). x·A (r wide) stays below resolution.
 
-Pure arithmetic; memory.py calls it.
+Pure arithmetic; the method's terms (method.py) call it.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
+from orchestrate.backends.registry import shards_parameters
 from orchestrate.methods.lora.adapters import Adapters
+from orchestrate.methods.spec import PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets
@@ -44,32 +46,32 @@ def base_bytes(shape: ModelShape, adapters: Adapters, c: int) -> tuple[float, fl
     bits = adapters.base_bits_quantized
     whole = (shape.parameters - adapters.quantized) * c + adapters.quantized * bits / 8
     block = (shape.block_parameters - adapters.block_quantized) * c + adapters.block_quantized * bits / 8
-    root = max(0, shape.parameters - shape.num_layers * shape.block_parameters) * c
-    return whole, block, root
+    return whole, block, shape.root_parameters * c
 
 
-def add_frozen_base(gpu: dict, cpu: dict, shape: ModelShape, strategy: Strategy, n: int, adapters: Adapters,
-                    c: int) -> None:
-    """Add the frozen base's bytes to a placement of the adapters' states (`gpu`, `cpu` per rank)."""
+def frozen_base_bytes(shape: ModelShape, strategy: Strategy, n: int, adapters: Adapters, c: int) -> PlacedBytes:
+    """The frozen base's bytes beside a placement of the adapters' states (per rank)."""
+    out = PlacedBytes()
     whole, block, root = base_bytes(shape, adapters, c)
-    sharded = strategy.backend == "fsdp" or (strategy.backend == "deepspeed" and strategy.zero_stage == 3)
+    sharded = shards_parameters(strategy.sharding)
     per_rank = whole / n if sharded else whole
-    if sharded and strategy.offload_params != "none":  # ZeRO-3 offload_param: on the host (adapter_offload.py)
-        cpu["offloaded_params"] += per_rank
+    if sharded and strategy.offload_params != "none":  # ZeRO-3 offload_param: on the host (offload.py)
+        out.on_cpu("offloaded_params", per_rank)
     else:
-        gpu["weights"] += per_rank
+        out.on_gpu("weights", per_rank)
     if strategy.backend == "fsdp":
         # The root stays unsharded (memory._fsdp). With a frozen base the peak is where backward starts,
         # not in it (the adapters' gradients are small): the blocks resharded after forward, the last one's
         # all-gather for backward in flight: root + one block (simulated). Shard-grad-op keeps them all.
-        gpu["gathered_params"] += (root + block) if strategy.zero_stage == 3 else whole
+        out.on_gpu("gathered_params", (root + block) if strategy.zero_stage == 3 else whole)
     elif sharded:
-        gpu["gathered_params"] += zero3_gathered_base(shape, whole, c)
+        out.on_gpu("gathered_params", zero3_gathered_base(shape, whole, c))
     if adapters.quantized:
         # bitsandbytes dequantizes a 4-bit weight to the compute dtype for each matmul (forward, and
         # again for the input gradient): one block linear's weights at a time (bnb/autograd/_functions.py
         # MatMul4Bit).
-        gpu["gathered_params"] += c * adapters.largest_linear
+        out.on_gpu("gathered_params", c * adapters.largest_linear)
+    return out
 
 
 def fsdp_forward_start_excess(shape: ModelShape, strategy: Strategy, adapters: Adapters, c: int,
@@ -140,18 +142,17 @@ def adapter_saved_delta(shape: ModelShape, adapters: Adapters, c: int, base_save
     return delta
 
 
-def scale_adapter_states(gpu: dict, cpu: dict, strategy: Strategy, adapters: Adapters) -> None:
+def adapter_state_scale(strategy: Strategy, adapters: Adapters) -> dict[str, float]:
     """bf16 adapters (train.lora.dtype) under DDP and FSDP2: weights, gradients, Adam states and DDP's
     gradient buckets at 2/4 of the fp32 terms, and no autocast copy of them for the matmuls (already
-    the compute dtype). DeepSpeed's bf16 optimizer keeps fp32 masters and states (unchanged)."""
+    the compute dtype). DeepSpeed's bf16 optimizer keeps fp32 masters and states (unchanged).
+    Factors by breakdown key, for the memory model to apply to the adapters' states."""
     if adapters.dtype_bytes == 4 or strategy.backend == "deepspeed":
-        return
+        return {}
     ratio = adapters.dtype_bytes / 4
-    for key in ("weights", "gradients", "optimizer_states", "master_weights"):
-        gpu[key] *= ratio
-    for key in ("offloaded_params", "offloaded_gradients", "offloaded_optimizer"):
-        cpu[key] *= ratio
+    keys = ("weights", "gradients", "optimizer_states", "master_weights",
+            "offloaded_params", "offloaded_gradients", "offloaded_optimizer")
+    scale = dict.fromkeys(keys, ratio)
     if strategy.backend == "ddp":
-        gpu["comm_buckets"] *= ratio
-        gpu["gathered_params"] = 0
-
+        scale |= {"comm_buckets": ratio, "gathered_params": 0.0}
+    return scale

@@ -2,23 +2,23 @@
 (`offload_param: {device: cpu}` with `offload_optimizer: {device: cpu}`; methods/lora/adapters.py
 TRAINABLE_OFFLOADED), fsdp_qlora's layout for a base too large for the GPUs. Pure.
 
-Memory (adapter_memory.add_frozen_base counts it): each rank keeps its partition of the base in host
+Memory (memory.frozen_base_bytes counts it): each rank keeps its partition of the base in host
 memory, in the bytes it is stored in (NF4 codes packed into the compute dtype, `bnb_4bit_quant_storage`;
 16-bit for lora), pinned when the rendered block says `pin_memory: true` (deepspeed_render.py; GPU
 only): partition_parameters.py (Init: remote_device = offload_param.device; `_partition_param`) puts
 `param.ds_tensor` there for every parameter, frozen ones included. On the GPU
-ZeRO-3 holds what it gathers, the same term as without offload (adapter_memory.zero3_gathered_base):
+ZeRO-3 holds what it gathers, the same term as without offload (memory.zero3_gathered_base):
 a gathered parameter is a device tensor whichever device its partition lives on
 (partitioned_param_coordinator.py fetch_sub_module).
 
 Speed: the adapters are a small ZeRO-Offload model of their own (speed._offload on
-adapter_memory.trainable_shape: their gradients down, CPU Adam, their updated values up); the base adds
+memory.trainable_shape: their gradients down, CPU Adam, their updated values up); the base adds
 its partition's host-to-device copy before each forward and each backward all-gather of every
 micro-batch (backward gathers it again for the input gradients), as full training's ZeRO-3 parameter
 offload term does (speed._offload), but nothing comes back down: it has no gradient and no update.
 
 Ranking: verified on CPU only (tests/test_lora_offload.py), so the search takes an offloaded adapter
-run only where nothing without offload fits (`offloaded_adapters`), as it does for activation offload.
+run only where nothing without offload fits (method.py `AdapterTerms.ranks_last`), as it does for activation offload.
 """
 
 from __future__ import annotations
@@ -38,7 +38,3 @@ def base_h2d_bytes(shape: ModelShape, strategy: Strategy, n: int, adapters: Adap
     whole, _, _ = base_bytes(shape, adapters, c)
     return accumulation * 2 * whole / n
 
-
-def offloaded_adapters(adapters: Adapters | None, strategy: Strategy) -> bool:
-    """An adapter run that offloads (ranked after every fitting plan that does not: no GPU has run it)."""
-    return adapters is not None and (strategy.offload_optimizer != "none" or strategy.offload_params != "none")

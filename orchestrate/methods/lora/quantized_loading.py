@@ -12,7 +12,7 @@ its cast, and, when the device is the CPU, the quantized model (methods/lora/mem
 `quantized_load_bytes`); never the 16-bit base.
 This is what transformers' `from_pretrained(quantization_config=BitsAndBytesConfig(load_in_4bit=True))`
 does, shard by shard; it is not used because it also quantizes the LM head's neighbours by its own
-rules and would not match the planner's (and `LoraTransform`'s) set of block linears.
+rules and would not match the planner's (and `add_adapters`') set of block linears.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from orchestrate.loading.weights import meta_model, plan_reads
 
 if TYPE_CHECKING:
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 
-def block_linear_names(model: nn.Module, plan: Plan) -> set[str]:
+def block_linear_names(model: nn.Module, plan: RunPlan) -> set[str]:
     """Qualified names of every nn.Linear inside the transformer blocks (what QLoRA stores in NF4)."""
     from orchestrate.backends.hf_io import find_blocks, model_block_class_names
 
@@ -59,7 +59,7 @@ def _retie(model: nn.Module, tie_groups: tuple[tuple[str, ...], ...]) -> None:
             setattr(model.get_submodule(owner), attr, filled)
 
 
-def load_quantized(model_dir: Path, device: torch.device, plan: Plan, trust_remote_code: bool = False,
+def load_quantized(model_dir: Path, device: torch.device, plan: RunPlan, trust_remote_code: bool = False,
                    task: str = "causal-lm") -> tuple[nn.Module, StateLayout]:
     """(the model on `device`: block linears in NF4, the rest in the compute dtype, read tensor by tensor;
     the StateLayout of the unquantized model, which checkpoints and the merged export are keyed by)."""

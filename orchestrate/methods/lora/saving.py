@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -74,7 +74,7 @@ def merged_state_dict(model, keys) -> dict[str, torch.Tensor]:
     return {k: out[k] for k in keys}
 
 
-def merge_adapters(plan: Plan, model_dir: Path, adapters: dict[str, torch.Tensor]) -> tuple[dict, StateLayout]:
+def merge_adapters(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Tensor]) -> tuple[dict, StateLayout]:
     """The merged full-precision state dict of a run's adapters, in this process on the CPU, and the
     base's layout (its keys and ties).
 
@@ -85,9 +85,9 @@ def merge_adapters(plan: Plan, model_dir: Path, adapters: dict[str, torch.Tensor
     import torch
 
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.loading.transforms import apply_transforms
     from orchestrate.loading.weights import load_replicated
     from orchestrate.methods.lora.transform import compute_dtype
+    from orchestrate.methods.registry import apply_transforms
 
     # In the compute dtype the sharding backends load it in, so the NF4 codes are the trained ones.
     model = load_replicated(model_dir, torch.device("cpu"), compute_dtype(plan), plan.config.model.trust_remote_code,

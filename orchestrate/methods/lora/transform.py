@@ -10,45 +10,41 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.registry import shards_parameters
+
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.planner.plan import Plan
+    from orchestrate.planner.plan import RunPlan
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
-def compute_dtype(plan: Plan) -> torch.dtype:
+def compute_dtype(plan: RunPlan) -> torch.dtype:
     import torch
 
     q = plan.config.train.quantization.compute_dtype
     return getattr(torch, _DTYPES[plan.chosen.strategy.precision if q == "auto" else q])
 
 
-def target_modules(plan: Plan) -> list[str]:
+def target_modules(plan: RunPlan) -> list[str]:
     from orchestrate.model.linears import block_linears
 
     wanted = plan.config.train.lora.target_modules
     return sorted({name for name, _, _ in block_linears(plan.shape) or []}) if wanted == "auto" else list(wanted)
 
 
-def shards_parameters(plan: Plan) -> bool:
-    """FSDP2 and ZeRO-3 shard (flatten, gather) every parameter, the frozen 4-bit ones too."""
-    s = plan.chosen.strategy
-    return s.backend == "fsdp" or (s.backend == "deepspeed" and s.zero_stage == 3)
-
-
-def quant_storage(plan: Plan) -> torch.dtype:
+def quant_storage(plan: RunPlan) -> torch.dtype:
     """The dtype the packed NF4 bytes are stored as. uint8 by default; where the backend shards the base it
     must be the compute dtype, as transformers' `bnb_4bit_quant_storage` for FSDP-QLoRA: FSDP2's mixed
     precision casts every parameter to its param_dtype, uint8 codes too (bitsandbytes docs "FSDP-QLoRA";
     Answer.AI fsdp_qlora)."""
     import torch
 
-    return compute_dtype(plan) if shards_parameters(plan) else torch.uint8
+    return compute_dtype(plan) if shards_parameters(plan.chosen.strategy.sharding) else torch.uint8
 
 
-def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device: torch.device) -> torch.nn.Module:
+def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: RunPlan, device: torch.device) -> torch.nn.Module:
     """`linear` as a bitsandbytes NF4 `Linear4bit` on `device`, its `weight` quantized there (Params4bit.to
     quantizes on the first move to a non-meta device, CPU included: bitsandbytes/nn/modules.py
     Params4bit.to -> _quantize). The bias, if any, is carried over as it is (meta until read, for
@@ -77,7 +73,7 @@ def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: Plan, device
     return new
 
 
-def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
+def _quantize_block_linears(model: torch.nn.Module, plan: RunPlan) -> None:
     """Every nn.Linear inside the blocks becomes an NF4 `Linear4bit`. A linear already 4-bit (the base was
     quantized as it loaded, methods/lora/quantized_loading.py) is not an nn.Linear and is left as it is."""
     import torch
@@ -94,31 +90,26 @@ def _quantize_block_linears(model: torch.nn.Module, plan: Plan) -> None:
                     setattr(parent, name, new.to(child.weight.device))
 
 
-class LoraTransform:
-    name = "lora"
+def add_adapters(model: torch.nn.Module, plan: RunPlan) -> torch.nn.Module:
+    """The LoRA transform: the base frozen (quantized to NF4 first for qlora, else cast to the compute
+    dtype), peft's adapters on the target linears, in train.lora.dtype (fp32 or bf16)."""
+    import peft
+    import torch
 
-    def applies(self, plan: Plan) -> bool:
-        return plan.config.train.method in ("lora", "qlora")
-
-    def apply(self, model: torch.nn.Module, plan: Plan) -> torch.nn.Module:
-        import peft
-
-        lora = plan.config.train.lora
-        if plan.config.train.method == "qlora":
-            _quantize_block_linears(model, plan)
-            # What transformers sets after a bitsandbytes load; peft reads it to wrap Linear4bit layers in
-            # its 4-bit LoRA layer (peft/tuners/lora/bnb.py dispatch_bnb_4bit), not the generic one.
-            model.is_loaded_in_4bit = True
-        else:
-            model.to(compute_dtype(plan))
-        config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                 target_modules=target_modules(plan), task_type="CAUSAL_LM",
-                                 fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
-        model = peft.get_peft_model(model, config)
-        import torch
-
-        adapter_dtype = torch.bfloat16 if lora.dtype == "bf16" else torch.float32  # train.lora.dtype
-        for p in model.parameters():  # the planner's 16 B/param (fp32) or 8 (bf16)
-            if p.requires_grad:
-                p.data = p.data.to(adapter_dtype)
-        return model
+    lora = plan.config.train.lora
+    if plan.config.train.method == "qlora":
+        _quantize_block_linears(model, plan)
+        # What transformers sets after a bitsandbytes load; peft reads it to wrap Linear4bit layers in
+        # its 4-bit LoRA layer (peft/tuners/lora/bnb.py dispatch_bnb_4bit), not the generic one.
+        model.is_loaded_in_4bit = True
+    else:
+        model.to(compute_dtype(plan))
+    config = peft.LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                             target_modules=target_modules(plan), task_type="CAUSAL_LM",
+                             fan_in_fan_out=plan.shape.model_type == "gpt2")  # GPT-2's Conv1D is (in, out)
+    model = peft.get_peft_model(model, config)
+    adapter_dtype = torch.bfloat16 if lora.dtype == "bf16" else torch.float32  # train.lora.dtype
+    for p in model.parameters():  # the planner's 16 B/param (fp32) or 8 (bf16)
+        if p.requires_grad:
+            p.data = p.data.to(adapter_dtype)
+    return model

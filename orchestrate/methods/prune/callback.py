@@ -12,52 +12,45 @@ Resume: the checkpoint holds the masked weights, so the masks are recomputed as 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from orchestrate.methods.prune import masks as prune_masks
 from orchestrate.methods.prune.schedule import prunable_linears, scheduled_sparsity, sparsity_at, updates_mask
-from orchestrate.worker.callbacks.base import RunInfo, StepEnd
-
-if TYPE_CHECKING:
-    from orchestrate.backends.base import TrainEngine
+from orchestrate.worker.callbacks.base import Callback, Phase, StepEnd, Training
 
 
-class Pruning:
-    def __init__(self, engine: TrainEngine):
-        self.engine = engine
+class Pruning(Callback):
+    phase = Phase.WEIGHTS  # first: evaluation and checkpoints see the pruned weights
+
+    def __init__(self) -> None:
         self.masks: list[torch.Tensor] | None = None
         self.rep = 1
 
-    def views(self, run: RunInfo) -> list[prune_masks.Pruned]:
+    def views(self, training: Training) -> list[prune_masks.Pruned]:
         # Rebuilt every step: DeepSpeed re-points param.data after its step (stage_1_and_2.py).
-        kinds = {name for name, _, _ in prunable_linears(run.plan.shape, run.plan.config.prune)}
-        return prune_masks.prunable_views(self.engine.model, kinds)
+        kinds = {name for name, _, _ in prunable_linears(training.plan.shape, training.plan.config.prune)}
+        return prune_masks.prunable_views(training.engine.model, kinds)
 
-    def on_train_start(self, run: RunInfo) -> None:
-        views = self.views(run)
+    def on_train_start(self, training: Training) -> None:
+        views = self.views(training)
         self.rep = prune_masks.replication(views)
-        if scheduled_sparsity(run.start_step, run.plan.config.prune) > 0:  # a mask update happened
+        if scheduled_sparsity(training.start_step, training.plan.config.prune) > 0:  # a mask update happened
             self.masks = [v.local != 0 for v in views]
 
-    def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
-        prune = run.plan.config.prune
-        views = self.views(run)
+    def on_step_end(self, training: Training, end: StepEnd) -> None:
+        prune = training.plan.config.prune
+        views = self.views(training)
         if self.masks is not None:
             prune_masks.apply_masks(views, self.masks)
         if updates_mask(end.step, prune):
             sparsity = sparsity_at(end.step, prune)
             if prune.method == "structured":
-                shape = run.plan.shape
+                shape = training.plan.shape
                 self.masks = prune_masks.structured_masks(views, sparsity, shape.intermediate_size,
                                                           shape.num_heads if prune.heads else 0,
                                                           shape.num_kv_heads, shape.head_dim)
             else:
                 self.masks = prune_masks.magnitude_masks(views, sparsity, prune.scope == "per-layer", self.rep)
             prune_masks.apply_masks(views, self.masks)
-        end.record["sparsity"] = prune_masks.measured_sparsity(views, self.rep)
-        end.record["sparsity_target"] = scheduled_sparsity(end.step, prune)
-
-    def on_train_end(self, run: RunInfo, stopped_early: bool) -> None:
-        pass
+        end.add({"sparsity": prune_masks.measured_sparsity(views, self.rep),
+                 "sparsity_target": scheduled_sparsity(end.step, prune)})

@@ -1,4 +1,4 @@
-"""The memory of pruning masks, per rank (called from `memory.py` when the plan prunes). Pure.
+"""The memory of pruning masks, per rank (the prune method's own terms, method.py). Pure.
 
 The worker (orchestrate/methods/prune/masks.py) keeps one bool mask (1 byte per element, torch.bool)
 per pruned weight, shaped like the weight *as this rank holds it*: FSDP2's DTensor shard (both fsdp
@@ -9,6 +9,7 @@ fp32 mask buffer plus an fp32 weight_orig copy, 8 bytes per element, replicated.
 
 from __future__ import annotations
 
+from orchestrate.backends.registry import shards_parameters
 from orchestrate.methods.prune.config import PruneSection
 from orchestrate.methods.prune.schedule import prunable_linears
 from orchestrate.model.shape import ModelShape
@@ -22,15 +23,11 @@ SCRATCH_BYTES = 4 + 1
 as int32) and one bool comparison (1 B): prune_masks.py's threshold search."""
 
 
-def masks_sharded(strategy: Strategy) -> bool:
-    return strategy.backend == "fsdp" or (strategy.backend == "deepspeed" and strategy.zero_stage == 3)
-
-
 def mask_memory(shape: ModelShape, strategy: Strategy, shard_group: int, prune: PruneSection) -> dict[str, float]:
     """prune_masks: every pruned element's mask as this rank holds it; prune_scratch: the transient
     of one mask update."""
     linears = prunable_linears(shape, prune)
-    div = shard_group if masks_sharded(strategy) else 1
+    div = shard_group if shards_parameters(strategy.sharding) else 1
     elements = shape.num_layers * sum(i * o for _, i, o in linears)
     largest = max((i * o for _, i, o in linears), default=0)
     return {"prune_masks": MASK_BYTES * elements / div, "prune_scratch": SCRATCH_BYTES * largest / div}

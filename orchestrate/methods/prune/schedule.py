@@ -3,7 +3,7 @@ sparsity per step, which weights are pruned, the checks of the settings, and the
 structured run saves. Pure (no torch): the worker's pruning callback uses the same functions, so the
 plan's prediction and the run agree by construction of the counts, not by a tolerance.
 
-The mask memory is in `prune_memory.py`; the masks themselves in `orchestrate/methods/prune/masks.py`.
+The mask memory is in `memory.py`; the masks themselves in `orchestrate/methods/prune/masks.py`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.report.progress_text import memory_and_mfu
 from orchestrate.run.layout import METRICS_FILE
 
@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def follow_metrics(plan: Plan, run_dir: Path, console: Console | None):
+def follow_metrics(plan: RunPlan, run_dir: Path, console: Console | None):
     """On a terminal, a rich progress bar fed by RUN_DIR/metrics.jsonl while the workers run
     (their own output is a log file, so rank 0 prints plain lines, shown above the bar)."""
     if console is None or not console.is_terminal:

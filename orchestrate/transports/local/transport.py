@@ -19,7 +19,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.session import Prepared, launch_env
 from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torchrun_argv
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE, WORKER_MODULE
 from orchestrate.transports.local.progress import follow_metrics
 
@@ -67,7 +67,7 @@ class LocalTorchrun:
     def _forks_worker(self) -> bool:
         return not self.options.program and self.options.worker_module == WORKER_MODULE
 
-    def check(self, plan: Plan) -> None:
+    def check(self, plan: RunPlan) -> None:
         if not plan.hardware.has_gpu:
             return
         import torch  # only here: a CPU launch never imports torch in the launcher
@@ -78,7 +78,7 @@ class LocalTorchrun:
                 "run it on that machine (`orchestrate config` writes the run directory without starting), "
                 "or plan for CPU processes here")])
 
-    def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
+    def prepare(self, plan: RunPlan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:
         options = dataclasses.replace(self.options, max_restarts=max_restarts)
         # The port is chosen once, here: launch.sh and the run use the same argument list.
@@ -94,7 +94,7 @@ class LocalTorchrun:
         return Prepared(command=command, script=f"cd {shlex.quote(os.getcwd())}\n{command}",
                         script_comment="The exact command `orchestrate launch` ran for this run.", notices=notices)
 
-    def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
+    def run(self, plan: RunPlan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
         if not self._forks_worker():
             with _environment(launch_env(plan)), follow_metrics(plan, run_dir, console):
                 return run_torchrun(self._argv, run_dir, say)

@@ -37,7 +37,7 @@ from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say
 from orchestrate.launch.torchrun_args import worker_torchrun_args
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE, worker_program
 from orchestrate.transports.slurm import cluster as slurm_cluster
 from orchestrate.transports.slurm import job as slurm
@@ -92,13 +92,13 @@ class SrunInAllocation:
     def intro(self) -> list[str]:
         return [f"SLURM job {self.alloc.job_id}: launching on its {self.alloc.nnodes} node(s) with srun"]
 
-    def check(self, plan: Plan) -> None:
+    def check(self, plan: RunPlan) -> None:
         pass  # the nodes have the devices, not this shell
 
     def warm_up(self, config: RunConfig) -> AbstractContextManager:
         return nullcontext()  # the workers start on other machines
 
-    def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
+    def prepare(self, plan: RunPlan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:
         # All of each node's allocated CPUs go to its one task (torchrun and its workers).
         options = SlurmOptions(python=self.python, cpus_per_task=self.alloc.cpus_on_node)
@@ -110,7 +110,7 @@ class SrunInAllocation:
                                        f"{self.alloc.job_id}.",
                         notices=[f"{describe(plan)}; run directory {run_dir}", f"command: {command}"])
 
-    def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
+    def run(self, plan: RunPlan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
         return _run_srun(self._argv, self._env, plan.config.train.preemption_grace_s + STOP_MARGIN_S, say)
 
 
@@ -160,14 +160,14 @@ class SlurmOptions:
 
 @dataclass
 class PreparedJob:
-    plan: Plan
+    plan: RunPlan
     run_dir: Path
     script: Path
     job: SlurmJob
     messages: list[str]
 
 
-def slurm_job_for_plan(plan: Plan, run_dir: Path, options: SlurmOptions = SlurmOptions(),
+def slurm_job_for_plan(plan: RunPlan, run_dir: Path, options: SlurmOptions = SlurmOptions(),
                        max_restarts: int = 0, name: str = "orchestrate") -> SlurmJob:
     """The batch job that runs RUN_DIR/plan.json: a node per plan node, a torchrun on each."""
     hw = plan.hardware

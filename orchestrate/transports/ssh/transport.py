@@ -15,7 +15,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.session import Prepared, describe
 from orchestrate.launch.torchrun_args import worker_torchrun_args
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, worker_program
 from orchestrate.transports.slurm.transport import STOP_MARGIN_S
 from orchestrate.transports.ssh import hosts, remote
@@ -81,13 +81,13 @@ class SshHosts:
     def intro(self) -> list[str]:
         return []
 
-    def check(self, plan: Plan) -> None:
+    def check(self, plan: RunPlan) -> None:
         pass  # the hosts have the devices
 
     def warm_up(self, config: RunConfig) -> AbstractContextManager:
         return nullcontext()  # the workers start on other machines
 
-    def prepare(self, plan: Plan, run_dir: Path, env: dict[str, str], max_restarts: int,
+    def prepare(self, plan: RunPlan, run_dir: Path, env: dict[str, str], max_restarts: int,
                 dry_run: bool) -> Prepared:
         if self.options.stop_grace_s is None:
             self.options = dataclasses.replace(self.options,
@@ -106,7 +106,7 @@ class SshHosts:
                                  f"hosts: {', '.join(h.name for h in self.hosts)}; rendezvous {endpoint}",
                                  f"commands: {run_dir / LAUNCH_SCRIPT}"])
 
-    def run(self, plan: Plan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
+    def run(self, plan: RunPlan, run_dir: Path, say: Callable[[str], None], console: Console | None) -> int:
         try:
             remote.run_commands(self._commands, self.options, self.out)
             return 0

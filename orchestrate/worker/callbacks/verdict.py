@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestrate.report.verdict import memory_verdict
-
-if TYPE_CHECKING:
-    from orchestrate.worker.callbacks.base import RunInfo, StepEnd
+from orchestrate.worker.callbacks.base import Callback, StepEnd, Training
 
 
-class MemoryVerdictPrinter:
+class MemoryVerdictPrinter(Callback):
     def __init__(self) -> None:
         self.records: list[dict[str, Any]] = []
 
-    def on_train_start(self, run: RunInfo) -> None:
+    def on_train_start(self, training: Training) -> None:
         self.records = []
 
-    def on_step_end(self, run: RunInfo, end: StepEnd) -> None:
+    def on_step_end(self, training: Training, end: StepEnd) -> None:
         record = end.record
-        if run.is_main:
+        if training.rank.is_main:
             self.records.append(record)
 
-    def on_train_end(self, run: RunInfo, stopped_early: bool) -> None:
-        if run.is_main and self.records:
-            print(memory_verdict(self.records, run.plan).text(), flush=True)
+    def on_train_end(self, training: Training, stopped_early: bool) -> None:
+        if training.rank.is_main and self.records:
+            print(memory_verdict(self.records, training.plan).text(), flush=True)

@@ -1,5 +1,7 @@
-"""Who am I: rank, local rank and world size from torchrun's variables (or SLURM's under `srun`),
-and the process group for this plan's hardware."""
+"""Who am I: this process's rank, local rank, world size, node and device, from torchrun's variables
+(or SLURM's under `srun`), and the process group the plan's backend asks for. The one record of
+"which rank am I" on the worker side (`Rank`), beside the run directory (`orchestrate.run.layout.RunDir`).
+"""
 
 from __future__ import annotations
 
@@ -9,18 +11,27 @@ from dataclasses import dataclass
 import torch
 
 from orchestrate.errors import Problem, UserError
-from orchestrate.planner.plan import Plan
+from orchestrate.planner.plan import RunPlan
+from orchestrate.ports import free_port
 
 
 @dataclass(frozen=True)
-class RankInfo:
+class Rank:
     rank: int
     local_rank: int
     world_size: int
-    local_world_size: int
+    node: int
+    """This process's node: rank // ranks per node (torchrun numbers the ranks node by node)."""
+    device: torch.device
+    """cuda:<local_rank> on GPU machines, cpu otherwise."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
 
 
-def rank_info() -> RankInfo:
+def environment_ranks() -> tuple[int, int, int, int]:
+    """(rank, local rank, world size, local world size) from the environment."""
     env = os.environ
     if "RANK" not in env and "SLURM_PROCID" in env:
         # srun starts one task per rank and sets only SLURM_*; torch's env:// init reads RANK etc.
@@ -36,21 +47,20 @@ def rank_info() -> RankInfo:
         env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
         env.setdefault("MASTER_ADDR", "127.0.0.1")
         if "MASTER_PORT" not in env:
-            from orchestrate.ports import free_port
-
             env["MASTER_PORT"] = str(free_port())
-    return RankInfo(int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]),
-                    int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
+    return (int(env["RANK"]), int(env["LOCAL_RANK"]), int(env["WORLD_SIZE"]),
+            int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])))
 
 
-def init_distributed(plan: Plan, info: RankInfo, backend: str) -> torch.device:
-    """Initialise the default process group with `backend` (what the plan's training backend asks
-    for: `Backend.process_group`); returns this rank's device."""
+def start_rank(plan: RunPlan, process_group: str) -> Rank:
+    """This process's Rank, with the default process group initialised with `process_group` (what the
+    plan's training backend asks for: `Backend.process_group`)."""
     import torch.distributed as dist
 
-    if info.world_size != plan.world_size:
+    rank, local_rank, world_size, local_world_size = environment_ranks()
+    if world_size != plan.world_size:
         raise UserError("the worker count does not match the plan", [Problem(
-            "world size", f"{info.world_size} processes were started for a plan made for {plan.world_size}",
+            "world size", f"{world_size} processes were started for a plan made for {plan.world_size}",
             f"start {plan.world_size} processes ({plan.hardware.nodes} node(s) x "
             f"{plan.hardware.ranks_per_node}), or re-plan for this many")])
     if plan.hardware.has_gpu:
@@ -58,10 +68,10 @@ def init_distributed(plan: Plan, info: RankInfo, backend: str) -> torch.device:
             raise UserError("this plan needs GPUs but CUDA is not available here", [Problem(
                 "hardware", f"the plan is for {plan.hardware.gpus_per_node} x {plan.hardware.gpu.name}",
                 "run it on the machine it was planned for, or re-plan for CPU processes")])
-        torch.cuda.set_device(info.local_rank)
-        device = torch.device("cuda", info.local_rank)
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend)
-    return device
+        dist.init_process_group(process_group)
+    return Rank(rank, local_rank, world_size, rank // max(1, local_world_size), device)

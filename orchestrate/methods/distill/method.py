@@ -1,0 +1,60 @@
+"""Knowledge distillation (`distill:`): the model trains to match a frozen teacher's soft targets
+(Hinton et al. 2015). An add-on method that composes with full fine-tuning and LoRA / QLoRA, owns the
+objective and runs one auxiliary model, the teacher (orchestrate/methods/spec.py).
+
+Its files: config.py (`distill:`), teacher.py (the teacher's directory and shape, the vocabulary
+check, launcher side), memory.py (what the teacher's outputs take), objective.py (the loss), cache.py
+(the precomputed placement's top-k cache), runtime.py (the worker half: the teacher stage and the
+objective). Where the teacher lives is priced and built as any auxiliary model's placement
+(orchestrate/methods/auxiliary.py, orchestrate/loading/auxiliary.py).
+"""
+
+from __future__ import annotations
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.methods.auxiliary import AuxiliaryModel
+from orchestrate.methods.distill.memory import teacher_model
+from orchestrate.methods.distill.teacher import teacher_shape
+from orchestrate.methods.spec import Method, MethodTerms
+from orchestrate.model.shape import ModelShape
+from orchestrate.run.layout import TEACHER_CACHE_DIR
+
+TEACHER = "teacher"
+
+
+class DistillTerms(MethodTerms):
+    """A distillation plan: the teacher as an auxiliary model; the KL needs the student's whole logits,
+    so the loss is never chunked."""
+
+    chunks_loss = False
+
+    def __init__(self, teacher: AuxiliaryModel | None) -> None:
+        self.teacher = teacher  # None: planned without the teacher's shape (a remedy's re-plan)
+
+    def auxiliary(self) -> list[AuxiliaryModel]:
+        return [self.teacher] if self.teacher is not None else []
+
+    def with_auxiliary(self, models: list[AuxiliaryModel]) -> DistillTerms:
+        return DistillTerms(models[0]) if models else self
+
+
+class Distill(Method):
+    name = "distill"
+    bases = ("full", "lora")
+    objective = True
+    runtime = "orchestrate.methods.distill.runtime"
+    saves = (TEACHER_CACHE_DIR,)
+
+    def active(self, config: RunConfig) -> bool:
+        return config.distill is not None
+
+    def auxiliary_shapes(self, config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
+        return {TEACHER: teacher_shape(config, shape)}
+
+    def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
+        if TEACHER not in auxiliary:
+            return DistillTerms(None)
+        return DistillTerms(teacher_model(auxiliary[TEACHER], config.distill.placement, config.distill.top_k))
+
+
+DISTILL = Distill()

@@ -1,0 +1,131 @@
+"""Which training methods exist, which of them a config asks for, and their worker halves.
+
+The built-in methods are named here in the order their hooks run (orchestrate/methods/spec.py
+states the composition rule). `register` adds another one, before the custom module's, as
+torchtitan's `register_train_spec` does; a name taken twice is refused. The worker halves
+(`Method.runtime`, torch inside) are imported on first use, on the worker only.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from orchestrate.config.requirements import METHOD_LIBRARIES, installed
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.methods.custom.method import CUSTOM
+from orchestrate.methods.distill.method import DISTILL
+from orchestrate.methods.full.method import FULL
+from orchestrate.methods.lora.config import LoraSection, QuantizationSection
+from orchestrate.methods.lora.method import LORA
+from orchestrate.methods.prune.method import PRUNE
+from orchestrate.methods.runtime import MethodRuntime
+from orchestrate.methods.spec import Method, MethodTerms
+from orchestrate.model.shape import ModelShape
+
+_METHODS: list[Method] = [FULL, LORA, DISTILL, PRUNE, CUSTOM]
+
+AUTO_METHODS = ("full", "lora", "qlora")
+"""train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in
+the training precision; the same on a base rounded to 4-bit NF4."""
+
+
+def register(method: Method) -> Method:
+    """Add a method (before the custom module's, whose hooks run last)."""
+    if any(m.name == method.name for m in _METHODS):
+        raise ValueError(f"a training method named {method.name!r} is registered already")
+    _METHODS.insert(len(_METHODS) - 1, method)
+    return method
+
+
+def methods() -> list[Method]:
+    """Every method, in the order their hooks run."""
+    return list(_METHODS)
+
+
+def active_methods(config: RunConfig) -> list[Method]:
+    """The methods `config` asks for: its base method and its add-ons, in hook order."""
+    return [m for m in _METHODS if m.active(config)]
+
+
+def base_method(config: RunConfig) -> Method:
+    """The one base method of a run (spec.py): custom for your own module, lora for `train.method:
+    lora | qlora`, else full."""
+    return next(m for m in _METHODS if m.base and m.active(config))
+
+
+def runtime(method: Method) -> MethodRuntime:
+    """The worker half of `method` (torch inside: import it on the worker only)."""
+    if method.runtime is None:
+        return MethodRuntime()
+    return importlib.import_module(method.runtime).RUNTIME
+
+
+def runtimes(config: RunConfig) -> list[MethodRuntime]:
+    """The worker halves of the config's methods, in hook order."""
+    return [runtime(m) for m in active_methods(config)]
+
+
+def base_runtime(config: RunConfig) -> MethodRuntime:
+    """The worker half of the run's base method: the one that builds the model."""
+    return runtime(base_method(config))
+
+
+def apply_transforms(model: Any, plan: Any) -> Any:
+    """Every active method's model transform, in hook order, between building the model and wrapping it."""
+    from orchestrate.model.tasks import name_the_causal_lm_loss
+
+    name_the_causal_lm_loss(model, plan.config.model.task)
+    for method in runtimes(plan.config):
+        model = method.transform(model, plan)
+    return model
+
+
+def auxiliary_shapes(config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
+    """Every active method's auxiliary-model shapes (launcher side: reads their config.json)."""
+    return {name: s for m in active_methods(config) for name, s in m.auxiliary_shapes(config, shape).items()}
+
+
+def method_terms(config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape] | None) -> list[MethodTerms]:
+    """Every active method's checks (UserError), then its terms for the memory and speed models."""
+    active = active_methods(config)
+    for method in active:
+        method.check(config, shape)
+    return [m.terms(config, shape, auxiliary or {}) for m in active]
+
+
+def auto_variants(config: RunConfig) -> tuple[list[tuple[str, RunConfig]], list[str]]:
+    """train.method auto: (name, config) of every method to try in AUTO_METHODS order, and why the
+    ones whose libraries are missing are left out. Each variant sets its own method's settings to
+    their defaults for the methods not taken (a config dumped whole lists them)."""
+    variants, why = [], []
+    for name in AUTO_METHODS:
+        if not installed(METHOD_LIBRARIES[name]):
+            why.append(f"{name} needs {' and '.join(METHOD_LIBRARIES[name])} (not installed)")
+            continue
+        unused = {"lora": LoraSection()} if name == "full" else {}
+        if name != "qlora":
+            unused["quantization"] = QuantizationSection()
+        train = config.train.model_copy(update={"method": name, **unused})
+        variants.append((name, config.model_copy(update={"train": train})))
+    return variants, why
+
+
+def is_auto(config: RunConfig) -> bool:
+    """`train.method: auto`: the planner tries AUTO_METHODS in turn (`auto_variants`)."""
+    return config.train.method == "auto"
+
+
+def auto_note(taken: str | None, why: list[str], shown: RunConfig | None = None) -> str:
+    """The plan's note on what train.method auto took (`taken`), or that nothing fits (`shown`: the
+    config of the method whose candidates the plan shows)."""
+    if taken is not None:
+        because = f" ({'; '.join(why)})" if why else ""
+        return f"train.method auto: {taken}, the most faithful method that fits{because}"
+    return f"train.method auto: nothing fits ({'; '.join(why)}); shown: {shown.train.method}"
+
+
+def no_auto_method(why: list[str]) -> UserError:
+    return UserError("Cannot plan this run: train.method auto found no method to plan",
+                     [Problem("train.method", "; ".join(why), "set train.method: full, lora or qlora")])

@@ -1,0 +1,82 @@
+"""The training methods' spec (orchestrate/methods): which methods a config asks for, the composition
+rule each method states (`base`, `bases`, `objective`) against what planning does, and that the
+memory breakdown holds exactly the keys `breakdown_keys` names for the plan's methods."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrate.config.load import config_from_dict
+from orchestrate.errors import UserError
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.methods.custom.method import CUSTOM
+from orchestrate.methods.registry import active_methods, base_method, method_terms, methods, register
+from orchestrate.model.formulas import shape_from_dict
+from orchestrate.planner.memory import breakdown_keys, estimate_memory
+from orchestrate.planner.search import make_plan
+from orchestrate.planner.strategy import Strategy
+
+LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
+BASES = {"full": {}, "lora": {"train": {"method": "lora"}}, "qlora": {"train": {"method": "qlora"}}}
+ADDONS = {"distill": {"distill": {"teacher": "t"}},
+          "prune": {"prune": {"target_sparsity": 0.5, "schedule": {"end_step": 10}}}}
+CPU = HardwareProfile(name="cpu", gpus_per_node=0, cpu_processes=2, cpu_memory_bytes=64 * 2**30, cpu_cores=2)
+
+
+def _config(*parts: dict):
+    data = {"model": {"architecture": dict(LLAMA)}, "train": {"seq_len": 32, "global_batch_size": 4, "max_steps": 20}}
+    for part in parts:
+        for section, values in part.items():
+            data.setdefault(section, {}).update(values)
+    return config_from_dict(data)
+
+
+def test_each_config_has_one_base_method_and_its_add_ons_in_hook_order():
+    assert [m.name for m in methods()][:5] == ["full", "lora", "distill", "prune", "custom"]
+    assert sum(m.base for m in methods()) == 3 and sum(m.objective for m in methods()) == 1
+    config = _config(BASES["qlora"], ADDONS["distill"])
+    assert base_method(config).name == "lora"
+    assert [m.name for m in active_methods(config)] == ["lora", "distill"]
+    assert [m.name for m in active_methods(_config(ADDONS["prune"]))] == ["full", "prune"]
+    with pytest.raises(ValueError, match="registered already"):
+        register(CUSTOM)
+
+
+@pytest.mark.parametrize("base", sorted(BASES))
+@pytest.mark.parametrize("addon", sorted(ADDONS))
+def test_an_add_on_plans_with_exactly_the_bases_it_names(base, addon):
+    config = _config(BASES[base], ADDONS[addon])
+    method = next(m for m in methods() if m.name == addon)
+    shape = shape_from_dict(dict(LLAMA))
+    composes = base_method(config).name in method.bases
+    if composes:  # QLoRA + distillation, and every add-on on full fine-tuning
+        plan = make_plan(config, CPU, shape, {"teacher": shape})
+        assert plan.candidates
+    else:  # LoRA / QLoRA + pruning: the base is frozen
+        with pytest.raises(UserError, match="freezes the weights pruning would zero"):
+            make_plan(config, CPU, shape, {"teacher": shape})
+
+
+@pytest.mark.parametrize("addon", sorted(ADDONS))
+def test_no_add_on_composes_with_your_own_module(addon):
+    assert "custom" not in next(m.bases for m in methods() if m.name == addon)
+    with pytest.raises(UserError, match="not model.module"):
+        config_from_dict({"model": {"module": "tests.helpers.custom_modules:ResMLP"},
+                          "data": {"module": "tests.helpers.custom_modules:rule"},
+                          "train": {"seq_len": 32, "global_batch_size": 4, "max_steps": 20}, **ADDONS[addon]})
+
+
+@pytest.mark.parametrize("parts", [(), (BASES["qlora"],), (BASES["lora"], ADDONS["distill"]), (ADDONS["prune"],),
+                                   (ADDONS["distill"], ADDONS["prune"])], ids=["full", "qlora", "lora+distill",
+                                                                              "prune", "distill+prune"])
+def test_the_breakdown_holds_the_keys_its_methods_declare(parts):
+    config, shape = _config(*parts), shape_from_dict(dict(LLAMA))
+    terms = method_terms(config, shape, {"teacher": shape})
+    terms = [t.with_auxiliary([m.choices(CPU)[0] for m in t.auxiliary()]) for t in terms]  # "auto": a placement
+    for strategy in (Strategy("ddp", 0, "none", "none", "fp32", False, 2),
+                     Strategy("fsdp", 3, "none", "none", "fp32", True, 1)):
+        if not all(t.trains_under(strategy.sharding) for t in terms):
+            continue
+        mem = estimate_memory(shape, CPU, strategy, 32, 1, terms)
+        assert (tuple(mem.gpu), tuple(mem.cpu)) == breakdown_keys(terms)

@@ -13,6 +13,7 @@ Usage: .venv/bin/python bench/tensor_peak.py [--pairs 10]
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -25,6 +26,7 @@ if str(ROOT) not in sys.path:  # run as a plain script from a checkout
 from tests.helpers.dist import init_gloo, run_on_ranks  # noqa: E402
 
 CONFIG = ROOT / "examples" / "tiny-gpt2.yaml"
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # as the demo's CPU workers have it (no DeepSpeed GPU probe line)
 WARMUP = 3
 
 

@@ -19,6 +19,7 @@ DEMO = ROOT / "examples" / "tiny-gpt2.yaml"
 LIBRARY_NOISE = ("Setting accelerator to CPU",  # DeepSpeed without DS_ACCELERATOR on a CPU machine
                  "loss_type=None",  # transformers, a causal LM whose class names no loss
                  "gemm_4bit_forward",  # bitsandbytes' Hub kernel probe
+                 "Generating train split",  # datasets, converting the local corpus to scratch Arrow
                  "WARNING", "UserWarning", "FutureWarning", "DeprecationWarning", "Traceback")
 
 

@@ -194,9 +194,17 @@ def _load(source: Source, work: Path, num_proc: int):
             # by a later rebuild); the Arrow copy of a local directory is scratch, like files'.
             local = {"cache_dir": str(work / "hf")} if Path(source.name).exists() else {}
             return datasets.load_dataset(source.name, source.config_name, split=source.split, **local)
-        return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
-                                     cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
-                                     **dict(source.options))
+        # Local files become scratch Arrow first: datasets' "Generating train split" bar for that says
+        # nothing our own tokenising progress does not (a Hub download above keeps its bars).
+        shown = datasets.utils.logging.is_progress_bar_enabled()
+        datasets.utils.logging.disable_progress_bar()
+        try:
+            return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
+                                         cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
+                                         **dict(source.options))
+        finally:
+            if shown:
+                datasets.utils.logging.enable_progress_bar()
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow, json, csv, network, ...: all unreadable input

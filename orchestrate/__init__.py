@@ -7,7 +7,11 @@ Your own training loop: `orchestrate.prepare`, `backward`, `save`, `load` (orche
 docs/own-loop.md), imported on first use so that `import orchestrate` stays cheap.
 """
 
+from orchestrate.library_messages import silence_library_messages
+
 __version__ = "0.1.0"
+
+silence_library_messages()
 
 _LOOP_API = ("prepare", "backward", "save", "load")
 

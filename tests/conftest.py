@@ -1,7 +1,10 @@
 """Shared pytest wiring: GPU tests skip on machines without CUDA, with the reason shown; plans model
-the CUDA allocator setting orchestrate launches with, whatever the shell running the tests set."""
+the CUDA allocator setting orchestrate launches with, whatever the shell running the tests set; no
+test writes into the checkout's ./runs."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +27,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip_gpu)
+
+
+_CHECKOUT_RUNS = Path(__file__).resolve().parents[1] / "runs"
+
+
+def _runs_entries() -> set[str]:
+    """What is in the checkout's ./runs (the default train.output_dir of a command run from it)."""
+    if not _CHECKOUT_RUNS.is_dir():
+        return set()
+    return {str(p.relative_to(_CHECKOUT_RUNS)) for p in [*_CHECKOUT_RUNS.glob("*"), *_CHECKOUT_RUNS.glob("*/*")]}
+
+
+@pytest.fixture(autouse=True)
+def _nothing_written_into_the_checkout():
+    """A config loaded from a file without train.output_dir runs under the working directory, the
+    checkout for pytest: a test that launches or prepares one must chdir into its tmp_path (or set
+    train.output_dir), not leave runs or data caches in the user's ./runs."""
+    before = _runs_entries()
+    yield
+    added = _runs_entries() - before
+    assert not added, f"the test wrote into {_CHECKOUT_RUNS}: {sorted(added)[:5]}"

@@ -432,8 +432,10 @@ def test_tokenizer_train_makes_a_byte_level_bpe_the_pipeline_uses(tmp_path: Path
         train_tokenizer(cfg, 400, out, progress=False)
 
 
-def test_cli_prepare_then_cache_hit(tmp_path: Path):
+def test_cli_prepare_then_cache_hit(tmp_path: Path, monkeypatch):
     from click.testing import CliRunner
+
+    monkeypatch.chdir(tmp_path)  # the cache goes to ./runs/data_cache of the working directory
 
     from orchestrate.cli import cli
 

@@ -259,9 +259,39 @@ def test_incompatible_resumes_are_refused_with_what_differs(reference, tmp_path)
     run_dir = _roll_back(ref, tmp_path / "run", 16)
     cases = [(["--set", "train.seq_len=16"], "train.seq_len"),
              (["--set", "strategy.backend=ddp", "--set", "strategy.zero_stage=0"], "strategy.backend"),
-             (["--set", "model.architecture.n_layer=3"], "num_layers 2 -> 3")]
+             (["--set", "model.architecture.n_layer=3"], "num_layers 2 -> 3"),
+             (["--set", "train.seed=1"], "train.seed: 0 when the checkpoint was written, 1 now"),
+             (["--set", "train.optimizer.name=adamw8bit"], "train.optimizer.name")]
     for extra, named in cases:
         code, out = _launch(config, run_dir, 2, "--resume", *extra)
         assert code == 2 and named in out, (extra, out)
     code, out = _launch(config, run_dir, 2)  # a new launch must not take over a checkpointed run
     assert code == 2 and "--resume" in out, out
+
+
+@pytest.mark.slow
+def test_a_resume_applies_a_changed_learning_rate_from_the_next_step_and_says_so(reference, tmp_path):
+    config, ref = reference("ddp")
+    run_dir = _roll_back(ref, tmp_path / "run", 16)
+    code, out = _launch(config, run_dir, 2, "--resume", "--set", "train.optimizer.lr=0.03")
+    assert code == 0, out
+    assert "changed since the checkpoint, in effect from step 17:\n  train.optimizer.lr: 0.003 -> 0.03" in out, out
+    resumed, uninterrupted = _metrics(run_dir), _metrics(ref)
+    assert [r["lr"] for r in resumed[:16]] == [r["lr"] for r in uninterrupted[:16]]
+    # The same schedule, ten times the base rate (loading the checkpoint had brought 0.003 back).
+    assert [r["lr"] for r in resumed[16:]] == pytest.approx([10 * r["lr"] for r in uninterrupted[16:]], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_data_edited_in_place_is_refused_by_the_launcher_before_any_worker(reference, tmp_path):
+    config, ref = reference("ddp")
+    run_dir = _roll_back(ref, tmp_path / "run", 16)
+    corpus = run_dir / "data" / "demo_corpus.txt"
+    text = corpus.read_text()
+    corpus.write_text("X" + text[1:])  # the same size: the same number of blocks, other tokens
+    before = (run_dir / "metrics.jsonl").read_text()
+    code, out = _launch(config, run_dir, 2, "--resume")
+    assert code == 2, out
+    assert "the data changed since the checkpoint" in out and "the training data (its contents" in out, out
+    assert "Traceback" not in out and "training ddp" not in out, out  # one message; no worker started
+    assert (run_dir / "metrics.jsonl").read_text() == before

@@ -64,10 +64,11 @@ def test_dry_run_command_is_what_torchrun_parses(tmp_path: Path):
     result = _dry_run(tmp_path, run_dir=tmp_path / "exact")
     words = shlex.split(result.command)
     env = {w.split("=")[0]: w.split("=", 1)[1] for w in words[: words.index("torchrun")]}
-    assert RunPlan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1"}  # 2 cores, 2 ranks
+    # 2 cores, 2 ranks; DeepSpeed told there is no GPU (no "Setting accelerator to CPU" warning)
+    assert RunPlan.read(result.plan_path).run.env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     # torchrun's own shutdown settings (session.launch_env): wait train.preemption_grace_s for
     # the workers' checkpoint on SIGTERM, and forward SIGUSR1 too; a fresh store per restart.
-    assert env == {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+    assert env == {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
                    "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1",
                    "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     args = parse_args(words[words.index("torchrun") + 1 :])
@@ -160,6 +161,28 @@ def test_nccl_rule_table(name: str, count: int, driver: str | None, disabled: bo
     assert bool(nccl_rules(_gpus(name, count, driver))) == disabled
 
 
+def test_runs_go_under_the_working_directory_not_beside_the_config(tmp_path: Path, monkeypatch):
+    import shutil
+
+    from click.testing import CliRunner
+
+    from orchestrate.cli import cli
+
+    (tmp_path / "configs").mkdir()
+    config = shutil.copy(TINY, tmp_path / "configs" / "tiny-gpt2.yaml")  # as examples/ holds it: no output_dir
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    result = CliRunner().invoke(cli, ["launch", "--gpus", "2", str(config), "--dry-run"])
+    assert result.exit_code == 0, result.output
+    (run_dir,) = (tmp_path / "work" / "runs").glob("tiny-gpt2-*")
+    assert (run_dir / PLAN_FILE).is_file() and not (tmp_path / "configs" / "runs").exists()
+    assert RunPlan.read(run_dir / PLAN_FILE).config.train.output_dir == str(tmp_path.resolve() / "work" / "runs")
+    # A relative path written in the YAML (or set) is the YAML's, as every path in it is.
+    result = CliRunner().invoke(cli, ["launch", "--gpus", "2", str(config), "--dry-run", "--set", "train.output_dir=out"])
+    assert result.exit_code == 0, result.output
+    assert list((tmp_path / "configs" / "out").glob("tiny-gpt2-*"))
+
+
 def test_nccl_env_is_recorded_in_the_plan_and_cpu_runs_need_none():
     assert nccl_env(cpu_hardware(2)) == {}
 
@@ -167,7 +190,7 @@ def test_nccl_env_is_recorded_in_the_plan_and_cpu_runs_need_none():
 def test_worker_env_shares_the_cores_between_cpu_ranks(tmp_path: Path):
     plan = _dry_run(tmp_path).plan
     plan.hardware = plan.hardware.model_copy(update={"cpu_cores": 16, "cpu_processes": 4})
-    assert worker_env(plan) == ({"OMP_NUM_THREADS": "4"}, [])
+    assert worker_env(plan) == ({"OMP_NUM_THREADS": "4", "DS_ACCELERATOR": "cpu"}, [])
 
 
 @pytest.mark.slow

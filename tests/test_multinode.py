@@ -45,7 +45,7 @@ TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 SHORT = ("train.eval_every=0", "train.seq_len=64", "train.global_batch_size=8")
 # What every node's torchrun gets: the plan's worker environment (2 cores / 2 ranks) and the
 # checkpoint-on-signal settings of a local launch (session.launch_env).
-ENV = {"OMP_NUM_THREADS": "1", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
+ENV = {"OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "120",
        "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 SLURM_STEPS = 12
 """Long enough that a USR1 sent after step 2 lands before the end (about 0.5 s a step here)."""
@@ -389,7 +389,7 @@ def test_ssh_launch_trains_on_two_hosts(sshd, run_dir):
     text = out.getvalue()
     assert result.exit_code == 0, text
     assert [r["step"] for r in _metrics(run_dir)] == [1, 2, 3, 4] and (run_dir / "model" / "config.json").is_file()
-    assert re.search(r"(?m)^\[orch-[ab]:[01]\] \[default0\]:training .* on 4 rank\(s\)", text), text
+    assert re.search(r"(?m)^\[orch-[ab]:[01]\] training .* on 4 rank\(s\)", text), text
     assert re.search(r"(?m)^\[orch-a:0\] ", text) and re.search(r"(?m)^\[orch-b:1\] ", text), text
     # One torchrun per host, each with its own two local ranks: c10d gave them distinct node ranks.
     logs = list((run_dir / "logs").rglob("stdout.log"))

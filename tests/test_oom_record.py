@@ -18,6 +18,7 @@ from orchestrate.worker.oom import StepOutOfMemory, oom_record, record_oom, requ
 from orchestrate.worker.signals import StopRequest
 from tests.helpers.engines import cpu_rank
 from tests.helpers.plans import make_plan
+from tests.helpers.step_loop import CausalBatches, UnsavedCheckpointer
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
 
@@ -36,21 +37,11 @@ class _FailingEngine:
         return StepResult(loss=1.0, grad_norm=0.5, lr=1e-3)
 
 
-class _Data:
-    def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
-        ids = torch.zeros(size, 4, dtype=torch.long)
-        return {"input_ids": ids, "labels": ids}  # a causal-LM batch: the loop counts its loss tokens
-
-
-class _Checkpointer:
-    last_save_s = None
-
-
 @pytest.mark.parametrize("phase", ["forward", "backward", "optimizer"])
 def test_the_loop_reports_the_step_and_phase_of_an_oom(tmp_path, phase):
     plan = make_plan(DDP, ranks=1, config={"train": {"max_steps": 5, "global_batch_size": 4}})
     engine = _FailingEngine(3, phase)
-    training = Training(plan, cpu_rank(), RunDir(tmp_path), engine, _Data(), _Checkpointer(), StopRequest(), 0)
+    training = Training(plan, cpu_rank(), RunDir(tmp_path), engine, CausalBatches(), UnsavedCheckpointer(), StopRequest(), 0)
     with pytest.raises(StepOutOfMemory) as caught:
         run_loop(training, [])
     assert (caught.value.step, caught.value.phase) == (3, phase)

@@ -15,7 +15,7 @@ from orchestrate.report.mfu import utilisation
 from orchestrate.report.plots import GIB, loss_figure, memory_figure, optimizer_figure, throughput_figure
 from orchestrate.report.runs import load_run
 from orchestrate.report.summary import write_report
-from orchestrate.report.verdict import RESERVED_NOTE, RSS_NOTE, memory_verdict
+from orchestrate.report.verdict import NO_TENSOR_PEAK, RESERVED_NOTE, TOLERANCE, memory_verdict
 from tests.helpers.plans import TINY_GPT2, make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
@@ -27,7 +27,8 @@ def _plan(gpu_pred: int = 400 * 2**20, cpu_pred: int = 3 * GIB, strategy: Strate
     return plan.model_copy(update={"chosen": chosen, "candidates": [chosen]})
 
 
-def _records(n: int = 6, loss0: float = 5.0, gpu: bool = False) -> list[dict]:
+def _records(n: int = 6, loss0: float = 5.0, gpu: bool = False, tensors: int | None = 390 * 2**20) -> list[dict]:
+    """CPU records carry the tensor peak `tensors` (None: records from before it was measured)."""
     out = []
     for step in range(1, n + 1):
         r = {"step": step, "loss": loss0 / step, "lr": 1e-3 * step / n, "grad_norm": 2.0 / step,
@@ -37,6 +38,8 @@ def _records(n: int = 6, loss0: float = 5.0, gpu: bool = False) -> list[dict]:
         if gpu:
             r["gpu_max_allocated_bytes"] = 300 * 2**20 + step
             r["gpu_max_reserved_bytes"] = 350 * 2**20 + step
+        elif tensors is not None:
+            r["cpu_tensor_peak_bytes"] = tensors
         if step % 3 == 0:
             r["eval_loss"] = 4.5 / step
         out.append(r)
@@ -52,23 +55,39 @@ def _write_run(path, records, plan=None):
 
 # --- memory verdict -------------------------------------------------------------------------------
 
-def test_cpu_verdict_compares_rss_and_says_what_it_includes():
+def test_cpu_verdict_compares_the_tensor_peak_and_only_shows_the_rss():
+    # The RSS (906 MiB: interpreter and libraries too) is far above the 400 MiB tensor prediction;
+    # the tensors (390 MiB) are not: no warning, the ratio of like with like.
     v = memory_verdict(_records(), _plan())
     per_rank, node = v.checks
-    assert (per_rank.predicted, per_rank.measured) == (400 * 2**20, 906 * 2**20)
-    assert per_rank.ratio == pytest.approx(906 / 400)
+    assert "tensor" in per_rank.what and (per_rank.predicted, per_rank.measured) == (400 * 2**20, 390 * 2**20)
     assert (node.predicted, node.measured) == (3 * GIB, 2 * GIB)
-    assert RSS_NOTE in v.notes and RESERVED_NOTE not in v.notes
-    assert len(v.warnings) == 1 and "exceeds" in v.warnings[0] and "RSS" in v.warnings[0]
-    assert "2.27" in v.text()
+    assert v.warnings == [] and "(0.97x, within)" in v.text() and RESERVED_NOTE not in v.notes
+    (shown,) = v.shown
+    assert "RSS" in shown and "906.00 MiB" in shown and "not compared" in shown
+
+
+@pytest.mark.parametrize(("over", "warns"), [(0.04, False), (0.06, True)])
+def test_a_tensor_peak_warns_only_past_the_tolerance(over, warns):
+    assert TOLERANCE == 0.05
+    v = memory_verdict(_records(tensors=int(400 * 2**20 * (1 + over))), _plan())
+    assert len(v.warnings) == warns
+    if warns:
+        assert "exceeds the predicted 400.00 MiB by more than 5%" in v.warnings[0] and "(1.06x)" in v.warnings[0]
+
+
+def test_cpu_records_without_a_tensor_peak_compare_nothing_per_rank():
+    v = memory_verdict(_records(tensors=None), _plan())
+    assert [c.what for c in v.checks] == ["host RSS of node 0 (sum of its ranks' peaks)"]
+    assert NO_TENSOR_PEAK in v.notes and v.warnings == []
 
 
 def test_gpu_verdict_uses_cuda_peaks_and_no_rss_note():
     v = memory_verdict(_records(gpu=True), _plan())
     whats = [c.what for c in v.checks]
     assert any("allocated" in w for w in whats) and any("reserved" in w for w in whats)
-    assert not any("RSS peak per rank" in w for w in whats)
-    assert RSS_NOTE not in v.notes and RESERVED_NOTE in v.notes
+    assert not any("RSS peak per rank" in w for w in whats) and v.shown == []
+    assert NO_TENSOR_PEAK not in v.notes and RESERVED_NOTE in v.notes
     reserved = next(c for c in v.checks if "reserved" in c.what)
     assert reserved.measured == 350 * 2**20 + 6 and not reserved.over
     assert v.warnings == []
@@ -124,7 +143,7 @@ def test_figures_draw_the_metrics_as_they_are(tmp_path):
     assert len(mfu.lines) == 0  # CPU: no peak FLOP/s, no MFU line
     (mem,) = memory_figure([run]).axes
     lines = _by_label(mem)
-    assert lines["run-a measured (rss_peak_bytes_max_rank)"][1] == [r["rss_peak_bytes_max_rank"] / GIB for r in records]
+    assert lines["run-a measured (cpu_tensor_peak_bytes)"][1] == [r["cpu_tensor_peak_bytes"] / GIB for r in records]
     assert lines["run-a predicted"][1] == [400 / 1024] * len(records)
 
 
@@ -195,8 +214,9 @@ def test_progress_lines_show_memory_against_the_plan_and_mfu_where_known():
     from orchestrate.report.progress_text import memory_and_mfu
 
     plan = _plan_for_progress(gpu=False)
-    record = {"tokens_per_s": 1000.0, "rss_peak_bytes_max_rank": 3 * 2**30, "predicted_gpu_bytes_per_rank": 2**30}
-    assert memory_and_mfu(record, plan) == "mem 3.00 GiB/1.00 GiB"  # CPU: no peak FLOP/s, no MFU
+    record = {"tokens_per_s": 1000.0, "rss_peak_bytes_max_rank": 3 * 2**30, "cpu_tensor_peak_bytes": 2**29,
+              "predicted_gpu_bytes_per_rank": 2**30}
+    assert memory_and_mfu(record, plan) == "mem 512.00 MiB/1.00 GiB"  # CPU: the tensors; no peak FLOP/s, no MFU
     gpu = _plan_for_progress(gpu=True)
     record = {"tokens_per_s": 1000.0, "gpu_max_allocated_bytes": 5 * 2**30, "predicted_gpu_bytes_per_rank": 6 * 2**30}
     text = memory_and_mfu(record, gpu)

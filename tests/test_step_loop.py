@@ -16,6 +16,7 @@ from orchestrate.worker.loop import run_loop
 from orchestrate.worker.signals import StopRequest
 from tests.helpers.engines import cpu_rank
 from tests.helpers.plans import make_plan
+from tests.helpers.step_loop import CausalBatches, UnsavedCheckpointer
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
 
@@ -27,16 +28,6 @@ class _Engine:
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
         self.steps.append(len(micro_batches))
         return StepResult(loss=1.0 / len(self.steps), grad_norm=0.5, lr=1e-3)
-
-
-class _Data:
-    def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
-        ids = torch.zeros(size, 4, dtype=torch.long)
-        return {"input_ids": ids, "labels": ids}  # a causal-LM batch: the record counts its loss tokens
-
-
-class _Checkpointer:
-    last_save_s = None
 
 
 class _Recorder(Callback):
@@ -58,7 +49,7 @@ class _Recorder(Callback):
 def _training(max_steps: int, start_step: int = 0, tmp_path=None) -> tuple[Training, _Engine]:
     plan = make_plan(DDP, ranks=1, config={"train": {"max_steps": max_steps, "global_batch_size": 4}})
     engine = _Engine()
-    return Training(plan, cpu_rank(), RunDir(tmp_path), engine, _Data(), _Checkpointer(), StopRequest(), start_step), engine
+    return Training(plan, cpu_rank(), RunDir(tmp_path), engine, CausalBatches(), UnsavedCheckpointer(), StopRequest(), start_step), engine
 
 
 def _callbacks(log: list, stop_at: int | None = None) -> list[Callback]:

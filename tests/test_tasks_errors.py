@@ -84,3 +84,14 @@ def test_simulating_another_task_is_refused_not_measured_on_the_causal_head(task
         verify_plan(plan)
     (problem,) = err.value.problems
     assert problem.where == "model.task" and "drop --simulate" in problem.fix
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_record_without_a_label_is_refused_naming_it_not_trained_as_a_class(tmp_path, blank):
+    rows = [[f"text number {i}", str(i % 2)] for i in range(12)]
+    rows[4][1] = blank  # the fifth record: CSV line 6
+    data = {"train_files": [_csv(tmp_path / "labels.csv", ["text", "label"], rows)]}
+    (problem,) = _refused(_config(tmp_path, data=data)).problems
+    assert problem.where == "data.train_files[0]"
+    assert "1 of 12 records" in problem.message and "record(s) 5 " in problem.message, problem.message
+    assert "labels.csv" in problem.message and "give every record a label" in problem.fix

@@ -68,6 +68,7 @@ model:
 train:
   seq_len: 16
   global_batch_size: 2
+  output_dir: runs  # beside this file, in the test's tmp_path (the tokenizer memo is cached under it)
 """
 
 

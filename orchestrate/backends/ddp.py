@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import device_process_group, require_runnable
+from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -27,7 +28,7 @@ from orchestrate.backends.torch_engine import (
     write_client_state,
 )
 from orchestrate.errors import Problem
-from orchestrate.methods.lora.saving import is_peft, merged_state_dict, save_adapter, trainable_state
+from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter, trainable_state
 from orchestrate.methods.registry import active_methods
 
 if TYPE_CHECKING:
@@ -85,6 +86,10 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
 class DDPEngine(TorchEngine):
     """TrainEngine over a DistributedDataParallel model."""
 
+    def __init__(self, plan: RunPlan, *args: Any) -> None:
+        super().__init__(*args)
+        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
 
@@ -103,7 +108,11 @@ class DDPEngine(TorchEngine):
 
         if self.rank.rank == 0:  # every rank holds the same weights
             module = self.model.module
-            state = merged_state_dict(module, self.layout.tensors) if is_peft(module) else module.state_dict()
+            if is_peft(module):  # the base re-read and merged on the CPU, as the sharding backends do:
+                # never from the live 4-bit weights, whose layout a library may have changed in place
+                state, _ = merge_adapters(self.plan, self.model_dir, trainable_state(module))
+            else:
+                state = module.state_dict()
             save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
         dist.barrier()
 
@@ -147,6 +156,7 @@ class DDPEngine(TorchEngine):
             module.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        apply_hyperparameters(self.scheduler, self.plan.config.train)
         if self.scaler and state["scaler"]:
             self.scaler.load_state_dict(state["scaler"])
         return read_client_state(ckpt_dir)
@@ -232,7 +242,8 @@ class DDPBackend:
         optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], st["optimizer"], on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)
         scaler = torch.amp.GradScaler(rank.device.type) if st["loss_scaling"] else None
-        return DDPEngine(ddp, optimizer, scheduler, scaler, st, built.config, built.layout, rank, model_dir, objective)
+        return DDPEngine(plan, ddp, optimizer, scheduler, scaler, st, built.config, built.layout, rank, model_dir,
+                         objective)
 
 
 BACKEND = DDPBackend()

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.backends.base import StepResult, device_process_group
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
-from orchestrate.backends.schedule import make_scheduler
+from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.errors import Problem
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
 from orchestrate.run.resume_rules import EXPORT_FIX
@@ -301,6 +301,7 @@ class DeepSpeedTrainEngine:
             config.load_universal_checkpoint = False
         if path is None:
             raise FileNotFoundError(f"DeepSpeed could not load {load_dir / _CKPT_TAG}")
+        apply_hyperparameters(self.engine.lr_scheduler, self._plan.config.train)
         return client[_CLIENT_KEY]
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import device_process_group, require_runnable
+from orchestrate.backends.schedule import apply_hyperparameters
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -216,6 +217,7 @@ class FSDPEngine(TorchEngine):
                        options=self._options())
         engine = json.loads((ckpt_dir / ENGINE_STATE_FILE).read_text())
         self.scheduler.load_state_dict(engine["scheduler"])
+        apply_hyperparameters(self.scheduler, self.plan.config.train)
         if self.scaler and engine["scaler"]:
             self.scaler.load_state_dict(engine["scaler"])
         return read_client_state(ckpt_dir)

@@ -6,10 +6,15 @@ about a minute and 40 s on a fresh machine (or after switching virtual environme
 hash includes the interpreter's paths), which must not land inside a test or a worker's first step.
 """
 
+import os
 import sys
 
 
 def main() -> int:
+    import torch
+
+    if not torch.cuda.is_available():  # as the CPU workers' env says (launch/rundir.py worker_env): no
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # "Setting accelerator to CPU" warning at import
     try:
         from deepspeed.comm.torch import build_shm_op
         from deepspeed.ops.op_builder import CPUAdamBuilder

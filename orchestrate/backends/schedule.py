@@ -46,3 +46,18 @@ def step_schedule(scheduler, skipped: bool) -> None:
         if skipped:
             warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
         scheduler.step()
+
+
+def apply_hyperparameters(scheduler, train: TrainSection) -> None:
+    """After a checkpoint's optimizer and schedule state are loaded, the plan's optimizer settings and
+    schedule from the next step on. Loading brings back the values they were saved with (torch's
+    `Optimizer.load_state_dict` replaces every param group's settings, `LambdaLR`'s its base_lrs), so
+    a `--resume` with a changed learning rate would train on with the old one. The moments and the
+    step count are kept; with unchanged settings every value is the one loaded."""
+    opt = train.optimizer
+    groups = scheduler.optimizer.param_groups  # DeepSpeed: the ZeRO optimizer's, the schedule's own
+    scheduler.base_lrs = [opt.lr] * len(groups)
+    for group in groups:
+        group.update(betas=tuple(opt.betas), eps=opt.eps, weight_decay=opt.weight_decay, initial_lr=opt.lr,
+                     lr=opt.lr * lr_multiplier(scheduler.last_epoch, train))
+    scheduler._last_lr = [group["lr"] for group in groups]  # what get_last_lr() reports

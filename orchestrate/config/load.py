@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from orchestrate.config import safe_yaml
 from orchestrate.config.fixes import fix_for
 from orchestrate.config.schema import RunConfig
+from orchestrate.config.train import DEFAULT_OUTPUT_DIR
 from orchestrate.errors import Problem, UserError
 
 
@@ -116,11 +117,14 @@ def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
         raise UserError(f"{path} has {len(problems)} problem(s)", problems)
     assert config is not None  # internal invariant: no problems means validation succeeded
     config.source_dir = path.resolve().parent
+    if config.train.output_dir is None:  # fixed now: the workers, on any node, read it from plan.json
+        config.train.output_dir = str(Path.cwd().resolve() / DEFAULT_OUTPUT_DIR)
     return config
 
 
 def config_from_dict(data: dict, source_dir: Path | None = None) -> RunConfig:
-    """Validate an already-parsed config (used by workers reading plan.json and by tests)."""
+    """Validate an already-parsed config (used by workers reading plan.json and by tests). Relative
+    paths resolve against `source_dir`, the unset train.output_dir included (`RunConfig.output_root`)."""
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as exc:

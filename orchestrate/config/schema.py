@@ -16,7 +16,7 @@ from orchestrate.config.data import DataSection
 from orchestrate.config.model import ModelSection
 from orchestrate.config.section import Section
 from orchestrate.config.strategy import StrategySection
-from orchestrate.config.train import TrainSection
+from orchestrate.config.train import DEFAULT_OUTPUT_DIR, TrainSection
 from orchestrate.methods.custom.config import check_custom_sections
 from orchestrate.methods.distill.config import DistillSection
 from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD, PreferenceSection
@@ -66,6 +66,10 @@ class RunConfig(Section):
             raise ValueError("model.num_labels is for model.task sequence-classification only")
         check_custom_sections(self)
         return self
+
+    def output_root(self) -> Path:
+        """train.output_dir resolved; unset (a config not loaded from a file): `runs` beside the source."""
+        return self.resolve_path(self.train.output_dir or DEFAULT_OUTPUT_DIR)
 
     def resolve_path(self, p: str) -> Path:
         """Resolve a user path relative to the YAML file's directory."""

@@ -12,6 +12,9 @@ from orchestrate.config.requirements import check_method_libraries, check_optimi
 from orchestrate.config.section import MAX_COUNT, Auto, Section
 from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 
+DEFAULT_OUTPUT_DIR = "runs"
+"""Where run directories go when train.output_dir is unset: under the working directory (config.load)."""
+
 
 class OptimizerSection(Section):
     name: Literal["adamw", "adamw8bit", "auto"] = "adamw"
@@ -119,8 +122,11 @@ class TrainSection(Section):
     """Seed for weights, data order and dropout; the same seed reproduces the same losses (0 to 2**32-1,
     the range numpy's seeding accepts)."""
 
-    output_dir: str = "runs"
-    """Where run directories are created (relative to the YAML file's directory)."""
+    output_dir: str | None = None
+    """Where run directories are created. null: `runs` in the directory the command runs in
+    (`orchestrate launch examples/tiny-gpt2.yaml` from ~/proj writes ~/proj/runs/tiny-gpt2-<time>, not
+    next to the example); a relative path you write is relative to the YAML file's directory, as
+    every path in it is."""
 
     @field_validator("micro_batch_size")
     @classmethod

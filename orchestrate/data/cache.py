@@ -38,7 +38,7 @@ def cache_dir_of(config: RunConfig) -> Path:
     """`data.cache_dir`, or `<train.output_dir>/data_cache`: shared by every run of the config."""
     if config.data.cache_dir:
         return config.resolve_path(config.data.cache_dir)
-    return config.resolve_path(config.train.output_dir) / DEFAULT_CACHE_SUBDIR
+    return config.output_root() / DEFAULT_CACHE_SUBDIR
 
 
 def entry_key(identity: dict) -> str:

@@ -22,6 +22,7 @@ from orchestrate.data.cache import TokenStream, cache_dir_of, check_ids
 from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
+from orchestrate.data.identity import check_same_data, data_identity
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.records import PREFERENCE_FORMATS
@@ -235,7 +236,8 @@ def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_
     flatten = is_sft(prepared.train.meta.get("record_format", "text")) and varlen_ready(plan)
     train, validation = samples_for(prepared, config, flatten)
     require_sample_per_rank(len(train), world_size, prepared, config)
-    sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed)
+    sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed,
+                                      data_identity(config, prepared.train, prepared.validation))
     masker = None
     if config.model.task == "masked-lm":
         masker = MLMMasker(mask_token_id(tokenizer, plan.shape.vocab_size), tokenizer.vocab_size,
@@ -275,8 +277,11 @@ def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     return text
 
 
-def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False) -> str:
-    """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`."""
+def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False,
+                     resumed: tuple[str, dict] | None = None) -> str:
+    """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`.
+    `resumed`: (the checkpoint the workers continue from, the data identity it recorded): data that
+    changed since is refused here, before any worker starts."""
     if plan.config.data.module is not None:
         from orchestrate.methods.custom.data import describe_module_data
 
@@ -287,6 +292,8 @@ def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False) -> s
     train, validation = samples_for(prepared, plan.config)
     require_sample_per_rank(len(train), plan.world_size, prepared, plan.config)
     check_eval_generate(plan.config, train, validation)
+    if resumed is not None:
+        check_same_data(resumed[1], data_identity(plan.config, prepared.train, prepared.validation), resumed[0])
     return describe_prepared(prepared, plan.config)
 
 

@@ -195,9 +195,17 @@ def _load(source: Source, work: Path, num_proc: int):
             # by a later rebuild); the Arrow copy of a local directory is scratch, like files'.
             local = {"cache_dir": str(work / "hf")} if Path(source.name).exists() else {}
             return datasets.load_dataset(source.name, source.config_name, split=source.split, **local)
-        return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
-                                     cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
-                                     **dict(source.options))
+        # Local files become scratch Arrow first: datasets' "Generating train split" bar for that says
+        # nothing our own tokenising progress does not (a Hub download above keeps its bars).
+        shown = datasets.utils.logging.is_progress_bar_enabled()
+        datasets.utils.logging.disable_progress_bar()
+        try:
+            return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
+                                         cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
+                                         **dict(source.options))
+        finally:
+            if shown:
+                datasets.utils.logging.enable_progress_bar()
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow, json, csv, network, ...: all unreadable input
@@ -227,6 +235,8 @@ def _check_columns(ds, source: Source, spec: TextSpec) -> None:
         raise UserError(f"{source.describe()} has no label column {spec.label_field!r}", [Problem(
             "data.label_field", f"{source.describe()} has no column {spec.label_field!r} (it has: {columns})",
             f"set data.label_field to the column that holds the labels (one of {columns})")])
+    if spec.label_field is not None:
+        _check_labels(ds, source, spec.label_field)
     not_text = [(f, ds.features[f]) for f in spec.fields()
                 if not (isinstance(ds.features[f], datasets.Value) and ds.features[f].dtype in ("string", "large_string", "null"))]
     if not_text:
@@ -236,6 +246,25 @@ def _check_columns(ds, source: Source, spec: TextSpec) -> None:
                f"point data.text_field at a string column, or drop it for {chat}")
         raise UserError(f"{source.describe()}: field {name!r} is not text", [Problem(
             where, f"column {name!r} of {source.describe()} holds {feature}", fix)])
+
+
+def _check_labels(ds, source: Source, label_field: str) -> None:
+    """Every record has a label: a missing one (an empty CSV cell, a JSON null, NaN) or a blank string
+    is refused, naming the rows, rather than trained as one more class ("None", "nan")."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    column = ds.data.column(label_field)
+    missing = pc.is_null(column, nan_is_null=True)
+    if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+        missing = pc.or_(missing, pc.equal(pc.utf8_trim_whitespace(column), ""))
+    rows = np.flatnonzero(missing.to_numpy(zero_copy_only=False).astype(bool))
+    if len(rows):
+        listed = ", ".join(str(r + 1) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
+        raise UserError(f"{source.describe()} has records without a label", [Problem(
+            source.where, f"{len(rows)} of {len(column)} records of {source.describe()} have no "
+            f"{label_field!r}: record(s) {listed} (counting from 1, in file order, a header not counted)",
+            f"give every record a label in column {label_field!r}, or remove those records")])
 
 
 def documents(batch: dict, spec: TextSpec, paragraphs: bool, keep_blank: bool = False) -> list[str]:

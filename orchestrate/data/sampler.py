@@ -9,25 +9,31 @@ world size: resuming on a different number of ranks (with the same global batch 
 samples in every step, only dealt out differently. Nothing is dropped at epoch ends: a call may
 straddle two epochs.
 
-State: (epoch, position within the epoch, seed) plus the block count, so a checkpoint taken on any
-world size restores the exact place in the stream, and a resume on changed data is refused.
+State: (epoch, position within the epoch, seed) plus the block count and the data's identity
+(orchestrate/data/identity.py), so a checkpoint taken on any world size restores the exact place in
+the stream, and a resume on changed data is refused, edited contents with the same block count too.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from orchestrate.data.identity import check_same_data
 from orchestrate.errors import Problem, UserError
 
 
 class DistributedBlockSampler:
-    def __init__(self, num_blocks: int, rank: int, world_size: int, seed: int):
+    def __init__(self, num_blocks: int, rank: int, world_size: int, seed: int, data: dict[str, Any] | None = None):
         if num_blocks < world_size:
             raise ValueError(f"{num_blocks} blocks cannot be shared by {world_size} ranks")
         self.num_blocks = num_blocks
         self.rank = rank
         self.world_size = world_size
         self.seed = seed
+        self.data = data
+        """`data_identity` of the samples (None: data of your own module, not fingerprinted)."""
         self.epoch = 0
         self.position = 0
         """Stream positions of the current epoch consumed so far, by all ranks together."""
@@ -59,11 +65,14 @@ class DistributedBlockSampler:
                                            self.num_blocks)
         return ids.tolist()
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict[str, Any]:
         """JSON-able and world-size independent."""
-        return {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_blocks": self.num_blocks}
+        state = {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_blocks": self.num_blocks}
+        return state if self.data is None else {**state, "data": self.data}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.data is not None and state.get("data") is not None:
+            check_same_data(state["data"], self.data, "the checkpoint")
         saved = int(state.get("num_blocks", self.num_blocks))
         if saved != self.num_blocks:
             raise UserError("the training data changed since the checkpoint", [Problem(

@@ -20,9 +20,15 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import RunPlan
-from orchestrate.run.checkpoints import CheckpointMeta, Discovery, list_checkpoints, newest_checkpoint
+from orchestrate.run.checkpoints import (
+    PLAN_COPY,
+    CheckpointMeta,
+    Discovery,
+    list_checkpoints,
+    newest_checkpoint,
+)
 from orchestrate.run.layout import PLAN_FILE
-from orchestrate.run.resume_rules import check_resumable
+from orchestrate.run.resume_rules import check_resumable, config_changes
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
@@ -39,7 +45,7 @@ def run_to_resume(config: RunConfig, name: str, run_dir: Path | None) -> Path:
             raise UserError("nothing to resume", [Problem(
                 "--run-dir", f"{run_dir} holds no {PLAN_FILE}", "give the run directory of an earlier `orchestrate launch`")])
         return run_dir
-    base = config.resolve_path(config.train.output_dir).resolve()
+    base = config.output_root().resolve()
     # default_run_dir's names: <name>-YYYYmmdd-HHMMSS, then -2, -3, ... within the same second.
     pattern = re.compile(re.escape(name) + r"-(\d{8}-\d{6})(?:-(\d+))?")
     runs = []
@@ -73,28 +79,55 @@ def pinned_config(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
     return config
 
 
-def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[RunPlan, bool, Discovery]:
-    """(plan, True when it is the run's own plan.json unchanged, the checkpoint it continues).
-    UserError when the newest intact checkpoint cannot continue under it, or when the run has
+def _same(a: RunConfig, b: RunConfig) -> bool:
+    """The same training; train.output_dir (where new runs go, by default under the working
+    directory) does not count."""
+    def dump(c: RunConfig) -> dict:
+        return c.model_copy(update={"train": c.train.model_copy(update={"output_dir": None})}).model_dump(mode="json")
+
+    return dump(a) == dump(b)
+
+
+def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path) -> tuple[RunPlan, bool, Discovery,
+                                                                                      list[str]]:
+    """(plan, True when it is the run's own plan.json unchanged, the checkpoint it continues, the
+    config changes since that checkpoint that apply from its next step). UserError when the newest
+    intact checkpoint cannot continue under the plan or the changed config, or when the run has
     checkpoints but none is intact (starting from step 0 would replace them)."""
     from orchestrate.planning import feasible_plan
 
     old = RunPlan.read(run_dir / PLAN_FILE)
     found = newest_checkpoint(run_dir, full=True)
     ckpt = found.chosen.path if found.chosen else None
-    unchanged = (old.hardware.nodes == hardware.nodes
-                 and old.world_size == hardware.world_size
-                 and old.config.model_dump(mode="json") == config.model_dump(mode="json"))
+    unchanged = (old.hardware.nodes == hardware.nodes and old.world_size == hardware.world_size
+                 and _same(old.config, config))
     if unchanged:
         plan = old
     else:
         plan = feasible_plan(pinned_config(config, found.chosen.meta) if ckpt else config, hardware)
+    changes: list[str] = []
     if ckpt is not None:
         check_resumable(ckpt, plan)
-    return plan, unchanged, found
+        if (ckpt / PLAN_COPY).is_file():  # "auto" and the checkpoint's own choice are no change
+            meta = found.chosen.meta
+            changes, problems = config_changes(pinned_config(RunPlan.read(ckpt / PLAN_COPY).config, meta),
+                                                pinned_config(config, meta))
+            if problems:
+                raise UserError(f"cannot resume from {ckpt}: the config changed where the checkpoint cannot "
+                                "follow", problems)
+    return plan, unchanged, found, changes
 
 
-def resume_notice(run_dir: Path, reused: bool, found: Discovery) -> str:
+def resumed_data(run_dir: Path) -> tuple[str, dict] | None:
+    """(the checkpoint the workers continue from, the data identity its sampler state recorded), for
+    the launcher's data check (orchestrate/data/identity.py); None without a checkpoint or a record."""
+    found = newest_checkpoint(run_dir, full=False)
+    if found.chosen is None or found.chosen.meta.sampler.get("data") is None:
+        return None
+    return str(found.chosen.path), found.chosen.meta.sampler["data"]
+
+
+def resume_notice(run_dir: Path, reused: bool, found: Discovery, changes: list[str]) -> str:
     if found.chosen is None:
         return f"resuming {run_dir}: no checkpoint yet, training starts from step 0"
     ckpt, meta = found.chosen.path, found.chosen.meta
@@ -102,6 +135,9 @@ def resume_notice(run_dir: Path, reused: bool, found: Discovery) -> str:
            f"with a new plan (config or world size changed; the checkpoint's plan is {ckpt / PLAN_FILE})")
     lines = [*found.notices(), f"resuming {run_dir} from step {meta.step} ({meta.world_size} rank(s), "
              f"{meta.strategy_name}) {how}"]
+    if changes:
+        lines += [f"changed since the checkpoint, in effect from step {meta.step + 1}:",
+                  *(f"  {change}" for change in changes)]
     return "\n".join(lines)
 
 

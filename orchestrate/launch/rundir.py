@@ -45,7 +45,7 @@ RUN_DIR_OWN_FILES = (MARKER_FILE, LOCK_FILE, REQUEUE_FILE)
 
 def default_run_dir(config: RunConfig, name: str) -> Path:
     """`<train.output_dir>/<name>-<timestamp>`, with a numeric suffix if that exists already."""
-    base = config.resolve_path(config.train.output_dir) / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base = config.output_root() / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     candidate, n = base, 1
     while candidate.exists():
         n += 1
@@ -69,7 +69,7 @@ def resolved_config_dict(config: RunConfig) -> dict[str, Any]:
         d["cache_dir"] = absolute(d["cache_dir"])
     if d.get("dataset") and config.resolve_path(d["dataset"]).exists():  # a local path, not a Hub name
         d["dataset"] = absolute(d["dataset"])
-    data["train"]["output_dir"] = absolute(data["train"]["output_dir"])
+    data["train"]["output_dir"] = str(config.output_root().resolve())
     if data["strategy"]["nvme_path"]:
         data["strategy"]["nvme_path"] = absolute(data["strategy"]["nvme_path"])
     name = data["model"]["name_or_path"]
@@ -89,6 +89,9 @@ def worker_env(plan: RunPlan) -> tuple[dict[str, str], list[str]]:
         # torchrun would set 1 thread per process; give the CPU workers the cores they share.
         threads = max(1, plan.hardware.cpu_cores // plan.hardware.ranks_per_node)
         env["OMP_NUM_THREADS"] = str(threads)
+        # Every worker imports DeepSpeed (transformers' save_pretrained looks for its engine); told
+        # there is no GPU, it does not warn that it found none (deepspeed/accelerator/real_accelerator.py).
+        env["DS_ACCELERATOR"] = "cpu"
     return env, notes
 
 
@@ -189,7 +192,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     rendered = None
     if resume:
         run_dir = run_to_resume(config, name, run_dir)
-        plan, reused, found = plan_for_resume(config, hardware, run_dir)
+        plan, reused, found, changes = plan_for_resume(config, hardware, run_dir)
     else:
         plan, reused = feasible_plan(config, hardware), False
         run_dir = (run_dir or default_run_dir(config, name)).resolve()
@@ -206,5 +209,5 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         lock: AbstractContextManager = lock_run_dir(run_dir, f"orchestrate {name}", remote_workers)
         (hold if hold is not None else own).enter_context(lock)
         if resume:
-            say(resume_notice(run_dir, reused, found))
+            say(resume_notice(run_dir, reused, found, changes))
         return (plan if reused else prepare_run(plan, run_dir, rendered)), run_dir

@@ -31,7 +31,7 @@ from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.calibrate import record_verdict
 from orchestrate.launch.oom import recover
-from orchestrate.launch.resume import failure_notice
+from orchestrate.launch.resume import failure_notice, resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_TEMPFAIL, STOP_SIGNALS
@@ -258,7 +258,7 @@ def start(plan: RunPlan, run_dir: Path, transport: Transport, max_restarts: int 
 
                 # Tokenise once, here, into the shared cache: the workers (on every node) then only map
                 # it (no race between nodes, no collective timeout while a large corpus is tokenised).
-                tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+                tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
     except UserError:
         if fresh:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -93,6 +93,16 @@ def worker_torchrun_args(run_dir: Path, max_restarts: int = 0) -> tuple[str, ...
             "--redirects", "3", "--tee", "0:3")
 
 
+TEED_PREFIX = "[default0]:"
+"""torchrun's prefix on the lines it tees: local rank 0's (`--tee 0:3`; role "default"), the one rank
+a node shows. With one rank shown it tells nothing (SSH output says the host and node already), so
+the launcher prints those lines without it; the other ranks' output is in their log files."""
+
+
+def without_teed_prefix(line: str) -> str:
+    return line[len(TEED_PREFIX):] if line.startswith(TEED_PREFIX) else line
+
+
 def format_command(argv: list[str], env: dict[str, str] | None = None) -> str:
     """The shell command equivalent to running `argv` through torchrun with `env` added."""
     prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items()))

@@ -74,10 +74,13 @@ def base_runtime(config: RunConfig) -> MethodRuntime:
 
 
 def apply_transforms(model: Any, plan: Any) -> Any:
-    """Between building the model and wrapping it: the attention of packed chat samples (whatever the
-    method: loading/packed_attention.py), then every active method's model transform, in hook order."""
+    """Between building the model and wrapping it: the causal LM's loss named, the attention of packed
+    chat samples (whatever the method: loading/packed_attention.py), then every active method's model
+    transform, in hook order."""
     from orchestrate.loading.packed_attention import packed_attention
+    from orchestrate.model.tasks import name_the_causal_lm_loss
 
+    name_the_causal_lm_loss(model, plan.config.model.task)
     model = packed_attention(model, plan)
     for method in runtimes(plan.config):
         model = method.transform(model, plan)

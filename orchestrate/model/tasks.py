@@ -10,6 +10,8 @@ saved BertForSequenceClassification directory is built as what it is, never as B
 
 from __future__ import annotations
 
+from typing import Any
+
 TASKS = ("causal-lm", "masked-lm", "sequence-classification")
 
 _AUTO = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
@@ -57,3 +59,12 @@ def task_of_architectures(architectures: object) -> str | None:
 def per_token_logits(task: str) -> bool:
     """Whether the head's logits have one row per token (LM heads) or one per sequence (classifiers)."""
     return task != "sequence-classification"
+
+
+def name_the_causal_lm_loss(model: Any, task: str) -> None:
+    """transformers picks a model's loss from its class name; a causal LM named otherwise
+    (GPT2LMHeadModel) gets `loss_type` None, falls back to ForCausalLM and warns "`loss_type=None` was
+    set in the config but it is unrecognized" (modeling_utils.py `loss_function`) at its first loss.
+    The same loss, named, without the warning."""
+    if task == "causal-lm" and getattr(model, "loss_type", "") is None:
+        model.loss_type = "ForCausalLM"

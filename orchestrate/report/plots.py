@@ -85,7 +85,10 @@ def optimizer_figure(runs: list[Run]) -> Figure:
 def measured_key(run: Run) -> str:
     """The per-rank measurement that corresponds to the per-rank prediction (see verdict.py)."""
     keys = {k for r in run.records for k in r}
-    return "gpu_max_reserved_bytes" if "gpu_max_reserved_bytes" in keys else "rss_peak_bytes_max_rank"
+    for key in ("gpu_max_reserved_bytes", "cpu_tensor_peak_bytes"):
+        if key in keys:
+            return key
+    return "rss_peak_bytes_max_rank"  # a CPU run from before the tensor peak was measured
 
 
 def memory_figure(runs: list[Run]) -> Figure:

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
 
 
 def memory_and_mfu(record: dict[str, Any], plan: RunPlan) -> str:
-    """"mem 5.12 GiB/7.20 GiB  MFU 38.5%": the measured peak per rank (GPU allocated, else the
-    worker's RSS) against the plan's prediction, and MFU where the peak FLOP/s are known."""
-    measured = record.get("gpu_max_allocated_bytes", record.get("rss_peak_bytes_max_rank"))
+    """"mem 5.12 GiB/7.20 GiB  MFU 38.5%": the measured peak per rank (GPU allocated, else the CPU
+    tensor peak) against the plan's prediction, and MFU where the peak FLOP/s are known."""
+    measured = record.get("gpu_max_allocated_bytes", record.get("cpu_tensor_peak_bytes"))
     parts = []
     if measured is not None:
         predicted = record.get("predicted_gpu_bytes_per_rank")

@@ -10,6 +10,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import FORMAT_VERSION, CheckpointMeta, read_meta
 
 if TYPE_CHECKING:
+    from orchestrate.config.schema import RunConfig
     from orchestrate.planner.plan import RunPlan
 
 EXPORT_FIX = ("or `orchestrate export RUN_DIR --out DIR` and start a new run from it "
@@ -51,6 +52,48 @@ def resume_problems(meta: CheckpointMeta, plan: RunPlan) -> list[Problem]:
                                     "position and step count would mean something else",
                                     f"set train.{key}: {then}, {EXPORT_FIX}"))
     return problems
+
+
+REFUSED_CHANGES = {
+    "model.": "the checkpoint holds that model's weights",
+    "train.method": "the checkpoint holds that method's weights",
+    "train.lora.": "the checkpoint's adapters were made with those settings",
+    "train.quantization.": "the checkpoint's adapters were trained on that quantized base",
+    "train.optimizer.name": "the checkpoint's optimizer state is that optimizer's",
+    "train.seed": "the data order and the random states continue from the checkpoint's",
+    "prune.": "the checkpoint's masks follow that pruning schedule",
+    "distill.": "the checkpoint trained against that teacher",
+}
+"""Config changes a checkpoint cannot continue under (what `resume_problems` checks aside). Every other
+change under train. and strategy. applies from the next step: the optimizer settings and schedule
+after the state is loaded (backends/schedule.py `apply_hyperparameters`), the rest through the plan."""
+NOT_COMPARED = ("data.", "train.output_dir")
+"""The data is checked by its identity (orchestrate/data/identity.py), before the workers start;
+train.output_dir says where new runs go, not how this one trains."""
+
+
+def _leaves(data: object, path: str = "") -> dict[str, object]:
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in _leaves(value, f"{path}{key}.").items()}
+    return {path.rstrip("."): data}
+
+
+def config_changes(then: RunConfig, now: RunConfig) -> tuple[list[str], list[Problem]]:
+    """(each change that applies from the next step, as "path: old -> new"; a Problem for each change the
+    checkpoint of `then` cannot continue under, with its YAML path)."""
+    old, new = _leaves(then.model_dump(mode="json")), _leaves(now.model_dump(mode="json"))
+    applied, problems = [], []
+    for path in sorted(old.keys() | new.keys()):
+        before, after = old.get(path), new.get(path)
+        if before == after or path.startswith(NOT_COMPARED):
+            continue
+        why = next((reason for prefix, reason in REFUSED_CHANGES.items() if path.startswith(prefix)), None)
+        if why is None:
+            applied.append(f"{path}: {before} -> {after}")
+        else:
+            problems.append(Problem(path, f"{before} when the checkpoint was written, {after} now: {why}",
+                                    f"set {path}: {before} to resume, {EXPORT_FIX}"))
+    return applied, problems
 
 
 def check_resumable(ckpt_dir: Path, plan: RunPlan) -> CheckpointMeta:

@@ -13,6 +13,7 @@ from orchestrate.worker.oom import StepOutOfMemory
 if TYPE_CHECKING:
     from orchestrate.backends.base import StepResult
     from orchestrate.planner.plan import RunPlan
+    from orchestrate.worker.tensor_peak import TensorPeak
 
 
 def counts_tokens(plan: RunPlan) -> bool:
@@ -37,9 +38,11 @@ def step_record(training: Training, step: int, result: StepResult, step_time: fl
             "predicted_cpu_bytes_per_node": plan.chosen.memory.cpu_total}
 
 
-def run_loop(training: Training, callbacks: list[Callback]) -> bool:
+def run_loop(training: Training, callbacks: list[Callback], tensors: TensorPeak | None = None) -> bool:
     """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early. An
-    out-of-memory error in a step is raised as StepOutOfMemory (the step, the engine's phase)."""
+    out-of-memory error in a step is raised as StepOutOfMemory (the step, the engine's phase).
+    `tensors`: the live-tensor counter of a CPU run, whose peak each step's record carries; it stops
+    after its first steps (worker/tensor_peak.py) and at the end of the loop."""
     import torch
 
     plan, rank, engine, data = training.plan, training.rank, training.engine, training.data
@@ -64,8 +67,11 @@ def run_loop(training: Training, callbacks: list[Callback]) -> bool:
             step_time = time.perf_counter() - start
             # One collective per step: the stats all-gather carries the stop flag too.
             stats = gather_step_stats(result.loss, rank.node, rank.device,
-                                      training.stop.local(training.checkpointer.last_save_s), counted)
+                                      training.stop.local(training.checkpointer.last_save_s), counted,
+                                      tensors.peak if tensors is not None else None)
             record = step_record(training, step, result, step_time, stats)
+            if tensors is not None:
+                tensors.step_done()
             stopping, waited_s, save_s = training.stop.decide(*stats["stop_max"])
             end = StepEnd(step, step == max_steps, stopping, record, waited_s, save_s)
             for callback in ordered:
@@ -74,6 +80,8 @@ def run_loop(training: Training, callbacks: list[Callback]) -> bool:
                 stopped = True
                 break
     finally:
+        if tensors is not None:
+            tensors.stop()
         for callback in ordered:
             callback.on_train_end(training, stopped)
     return stopped

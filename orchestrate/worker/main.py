@@ -53,12 +53,13 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     resume_from = stages.checkpoint_to_resume(plan, run, rank)  # checked before anything is built
     preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
     data = stages.build_data(plan, run, rank)  # first: a classifier's labels size its head
+    tensors = stages.count_tensors(rank)  # CPU: the live-tensor peak the memory verdict compares
     auxiliary = stages.build_auxiliary(plan, run, rank, data)  # before the trained model (see the function)
     engine, model_dir = stages.build_engine(plan, run, rank, data.label_names, auxiliary)
     checkpointer, start_step = stages.resume(plan, run, rank, engine, model_dir, data, resume_from)
     training = Training(plan, rank, run, engine, data, checkpointer, stop, start_step)
     try:
-        stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from))
+        stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from), tensors)
     except StepOutOfMemory as oom:
         # No barrier, no destroy_process_group: a peer may be gone or stuck in a collective; torchrun
         # stops the others. The launcher reads the record and re-plans (launch/oom.py).

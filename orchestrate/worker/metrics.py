@@ -3,8 +3,11 @@
 Memory is measured next to what the plan predicted, so every run checks the planner:
 - `gpu_max_allocated_bytes` / `gpu_max_reserved_bytes`: torch.cuda peaks, max over ranks (GPU only),
   against `predicted_gpu_bytes_per_rank`;
-- `rss_peak_bytes_max_rank`: the largest process RSS peak of any rank (on CPU-only runs the plan's
-  "device" memory is the worker's own RAM, so this is the counterpart of the per-rank prediction);
+- `cpu_tensor_peak_bytes`: CPU runs only: the largest live-tensor peak of any rank
+  (orchestrate/worker/tensor_peak.py), the counterpart of the per-rank prediction where the plan's
+  "device" is the worker's own RAM;
+- `rss_peak_bytes_max_rank`: the largest process RSS peak of any rank (interpreter, libraries and
+  tensors: shown, not compared);
 - `node_rss_peak_bytes`: the sum of the RSS peaks of node 0's ranks (an upper bound of the node's
   peak: the processes need not peak together), against `predicted_cpu_bytes_per_node`.
 """
@@ -22,7 +25,8 @@ import torch.distributed as dist
 
 from orchestrate.run.layout import read_records
 
-_STAT_FIELDS = ("loss", "rss", "gpu_alloc", "gpu_reserved", "node", "loss_tokens", "stop_elapsed", "save_s")
+_STAT_FIELDS = ("loss", "rss", "tensors", "gpu_alloc", "gpu_reserved", "node", "loss_tokens", "stop_elapsed",
+                "save_s")
 
 
 def rss_peak_bytes() -> int:
@@ -32,14 +36,15 @@ def rss_peak_bytes() -> int:
 
 
 def gather_step_stats(loss: float, node: int, device: torch.device,
-                      stop: tuple[float, float] = (-1.0, -1.0), loss_tokens: int = 0) -> dict[str, float]:
-    """One all_gather per step of (loss, RSS peak, GPU peaks, node index, the tokens that carried
-    loss, the stop request's `StopRequest.local` values) from every rank: the step's only collective
-    besides training.
-    `stop_max` holds the maxima of the stop values over ranks, for `StopRequest.decide`."""
+                      stop: tuple[float, float] = (-1.0, -1.0), loss_tokens: int = 0,
+                      tensor_peak: int | None = None) -> dict[str, float]:
+    """One all_gather per step of (loss, RSS peak, live-tensor peak, GPU peaks, node index, the tokens
+    that carried loss, the stop request's `StopRequest.local` values) from every rank: the step's only
+    collective besides training. `stop_max` holds the maxima of the stop values over ranks, for
+    `StopRequest.decide`. `tensor_peak`: this rank's `TensorPeak.peak` (CPU runs)."""
     cuda = device.type == "cuda"
     local = torch.tensor([
-        loss, float(rss_peak_bytes()),
+        loss, float(rss_peak_bytes()), float(tensor_peak if tensor_peak is not None else -1),
         float(torch.cuda.max_memory_allocated(device)) if cuda else 0.0,
         float(torch.cuda.max_memory_reserved(device)) if cuda else 0.0,
         float(node), float(loss_tokens), *stop,
@@ -58,6 +63,8 @@ def gather_step_stats(loss: float, node: int, device: torch.device,
         "loss_tokens": int(stats["loss_tokens"].sum()),
         "stop_max": (float(stats["stop_elapsed"].max()), float(stats["save_s"].max())),
     }
+    if tensor_peak is not None:
+        out["cpu_tensor_peak_bytes"] = int(stats["tensors"].max())
     if cuda:
         out["gpu_max_allocated_bytes"] = int(stats["gpu_alloc"].max())
         out["gpu_max_reserved_bytes"] = int(stats["gpu_reserved"].max())

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -37,6 +37,9 @@ from orchestrate.worker.callbacks.verdict import MemoryVerdictPrinter
 from orchestrate.worker.checkpointing import Checkpointer
 from orchestrate.worker.objective import objective_for
 from orchestrate.worker.rank import Rank, start_rank
+
+if TYPE_CHECKING:
+    from orchestrate.worker.tensor_peak import TensorPeak
 
 
 def read_plan(plan_path: Path) -> tuple[RunPlan, RunDir]:
@@ -96,6 +99,16 @@ def build_data(plan: RunPlan, run: RunDir, rank: Rank) -> TrainData:
     if own is not None:
         return own
     return build_token_data(plan, run.path, rank.rank, rank.world_size, local_rank=rank.local_rank)
+
+
+def count_tensors(rank: Rank) -> TensorPeak | None:
+    """On a CPU rank, the live CPU tensor bytes from here on (orchestrate/worker/tensor_peak.py: torch
+    keeps no CPU allocator statistics); None on a GPU rank, whose peaks come from torch.cuda."""
+    if rank.device.type != "cpu":
+        return None
+    from orchestrate.worker.tensor_peak import TensorPeak
+
+    return TensorPeak.start()
 
 
 def build_auxiliary(plan: RunPlan, run: RunDir, rank: Rank, data: TrainData) -> dict[str, Any]:

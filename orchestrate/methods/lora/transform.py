@@ -68,6 +68,13 @@ def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: RunPlan, dev
                                    compress_statistics=q.double_quant, quant_storage=storage, module=new).to(device)
     if linear.bias is not None:
         new.bias = torch.nn.Parameter(linear.bias.data, requires_grad=False)
+    # On a CPU with AVX512-BF16, Linear4bit.forward in eval mode without grad rewrites weight.data in
+    # place into its fused kernel's blocked layout and mutates the shared quant_state (absmax
+    # transposed, rounded to bf16, double quantization undone), and nothing turns it back when training
+    # resumes; dequantize_4bit then reads the blocked bytes as the plain layout (bitsandbytes/nn/
+    # modules.py Linear4bit.forward, functional.py _convert_weight_packed_for_cpu). Evaluation keeps
+    # the layout training uses.
+    new.support_avx512bf16_for_cpu = False
     return new
 
 

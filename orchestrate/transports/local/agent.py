@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from orchestrate.launch.torchrun_args import without_teed_prefix
 from orchestrate.run.exits import STOP_SIGNALS
 
 if TYPE_CHECKING:
@@ -34,13 +35,13 @@ AGENT_PROGRAM = ("-m", "orchestrate.agent")
 
 def _pump(source: IO[bytes], target: Callable[[], IO[str]]) -> None:
     """Copy the agent's output line by line to this process's stream as it is now (a progress bar
-    or click's test runner may have replaced sys.stdout). A stream that no longer takes writes (a
-    terminal that hung up: EIO) is skipped, but the pipe is still read to its end: a full pipe would
-    block the agent, and with it the workers' shutdown."""
+    or click's test runner may have replaced sys.stdout), rank 0's without torchrun's prefix. A
+    stream that no longer takes writes (a terminal that hung up: EIO) is skipped, but the pipe is
+    still read to its end: a full pipe would block the agent, and with it the workers' shutdown."""
     for line in iter(source.readline, b""):
         try:
             stream = target()
-            stream.write(line.decode(errors="replace"))
+            stream.write(without_teed_prefix(line.decode(errors="replace")))
             stream.flush()
         except (OSError, ValueError):  # EIO, EPIPE; ValueError: a closed stream
             pass

@@ -206,8 +206,9 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
 
     plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume, tell)
     from orchestrate.data.pipeline import prepare_for_plan
+    from orchestrate.launch.resume import resumed_data
 
-    tell(prepare_for_plan(plan, run_dir, progress=console is not None))
+    tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
     script = slurm_cluster.write_sbatch(job)
     tell(f"{describe(plan)}; run directory {run_dir}")

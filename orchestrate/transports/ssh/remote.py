@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TextIO
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.torchrun_args import without_teed_prefix
 from orchestrate.transports.ssh.hosts import (
     PGID_TAG,
     Host,
@@ -148,7 +149,7 @@ class _LineWriter:
             self.on_pgid(int(line.split()[1]))
             self.on_pgid = None
             return
-        self.emit(f"{self.prefix} {line}")
+        self.emit(f"{self.prefix} {without_teed_prefix(line)}")
 
     def flush(self) -> None:
         """Fabric flushes after each chunk; only whole lines are written (the rest at close)."""

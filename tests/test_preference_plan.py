@@ -146,3 +146,12 @@ def test_a_step_s_tokens_count_both_sequences_of_every_record():
     assert dpo.tokens_per_step == 2 * one  # the intro line's and the step records' tokens
     speed = dpo.chosen.speed
     assert speed.tokens_per_s * speed.step_time_s == pytest.approx(dpo.tokens_per_step)  # the speed model's too
+
+
+def test_a_resume_with_another_preference_loss_or_reference_is_refused():
+    from orchestrate.run.resume_rules import config_changes
+
+    then = _config({"method": "full", "seq_len": 32}, {"loss": "dpo"}, TINY_GPT2)
+    now = _config({"method": "full", "seq_len": 32}, {"loss": "ipo", "beta": 0.2}, TINY_GPT2)
+    applied, problems = config_changes(then, now)
+    assert not applied and sorted(p.where for p in problems) == ["preference.beta", "preference.loss"]

@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast demo chat-sft bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
+.PHONY: install test test-fast demo chat-sft chat-dpo preference bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -46,6 +46,19 @@ chat-sft: install
 	test -f runs/chat-sft-base/model/model.safetensors || $(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/base.yaml --run-dir runs/chat-sft-base
 	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/model.yaml --run-dir $(CHAT_RUN) $(ARGS)
 	$(ORCH) chat $(CHAT_RUN) --adapter --prompt "Upper-case this word: lantern"
+
+# DPO after the newest chat-sft run (docs/preference.md): chat pairs preferring the answer with "!",
+# QLoRA on that run's RUN_DIR/model, its reference the adapter-disabled base.
+CHAT_SFT_LAST = $(shell ls -td runs/chat-sft-2* 2>/dev/null | head -1)
+chat-dpo: install
+	test -n "$(CHAT_SFT_LAST)" || (echo "run make chat-sft first" && false)
+	$(PY) $(CHAT_SFT)/make_preferences.py $(CHAT_SFT)/data
+	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/dpo.yaml --set model.name_or_path=$(abspath $(CHAT_SFT_LAST))/model --run-dir runs/chat-dpo-$(shell date +%Y%m%d-%H%M%S) $(ARGS)
+
+# DPO on generated pairs (docs/preference.md, examples/preference/): a tiny model built from its config.
+preference: install
+	$(PY) examples/preference/make_pairs.py examples/preference/data
+	$(ORCH) launch --gpus $(GPUS) examples/preference/model.yaml $(ARGS)
 
 # The BERT examples (docs/tasks.md): the classifier's labelled CSVs, then each run on $(GPUS) ranks.
 bert-data:

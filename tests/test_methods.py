@@ -20,6 +20,7 @@ LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_
          "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
 BASES = {"full": {}, "lora": {"train": {"method": "lora"}}, "qlora": {"train": {"method": "qlora"}}}
 ADDONS = {"distill": {"distill": {"teacher": "t"}},
+          "preference": {"preference": {"loss": "dpo"}},
           "prune": {"prune": {"target_sparsity": 0.5, "schedule": {"end_step": 10}}}}
 CPU = HardwareProfile(name="cpu", gpus_per_node=0, cpu_processes=2, cpu_memory_bytes=64 * 2**30, cpu_cores=2)
 
@@ -33,8 +34,8 @@ def _config(*parts: dict):
 
 
 def test_each_config_has_one_base_method_and_its_add_ons_in_hook_order():
-    assert [m.name for m in methods()][:5] == ["full", "lora", "distill", "prune", "custom"]
-    assert sum(m.base for m in methods()) == 3 and sum(m.objective for m in methods()) == 1
+    assert [m.name for m in methods()][:6] == ["full", "lora", "distill", "preference", "prune", "custom"]
+    assert sum(m.base for m in methods()) == 3 and sum(m.objective for m in methods()) == 2
     config = _config(BASES["qlora"], ADDONS["distill"])
     assert base_method(config).name == "lora"
     assert [m.name for m in active_methods(config)] == ["lora", "distill"]
@@ -68,8 +69,10 @@ def test_no_add_on_composes_with_your_own_module(addon):
 
 
 @pytest.mark.parametrize("parts", [(), (BASES["qlora"],), (BASES["lora"], ADDONS["distill"]), (ADDONS["prune"],),
-                                   (ADDONS["distill"], ADDONS["prune"])], ids=["full", "qlora", "lora+distill",
-                                                                              "prune", "distill+prune"])
+                                   (ADDONS["distill"], ADDONS["prune"]), (BASES["qlora"], ADDONS["preference"]),
+                                   (ADDONS["preference"],)],
+                         ids=["full", "qlora", "lora+distill", "prune", "distill+prune", "qlora+preference",
+                              "preference"])
 def test_the_breakdown_holds_the_keys_its_methods_declare(parts):
     config, shape = _config(*parts), shape_from_dict(dict(LLAMA))
     terms = method_terms(config, shape, {"teacher": shape})

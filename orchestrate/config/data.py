@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrate.config.section import Auto, Section
 from orchestrate.methods.custom.config import check_module_path
 
-RecordFormat = Literal["auto", "text", "chat", "prompt-completion", "alpaca"]
+RecordFormat = Literal["auto", "text", "chat", "prompt-completion", "alpaca", "preference", "unpaired-preference"]
 Role = Literal["system", "user", "assistant", "tool"]
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
@@ -40,6 +40,12 @@ class Columns(Section):
     """Alpaca records: the optional input column (left out of the prompt when missing or blank)."""
     output: str = "output"
     """Alpaca records: the answer column."""
+    chosen: str = "chosen"
+    """Preference records: the preferred answer (text, or a list of messages)."""
+    rejected: str = "rejected"
+    """Preference records: the dispreferred answer."""
+    label: str = "label"
+    """Unpaired preference records (KTO): whether `completion` is desirable (true / false)."""
 
 
 class DataSection(Section):
@@ -124,9 +130,11 @@ class DataSection(Section):
 
     # Chat and instruction records (docs/sft.md): orchestrate/data/records.py, sft_tokens.py, sft_samples.py.
     record_format: RecordFormat = "auto"
-    """What one record is. auto: detected from the columns: a `messages` list is chat, `prompt` +
-    `completion` is prompt-completion, `instruction` + `output` is Alpaca, anything else plain text
-    (`text_field` or `template`, the loss on every token, packed as one stream)."""
+    """What one record is. auto: detected from the columns: `chosen` + `rejected` is a preference pair
+    and `prompt` + `completion` + `label` an unpaired preference (the `preference:` section trains on
+    them, docs/preference.md), a `messages` list is chat, `prompt` + `completion` is prompt-completion,
+    `instruction` + `output` is Alpaca, anything else plain text (`text_field` or `template`, the loss
+    on every token, packed as one stream)."""
 
     columns: Columns = Field(default_factory=Columns)
     """Column and message-key names, e.g. {messages: conversations, role: from, content: value} for ShareGPT."""

@@ -19,6 +19,7 @@ from orchestrate.config.strategy import StrategySection
 from orchestrate.config.train import DEFAULT_OUTPUT_DIR, TrainSection
 from orchestrate.methods.custom.config import check_custom_sections
 from orchestrate.methods.distill.config import DistillSection
+from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD, PreferenceSection
 from orchestrate.methods.prune.config import PruneSection
 
 
@@ -41,9 +42,16 @@ class RunConfig(Section):
     """Prune while training (docs/pruning.md); null: no pruning."""
     distill: DistillSection | None = None
     """Knowledge distillation from a frozen teacher (orchestrate/methods/distill/config.py); null: none."""
+    preference: PreferenceSection | None = None
+    """Preference tuning: DPO, IPO, ORPO, KTO on preference records (docs/preference.md); null: none."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""
+
+    @property
+    def sequences_per_sample(self) -> int:
+        """Sequences one training sample is: a preference record's chosen and rejected (two), else one."""
+        return SEQUENCES_PER_RECORD if self.preference is not None else 1
 
     @model_validator(mode="after")
     def _task_data(self) -> RunConfig:

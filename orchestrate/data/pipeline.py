@@ -25,6 +25,7 @@ from orchestrate.data.doc_labels import label_ids, read_labels
 from orchestrate.data.identity import check_same_data, data_identity
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
+from orchestrate.data.records import PREFERENCE_FORMATS
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.data.sft_prepare import SftSettings, is_sft
 from orchestrate.data.sft_samples import PackedSamples, PaddedSamples, describe_sft, sft_views
@@ -36,11 +37,13 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
     import torch
 
+    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
     from orchestrate.planner.plan import RunFiles, RunPlan
+
+    Samples = PackedBlocks | PaddedDocuments | PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences
 
 __all__ = ["PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
 
-Samples = PackedBlocks | PaddedDocuments | PackedSamples | PaddedSamples
 TOKENIZER_MEMO_SUBDIR = "tokenizers"
 """Under the data cache: each HF tokenizer's vocab_size and EOS id by file hash (`HFTokenizer`)."""
 
@@ -168,8 +171,16 @@ def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False
     """(train, validation) views: packed blocks or padded documents, split by ratio when no
     validation data is given; for chat and instruction records whole samples packed apart
     (`flatten`: one row per micro-batch, for the flash-attention varlen path) or padded."""
+    # Imported here: orchestrate.methods.preference imports orchestrate.data's modules, whose package
+    # imports this one.
+    from orchestrate.methods.preference.samples import check_preference_data, preference_views
+
     seq_len, data = config.train.seq_len, config.data
-    if is_sft(prepared.train.meta.get("record_format", "text")):
+    record_format = prepared.train.meta.get("record_format", "text")
+    check_preference_data(config.preference, record_format, prepared.sources.train[0].where)
+    if record_format in PREFERENCE_FORMATS:
+        return preference_views(prepared.train, prepared.validation, config, flatten)
+    if is_sft(record_format):
         return sft_views(prepared.train, prepared.validation, config, flatten)
     view = PackedBlocks if data.packing else PaddedDocuments
     if config.model.task == "sequence-classification":
@@ -245,7 +256,15 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
 
 def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     """One line for people: what was tokenised or found in the cache, and what it gives."""
+    from orchestrate.methods.preference.samples import (
+        PackedPreferences,
+        PaddedPreferences,
+        describe_preferences,
+    )
+
     train, validation = samples_for(prepared, config)
+    if isinstance(train, PackedPreferences | PaddedPreferences):
+        return describe_preferences(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
     if isinstance(train, PackedSamples | PaddedSamples):
         return describe_sft(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
     unit = f"blocks of {config.train.seq_len}" if config.data.packing else "padded documents"
@@ -280,9 +299,11 @@ def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False,
 
 def check_eval_generate(config: RunConfig, train: Samples, validation: Samples) -> None:
     """train.eval_generate answers held-out prompts: it needs chat / instruction samples held out."""
+    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
+
     if not config.train.eval_generate:
         return
-    if not isinstance(train, PackedSamples | PaddedSamples):
+    if not isinstance(train, PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences):
         raise UserError("train.eval_generate needs prompts and answers", [Problem(
             "train.eval_generate", "the data is plain text: it has no prompt to answer and no answer to compare",
             "train on chat, prompt-completion or Alpaca records, or set eval_generate: 0")])

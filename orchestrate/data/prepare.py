@@ -38,6 +38,7 @@ from orchestrate.data.sft_prepare import (
     MASK_FILE,
     SftSettings,
     check_sft_columns,
+    is_conversational,
     is_sft,
     raise_nothing_trainable,
     raise_record_problems,
@@ -330,13 +331,17 @@ def _mapped(ds, source: Source, spec: TextSpec, tokenizer: Tokenizer, work: Path
     """The source's records tokenised by `Dataset.map`, and what the format says about them (for meta.json)."""
     source_spec, paragraphs = _spec_for(source, spec)
     record_format = detect_format(ds.column_names, spec.sft.data) if spec.sft is not None else "text"
+    if spec.sft is not None:
+        from orchestrate.methods.preference.samples import check_preference_data  # (pipeline.py: why here)
+
+        check_preference_data(spec.sft.preference, record_format, source.where)
     info: dict = {"record_format": record_format}
     if is_sft(record_format):
-        template = spec.sft.template_for(record_format, tokenizer)
         check_sft_columns(ds, source, record_format, spec.sft.data)
+        template = spec.sft.template_for(record_format, tokenizer, is_conversational(ds, record_format, spec.sft.data))
         fn = functools.partial(tokenize_records, tokenizer=tokenizer, settings=spec.sft, record_format=record_format,
                                template=template, dtype=dtype)
-        info.update(template=template, mask_method=spec.sft.mask_method(template), records=len(ds))
+        info.update(template=template, mask_method=spec.sft.mask_method(template, record_format), records=len(ds))
     else:
         _check_columns(ds, source, source_spec)
         fn = functools.partial(tokenize_batch, tokenizer=tokenizer, spec=source_spec, paragraphs=paragraphs, dtype=dtype)

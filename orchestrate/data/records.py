@@ -1,6 +1,8 @@
 """Record formats: what one record of the training data is, detected from its columns, and each
 record normalised to what the tokenizer sees (orchestrate/data/sft_tokens.py).
 
+    preference         `chosen` + `rejected` (+ `prompt`), or `prompt` + `completion` + `label`:
+                       pairs of answers or labelled answers (orchestrate/methods/preference/records.py)
     chat               a `messages` list of {role, content} (OpenAI); ShareGPT's `conversations` of
                        {from, value}, its human/gpt roles mapped by `data.roles`; tool turns and
                        `tool_calls` passed through to the template
@@ -26,6 +28,9 @@ if TYPE_CHECKING:
     from orchestrate.config.data import DataSection
 
 SFT_FORMATS = ("chat", "prompt-completion", "alpaca")
+PREFERENCE_FORMATS = ("preference", "unpaired-preference")
+"""Preference records (orchestrate/methods/preference/records.py): pairs of answers, or single answers
+labelled desirable or not."""
 SHAREGPT_MESSAGES = "conversations"
 """ShareGPT's messages column, detected as chat like `messages`."""
 MESSAGE_EXTRAS = ("tool_calls", "name", "tool_call_id")
@@ -54,6 +59,10 @@ def detect_format(columns: Iterable[str], data: DataSection) -> str:
     if data.template is not None:
         return "text"
     cols, c = set(columns), data.columns
+    if c.chosen in cols and c.rejected in cols:
+        return "preference"
+    if c.prompt in cols and c.completion in cols and c.label in cols:
+        return "unpaired-preference"
     if messages_column(cols, data) is not None:
         return "chat"
     if c.prompt in cols and c.completion in cols:
@@ -71,6 +80,10 @@ def required_columns(record_format: str, columns: Iterable[str], data: DataSecti
         return [c.prompt, c.completion]
     if record_format == "alpaca":
         return [c.instruction, c.output]
+    if record_format == "preference":
+        return [c.chosen, c.rejected]
+    if record_format == "unpaired-preference":
+        return [c.prompt, c.completion, c.label]
     return []
 
 

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orchestrate.data.chat_template import ChatTemplate, resolve_template, yaml_template
-from orchestrate.data.records import SFT_FORMATS, as_chat, lacks_trained_turn, required_columns, to_sample
+from orchestrate.data.records import (
+    PREFERENCE_FORMATS,
+    SFT_FORMATS,
+    as_chat,
+    lacks_trained_turn,
+    required_columns,
+    to_sample,
+)
 from orchestrate.data.sft_tokens import TemplateNotIncremental, encode_chat, encode_completion, mask_method
 from orchestrate.errors import Problem, UserError
 
@@ -26,10 +33,13 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.data.sources import Source
     from orchestrate.data.tokenizer import Tokenizer
+    from orchestrate.methods.preference.config import PreferenceSection
 
 MASK_FILE = "mask.bin"
-TRAINED, ANSWER = 1, 2
-"""Bits of a mask.bin byte: the loss trains the token; the token is part of an answer."""
+TRAINED, ANSWER, REJECTED = 1, 2, 4
+"""Bits of a mask.bin byte: the loss trains the token; the token is part of an answer; the token is
+part of a preference pair's rejected sequence, or of an undesirable answer (methods/preference/records.py)."""
+PREFERENCE_ANSWERS = "each answer after its prompt (preference)"
 TEMPLATE_PROBLEM = "template: "
 """Prefix of a problem that is the template's, not the record's."""
 _SHOWN = 5
@@ -42,10 +52,13 @@ class SftSettings:
     data: DataSection
     template: ChatTemplate | None
     """The YAML's chat template (None: the tokenizer's own, if the records need one)."""
+    preference: PreferenceSection | None = None
+    """The `preference:` section, which decides the record format the data must have (not how it is
+    tokenised: no part of `identity`)."""
 
     @classmethod
     def of(cls, config: RunConfig) -> SftSettings:
-        return cls(config.data, yaml_template(config))
+        return cls(config.data, yaml_template(config), config.preference)
 
     def identity(self) -> dict[str, Any]:
         d = self.data
@@ -53,10 +66,11 @@ class SftSettings:
                 "chat_template": self.template.source if self.template else None,
                 "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "version": 2}
 
-    def template_for(self, record_format: str, tokenizer: Tokenizer) -> ChatTemplate | None:
-        """The template the records of `record_format` render with (prompt-completion and Alpaca only
-        when the YAML names one); a chat with the byte tokenizer or no template is an error."""
-        if record_format != "chat":
+    def template_for(self, record_format: str, tokenizer: Tokenizer, conversational: bool = False) -> ChatTemplate | None:
+        """The template the records of `record_format` render with (prompt-completion, Alpaca and text
+        preference records only when the YAML names one); a chat (or preference records of messages:
+        `conversational`) with the byte tokenizer or no template is an error."""
+        if record_format != "chat" and not conversational:
             return self.template
         hf = getattr(tokenizer, "tok", None)
         if hf is None:
@@ -66,7 +80,9 @@ class SftSettings:
                 "with data.chat_template's special tokens)")])
         return resolve_template(self.template, hf)
 
-    def mask_method(self, template: ChatTemplate | None) -> str:
+    def mask_method(self, template: ChatTemplate | None, record_format: str = "chat") -> str:
+        if record_format in PREFERENCE_FORMATS:
+            return PREFERENCE_ANSWERS
         return mask_method(template, self.data.roles_to_train, self.data.train_on_inputs)
 
 
@@ -82,6 +98,18 @@ def _is_text(feature) -> bool:
     return isinstance(feature, datasets.Value) and feature.dtype in ("string", "large_string")
 
 
+def _is_bool(feature) -> bool:
+    import datasets
+
+    return isinstance(feature, datasets.Value) and feature.dtype == "bool"
+
+
+def is_conversational(ds, record_format: str, data: DataSection) -> bool:
+    """Preference records whose answers are lists of messages (they need a chat template)."""
+    column = data.columns.chosen if record_format == "preference" else data.columns.completion
+    return record_format in PREFERENCE_FORMATS and column in ds.features and _is_list(ds.features[column])
+
+
 def check_sft_columns(ds, source: Source, record_format: str, data: DataSection) -> None:
     """The record format's columns exist and have the right kind (a list of messages, text)."""
     columns = ds.column_names
@@ -94,10 +122,13 @@ def check_sft_columns(ds, source: Source, record_format: str, data: DataSection)
             "name the columns in data.columns (e.g. {messages: conversations}) or set data.record_format")])
     for name in wanted:
         feature = ds.features[name]
-        ok = _is_list(feature) if record_format == "chat" else (_is_text(feature) or (
-            record_format == "prompt-completion" and _is_list(feature)))
-        if not ok:
+        if name == data.columns.label and record_format == "unpaired-preference":
+            ok, kind = _is_bool(feature), "true / false"
+        else:
+            ok = _is_list(feature) if record_format == "chat" else (_is_text(feature) or (
+                record_format in ("prompt-completion", *PREFERENCE_FORMATS) and _is_list(feature)))
             kind = "a list of messages" if record_format == "chat" else "text"
+        if not ok:
             raise UserError(f"{source.describe()}: column {name!r} is not {kind}", [Problem(
                 f"data.columns ({record_format} records)", f"column {name!r} of {source.describe()} holds {feature}",
                 f"point data.columns at the column holding {kind}, or set data.record_format: text for plain text")])
@@ -126,17 +157,56 @@ def _encode(record: dict, record_format: str, settings: SftSettings, template: C
         return None, f"the chat template refused it: {exc}"
 
 
+def _tokens(record: dict, record_format: str, settings: SftSettings, template: ChatTemplate | None,
+            tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
+    """(ids, mask.bin bits) of one record, None when it trains nothing; or (None, what is wrong)."""
+    if record_format in PREFERENCE_FORMATS:
+        return _preference_tokens(record, record_format, settings.data, template, tokenizer)
+    encoded, problem = _encode(record, record_format, settings, template, tokenizer)
+    if encoded is None or not any(encoded.mask):
+        return None, problem
+    return (encoded.ids, TRAINED * np.asarray(encoded.mask) + ANSWER * np.asarray(encoded.answer)), None
+
+
+def _preference_tokens(record: dict, record_format: str, data: DataSection, template: ChatTemplate | None,
+                       tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
+    """A preference record's document: its sequences one after the other, each answer TRAINED | ANSWER,
+    the rejected (or undesirable) sequence REJECTED; None when a sequence has no answer token."""
+    import jinja2
+
+    from orchestrate.methods.preference.records import (  # (pipeline.py: why here)
+        encode_preference,
+        to_preference,
+    )
+
+    preference, problem = to_preference(record, record_format, data)
+    if preference is None:
+        return None, problem
+    if preference.conversational and template is None:
+        return None, "its answers are messages and no chat template renders them"
+    try:
+        sequences = encode_preference(preference, tokenizer, template)
+    except TemplateNotIncremental as exc:
+        return None, TEMPLATE_PROBLEM + str(exc)
+    except jinja2.TemplateError as exc:
+        return None, f"the chat template refused it: {exc}"
+    if not all(any(answer) for _, answer in sequences):
+        return None, None
+    rejected = [side == 1 or not preference.desirable for side in range(len(sequences))]
+    bits = [(TRAINED | ANSWER) * np.asarray(answer, dtype=np.uint8) | (REJECTED if r else 0)
+            for (_, answer), r in zip(sequences, rejected, strict=True)]
+    return ([i for ids, _ in sequences for i in ids], np.concatenate(bits)), None
+
+
 def tokenize_records(batch: dict, indices: list[int], *, tokenizer: Tokenizer, settings: SftSettings,
                      record_format: str, template: ChatTemplate | None, dtype: str) -> dict:
     """`Dataset.map` function (batched, with_indices): one row per record: its ids and mask (empty
     when it has a problem or trains nothing) and its problem ("" when none)."""
     ids_out, mask_out, problems = [], [], []
     for row, index in enumerate(indices):
-        encoded, problem = _encode({k: v[row] for k, v in batch.items()}, record_format, settings, template, tokenizer)
-        trained = encoded is not None and any(encoded.mask)
-        ids_out.append(np.asarray(encoded.ids if trained else [], dtype=dtype))
-        bits = (TRAINED * np.asarray(encoded.mask) + ANSWER * np.asarray(encoded.answer)) if trained else []
-        mask_out.append(np.asarray(bits, dtype=np.uint8))
+        tokens, problem = _tokens({k: v[row] for k, v in batch.items()}, record_format, settings, template, tokenizer)
+        ids_out.append(np.asarray(tokens[0] if tokens else [], dtype=dtype))
+        mask_out.append(np.asarray(tokens[1] if tokens else [], dtype=np.uint8))
         problems.append("" if problem is None else problem if problem.startswith(TEMPLATE_PROBLEM)
                         else f"record {index}: {problem}")
     return {"input_ids": ids_out, "mask": mask_out, "problem": problems}
@@ -185,4 +255,5 @@ def sft_meta(infos: list[dict], sources: list[Source], dropped: int) -> dict:
 
 
 def is_sft(record_format: str) -> bool:
-    return record_format in SFT_FORMATS
+    """Records with a loss mask (mask.bin): chat, instruction and preference records."""
+    return record_format in SFT_FORMATS or record_format in PREFERENCE_FORMATS

@@ -1,5 +1,5 @@
 """Auxiliary models as the planner sees them: frozen models a method runs beside the one it trains
-(distillation's teacher today; a preference method's reference model next). Pure.
+(distillation's teacher, a preference method's reference model). Pure.
 
 An auxiliary model is frozen: no gradients, no optimizer state, no master copy; it runs forward
 only, under `torch.no_grad`, so its activations are freed block by block and only its outputs stay
@@ -11,6 +11,8 @@ for the loss. What it costs depends on where it lives (`Placement`), the same fo
 - precomputed: nothing of it in memory while training, only its cached outputs for the micro-batch;
   a first pass before training holds the model alone (`first_pass_bytes`: the rank's peak is the
   larger of the two).
+- adapter: the trained model itself with its LoRA adapters disabled (a preference reference that is
+  the frozen base, as TRL computes it for a peft model): no weights of its own, a forward of the base.
 What its outputs take (logits, log-probabilities) is the method's: `AuxiliaryModel.output_bytes`.
 
 The breakdown names its terms after the model: `<name>_weights`, `<name>_gathered`, `<name>_logits`,
@@ -29,8 +31,8 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.strategy import Strategy
 
-Placement = Literal["replicated", "sharded", "offload", "precomputed"]
-PLACEMENTS: tuple[Placement, ...] = ("replicated", "sharded", "offload", "precomputed")
+Placement = Literal["replicated", "sharded", "offload", "precomputed", "adapter"]
+PLACEMENTS: tuple[Placement, ...] = ("replicated", "sharded", "offload", "precomputed", "adapter")
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class AuxiliaryModel:
     first_pass_output_bytes: Callable[[int, int], float]
     """(tokens of one micro-batch, compute-dtype bytes) -> the outputs one micro-batch of the
     precomputing pass holds."""
+    adapter: bool = False
+    """It can be the trained model with its adapters disabled (the trained model's own base, under a
+    LoRA / QLoRA base method): auto takes that placement, which costs no weights."""
 
     @property
     def gpu_keys(self) -> tuple[str, ...]:
@@ -61,7 +66,7 @@ class AuxiliaryModel:
         that fits of `auto_placements`."""
         if self.placement != "auto":
             return [self]
-        return [replace(self, placement=p) for p in auto_placements(hw)]
+        return [replace(self, placement=p) for p in (["adapter"] if self.adapter else auto_placements(hw))]
 
 
 def auto_placements(hw: HardwareProfile) -> list[str]:
@@ -81,6 +86,11 @@ def resolve_placement(placement: str, strategy: Strategy, world_size: int) -> st
     return "sharded" if world_size > 1 and strategy.zero_stage == 3 else "replicated"
 
 
+def _resolved(model: AuxiliaryModel, strategy: Strategy, world_size: int) -> str:
+    return "adapter" if model.adapter and model.placement == "auto" else resolve_placement(
+        model.placement, strategy, world_size)
+
+
 def _blocks_gathered(shape: ModelShape) -> int:
     return shape.root_parameters + 2 * shape.block_parameters
 
@@ -90,7 +100,7 @@ def state_bytes(model: AuxiliaryModel, strategy: Strategy, hw: HardwareProfile, 
     """(device terms per rank, host terms per rank) while training: weights, gathered blocks and
     outputs; `c`: bytes of the compute dtype the model runs in."""
     shape, n = model.shape, hw.world_size
-    placement = resolve_placement(model.placement, strategy, n)
+    placement = _resolved(model, strategy, n)
     if placement == "offload" and not hw.has_gpu:
         placement = "replicated"  # a CPU-only rank's memory is host memory already
     p = shape.parameters
@@ -115,7 +125,7 @@ def first_pass_bytes(model: AuxiliaryModel, strategy: Strategy, hw: HardwareProf
     excess. The pass (orchestrate/loading/auxiliary.py `lean_placement`) runs the model offloaded on
     GPUs (the gathered blocks), sharded over CPU ranks (its shard + the gathered blocks), and holds one
     micro-batch's outputs."""
-    if resolve_placement(model.placement, strategy, hw.world_size) != "precomputed":
+    if _resolved(model, strategy, hw.world_size) != "precomputed":
         return 0.0
     shape, n = model.shape, hw.world_size
     weights = 0.0 if hw.has_gpu or n == 1 else c * shape.parameters / n
@@ -133,11 +143,11 @@ def seconds(model: AuxiliaryModel, hw: HardwareProfile, strategy: Strategy, seq_
             seconds_per_flop_token: float, c: int, bandwidth: float) -> dict[str, float]:
     """Seconds per step: its forward on every micro-batch (at the trained model's achieved rate), the
     all-gather of its shards (ring: (n-1)/n of it per rank per micro-batch) and, offloaded, the
-    host-to-device copy of each rank's shard per micro-batch. Precomputed: none per step (the first
-    pass is paid once, before step 1). Keys: <name>_forward (compute), <name>_communication,
+    host-to-device copy of each rank's shard per micro-batch. Adapter: the forward only. Precomputed:
+    none per step (the first pass is paid once, before step 1). Keys: <name>_forward (compute), <name>_communication,
     <name>_transfer (offload transfer)."""
     n, name = hw.world_size, model.name
-    placement = resolve_placement(model.placement, strategy, n)
+    placement = _resolved(model, strategy, n)
     if placement == "precomputed":
         return {f"{name}_forward": 0.0, f"{name}_communication": 0.0, f"{name}_transfer": 0.0}
     tokens = accumulation * strategy.micro_batch_size * seq_len

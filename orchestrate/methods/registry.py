@@ -19,12 +19,13 @@ from orchestrate.methods.distill.method import DISTILL
 from orchestrate.methods.full.method import FULL
 from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 from orchestrate.methods.lora.method import LORA
+from orchestrate.methods.preference.method import PREFERENCE
 from orchestrate.methods.prune.method import PRUNE
 from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.methods.spec import Method, MethodTerms
 from orchestrate.model.shape import ModelShape
 
-_METHODS: list[Method] = [FULL, LORA, DISTILL, PRUNE, CUSTOM]
+_METHODS: list[Method] = [FULL, LORA, DISTILL, PREFERENCE, PRUNE, CUSTOM]
 
 AUTO_METHODS = ("full", "lora", "qlora")
 """train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in

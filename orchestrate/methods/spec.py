@@ -8,12 +8,12 @@ Composition (the rule every method states by its `base` / `bases` / `objective` 
   `full` (every weight), `lora` (adapters on a frozen, optionally 4-bit base; `train.method: lora |
   qlora`), `custom` (your own nn.Module, every weight). `orchestrate.methods.registry.base_method`
   picks it from the config.
-- Any number of *add-on* methods join it when their section is set: `distill`, `prune`. An add-on
-  names the base methods it composes with (`bases`; distill: full and lora, so QLoRA + distillation
+- Any number of *add-on* methods join it when their section is set: `distill`, `preference`,
+  `prune`. An add-on names the base methods it composes with (`bases`; distill: full and lora, so QLoRA + distillation
   trains; prune: full only, so LoRA + pruning is refused, as is either with your own module).
-- At most one active method supplies the training objective (`objective=True`: distill today, a
-  preference method next); the others train the task's objective.
-- Hooks run in registry order (full, lora, distill, prune, custom), each method's terms added
+- At most one active method supplies the training objective (`objective=True`: distill,
+  preference); the others train the task's objective.
+- Hooks run in registry order (full, lora, distill, preference, prune, custom), each method's terms added
   after the ones before it; a method never edits another's terms, it returns its own.
 
 Plan-time hooks return *named terms*: `MethodTerms` (one per active method and plan) gives the
@@ -62,17 +62,21 @@ class MethodTerms:
     """One active method's part of one plan: no-ops, overridden where the method changes something.
     The memory model calls them in this order: `trained_shape` (what has gradients and optimizer
     states), `state_scale` (their dtype), `frozen_bytes` (frozen weights beside them), the auxiliary
-    models (`auxiliary`), `own_bytes` (the method's own tensors), `saved_bytes` (what it saves for
-    backward), then, with the training peak known, `peak_bytes` and `load_bytes`."""
+    models (`auxiliary`), `own_bytes` (the method's own tensors), `forward_rows` (the micro-batch the
+    forward sees), `saved_bytes` (what it saves for backward), then, with the training peak known,
+    `peak_bytes` and `load_bytes`."""
 
     gpu_keys: tuple[str, ...] = ()
-    """Device terms of its own that it adds to the breakdown (`own_bytes`), besides its auxiliary models'."""
+    """Device terms of its own that it adds to the breakdown (`own_bytes`, `peak_bytes`), besides its
+    auxiliary models'."""
     cpu_keys: tuple[str, ...] = ()
     freezes_base: bool = False
     """The base weights are frozen (no gradient: a frozen input embedding may stay in host memory)."""
     chunks_loss: bool = True
     """Its objective can take the causal-LM loss in chunks (planner/knobs.py); False where it needs the
     whole logits."""
+    names_longest_seq_len: bool = False
+    """The plan's notes name the longest train.seq_len that fits (the search bisects it)."""
 
     # the search
     def trains_under(self, sharding: Sharding) -> bool:
@@ -95,7 +99,13 @@ class MethodTerms:
         """These terms with `models` (one placement each, out of `AuxiliaryModel.choices`) instead."""
         return self
 
-    # memory (per rank; the memory model multiplies host terms by the ranks of a node)
+    # memory and speed (per rank; the memory model multiplies host terms by the ranks of a node)
+    def forward_rows(self, strategy: Strategy, seq_len: int) -> tuple[Strategy, int]:
+        """(strategy, seq_len) whose micro-batch the trained model's forward sees, when a sample is
+        more than one sequence (a preference pair: two); the activations, logits and compute are
+        those of it."""
+        return strategy, seq_len
+
     def trained_shape(self, shape: ModelShape) -> ModelShape:
         """The model whose weights train (gradients, optimizer states, offloaded states)."""
         return shape
@@ -118,7 +128,8 @@ class MethodTerms:
         (planner/activations.py), with compute dtype of `c` bytes and the library versions `sw`."""
         return 0.0
 
-    def peak_bytes(self, shape: ModelShape, strategy: Strategy, activations_and_logits: float) -> dict[str, float]:
+    def peak_bytes(self, shape: ModelShape, strategy: Strategy, seq_len: int,
+                   activations_and_logits: float) -> dict[str, float]:
         """What the method adds at a peak the training peak does not cover (device, per rank)."""
         return {}
 
@@ -174,6 +185,11 @@ class Method:
 
     def check(self, config: RunConfig, shape: ModelShape) -> None:
         """UserError listing every problem of its settings for this model (the composition's included)."""
+
+    def hardware_problems(self, config: RunConfig, hw: HardwareProfile) -> list[Problem]:
+        """Its settings this hardware cannot run (a placement that needs several ranks, or a GPU),
+        listed with the strategy pins' contradictions."""
+        return []
 
     def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
         """Its part of the plan's memory and speed model (after `check`)."""

@@ -320,6 +320,14 @@ def trained_shape(shape: ModelShape, methods: Sequence[MethodTerms]) -> ModelSha
     return shape
 
 
+def forward_rows(methods: Sequence[MethodTerms], strategy: Strategy, seq_len: int) -> tuple[Strategy, int]:
+    """(strategy, seq_len) of the micro-batch the trained model's forward sees, after every method's say
+    (MethodTerms.forward_rows: a preference record is two sequences)."""
+    for method in methods:
+        strategy, seq_len = method.forward_rows(strategy, seq_len)
+    return strategy, seq_len
+
+
 def breakdown_keys(methods: Sequence[MethodTerms], corrected: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(device keys, host keys) the breakdown of a plan with these methods holds, in order;
     `corrected`: a measured correction applies (CORRECTION_KEY last)."""
@@ -366,10 +374,11 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         own.cpu += mine.cpu
     _add(gpu, own.gpu)
     sw = hw.software
-    gpu["activations"] = activation_bytes(shape, strategy, seq_len, sw, methods)
-    gpu["logits"] = logits_bytes(shape, strategy, seq_len, sw)
+    rows, rows_seq = forward_rows(methods, strategy, seq_len)
+    gpu["activations"] = activation_bytes(shape, rows, rows_seq, sw, methods)
+    gpu["logits"] = logits_bytes(shape, rows, rows_seq, sw)
     if packing is not None:  # chat / instruction samples packed apart (planner/packing.py)
-        gpu["attention_mask"] = float(mask_bytes(packing, shape, strategy, seq_len, c))
+        gpu["attention_mask"] = float(mask_bytes(packing, shape, rows, rows_seq, c))
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
     if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):
@@ -383,7 +392,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
             free -= reused
         gpu["gradients"] += max(0.0, step - free)  # step temporaries beyond what is still free
     for method in methods:  # peaks the training peak does not cover (a frozen base's FSDP2 forward start)
-        _add(gpu, list(method.peak_bytes(shape, strategy, gpu["activations"] + gpu["logits"]).items()))
+        _add(gpu, list(method.peak_bytes(shape, strategy, seq_len, gpu["activations"] + gpu["logits"]).items()))
     for model in models:  # precomputed: the first pass runs before the trained model exists
         gpu[f"{model.name}_first_pass"] = max(0.0, auxiliary.first_pass_bytes(model, strategy, hw, seq_len, c)
                                                - sum(gpu.values()))
@@ -403,9 +412,9 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     rpn = hw.ranks_per_node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
     _add(cpu, own.cpu, rpn)
-    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, strategy, seq_len, c)
+    cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, rows, rows_seq, c)
     # every DDP rank its own copy of the table (each process looks up its own micro-batch)
-    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, strategy, seq_len, c)
+    cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, rows, rows_seq, c)
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
     load = next((b for method in methods if (b := method.load_bytes(shape, hw, strategy)) is not None),
                 None)

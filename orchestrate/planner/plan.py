@@ -42,6 +42,9 @@ class Candidate:
     placements: dict[str, str] = field(default_factory=dict)
     """Where each auxiliary model of its methods lives in this candidate ({"teacher": "sharded"};
     orchestrate/methods/auxiliary.py); serialised as `<model>_placement`."""
+    placement_reason: str = ""
+    """Auto placements: the cheaper placements it passed over and why ("" when it took the first;
+    left out of plan.json then)."""
 
     @computed_field
     @property
@@ -67,6 +70,8 @@ class Candidate:
     def _flat_placements(self, handler: Any) -> dict[str, Any]:
         data = handler(self)
         placements = data.pop("placements")
+        if not data.get("placement_reason"):
+            data.pop("placement_reason", None)
         return {**data, **{f"{name}{_PLACEMENT}": where for name, where in placements.items()}}
 
     @model_validator(mode="before")
@@ -221,9 +226,10 @@ class RunPlan(Weighed):
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens one optimizer step trains on over every rank (micro-batch x accumulation x world x seq_len)."""
-        return tokens_per_step(self.chosen.strategy, self.chosen.gradient_accumulation, self.world_size,
-                               self.config.train.seq_len)
+        """Tokens one optimizer step trains on over every rank (micro-batch x accumulation x world x seq_len
+        x the sequences of a sample: a preference pair's two)."""
+        return self.config.sequences_per_sample * tokens_per_step(
+            self.chosen.strategy, self.chosen.gradient_accumulation, self.world_size, self.config.train.seq_len)
 
     @classmethod
     def read(cls, path: Path) -> RunPlan:

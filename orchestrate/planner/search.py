@@ -24,7 +24,7 @@ so each row shows the knobs its strategy needs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import product
 
 from orchestrate.backends.registry import backend_names, get_backend, preference
@@ -33,7 +33,14 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
-from orchestrate.methods.registry import auto_note, auto_variants, is_auto, method_terms, no_auto_method
+from orchestrate.methods.registry import (
+    active_methods,
+    auto_note,
+    auto_variants,
+    is_auto,
+    method_terms,
+    no_auto_method,
+)
 from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.estimate import MemoryEstimate
@@ -248,7 +255,9 @@ def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_l
         tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, _with_models(methods, chosen),
                             packing)
                  for chosen in product(*(m.choices(hw) for m in models))]
-        return next((c for c in tried if c.fits), tried[-1])
+        taken = next((c for c in tried if c.fits), tried[-1])
+        before = [f"{'+'.join(c.placements.values())} does not fit ({c.reason})" for c in tried[:tried.index(taken)]]
+        return replace(taken, placement_reason="; ".join(before))  # why auto passed the cheaper ones over
     memory = estimate_memory(shape, hw, strategy, seq_len, accumulation, methods, packing)
     speed = estimate_speed(shape, hw, strategy, seq_len, accumulation, methods)
     over = limits.overflows(memory, hw)
@@ -323,7 +332,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     if is_auto(config):
         return _method_plan(config, hw, shape, auxiliary)
     methods = method_terms(config, shape, auxiliary)  # a UserError for method settings that do not fit the model
-    problems = _pin_problems(config, hw)
+    problems = _pin_problems(config, hw) + [p for m in active_methods(config) for p in m.hardware_problems(config, hw)]
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
     precision = resolve_precision(config, hw)
@@ -380,6 +389,24 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
                      key=lambda c: (any(m.ranks_last(c.strategy) for m in methods), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
+    if any(method.names_longest_seq_len for method in methods):
+        longest, on = max((_longest_seq_len(shape, hw, c, limits, methods, packing), c.name) for c in fitting + rest)
+        notes.append("the longest train.seq_len that fits: " + (f"{longest} ({on})" if longest else "none (not even 64)"))
     if not fitting:
         return Refusal(config=config, hardware=hw, shape=shape, candidates=rest, notes=notes)
     return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0], notes=notes)
+
+
+def _longest_seq_len(shape: ModelShape, hw: HardwareProfile, best: Candidate, limits: Limits,
+                     methods: list[MethodTerms], packing: SamplePacking | None) -> int:
+    """The longest seq_len (a multiple of 64, up to the model's positions) at which `best`'s strategy
+    fits with the configured placements (auto: chosen again per length); 0: not even 64. Memory grows
+    with seq_len, so a bisection."""
+    def fits(seq: int) -> bool:
+        return _candidate(shape, hw, best.strategy, seq, best.gradient_accumulation, limits, methods, packing).fits
+
+    low, high = 0, max(1, shape.max_position_embeddings // 64)  # in units of 64 tokens
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(64 * middle) else (low, middle - 1)
+    return 64 * low

@@ -35,7 +35,7 @@ from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
 from orchestrate.planner.estimate import SpeedEstimate
-from orchestrate.planner.memory import compute_bytes, shard_group_size, trained_shape
+from orchestrate.planner.memory import compute_bytes, forward_rows, shard_group_size, trained_shape
 from orchestrate.planner.strategy import Strategy, tokens_per_step
 
 
@@ -196,7 +196,9 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model); `methods`: the
     plan's training methods' terms (orchestrate/methods/spec.py): what trains (LoRA: the adapters, whose
     offloaded states are small), their frozen weights' copies, their auxiliary models' forward, gathers
-    and copies (methods/auxiliary.py)."""
+    and copies (methods/auxiliary.py). Every term sees the micro-batch the trained model's forward sees
+    (memory.forward_rows: both sequences of a preference record)."""
+    strategy, seq_len = forward_rows(methods, strategy, seq_len)
     compute, recompute = _compute_seconds(shape, hw, strategy, seq_len, gradient_accumulation)
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
     transfer, cpu_opt, nvme = (_offload(trained_shape(shape, methods), hw, strategy, gradient_accumulation)

@@ -50,6 +50,8 @@ ADAPTER_DIR = "adapter"
 DEMO_CORPUS_FILE = "data/demo_corpus.txt"
 TEACHER_CACHE_DIR = "teacher_cache"
 """distill.placement precomputed: the teacher's top-k logits per training token (numpy memmaps)."""
+REFERENCE_LOGPS_DIR = "reference_logps"
+"""preference.placement precomputed: the reference's answer log-probabilities per record (numpy memmaps)."""
 REQUEUE_FILE = "REQUEUE"
 OOM_DIR = "oom"
 """A worker that ran out of device memory writes oom/rank-<N>.json (`write_oom_record`); the

@@ -63,6 +63,7 @@ REFUSED_CHANGES = {
     "train.seed": "the data order and the random states continue from the checkpoint's",
     "prune.": "the checkpoint's masks follow that pruning schedule",
     "distill.": "the checkpoint trained against that teacher",
+    "preference.": "the checkpoint trained on that preference loss against that reference",
 }
 """Config changes a checkpoint cannot continue under (what `resume_problems` checks aside). Every other
 change under train. and strategy. applies from the next step: the optimizer settings and schedule

@@ -87,3 +87,18 @@ def own_loop(ws: Workspace, name: str, method: str, steps: int = 50, chats_per_s
 def final_record(run_dir: Path) -> dict:
     """The last metrics.jsonl record (with eval_loss, eval_exact_match and the generations)."""
     return json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+
+
+def dpo_after(ws: Workspace, sft_run: Path, name: str = "dpo") -> Path:
+    """examples/chat-sft/dpo.yaml on the SFT run's RUN_DIR/model, with make_preferences.py's chat pairs
+    (the preferred answer ends with "!"); the run directory."""
+    make = runpy.run_path(str(EXAMPLE / "make_preferences.py"))
+    train, held_out = make["make"](400, 1)
+    for file, rows in (("pairs.jsonl", train), ("held_out_pairs.jsonl", held_out)):
+        (ws.data / file).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    d = ws.data
+    sets = [f"model.name_or_path={sft_run / 'model'}", f"data.train_files=[{d / 'pairs.jsonl'}]",
+            f"data.validation_files=[{d / 'held_out_pairs.jsonl'}]", f"data.tokenizer={d / 'tokenizer'}",
+            f"data.cache_dir={ws.root / 'cache'}", f"train.output_dir={ws.root}"]
+    _launch("dpo.yaml", sets, ws.root / name)
+    return ws.root / name

@@ -68,7 +68,8 @@ def check_custom_sections(config: Any) -> None:
             raise ValueError("strategy.wrap is for model.module (Hugging Face models name their blocks)")
     elif config.train.method != "full":
         raise ValueError("model.module trains with train.method: full (LoRA targets Hugging Face models)")
-    elif config.distill is not None or config.prune is not None:
-        # Teachers are causal LMs with a tokenizer and pruning rewrites Hugging Face configs: neither is
-        # built for your own module yet.
-        raise ValueError("distill: and prune: work on Hugging Face models, not model.module: remove them")
+    elif config.distill is not None or config.prune is not None or config.preference is not None:
+        # Teachers are causal LMs with a tokenizer, preference losses compare a causal LM's answer
+        # log-probabilities and pruning rewrites Hugging Face configs: none is built for your own module yet.
+        raise ValueError("distill:, preference: and prune: work on Hugging Face models, not model.module: "
+                         "remove them")

@@ -24,37 +24,48 @@ def teacher_dir(config: RunConfig) -> Path:
 
 def teacher_config(config: RunConfig) -> RunConfig:
     """`config` with the teacher as its model: what the worker builds the teacher from."""
-    from orchestrate.config.model import ModelSection
-
-    model = ModelSection(name_or_path=str(teacher_dir(config)), task=config.model.task,
-                         trust_remote_code=config.model.trust_remote_code)
-    return config.model_copy(update={"model": model})
+    return _as_model(config, teacher_dir(config))
 
 
 def teacher_shape(config: RunConfig, student: ModelShape) -> ModelShape:
     """The teacher's shape; UserError listing every problem: no such directory, another task, a
     vocabulary or tokenizer that differs from the student's (the KL compares the two distributions
     id by id, so id i must be the same token in both)."""
-    from orchestrate.model.meta import shape_for
-
-    path = teacher_dir(config)
     if config.model.task != "causal-lm":
         raise UserError("distillation is planned for causal language models", [Problem(
             "distill", f"model.task is {config.model.task}; the soft-target loss compares next-token distributions",
             "remove distill, or use model.task: causal-lm")])
+    return frozen_model_shape(config, student, teacher_dir(config), "distill.teacher", "teacher", _FIX_SAME)
+
+
+def frozen_model_shape(config: RunConfig, trained: ModelShape, path: Path, where: str, role: str,
+                       fix_same: str) -> ModelShape:
+    """The shape of a frozen model a method runs beside the trained one (distillation's teacher, a
+    preference reference) at `path` (YAML `where`); UserError listing every problem: no such directory,
+    a vocabulary or tokenizer that differs from the trained model's (`fix_same`: how to make them one)."""
+    from orchestrate.model.meta import shape_for
+
     if not (path / "config.json").is_file():
-        raise UserError("the distillation teacher is not a model directory", [Problem(
-            "distill.teacher", f"{path} has no config.json",
-            "point distill.teacher at a Hugging Face model directory (e.g. RUN_DIR/model of the teacher's run)")])
-    shape = shape_for(teacher_config(config))
+        raise UserError(f"the {role} is not a model directory", [Problem(
+            where, f"{path} has no config.json",
+            f"point {where} at a Hugging Face model directory (e.g. RUN_DIR/model of the {role}'s run)")])
+    shape = shape_for(_as_model(config, path))
     problems = []
-    if shape.vocab_size != student.vocab_size:
-        problems.append(Problem("distill.teacher", f"the teacher's vocabulary has {shape.vocab_size} ids "
-                                f"({path / 'config.json'}), the student's {student.vocab_size}", _FIX_SAME))
-    problems += _tokenizer_problems(config, path)
+    if shape.vocab_size != trained.vocab_size:
+        problems.append(Problem(where, f"the {role}'s vocabulary has {shape.vocab_size} ids "
+                                f"({path / 'config.json'}), the trained model's {trained.vocab_size}", fix_same))
+    problems += _tokenizer_problems(config, path, where, role, fix_same)
     if problems:
-        raise UserError("teacher and student do not share a tokenizer and vocabulary", problems)
+        raise UserError(f"the {role} and the trained model do not share a tokenizer and vocabulary", problems)
     return shape
+
+
+def _as_model(config: RunConfig, path: Path) -> RunConfig:
+    from orchestrate.config.model import ModelSection
+
+    model = ModelSection(name_or_path=str(path), task=config.model.task,
+                         trust_remote_code=config.model.trust_remote_code)
+    return config.model_copy(update={"model": model})
 
 
 def _vocab(tokenizer_dir: Path | None, trust_remote_code: bool) -> dict[str, int]:
@@ -64,19 +75,19 @@ def _vocab(tokenizer_dir: Path | None, trust_remote_code: bool) -> dict[str, int
     return tok.get_vocab()
 
 
-def _tokenizer_problems(config: RunConfig, path: Path) -> list[Problem]:
+def _tokenizer_problems(config: RunConfig, path: Path, where: str, role: str, fix_same: str) -> list[Problem]:
     from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 
     if not any((path / name).is_file() for name in _TOKENIZER_MARKERS):
-        return [Problem("distill.teacher", f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json) to "
-                        "compare with the student's", "copy the teacher's tokenizer files into its directory "
+        return [Problem(where, f"{path} has no tokenizer (tokenizer.json or tokenizer_config.json) to "
+                        f"compare with the trained model's", f"copy the {role}'s tokenizer files into its directory "
                         "(orchestrate saves them next to RUN_DIR/model)")]
-    student_dir = tokenizer_dir_of(config)
+    trained_dir = tokenizer_dir_of(config)
     trust = config.model.trust_remote_code
-    student, teacher = _vocab(student_dir, trust), _vocab(path, trust)
-    if student == teacher:
+    trained, other = _vocab(trained_dir, trust), _vocab(path, trust)
+    if trained == other:
         return []
-    differ = sorted(set(student.items()) ^ set(teacher.items()))[:3]
-    where = "data.tokenizer" if student_dir is not None else "data.tokenizer (null: the built-in byte tokenizer)"
-    return [Problem(where, f"the student's tokenizer ({student_dir or 'byte tokenizer'}, {len(student)} tokens) "
-                    f"differs from the teacher's ({path}, {len(teacher)} tokens), e.g. {differ}", _FIX_SAME)]
+    differ = sorted(set(trained.items()) ^ set(other.items()))[:3]
+    tok_where = "data.tokenizer" if trained_dir is not None else "data.tokenizer (null: the built-in byte tokenizer)"
+    return [Problem(tok_where, f"the trained model's tokenizer ({trained_dir or 'byte tokenizer'}, {len(trained)} tokens) "
+                    f"differs from the {role}'s ({path}, {len(other)} tokens), e.g. {differ}", fix_same)]

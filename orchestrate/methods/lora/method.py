@@ -62,7 +62,8 @@ class AdapterTerms(MethodTerms):
         base_saves_input = self.adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(sw)
         return adapter_saved_delta(shape, self.adapters, c, base_saves_input)
 
-    def peak_bytes(self, shape: ModelShape, strategy: Strategy, activations_and_logits: float) -> dict[str, float]:
+    def peak_bytes(self, shape: ModelShape, strategy: Strategy, seq_len: int,
+                   activations_and_logits: float) -> dict[str, float]:
         return {"gathered_params": fsdp_forward_start_excess(shape, strategy, self.adapters, compute_bytes(strategy),
                                                              activations_and_logits)}
 

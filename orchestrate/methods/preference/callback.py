@@ -1,0 +1,23 @@
+"""The preference metrics of every step (objective.py keeps their sums over the step's micro-batches):
+added up over the ranks and added to the step's record, before the metrics file and the trackers see
+it: loss is the step's as for every run; rewards/chosen, rewards/rejected, rewards/margins,
+rewards/accuracies, logps/chosen, logps/rejected, logps_margin (and orpo's nll_loss, log_odds_ratio,
+log_odds_chosen; kto's kl) as TRL logs them. Collective: one all-reduce per step."""
+
+from __future__ import annotations
+
+from orchestrate.methods.preference.objective import step_metrics
+from orchestrate.worker.callbacks.base import Callback, Phase, StepEnd, Training
+from orchestrate.worker.metrics import sum_over_ranks
+
+
+class PreferenceMetrics(Callback):
+    phase = Phase.MEASURE
+
+    def on_train_start(self, training: Training) -> None:
+        training.engine.objective.take_sums()  # nothing from before the first step
+
+    def on_step_end(self, training: Training, end: StepEnd) -> None:
+        objective = training.engine.objective
+        sums = {key: float(value) for key, value in objective.take_sums().items()}
+        end.add(step_metrics(sum_over_ranks(sums, training.rank.device), objective.settings.loss))

@@ -1,0 +1,57 @@
+"""What a preference method adds to a step's memory (docs/preference.md). Pure. Where the reference
+lives (its weights, gathered blocks, first pass, forward seconds) is an auxiliary model's placement,
+priced in orchestrate/methods/auxiliary.py; what is the preference method's own is here:
+
+- Two sequences per record (samples.py): the trained model's forward sees 2 x micro_batch_size
+  sequences of seq_len (`PreferenceTerms.forward_rows`, method.py); its answer log-probabilities cost
+  what the task's cross-entropy costs (losses.token_logps computes them the same way: measured equal
+  with the storage counter, tests/test_preference_memory.py), so the planner's logits term covers them.
+- The reference forward (adapter, replicated, sharded, offload) runs before the model's, under
+  no_grad: its logits and their log-softmax, REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB beyond the
+  logits, are freed before the model's forward holds any activation, so it adds only what exceeds the
+  training step's activations and logits (`reference_forward_excess`; measured: a step's peak with a
+  live reference is the peak with a precomputed one, tests/test_preference_memory.py).
+- precomputed: a first pass before training holds the reference alone and one padded micro-batch's
+  logits and temporaries; training reads 2 fp32 log-probabilities per record.
+"""
+
+from __future__ import annotations
+
+from orchestrate.methods.auxiliary import AuxiliaryModel
+from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD
+from orchestrate.model.shape import ModelShape
+
+REFERENCE = "reference"
+REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB = 8
+"""A no_grad forward's log-probabilities beyond its logits (the compute dtype's bytes): the fp32
+log-softmax of cross-entropy plus its fp32 up-cast (bf16) or its output (fp32). Measured with the
+storage counter: 8.0 for fp32 and bf16 logits (tests/test_preference_memory.py)."""
+CACHED_BYTES_PER_RECORD = SEQUENCES_PER_RECORD * 4
+"""precomputed: the two fp32 reference log-probabilities a micro-batch reads per record."""
+
+
+def reference_forward_bytes(tokens: int, vocab: int, compute_bytes: int) -> float:
+    """The reference's outputs while its forward runs over `tokens` (logits and log-probabilities)."""
+    return tokens * vocab * (compute_bytes + REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB)
+
+
+def reference_forward_excess(tokens: int, vocab: int, compute_bytes: int, activations_and_logits: float) -> float:
+    """What a live reference's forward over the trained model's `tokens` holds beyond the training
+    step's activations and logits, which do not exist yet while it runs (module doc)."""
+    return max(0.0, reference_forward_bytes(tokens, vocab, compute_bytes) - activations_and_logits)
+
+
+def reference_model(shape: ModelShape, placement: str, adapter: bool) -> AuxiliaryModel:
+    """The reference as an auxiliary model; `adapter`: the run trains LoRA adapters, so the reference
+    can be their base with the adapters disabled (auto takes it: no weights at all)."""
+    vocab = shape.vocab_size
+
+    def output_bytes(placement: str, tokens: int, c: int) -> float:
+        # precomputed: at most a record per position of a row (packed: records of one token per
+        # sequence in blocks of 2 x seq_len); live: its forward is the method's peak_bytes (method.py)
+        return CACHED_BYTES_PER_RECORD * tokens if placement == "precomputed" else 0.0
+
+    def first_pass_output_bytes(tokens: int, c: int) -> float:
+        return reference_forward_bytes(SEQUENCES_PER_RECORD * tokens, vocab, c)  # both padded rows of a record
+
+    return AuxiliaryModel(REFERENCE, shape, placement, output_bytes, first_pass_output_bytes, adapter=adapter)

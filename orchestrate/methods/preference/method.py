@@ -1,0 +1,167 @@
+"""Preference tuning (`preference:`): DPO and its variants, ORPO, KTO (docs/preference.md). An add-on
+method that composes with full fine-tuning and LoRA / QLoRA, owns the objective and runs one auxiliary
+model, the reference (orchestrate/methods/spec.py), except for a reference-free loss (orpo).
+
+Its files: config.py (`preference:`), records.py and samples.py (pairs and labelled answers on the chat
+data path), losses.py (the losses as functions of answer log-probabilities), memory.py (what the
+method's own tensors and the reference's outputs take), objective.py, reference.py (where a worker's
+reference log-probabilities come from), cache.py (the precomputed placement's table), callback.py (the
+step's rewards), runtime.py (the worker half). Where the reference lives is priced and built as any
+auxiliary model's placement (orchestrate/methods/auxiliary.py, orchestrate/loading/auxiliary.py), plus
+`adapter` under LoRA: the trained model with its adapters disabled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from orchestrate.config.schema import RunConfig
+from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.methods.auxiliary import AuxiliaryModel
+from orchestrate.methods.preference.config import REFERENCE_FREE, SEQUENCES_PER_RECORD
+from orchestrate.methods.preference.memory import REFERENCE, reference_forward_excess, reference_model
+from orchestrate.methods.spec import Method, MethodTerms
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner.strategy import Strategy
+from orchestrate.run.layout import REFERENCE_LOGPS_DIR
+
+_FIX_SAME = ("use a reference trained with the model's tokenizer (its SFT run's RUN_DIR/model), or leave "
+             "preference.reference null: the model's initial weights")
+_LORA = ("lora", "qlora")
+_WHY = {"adapter": "the base with the adapters disabled: no extra weights",
+        "replicated": "a full copy per rank, the cheapest live reference per step",
+        "precomputed": "a first pass before step 1, nothing of the reference held while training"}
+
+
+class PreferenceTerms(MethodTerms):
+    """A preference plan: both sequences of every record in the trained model's forward, the reference
+    as an auxiliary model and its forward's peak; the losses take whole logits (never chunked)."""
+
+    chunks_loss = False
+    names_longest_seq_len = True
+
+    def __init__(self, reference: AuxiliaryModel | None, packed: bool) -> None:
+        self.reference = reference  # None: orpo
+        self.packed = packed
+        """data.packing: whole records in blocks of 2 x seq_len (samples.py), else 2 padded rows per record."""
+        self.gpu_keys = ("reference_forward",) if reference is not None else ()
+
+    def forward_rows(self, strategy: Strategy, seq_len: int) -> tuple[Strategy, int]:
+        """2 x micro_batch_size rows of seq_len, or micro_batch_size packed blocks of 2 x seq_len (their
+        attention, eager or the block mask, is quadratic in the block)."""
+        if self.packed:
+            return strategy, SEQUENCES_PER_RECORD * seq_len
+        return replace(strategy, micro_batch_size=SEQUENCES_PER_RECORD * strategy.micro_batch_size), seq_len
+
+    def auxiliary(self) -> list[AuxiliaryModel]:
+        return [self.reference] if self.reference is not None else []
+
+    def with_auxiliary(self, models: list[AuxiliaryModel]) -> PreferenceTerms:
+        return PreferenceTerms(models[0], self.packed) if models else self
+
+    def peak_bytes(self, shape: ModelShape, strategy: Strategy, seq_len: int,
+                   activations_and_logits: float) -> dict[str, float]:
+        """A live reference's forward over both sequences, beyond the step's activations and logits
+        (memory.py); a precomputed one has none."""
+        if self.reference is None or self.reference.placement == "precomputed":
+            return {}
+        rows, rows_seq = self.forward_rows(strategy, seq_len)
+        c = 4 if strategy.precision == "fp32" else 2
+        return {"reference_forward": reference_forward_excess(rows.micro_batch_size * rows_seq,
+                                                              self.reference.shape.vocab_size, c,
+                                                              activations_and_logits)}
+
+
+class Preference(Method):
+    name = "preference"
+    bases = ("full", "lora")
+    objective = True
+    runtime = "orchestrate.methods.preference.runtime"
+    saves = (REFERENCE_LOGPS_DIR,)
+
+    def active(self, config: RunConfig) -> bool:
+        return config.preference is not None
+
+    def auxiliary_shapes(self, config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
+        """The reference's shape: preference.reference's (same tokenizer and vocabulary, checked), or
+        the model's own (its initial weights); none for orpo."""
+        from orchestrate.methods.distill.teacher import frozen_model_shape
+
+        section, problems = config.preference, _config_problems(config)
+        found = {}
+        if section.loss not in REFERENCE_FREE:
+            found = {REFERENCE: shape}
+            try:
+                if section.reference is not None:
+                    found = {REFERENCE: frozen_model_shape(config, shape, config.resolve_path(section.reference),
+                                                           "preference.reference", "reference model", _FIX_SAME)}
+            except UserError as err:
+                problems += err.problems
+        if problems:  # the settings' and the reference's problems in one error
+            raise UserError("Cannot plan this preference run", problems)
+        return found
+
+    def check(self, config: RunConfig, shape: ModelShape) -> None:
+        problems = _config_problems(config)
+        if problems:
+            raise UserError("Cannot plan this preference run", problems)
+
+    def hardware_problems(self, config: RunConfig, hw: HardwareProfile) -> list[Problem]:
+        placement, problems = config.preference.placement, []
+        if placement == "sharded" and hw.world_size == 1:
+            problems.append(Problem("preference.placement", "sharded splits the reference over the ranks; this plan "
+                                    "has one", "use replicated, offload or precomputed on one rank (or auto)"))
+        if placement == "offload" and not hw.has_gpu:
+            problems.append(Problem("preference.placement", "offload keeps the reference's shards in CPU RAM for a "
+                                    "GPU to gather; these ranks are CPU processes", "use replicated, sharded or "
+                                    "precomputed (or auto)"))
+        return problems
+
+    def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
+        section = config.preference
+        reference = None
+        if section.loss not in REFERENCE_FREE:
+            reference = reference_model(auxiliary.get(REFERENCE, shape), section.placement,
+                                        adapter=config.train.method in _LORA and section.reference is None)
+        return PreferenceTerms(reference, packed=config.data.packing)
+
+    def report(self, plan: Any) -> tuple[list[str], dict[str, Any]]:
+        """Where the reference lives in the chosen plan, and why (auto)."""
+        loss = plan.config.preference.loss
+        chosen = getattr(plan, "chosen", None)
+        if loss in REFERENCE_FREE:
+            return [f"preference: {loss}, no reference model"], {}
+        if chosen is None:
+            return [], {}
+        placement = chosen.placements.get(REFERENCE, plan.config.preference.placement)
+        why = "preference.placement"
+        if plan.config.preference.placement == "auto":
+            why = "; ".join([*([chosen.placement_reason] if chosen.placement_reason else []),
+                             f"{placement}: {_WHY.get(placement, 'the first that fits')}"])
+        return [f"preference: {loss}, reference model {placement} ({why})"], {}
+
+
+def _config_problems(config: RunConfig) -> list[Problem]:
+    """Every problem of the preference settings that needs nothing but the config."""
+    section, problems = config.preference, []
+    lora = config.train.method in (*_LORA, "auto")
+    if config.model.task != "causal-lm":  # your own module is refused with the config (custom/config.py)
+        problems.append(Problem("preference", "preference losses compare answer log-probabilities of a causal "
+                                "language model", "remove preference, or train a Hugging Face causal LM"))
+    if config.distill is not None:
+        problems.append(Problem("distill", "distillation and preference tuning in one run",
+                                "distil first, then tune preferences on RUN_DIR/model in a second run"))
+    if section.placement == "adapter" and not lora:
+        problems.append(Problem("preference.placement", "adapter is the model with its LoRA adapters disabled; "
+                                f"train.method {config.train.method} has none", "set train.method: lora or qlora, "
+                                "or preference.placement: auto (replicated, sharded, offload or precomputed)"))
+    if section.placement == "adapter" and section.reference is not None:
+        problems.append(Problem("preference.placement", "adapter's reference is the base being adapted, not "
+                                f"preference.reference ({section.reference})",
+                                "drop preference.reference, or choose replicated, sharded, offload or precomputed"))
+    return problems
+
+
+PREFERENCE = Preference()

@@ -1,0 +1,310 @@
+"""Preference records as views over a cache entry (records.py stores them; docs/preference.md).
+
+Every record gives two sequences to a micro-batch: a pair its chosen and its rejected sequence; an
+unpaired answer (KTO) itself and a mismatched one, its prompt followed by the answer of the record
+before it in the stored order (cyclic): the KL estimate's (x, y') of Ethayarajh et al. 2024, §4.1,
+fixed per record so a precomputed reference serves it too. Labels are the answer tokens (TRAINED)
+and -100 elsewhere, each sequence's first label -100. A batch names, for every position, the sequence
+it belongs to (`sequence`, -1 for padding): first sequences 0..n-1 (chosen, or the answers), then
+n..2n-1 (rejected, or the mismatched ones), n = the records in the batch (`record_index`: their
+documents in the cache entry; unpaired adds `desirable`).
+
+- `PaddedPreferences` (`data.packing: false`): one sequence per row of seq_len, 2b rows for b records,
+  with an attention_mask.
+- `PackedPreferences` (`data.packing: true`): whole records fitted into blocks of 2 x seq_len
+  (best-fit decreasing), position ids restarting at 0 for every sequence, no attention_mask: as for
+  packed chat samples (orchestrate/data/sft_samples.py), transformers keeps each sequence's attention
+  within it (a block-diagonal mask from the position ids, or flash-attention's varlen path: `flatten`).
+
+Sequences longer than seq_len follow `data.truncation`: cut (every sequence of a record at seq_len:
+a pair's two share their prompt, so both keep the same prompt tokens; a record left with a sequence
+without answer tokens is dropped and counted), the record dropped, or an error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from orchestrate.data.blocks import IGNORE_INDEX, split_ids
+from orchestrate.data.cache import TokenStream
+from orchestrate.data.packing import Blocks, best_fit_decreasing
+from orchestrate.data.sft_prepare import REJECTED, TRAINED
+from orchestrate.data.sft_samples import read_mask
+from orchestrate.errors import Problem, UserError
+from orchestrate.methods.preference.config import UNPAIRED as UNPAIRED_LOSSES
+from orchestrate.methods.preference.records import PAIRED, PREFERENCE_FORMATS, UNPAIRED
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True)
+class KeptRecords:
+    """The records of a stream that train, after the truncation policy."""
+
+    docs: np.ndarray
+    """Their documents in the stream."""
+    sides: np.ndarray
+    """(records, 2) int64: the stored length of each sequence (unpaired: the answer's, then 0)."""
+    truncated: int
+    dropped: int
+
+    def subset(self, positions: np.ndarray) -> KeptRecords:
+        return KeptRecords(self.docs[positions], self.sides[positions], self.truncated, self.dropped)
+
+
+def stored_sides(stream: TokenStream, mask: np.ndarray, paired: bool) -> np.ndarray:
+    """(documents, 2): a pair's chosen and rejected lengths (its REJECTED tokens end it); an unpaired
+    record's length and 0."""
+    offsets = np.asarray(stream.offsets, dtype=np.int64)
+    lengths = np.diff(offsets)
+    if not paired:
+        return np.stack([lengths, np.zeros_like(lengths)], axis=1)
+    rejected = np.add.reduceat((np.asarray(mask) & REJECTED).astype(bool).astype(np.int64), offsets[:-1]) \
+        if len(lengths) else np.zeros(0, np.int64)
+    return np.stack([lengths - rejected, rejected], axis=1)
+
+
+def kept_records(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: str, where: str,
+                 paired: bool) -> KeptRecords:
+    sides = stored_sides(stream, mask, paired)
+    long = np.flatnonzero(sides.max(axis=1) > seq_len)
+    if len(long) and policy == "error":
+        first = int(long[0])
+        raise UserError(f"{len(long)} preference record(s) have a sequence longer than train.seq_len {seq_len}", [Problem(
+            "data.truncation", f"record {first} of {where} has sequences of {' and '.join(map(str, sides[first][:1 + paired]))} "
+            f"tokens (and {len(long) - 1} more records are too long)",
+            f"raise train.seq_len, or set data.truncation: truncate (every sequence cut to {seq_len}) or drop")])
+    drop = np.zeros(len(sides), dtype=bool)
+    if policy == "drop":
+        drop[long] = True
+    else:  # truncate: a sequence whose first seq_len tokens hold no answer token leaves nothing to compare
+        for d in long.tolist():
+            start = int(stream.offsets[d])
+            for side in range(1 + paired):
+                begin = start + int(sides[d, :side].sum())
+                drop[d] |= not (np.asarray(mask[begin: begin + min(seq_len, int(sides[d, side]))]) & TRAINED).any()
+    keep = np.flatnonzero(~drop)
+    truncated = 0 if policy == "drop" else len(long) - int(drop[long].sum())
+    return KeptRecords(keep, sides[keep], truncated, int(drop.sum()))
+
+
+class _Preferences:
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool):
+        self.seq_len, self.kept, self.paired = seq_len, kept, paired
+        self.stream = stream
+        self._tokens, self._mask, self._offsets = stream.tokens, mask, stream.offsets
+        self._pad = int(stream.meta["eos_id"])
+
+    @property
+    def stream_key(self) -> str:
+        """The cache entry's key (what the records were tokenised from)."""
+        return str(self.stream.meta["key"])
+
+    @property
+    def documents(self) -> int:
+        return len(self._offsets) - 1
+
+    @property
+    def samples(self) -> int:
+        return len(self.kept.docs)
+
+    def _span(self, k: int, side: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask bits) of sequence `side` of kept record k, as stored."""
+        start = int(self._offsets[self.kept.docs[k]]) + int(self.kept.sides[k, :side].sum())
+        end = start + int(self.kept.sides[k, side])
+        return np.asarray(self._tokens[start:end], dtype=np.int64), np.asarray(self._mask[start:end])
+
+    def _labelled(self, ids: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        ids, bits = ids[: self.seq_len], bits[: self.seq_len]
+        labels = np.where(bits & TRAINED, ids, IGNORE_INDEX)
+        labels[0] = IGNORE_INDEX
+        return ids, labels
+
+    def sequences(self, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """(ids, labels) of kept record k's two sequences, cut at seq_len (module docstring)."""
+        if self.paired:
+            return [self._labelled(*self._span(k, 0)), self._labelled(*self._span(k, 1))]
+        ids, bits = self._span(k, 0)
+        other_ids, other_bits = self._span((k - 1) % self.samples, 0)
+        prompt = int(np.argmax(bits & TRAINED))  # the answer's first token
+        answer = int(np.argmax(other_bits & TRAINED))
+        mismatched = (np.concatenate([ids[:prompt], other_ids[answer:]]),
+                      np.concatenate([bits[:prompt], other_bits[answer:]]))
+        return [self._labelled(ids, bits), self._labelled(*mismatched)]
+
+    def desirable(self, k: int) -> bool:
+        return not (int(self._mask[int(self._offsets[self.kept.docs[k]])]) & REJECTED)
+
+    def prompt_and_answer(self, k: int) -> tuple[list[int], list[int]] | None:
+        """Kept record k's prompt and its chosen (or desirable) answer (`train.eval_generate`)."""
+        ids, bits = self._span(k, 0)
+        if not self.paired and not self.desirable(k):
+            return None
+        trained = np.flatnonzero(bits & TRAINED)
+        first = int(trained[0])
+        return (ids[:first].tolist(), ids[first: int(trained[-1]) + 1].tolist()) if first > 0 else None
+
+    def _extras(self, records: list[int]) -> dict[str, torch.Tensor]:
+        import torch
+
+        out = {"record_index": torch.as_tensor(self.kept.docs[records], dtype=torch.int64)}
+        if not self.paired:
+            out["desirable"] = torch.tensor([self.desirable(k) for k in records], dtype=torch.bool)
+        return out
+
+
+class PaddedPreferences(_Preferences):
+    @classmethod
+    def like(cls, view: _Preferences) -> PaddedPreferences:
+        """The records of `view`, padded one sequence per row."""
+        return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.samples, self.seq_len)
+
+    def __len__(self) -> int:
+        return self.samples
+
+    def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        import torch
+
+        records = np.asarray(positions).tolist()
+        n = len(records)
+        ids = np.full((2 * n, self.seq_len), self._pad, dtype=np.int64)
+        labels = np.full((2 * n, self.seq_len), IGNORE_INDEX, dtype=np.int64)
+        attention = np.zeros((2 * n, self.seq_len), dtype=np.int64)
+        sequence = np.full((2 * n, self.seq_len), -1, dtype=np.int64)
+        for j, k in enumerate(records):
+            for side, (seq_ids, seq_labels) in enumerate(self.sequences(k)):
+                row, length = side * n + j, len(seq_ids)
+                ids[row, :length], labels[row, :length] = seq_ids, seq_labels
+                attention[row, :length], sequence[row, :length] = 1, row
+        out = {"input_ids": torch.from_numpy(ids), "attention_mask": torch.from_numpy(attention),
+               "labels": torch.from_numpy(labels), "sequence": torch.from_numpy(sequence)}
+        return {**out, **self._extras(records)}
+
+
+class PackedPreferences(_Preferences):
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool,
+                 flatten: bool = False):
+        super().__init__(stream, mask, kept, seq_len, paired)
+        self.flatten = flatten
+        self.blocks: Blocks = best_fit_decreasing(self.record_lengths(), 2 * seq_len)
+
+    def record_lengths(self) -> np.ndarray:
+        """Tokens each kept record takes in a block (both its sequences, each cut at seq_len)."""
+        if self.paired:
+            return np.minimum(self.kept.sides, self.seq_len).sum(axis=1)
+        return np.array([sum(len(ids) for ids, _ in self.sequences(k)) for k in range(self.samples)], dtype=np.int64)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.blocks), 2 * self.seq_len)
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
+        import torch
+
+        rows, width = len(positions), 2 * self.seq_len
+        ids = np.full((rows, width), self._pad, dtype=np.int64)
+        labels = np.full((rows, width), IGNORE_INDEX, dtype=np.int64)
+        pos = np.zeros((rows, width), dtype=np.int64)
+        sequence = np.full((rows, width), -1, dtype=np.int64)
+        blocks = [self.blocks.of(b).tolist() for b in np.asarray(positions).tolist()]
+        records = [k for block in blocks for k in block]
+        n, j = len(records), 0
+        for row, block in enumerate(blocks):
+            at = 0
+            for k in block:
+                for side, (seq_ids, seq_labels) in enumerate(self.sequences(k)):
+                    length = len(seq_ids)
+                    cut = slice(at, at + length)
+                    ids[row, cut], labels[row, cut], pos[row, cut] = seq_ids, seq_labels, np.arange(length)
+                    sequence[row, cut] = side * n + j
+                    at += length
+                j += 1
+            pos[row, at:] = np.arange(width - at)  # the padding: a segment of its own, never scored
+        out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
+               "position_ids": torch.from_numpy(pos), "sequence": torch.from_numpy(sequence)}
+        if self.flatten:
+            out = {k: v.reshape(1, -1) for k, v in out.items()}
+        return {**out, **self._extras(records)}
+
+
+PreferenceSamples = PaddedPreferences | PackedPreferences
+
+
+def check_preference_data(section, record_format: str, where: str) -> None:
+    """Preference records are trained with a `preference:` section (`section`) and it with them: pairs
+    for the pairwise losses, labelled answers for kto."""
+    if section is None:
+        if record_format in PREFERENCE_FORMATS:
+            raise UserError("the records are preference records", [Problem(
+                where, f"{record_format} records (chosen / rejected answers, or answers with a label) train "
+                "with a preference loss", "add a `preference:` section (docs/preference.md), or set "
+                "data.record_format to the format you mean (e.g. prompt-completion)")])
+        return
+    wanted = UNPAIRED if section.loss in UNPAIRED_LOSSES else PAIRED
+    if record_format != wanted:
+        columns = ("prompt, completion and label (true: desirable)" if wanted == UNPAIRED
+                   else "chosen and rejected (and prompt)")
+        raise UserError(f"preference.loss {section.loss} trains on {wanted} records", [Problem(
+            where, f"the records are {record_format} records", f"give records with the columns {columns} "
+            "(data.columns renames them), or choose a loss for them in preference.loss")])
+
+
+def preference_views(train: TokenStream, validation: TokenStream | None, config,
+                     flatten: bool) -> tuple[PreferenceSamples, PreferenceSamples]:
+    """(train, validation) views of preference streams: the truncation policy, whole records held out
+    by `validation_ratio` (when no validation data is given), then packed or padded."""
+    seq_len, data = config.train.seq_len, config.data
+    paired = train.meta.get("record_format") == PAIRED
+
+    def view(stream: TokenStream, kept: KeptRecords) -> PreferenceSamples:
+        if data.packing:
+            return PackedPreferences(stream, read_mask(stream), kept, seq_len, paired, flatten)
+        return PaddedPreferences(stream, read_mask(stream), kept, seq_len, paired)
+
+    def kept_of(stream: TokenStream, where: str) -> KeptRecords:
+        return kept_records(stream, read_mask(stream), seq_len, data.truncation, where, paired)
+
+    kept = kept_of(train, "the training data")
+    if validation is not None:
+        if validation.meta.get("record_format") != train.meta.get("record_format"):
+            raise UserError("the validation data is in another record format", [Problem(
+                "data.validation_files", f"{validation.meta.get('record_format')} records, the training data has "
+                f"{train.meta.get('record_format')}", "validate on records of the training data's format")])
+        return view(train, kept), view(validation, kept_of(validation, "the validation data"))
+    held = split_ids(len(kept.docs), data.validation_ratio, config.train.seed)
+    rest = np.setdiff1d(np.arange(len(kept.docs)), held)
+    return view(train, kept.subset(rest)), view(train, kept.subset(held))
+
+
+def describe_preferences(stream: TokenStream, train: PreferenceSamples, validation: PreferenceSamples, config,
+                         tokenized: list[str], seconds: float) -> str:
+    """The data summary of preference records: what they are, the records per split, packing, and
+    every record cut or dropped."""
+    meta, seq_len = stream.meta, config.train.seq_len
+    how = f"tokenised {' and '.join(tokenized)} in {seconds:.1f} s" if tokenized else f"cache hit ({seconds:.2f} s)"
+    template = f", chat template: {meta['template_origin']}" if meta.get("template_origin") else ""
+    what = "pairs" if train.paired else "answers"
+    text = (f"data: {how}: {meta['record_format']} records, {int(meta['tokens']):,} tokens in {stream.num_documents:,} "
+            f"{what}; loss on {meta['mask_method']}{template}")
+    if isinstance(train, PackedPreferences):
+        text += (f"\n  {train.samples:,} train {what} in {len(train):,} blocks of {2 * seq_len} (packing efficiency "
+                 f"{100 * train.blocks.efficiency:.1f} %) / {validation.samples:,} validation {what}")
+    else:
+        text += f"\n  {train.samples:,} train / {validation.samples:,} validation {what}, each sequence padded to {seq_len}"
+    counts = [(meta.get("dropped_untrained", 0), "dropped when tokenised: an answer without tokens"),
+              (train.kept.truncated, f"cut to seq_len {seq_len}"),
+              (train.kept.dropped, f"dropped: longer than seq_len {seq_len} (drop)" if config.data.truncation == "drop"
+               else f"dropped: a sequence with no answer token in its first {seq_len}")]
+    notes = [f"{n:,} {what_}" for n, what_ in counts if n]
+    return text + (f"\n  {what}: {'; '.join(notes)}" if notes else "") + f"\n  cache: {stream.directory}"

@@ -1,0 +1,67 @@
+"""preference.placement precomputed in one process: the first pass stores every record's reference
+log-probabilities (a training batch reads what the live reference computes), a pass whose identity
+is complete is reused as it is, and new data, another seq_len or changed reference weights redo it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from orchestrate.methods.preference.cache import (
+    identity,
+    is_complete,
+    precomputed_reference,
+    write_reference_logps,
+)
+from orchestrate.methods.preference.objective import answer_logps
+from tests.test_preference_objective import _model, _views
+
+
+@pytest.fixture
+def setup(tmp_path):
+    reference_dir = tmp_path / "reference"
+    _model("llama", 3).save_pretrained(reference_dir)
+    view = _views(tmp_path / "data", packing=True)
+    from orchestrate.config.load import config_from_dict
+
+    config = config_from_dict({"model": {"architecture": {"model_type": "gpt2", "n_embd": 32, "n_layer": 1,
+                                                         "n_head": 2, "vocab_size": 257}},
+                               "train": {"seq_len": 16, "global_batch_size": 2}, "preference": {"loss": "dpo"},
+                               "data": {"train_files": ["p.jsonl"]}}, tmp_path)
+    return tmp_path / "run", reference_dir, view, config
+
+
+def test_the_first_pass_stores_what_the_live_reference_computes(setup):
+    run_dir, reference_dir, view, config = setup
+    reference = _model("llama", 3)
+    views = {"train": view}
+    expected = identity(config, views, reference_dir, "fp32", run_dir)
+    write_reference_logps(run_dir, expected, views, reference, torch.device("cpu"), 0, 1, micro_batch=2)
+    assert is_complete(run_dir, expected)
+    batch = view.batch(list(range(len(view))))  # packed: the table is read in the packed batch's order
+    with torch.no_grad():
+        live = answer_logps(reference, batch)
+    read = precomputed_reference(run_dir, "train")(reference, batch)
+    assert torch.allclose(read.logps, live.logps.float(), atol=1e-5)
+    assert torch.equal(read.tokens, live.tokens)
+
+
+def test_a_complete_pass_is_reused_and_a_changed_input_redoes_it(setup):
+    run_dir, reference_dir, view, config = setup
+    views = {"train": view}
+    expected = identity(config, views, reference_dir, "fp32", run_dir)
+    write_reference_logps(run_dir, expected, views, _model("llama", 3), torch.device("cpu"), 0, 1, micro_batch=2)
+    table = run_dir / "reference_logps" / "train.npy"
+    written = table.stat().st_mtime_ns
+    write_reference_logps(run_dir, expected, views, _model("llama", 3), torch.device("cpu"), 0, 1, micro_batch=2)
+    assert table.stat().st_mtime_ns == written  # reused
+    longer = config.model_copy(update={"train": config.train.model_copy(update={"seq_len": 32})})
+    assert not is_complete(run_dir, identity(longer, views, reference_dir, "fp32", run_dir))
+    assert not is_complete(run_dir, identity(config, views, reference_dir, "bf16", run_dir))
+    weights = next(reference_dir.glob("*.safetensors"))
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # retrained
+    assert not is_complete(run_dir, identity(config, views, reference_dir, "fp32", run_dir))
+    other = _views(run_dir.parent / "other", packing=True, rows=[{"prompt": "Z:", "chosen": "a", "rejected": "b"}] * 4)
+    assert not is_complete(run_dir, identity(config, {"train": other}, reference_dir, "fp32", run_dir))

@@ -301,7 +301,8 @@ class DeepSpeedTrainEngine:
             config.load_universal_checkpoint = False
         if path is None:
             raise FileNotFoundError(f"DeepSpeed could not load {load_dir / _CKPT_TAG}")
-        apply_hyperparameters(self.engine.lr_scheduler, self._plan.config.train)
+        if self.engine.lr_scheduler is not None:  # None: your own loop steps its own optimizer and schedule
+            apply_hyperparameters(self.engine.lr_scheduler, self._plan.config.train)
         return client[_CLIENT_KEY]
 
 

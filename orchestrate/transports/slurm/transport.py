@@ -36,7 +36,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.output_relay import relay_output
 from orchestrate.launch.rundir import prepare_run_dir
-from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say
+from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say, shows_progress
 from orchestrate.launch.torchrun_args import worker_torchrun_args
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE, worker_program
@@ -214,7 +214,7 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
     from orchestrate.data.pipeline import prepare_for_plan
     from orchestrate.launch.resume import resumed_data
 
-    tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
+    tell(prepare_for_plan(plan, run_dir, progress=shows_progress(console), resumed=resumed_data(run_dir)))
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
     script = slurm_cluster.write_sbatch(job)
     tell(f"{describe(plan)}; run directory {run_dir}")

@@ -8,10 +8,16 @@ each under non-reentrant `torch.utils.checkpoint`: the forward keeps only the ch
 planner's term: planner/knobs.py). The same loss as transformers' `ForCausalLMLoss` (labels shifted
 left, -100 ignored, fp32 logits, mean over the counted tokens), as torchtune's
 CEWithChunkedOutputLoss and Liger's fused linear cross-entropy compute it.
+
+`final_hidden_states` and `over_chunks` are that machinery for any per-chunk function of the logits
+(preference tuning's answer log-probabilities: methods/preference/objective.py); under no_grad (a
+reference's forward, evaluation) the chunks run without checkpoint, nothing being recomputed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,40 +25,82 @@ if TYPE_CHECKING:
 
 IGNORE = -100  # transformers' ignore_index for labels
 
+ChunkFunction = Callable[["torch.Tensor", "torch.Tensor"], "torch.Tensor"]
+"""(one chunk's logits, its targets: the labels already shifted) -> the chunk's values."""
 
-def _chunk_loss(hidden: torch.Tensor, labels: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+
+def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     import torch.nn.functional as F
 
-    logits = head(hidden).float()  # fp32 like ForCausalLMLoss (upcast before the softmax)
-    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE, reduction="sum")
+    # fp32 like ForCausalLMLoss (upcast before the softmax)
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
+
+
+def _head_then(fn: ChunkFunction, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
+    return fn(head(hidden), targets)
+
+
+def over_chunks(fn: ChunkFunction, hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                chunks: int) -> list[torch.Tensor]:
+    """`fn(head(h), y)` for each of `chunks` chunks of positions (dim 1) of `hidden` and `targets`: with
+    autograd on, each under non-reentrant checkpoint (backward recomputes the chunk's logits)."""
+    import torch
+    from torch.utils.checkpoint import checkpoint
+
+    pieces = zip(hidden.chunk(chunks, dim=1), targets.chunk(chunks, dim=1), strict=True)
+    if not torch.is_grad_enabled():
+        return [_head_then(fn, h, y, head) for h, y in pieces]
+    return [checkpoint(_head_then, fn, h, y, head, use_reentrant=False) for h, y in pieces]
+
+
+def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
+    """The label each position predicts (the next one; the last position's is IGNORE)."""
+    import torch
+
+    return torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                           chunks: int) -> torch.Tensor:
     """Mean next-token cross-entropy of `head(hidden)` against `labels` (b x s, unshifted)."""
     import torch
-    from torch.utils.checkpoint import checkpoint
 
-    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+    shifted = shifted_labels(labels)
     total = hidden.new_zeros((), dtype=torch.float32)
-    for h, y in zip(hidden.chunk(chunks, dim=1), shifted.chunk(chunks, dim=1), strict=True):
-        total = total + checkpoint(_chunk_loss, h, y, head, use_reentrant=False)
+    for part in over_chunks(_cross_entropy_sum, hidden, head, shifted, chunks):
+        total = total + part
     return total / (shifted != IGNORE).sum().clamp(min=1)
 
 
-def chunked_causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunks: int) -> torch.Tensor:
-    """The causal-LM loss of one batch, its LM head + cross-entropy in `chunks` chunks (module doc)."""
+@contextmanager
+def final_hidden_states(model: torch.nn.Module,
+                        inputs: dict[str, torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.nn.Module]]:
+    """(the final hidden states of `model` over `inputs`, its LM head), the model's own head run on
+    one position only; the LM head usable inside the block (module doc)."""
+    import torch
+
     hf = getattr(model, "module", model)  # DDP keeps the model in .module; FSDP2 and peft forward attributes
     captured: list[torch.Tensor] = []
     hook = hf.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
     try:
-        inputs = {k: v for k, v in batch.items() if k != "labels"}
-        model(**inputs, use_cache=False, logits_to_keep=1)  # the model's own head: one position
+        model(**inputs, use_cache=False, logits_to_keep=1)
     finally:
         hook.remove()
-    if hasattr(model, "unshard"):
+    gathered = hasattr(model, "unshard")
+    if gathered:
         # FSDP2 reshards the root unit (embeddings, final norm, LM head) when its forward returns; the
         # chunks call the LM head after that, and recompute it in backward: gather it again. The root's
         # post-backward (FSDP2's final backward callback) reduce-scatters its gradients and reshards it.
         model.unshard()
-    return chunked_cross_entropy(captured[-1], hf.get_output_embeddings(), batch["labels"], chunks)
+    backward = torch.is_grad_enabled()
+    try:
+        yield captured[-1], hf.get_output_embeddings()
+    finally:
+        if gathered and not backward:
+            model.reshard()  # no backward to reshard it (a reference's or an evaluation's forward)
+
+
+def chunked_causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunks: int) -> torch.Tensor:
+    """The causal-LM loss of one batch, its LM head + cross-entropy in `chunks` chunks (module doc)."""
+    with final_hidden_states(model, {k: v for k, v in batch.items() if k != "labels"}) as (hidden, head):
+        return chunked_cross_entropy(hidden, head, batch["labels"], chunks)

@@ -46,9 +46,15 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     its cross-entropy (the labels shifted, not the logits), so its temporaries are the ones the memory
     model's logits term measured: none beyond them (tests/test_preference_memory.py)."""
     targets = next_labels(labels)
+    return target_logps(logits, targets), targets != IGNORE_INDEX
+
+
+def target_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log-probability of each position's target (already shifted; 0 where IGNORE_INDEX), fp32 at least:
+    `token_logps` of whole logits, or of one chunk's (the chunked objective: objective.py)."""
     upcast = logits.to(torch.promote_types(logits.dtype, torch.float32))
     per_token = -F.cross_entropy(upcast.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX, reduction="none")
-    return per_token.view(targets.shape), targets != IGNORE_INDEX
+    return per_token.view(targets.shape)
 
 
 def sequence_sums(values: torch.Tensor, sequence: torch.Tensor, count: int) -> torch.Tensor:
@@ -68,7 +74,12 @@ class AnswerLogps:
 
     @classmethod
     def of(cls, logits: torch.Tensor, labels: torch.Tensor, sequence: torch.Tensor, count: int) -> AnswerLogps:
-        per_token, scored = token_logps(logits, labels)
+        return cls.of_tokens(*token_logps(logits, labels), sequence, count)
+
+    @classmethod
+    def of_tokens(cls, per_token: torch.Tensor, scored: torch.Tensor, sequence: torch.Tensor,
+                  count: int) -> AnswerLogps:
+        """From each position's log-probability of its next label and whether it is scored."""
         return cls(sequence_sums(per_token, sequence, count), sequence_sums(scored.to(per_token.dtype), sequence, count))
 
     @staticmethod

@@ -22,19 +22,36 @@ import torch
 import torch.distributed as dist
 
 from orchestrate.methods.preference.config import UNPAIRED, PreferenceSection
-from orchestrate.methods.preference.losses import AnswerLogps, kto_loss, pair_loss
+from orchestrate.methods.preference.losses import (
+    IGNORE_INDEX,
+    AnswerLogps,
+    kto_loss,
+    next_labels,
+    pair_loss,
+    target_logps,
+)
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 ReferenceLogps = Callable[[torch.nn.Module, dict], AnswerLogps]
 """(the trained model, batch) -> the reference's answer log-probabilities of the batch's sequences
-(called under no_grad; reference.py)."""
+(called under no_grad; reference.py; a live one chunked as the model's own where the plan chunks)."""
 
 
-def answer_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> AnswerLogps:
-    """The answer log-probabilities of every sequence of `batch` under `model` (two per record)."""
+def answer_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunks: int = 0) -> AnswerLogps:
+    """The answer log-probabilities of every sequence of `batch` under `model` (two per record);
+    `chunks` > 0 (train.loss_chunks): the LM head and log-probabilities one chunk of positions at a
+    time, the full logits never held (worker/chunked_loss.py; checkpointed where autograd records)."""
     inputs = {k: v for k, v in batch.items() if k in MODEL_INPUTS}
-    logits = model(**inputs, use_cache=False).logits
-    return AnswerLogps.of(logits, batch["labels"], batch["sequence"], 2 * batch["record_index"].numel())
+    count = 2 * batch["record_index"].numel()
+    if not chunks:
+        logits = model(**inputs, use_cache=False).logits
+        return AnswerLogps.of(logits, batch["labels"], batch["sequence"], count)
+    from orchestrate.worker.chunked_loss import final_hidden_states, over_chunks
+
+    targets = next_labels(batch["labels"])
+    with final_hidden_states(model, inputs) as (hidden, head):
+        per_token = torch.cat(over_chunks(target_logps, hidden, head, targets, chunks), dim=1)
+    return AnswerLogps.of_tokens(per_token, targets != IGNORE_INDEX, batch["sequence"], count)
 
 
 def _mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
@@ -49,8 +66,10 @@ class PreferenceObjective:
     name = "preference"
 
     def __init__(self, settings: PreferenceSection, reference: ReferenceLogps | None,
-                 eval_reference: ReferenceLogps | None = None) -> None:
+                 eval_reference: ReferenceLogps | None = None, loss_chunks: int = 0) -> None:
         self.settings = settings
+        self.loss_chunks = loss_chunks
+        """0: whole logits; N: the model's answer log-probabilities in N chunks (`answer_logps`)."""
         self.reference = reference  # None: orpo
         self.eval_reference = eval_reference or reference
         """The validation records' (a precomputed reference reads another table)."""
@@ -96,7 +115,7 @@ class PreferenceObjective:
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         reference = self._reference(model, batch, self.reference)  # first: its logits are gone before the model's forward
-        loss, sums = self._sums(answer_logps(model, batch), reference, batch)
+        loss, sums = self._sums(answer_logps(model, batch, self.loss_chunks), reference, batch)
         for key, value in sums.items():
             self.sums[key] = self.sums.get(key, 0.0) + value.detach().float()
         return loss
@@ -108,7 +127,7 @@ class PreferenceObjective:
 
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         reference = self._reference(model, batch, self.eval_reference)
-        loss, sums = self._sums(answer_logps(model, batch), reference, batch)
+        loss, sums = self._sums(answer_logps(model, batch, self.loss_chunks), reference, batch)
         return {"loss": float(loss), **{key: float(value) for key, value in sums.items()}}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:

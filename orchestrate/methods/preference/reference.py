@@ -42,18 +42,19 @@ def _without_dropout(model: torch.nn.Module):
             m.p = p
 
 
-def adapter_reference() -> ReferenceLogps:
-    """The trained model with its adapters disabled and no dropout (under no_grad: nothing recomputed)."""
+def adapter_reference(chunks: int = 0) -> ReferenceLogps:
+    """The trained model with its adapters disabled and no dropout (under no_grad: nothing recomputed);
+    `chunks`: train.loss_chunks (objective.answer_logps)."""
     def logps(model: torch.nn.Module, batch: dict) -> AnswerLogps:
         with peft_model(model).disable_adapter(), _without_dropout(model):
-            return answer_logps(model, batch)
+            return answer_logps(model, batch, chunks)
 
     return logps
 
 
-def module_reference(reference: torch.nn.Module) -> ReferenceLogps:
+def module_reference(reference: torch.nn.Module, chunks: int = 0) -> ReferenceLogps:
     """A frozen reference module (collective when sharded: every rank calls it once per micro-batch)."""
     def logps(model: torch.nn.Module, batch: dict) -> AnswerLogps:
-        return answer_logps(reference, batch)
+        return answer_logps(reference, batch, chunks)
 
     return logps

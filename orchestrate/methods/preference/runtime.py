@@ -66,11 +66,12 @@ class PreferenceRuntime(MethodRuntime):
         if plan.config.preference.loss in REFERENCE_FREE:
             return None
         placement = reference_placement(plan, rank.device, rank.world_size)
+        chunks = plan.chosen.strategy.loss_chunks  # a live reference's forward chunked as the model's
         if placement == "adapter":
-            return adapter_reference(), adapter_reference()
+            return adapter_reference(chunks), adapter_reference(chunks)
         path = reference_dir(plan, run, rank.local_rank)
         if placement != "precomputed":
-            live = module_reference(build_frozen(plan, path, rank.device, rank.world_size, placement))
+            live = module_reference(build_frozen(plan, path, rank.device, rank.world_size, placement), chunks)
             return live, live
         views = {"train": data.train, "validation": data.validation}
         expected = identity(plan.config, views, path, plan.chosen.strategy.precision, run.path)
@@ -85,7 +86,7 @@ class PreferenceRuntime(MethodRuntime):
     def objective(self, plan: RunPlan, task: Objective, auxiliary: References | None) -> Objective:
         # In place of the task's: the losses compare answer log-probabilities of whole sequences.
         train, evaluation = auxiliary if auxiliary is not None else (None, None)
-        return PreferenceObjective(plan.config.preference, train, evaluation)
+        return PreferenceObjective(plan.config.preference, train, evaluation, plan.chosen.strategy.loss_chunks)
 
     def callbacks(self, plan: RunPlan) -> list[Callback]:
         return [PreferenceMetrics()]

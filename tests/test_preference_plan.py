@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrate.backends.registry import runs_knob
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.preference.memory import REFERENCE, reference_model
@@ -54,12 +55,14 @@ def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and
     plan = make_plan(_config({"method": "qlora", "seq_len": 1024}, {"loss": "dpo"}), hw, shape)
     assert not isinstance(plan, Refusal) and plan.chosen.placements[REFERENCE] == "adapter"
     assert plan.chosen.memory.gpu["reference_weights"] == 0
-    assert all(c.strategy.loss_chunks == 0 for c in plan.candidates)  # the losses take whole logits
+    chunked = [c for c in plan.candidates if c.strategy.loss_chunks > 0]
+    assert chunked and all(runs_knob(c.strategy.backend, "loss_chunks") for c in chunked)  # log-probs in chunks
     note = next(n for n in plan.notes if n.startswith("the longest train.seq_len"))
     found = re.search(r"the longest train.seq_len that fits: (\d+) \((\S+)\)", note)
     longest, name = int(found.group(1)), found.group(2)
     at = {s: make_plan(_config({"method": "qlora", "seq_len": s}, {"loss": "dpo"}), hw, shape) for s in (longest, longest + 64)}
     assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in at[longest].candidates)
+    assert at[longest].chosen.strategy.loss_chunks > 0  # the longest fits only with the log-probs in chunks
     assert isinstance(at[longest + 64], Refusal)  # no strategy fits 64 tokens more
     sft = make_plan(_config({"method": "qlora", "seq_len": longest + 64}), hw, shape)
     assert not isinstance(sft, Refusal)  # one sequence per sample: SFT fits where DPO no longer does

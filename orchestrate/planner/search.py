@@ -390,7 +390,9 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
     if any(method.names_longest_seq_len for method in methods):
-        longest, on = max((_longest_seq_len(shape, hw, c, limits, methods, packing), c.name) for c in fitting + rest)
+        auto_chunks = config.train.loss_chunks == "auto"
+        longest, on = max(_longest_seq_len(shape, hw, c, limits, methods, packing, auto_chunks)
+                          for c in fitting + rest)
         notes.append("the longest train.seq_len that fits: " + (f"{longest} ({on})" if longest else "none (not even 64)"))
     if not fitting:
         return Refusal(config=config, hardware=hw, shape=shape, candidates=rest, notes=notes)
@@ -398,15 +400,22 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
 
 
 def _longest_seq_len(shape: ModelShape, hw: HardwareProfile, best: Candidate, limits: Limits,
-                     methods: list[MethodTerms], packing: SamplePacking | None) -> int:
-    """The longest seq_len (a multiple of 64, up to the model's positions) at which `best`'s strategy
-    fits with the configured placements (auto: chosen again per length); 0: not even 64. Memory grows
-    with seq_len, so a bisection."""
+                     methods: list[MethodTerms], packing: SamplePacking | None,
+                     auto_chunks: bool) -> tuple[int, str]:
+    """(the longest seq_len, a multiple of 64 up to the model's positions, at which `best`'s strategy
+    fits with the configured placements (auto: chosen again per length) and, where auto chunks the
+    loss (`auto_chunks`), the chunk count auto takes at that length; 0: not even 64, the strategy's
+    name there). Memory grows with seq_len, so a bisection."""
+    def strategy_at(seq: int) -> Strategy:
+        if auto_chunks and best.strategy.loss_chunks:
+            return replace(best.strategy, loss_chunks=auto_loss_chunks(seq))
+        return best.strategy
+
     def fits(seq: int) -> bool:
-        return _candidate(shape, hw, best.strategy, seq, best.gradient_accumulation, limits, methods, packing).fits
+        return _candidate(shape, hw, strategy_at(seq), seq, best.gradient_accumulation, limits, methods, packing).fits
 
     low, high = 0, max(1, shape.max_position_embeddings // 64)  # in units of 64 tokens
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(64 * middle) else (low, middle - 1)
-    return 64 * low
+    return 64 * low, strategy_at(64 * max(low, 1)).name

@@ -10,12 +10,17 @@ priced in orchestrate/methods/auxiliary.py; what is the preference method's own 
   no_grad: its logits and their log-softmax, REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB beyond the
   logits, are freed before the model's forward holds any activation, so it adds only what exceeds the
   training step's activations and logits (`reference_forward_excess`; measured: a step's peak with a
-  live reference is the peak with a precomputed one, tests/test_preference_memory.py).
+  live reference is the peak with a precomputed one, tests/test_preference_memory.py). Chunked
+  (train.loss_chunks): one chunk's logits and log-probabilities at a time, plus the final hidden
+  states the chunks read (b x s x h in the compute dtype; the unchunked forward frees them early,
+  left out there as h / V of the logits).
 - precomputed: a first pass before training holds the reference alone and one padded micro-batch's
   logits and temporaries; training reads 2 fp32 log-probabilities per record.
 """
 
 from __future__ import annotations
+
+import math
 
 from orchestrate.methods.auxiliary import AuxiliaryModel
 from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD
@@ -35,10 +40,22 @@ def reference_forward_bytes(tokens: int, vocab: int, compute_bytes: int) -> floa
     return tokens * vocab * (compute_bytes + REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB)
 
 
-def reference_forward_excess(tokens: int, vocab: int, compute_bytes: int, activations_and_logits: float) -> float:
-    """What a live reference's forward over the trained model's `tokens` holds beyond the training
-    step's activations and logits, which do not exist yet while it runs (module doc)."""
-    return max(0.0, reference_forward_bytes(tokens, vocab, compute_bytes) - activations_and_logits)
+def chunked_reference_forward_bytes(shape: ModelShape, rows: int, seq_len: int, chunks: int,
+                                    compute_bytes: int) -> float:
+    """The reference's outputs while its forward runs over `rows` of `seq_len`, its log-probabilities
+    in `chunks` chunks of positions (0: whole): one chunk's, plus the hidden states when chunked."""
+    if not chunks:
+        return reference_forward_bytes(rows * seq_len, shape.vocab_size, compute_bytes)
+    chunk = reference_forward_bytes(rows * math.ceil(seq_len / chunks), shape.vocab_size, compute_bytes)
+    return chunk + rows * seq_len * shape.hidden_size * compute_bytes
+
+
+def reference_forward_excess(shape: ModelShape, rows: int, seq_len: int, chunks: int, compute_bytes: int,
+                             activations_and_logits: float) -> float:
+    """What a live reference's forward over the trained model's `rows` of `seq_len` holds beyond the
+    training step's activations and logits, which do not exist yet while it runs (module doc)."""
+    return max(0.0, chunked_reference_forward_bytes(shape, rows, seq_len, chunks, compute_bytes)
+               - activations_and_logits)
 
 
 def reference_model(shape: ModelShape, placement: str, adapter: bool) -> AuxiliaryModel:

@@ -37,9 +37,11 @@ _WHY = {"adapter": "the base with the adapters disabled: no extra weights",
 
 class PreferenceTerms(MethodTerms):
     """A preference plan: both sequences of every record in the trained model's forward, the reference
-    as an auxiliary model and its forward's peak; the losses take whole logits (never chunked)."""
+    as an auxiliary model and its forward's peak; with train.loss_chunks the model's and a live
+    reference's log-probabilities are computed one chunk of positions at a time (objective.py), so
+    the planner's logits term and the reference's forward price one chunk's logits."""
 
-    chunks_loss = False
+    chunks_loss = True
     names_longest_seq_len = True
 
     def __init__(self, reference: AuxiliaryModel | None, packed: bool) -> None:
@@ -69,9 +71,8 @@ class PreferenceTerms(MethodTerms):
             return {}
         rows, rows_seq = self.forward_rows(strategy, seq_len)
         c = 4 if strategy.precision == "fp32" else 2
-        return {"reference_forward": reference_forward_excess(rows.micro_batch_size * rows_seq,
-                                                              self.reference.shape.vocab_size, c,
-                                                              activations_and_logits)}
+        return {"reference_forward": reference_forward_excess(self.reference.shape, rows.micro_batch_size, rows_seq,
+                                                              strategy.loss_chunks, c, activations_and_logits)}
 
 
 _REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")

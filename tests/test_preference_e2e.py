@@ -2,7 +2,8 @@
 generated pairs (the chosen answer is the word in capitals, the rejected one in small letters):
 DPO raises the reward accuracy from the ties of the first step (the model is its reference: every
 reward 0) to above 0.8 and the held-out pairs' log-prob margin beyond the reference's, under full
-fine-tuning, LoRA and QLoRA; every reference placement this machine can run gives the losses of
+fine-tuning, LoRA and QLoRA, and with the log-probabilities in chunks (train.loss_chunks) as without
+them; every reference placement this machine can run gives the losses of
 `replicated` within 1e-6 (adapter against replicated under LoRA); KTO on the same answers labelled
 rewards the desirable ones above the undesirable; a run resumed from its mid-run
 checkpoint ends bit-identical and reuses its precomputed reference log-probabilities.
@@ -43,6 +44,22 @@ def test_dpo_prefers_the_rule_s_answers_on_held_out_pairs(runs, method):
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):
         assert all(key in r for r in records), key
     assert records[-1]["rewards/chosen"] > records[-1]["rewards/rejected"]
+
+
+def test_chunked_log_probabilities_learn_with_the_unchunked_run_s_losses(runs):
+    """LoRA with train.loss_chunks pinned to 2: the model's log-probabilities under checkpoint and the
+    adapter reference's under no_grad, chunk by chunk. The frozen LM head has no gradient to sum over
+    chunks, and each position's logits and hidden-state gradient are the same rows of the same matmul,
+    so the run is the unchunked one's bit for bit (tests/test_preference_chunks.py: 1e-6 on a step)."""
+    whole, chunked = runs("lora", "lora"), runs("lora-chunked", "lora", train={"loss_chunks": 2})
+    for run_dir, chunks in ((whole, 0), (chunked, 2)):
+        plan = json.loads((run_dir / "plan.json").read_text())
+        assert next(c for c in plan["candidates"] if c["name"] == plan["chosen"])["strategy"]["loss_chunks"] == chunks
+    records = _metrics(chunked)
+    assert sum(r["rewards/accuracies"] for r in records[-10:]) / 10 > 0.8  # learns as the unchunked run
+    assert _losses(chunked) == _losses(whole)
+    assert [r["rewards/margins"] for r in records] == [r["rewards/margins"] for r in _metrics(whole)]
+    assert records[-1]["eval_loss"] == _metrics(whole)[-1]["eval_loss"]
 
 
 def test_kto_rewards_the_desirable_answers_above_the_undesirable_ones(runs):

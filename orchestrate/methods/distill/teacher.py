@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.config.model import ModelSection
 from orchestrate.errors import Problem, UserError
+from orchestrate.model.meta import shape_for
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
@@ -43,8 +45,6 @@ def frozen_model_shape(config: RunConfig, trained: ModelShape, path: Path, where
     """The shape of a frozen model a method runs beside the trained one (distillation's teacher, a
     preference reference) at `path` (YAML `where`); UserError listing every problem: no such directory,
     a vocabulary or tokenizer that differs from the trained model's (`fix_same`: how to make them one)."""
-    from orchestrate.model.meta import shape_for
-
     if not (path / "config.json").is_file():
         raise UserError(f"the {role} is not a model directory", [Problem(
             where, f"{path} has no config.json",
@@ -61,8 +61,6 @@ def frozen_model_shape(config: RunConfig, trained: ModelShape, path: Path, where
 
 
 def _as_model(config: RunConfig, path: Path) -> RunConfig:
-    from orchestrate.config.model import ModelSection
-
     model = ModelSection(name_or_path=str(path), task=config.model.task,
                          trust_remote_code=config.model.trust_remote_code)
     return config.model_copy(update={"model": model})

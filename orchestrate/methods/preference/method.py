@@ -20,6 +20,7 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.methods.auxiliary import AuxiliaryModel
+from orchestrate.methods.distill.teacher import frozen_model_shape
 from orchestrate.methods.preference.config import REFERENCE_FREE, SEQUENCES_PER_RECORD
 from orchestrate.methods.preference.memory import REFERENCE, reference_forward_excess, reference_model
 from orchestrate.methods.spec import Method, MethodTerms
@@ -87,8 +88,6 @@ class Preference(Method):
     def auxiliary_shapes(self, config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
         """The reference's shape: preference.reference's (same tokenizer and vocabulary, checked), or
         the model's own (its initial weights); none for orpo."""
-        from orchestrate.methods.distill.teacher import frozen_model_shape
-
         section, problems = config.preference, _config_problems(config)
         found = {}
         if section.loss not in REFERENCE_FREE:

@@ -202,7 +202,8 @@ SLOW_LIBRARIES = (
     # Seconds or tenths of one to import (`python -X importtime`, min of 3 on the 2-core dev machine):
     # datasets 1.4 s, matplotlib 1.0 s, fabric 0.5 s, pyarrow 0.24 s, paramiko 0.28 s, tqdm.auto 0.28 s,
     # numpy 0.13 s, huggingface_hub.errors 0.12 s, against ~1 s for all of `orchestrate plan`.
-    "datasets", "pyarrow", "matplotlib", "numpy", "fabric", "paramiko", "tqdm", "huggingface_hub")
+    "datasets", "pyarrow", "matplotlib", "numpy", "fabric", "paramiko", "tqdm", "huggingface_hub",
+    "tokenizers")  # 15 ms, but `launch --dry-run` is held free of it (tests/helpers/imports.py)
 """A module importing one of these at its top level (or through its own top-level imports) is slow,
 and may be imported inside the function that needs it: that is what keeps `orchestrate plan`, the CLI
 and `import orchestrate.api` light. Every other import sits at the top of its file."""

@@ -31,11 +31,11 @@ import signal
 import sys
 from pathlib import Path
 
-import orchestrate.agent.torchrun  # noqa: F401
 from orchestrate.agent.torchrun import run_torchrun, stopped
 from orchestrate.config.load import config_from_dict
 from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
-from orchestrate.worker.forked import BOARD, import_worker_modules
+from orchestrate.worker import forked
+from orchestrate.worker.forked import import_worker_modules
 from orchestrate.worker.orphans import guard_parent
 from orchestrate.worker.preload import import_model_code
 
@@ -83,10 +83,10 @@ class _Stops:
         if self.armed:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
-            if BOARD is not None:
-                if BOARD.all_done:  # after the last step: torchrun collects the finished ranks, exit 0
+            if forked.BOARD is not None:
+                if forked.BOARD.all_done:  # after the last step: torchrun collects the finished ranks, exit 0
                     return
-                BOARD.stopping()  # ranks that finish from now on leave at once (worker/forked.py)
+                forked.BOARD.stopping()  # ranks that finish from now on leave at once (worker/forked.py)
             raise SignalException(f"Process {os.getpid()} got signal: {self.first}", sigval=self.first)
 
     def arm(self) -> None:

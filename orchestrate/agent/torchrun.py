@@ -12,7 +12,8 @@ from pathlib import Path
 
 from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, OOM_DIR, WORKER_MODULE
-from orchestrate.worker.forked import BOARD, RankBoard, share_board
+from orchestrate.worker import forked
+from orchestrate.worker.forked import RankBoard, share_board
 from orchestrate.worker.forked import run as run_worker
 
 
@@ -37,8 +38,8 @@ def _failure_told(rank: int, failure, run_dir: Path) -> tuple[str, int]:
     contact with a dead peer (EX_PEER_LOST) is not the one to blame: the board of forked ranks
     (worker/forked.py) names the rank that failed on its own, or the one that died without a word."""
     code = failure.exitcode
-    if BOARD is not None and code == EX_PEER_LOST:
-        own, silent = BOARD.ranks_in(RankBoard.FAILED), BOARD.ranks_in(RankBoard.RUNNING)
+    if forked.BOARD is not None and code == EX_PEER_LOST:
+        own, silent = forked.BOARD.ranks_in(RankBoard.FAILED), forked.BOARD.ranks_in(RankBoard.RUNNING)
         if own or silent:
             what = "failed" if own else "died without an error of its own (killed by a signal: kill -9, or the out-of-memory killer)"
             return (f"worker rank {(own or silent)[0]} {what}; rank {rank} then lost contact with it; the ranks' "
@@ -81,7 +82,7 @@ def run_torchrun(argv: list[str], run_dir: Path, say: Callable[[str], None], for
         say(told)
         return code
     except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
-        if BOARD is not None and BOARD.all_done:  # the signal came after the last step: nothing to resume
+        if forked.BOARD is not None and forked.BOARD.all_done:  # the signal came after the last step: nothing to resume
             say(f"the run had finished when {exc.sigval.name} came: nothing to resume ({run_dir})")
             return 0
         # A stop signal at any point (even before step 1) means: checkpoint if possible, requeue.

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-import tokenizers
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.custom.module import TRUST_SWITCH
@@ -189,13 +188,14 @@ def byte_tokenizer_fast():
     value, and no merges then gives id == byte. `use_regex=False`: no word splitting, which
     would not change the ids but costs time. The end-of-document token is added at id 256;
     `split_special_tokens`: the text "<|endoftext|>" encodes as its 13 bytes, as `ByteTokenizer` does."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     alphabet = _bytes_to_unicode()
     vocab = {alphabet[b]: b for b in range(256)}
-    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE(vocab=vocab, merges=[]))
-    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([BYTE_EOS_TOKEN])
     assert tokenizer.token_to_id(BYTE_EOS_TOKEN) == BYTE_EOS  # internal invariant: appended after the bytes
     return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=BYTE_EOS_TOKEN, bos_token=BYTE_EOS_TOKEN,

@@ -138,3 +138,35 @@ def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path
     result = start(written.plan, written.run_dir, NoRun())
     assert result.exit_code == EX_TEMPFAIL and "SIGTERM" in result.messages[-1]
     assert signal.getsignal(signal.SIGTERM) is before  # put back
+
+
+def test_data_progress_bars_show_on_a_terminal_only(monkeypatch, tmp_path: Path):
+    """In a pipe, a CI log or a SLURM output file every redraw of a bar is one more line of noise."""
+    import io
+
+    from rich.console import Console
+
+    from orchestrate import api
+    from orchestrate.config.load import load_config
+    from orchestrate.data import pipeline
+    from orchestrate.launch.session import start
+    from orchestrate.transports.local.transport import LocalTorchrun
+    from tests.helpers.plans import cpu_hardware
+
+    asked = []
+
+    def tokenising(plan, run_dir, progress, **_checks):
+        asked.append(progress)
+        return "data: tokenised"
+
+    class NoRun(LocalTorchrun):
+        def run(self, *args, **kwargs):
+            return 0
+
+    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt2.yaml",
+                         [f"train.output_dir={tmp_path}"])
+    monkeypatch.setattr(pipeline, "prepare_for_plan", tokenising)
+    for name, console in (("pipe", Console(file=io.StringIO())), ("tty", Console(file=io.StringIO(), force_terminal=True))):
+        written = api.launch(api.launch_request(config, cpu_hardware(2), run_dir=tmp_path / name, dry_run=True))
+        start(written.plan, written.run_dir, NoRun(), console=console)
+    assert asked == [False, True]

@@ -266,8 +266,9 @@ def test_two_node_slurm_job_trains_the_tiny_model(trained_on_slurm):
     assert (job.info["JobState"], job.info["ExitCode"]) == ("COMPLETED", "0:0"), job.output
     assert [r["step"] for r in _metrics(job.run)] == list(range(1, SLURM_STEPS + 1))
     assert (job.run / "model" / "config.json").is_file()
-    # One torchrun per node (srun --label: "0:" and "1:"), four ranks in all.
-    assert "on 4 rank(s)" in job.output and re.search(r"(?m)^1: ", job.output), job.output
+    # One torchrun per node, four ranks in all. Output comes from global rank 0 only, and c10d may
+    # place it on either node, so the srun label may be "0:" or "1:"; the log directories show both.
+    assert "on 4 rank(s)" in job.output and re.search(r"(?m)^[01]: ", job.output), job.output
     per_node = {p.parent.parent.parent.name for p in (job.run / "logs").rglob("stdout.log")}
     assert len(list((job.run / "logs").rglob("stdout.log"))) == 4 and len(per_node) == 2
 
@@ -339,9 +340,9 @@ def test_launch_inside_an_allocation_trains_on_every_node(tmp_path, monkeypatch)
     assert re.search(r"SLURM job \d+: launching on its 2 node\(s\) with srun", output), output
     assert "srun --nodes=2" in (run / "launch.sh").read_text()
     assert [r["step"] for r in _metrics(run)] == [1, 2] and (run / "model" / "config.json").is_file()
-    assert "on 2 rank(s)" in output and re.search(r"(?m)^0: ", output), output
-    # Node 1's rank prints nothing of its own (rank 0 reports; the library noise is gone), so its part
-    # shows in the logs: one torchrun per node, each its own log directory.
+    assert "on 2 rank(s)" in output and re.search(r"(?m)^[01]: ", output), output
+    # Only global rank 0 reports, and c10d may place it on either node (srun label "0:" or "1:"), so
+    # both nodes' parts show in the logs: one torchrun per node, each its own log directory.
     logs = list((run / "logs").rglob("stdout.log"))
     assert len(logs) == 2 and len({p.parent.parent.parent.name for p in logs}) == 2, logs
 
@@ -394,9 +395,8 @@ def test_ssh_launch_trains_on_two_hosts(sshd, run_dir):
     assert result.exit_code == 0, text
     assert [r["step"] for r in _metrics(run_dir)] == [1, 2, 3, 4] and (run_dir / "model" / "config.json").is_file()
     assert re.search(r"(?m)^\[orch-[ab]:[01]\] training .* on 4 rank\(s\)", text), text
-    assert re.search(r"(?m)^\[orch-a:0\] ", text), text
     # One torchrun per host, each with its own two local ranks: c10d gave them distinct node ranks
-    # (host b's ranks print nothing of their own: rank 0 reports).
+    # (only global rank 0 reports, on whichever host c10d made node 0, so the logs show both).
     logs = list((run_dir / "logs").rglob("stdout.log"))
     assert len(logs) == 4 and len({p.parent.parent.parent.name for p in logs}) == 2
     assert _processes_with(str(run_dir)) == []

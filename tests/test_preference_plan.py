@@ -155,3 +155,24 @@ def test_a_resume_with_another_preference_loss_or_reference_is_refused():
     now = _config({"method": "full", "seq_len": 32}, {"loss": "ipo", "beta": 0.2}, TINY_GPT2)
     applied, problems = config_changes(then, now)
     assert not applied and sorted(p.where for p in problems) == ["preference.beta", "preference.loss"]
+
+
+def test_the_method_names_its_metrics_for_trackers_and_sums_its_rewards_for_the_report():
+    """The rewards reach TensorBoard/wandb/MLflow tags and `orchestrate report` through the method's own
+    hooks (metric_keys, run_summary), not through preference code in worker/ or report/."""
+    from types import SimpleNamespace
+
+    from orchestrate.worker.scalars import step_scalars
+
+    dpo, plain = _config({"method": "full", "seq_len": 64}, {"loss": "dpo"}), _config({"method": "full", "seq_len": 64})
+    first = {"step": 1, "loss": 0.69, "rewards/chosen": 0.0, "rewards/margins": 0.0, "rewards/accuracies": 0.0}
+    last = {"step": 9, "loss": 0.2, "rewards/chosen": 1.5, "rewards/margins": 2.25, "rewards/accuracies": 1.0,
+            "eval_loss": 0.3, "eval_rewards/margins": 1.75, "eval_rewards/accuracies": 0.9, "logps/chosen": -3.0}
+    scalars = step_scalars(last, SimpleNamespace(config=dpo))
+    assert scalars["train/rewards/margins"] == 2.25 and scalars["eval/rewards/accuracies"] == 0.9
+    assert scalars["train/logps/chosen"] == -3.0 and scalars["eval/loss"] == 0.3
+    assert not [tag for tag in step_scalars(last, SimpleNamespace(config=plain)) if "rewards" in tag or "logps" in tag]
+    assert PREFERENCE.run_summary(dpo, [first, last]) == [
+        "- rewards (dpo): chosen 0.0000 -> 1.5000; margins 0.0000 -> 2.2500; accuracies 0.0000 -> 1.0000",
+        "- held-out rewards at step 9: margins 1.7500; accuracies 0.9000"]
+    assert PREFERENCE.run_summary(dpo, [{"step": 1, "loss": 1.0}]) == []

@@ -26,7 +26,14 @@ from orchestrate.transports.slurm.cluster import (
     parse_scontrol_record,
     srun_argv_in_allocation,
 )
-from orchestrate.transports.slurm.job import SlurmJob, parse_time_limit, render_sbatch, validate_job
+from orchestrate.transports.slurm.job import (
+    SlurmJob,
+    parse_time_limit,
+    render_sbatch,
+    validate_job,
+    without_teed_prefix_after_label,
+)
+from orchestrate.transports.slurm.transport import _run_srun
 from tests.daemons import require_slurm, wait_job
 
 GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
@@ -175,6 +182,29 @@ def test_srun_inside_an_allocation_targets_the_head_node_address(monkeypatch):
     assert "--rdzv-endpoint=10.0.0.1:20001" in argv and "--rdzv-id=20001" in argv and "--nnodes=2" in argv
     assert argv[-3:] == ["-m", "orchestrate.worker", "/runs/cpu/plan.json"]
 
+
+
+@pytest.mark.parametrize(("line", "shown"), [
+    ("0: [default0]:step 1/4 loss 2.31\n", "0: step 1/4 loss 2.31\n"),
+    (" 3: [default0]:done\n", " 3: done\n"),                  # srun pads labels to the widest task number
+    ("12: [default0]:[default0]:x\n", "12: [default0]:x\n"),  # only torchrun's own prefix goes
+    ("1: srun: error: node2: task 1: Exited\n", "1: srun: error: node2: task 1: Exited\n"),
+    ("[default0]:no label\n", "[default0]:no label\n"),      # not srun's step output: left as it is
+    ("0: [default1]:another local rank\n", "0: [default1]:another local rank\n"),
+])
+def test_srun_lines_keep_the_node_label_and_lose_torchrun_s_prefix(line, shown):
+    assert without_teed_prefix_after_label(line) == shown
+
+
+def test_srun_inside_an_allocation_shows_its_output_without_torchrun_s_prefix(capfd):
+    """_run_srun relays srun's stdout and stderr through the same filter (a stand-in prints srun's lines)."""
+    stand_in = [sys.executable, "-c", "import sys; print('0: [default0]:step 1/4'); "
+                "print('1: [default0]:oops', file=sys.stderr); sys.exit(3)"]
+    said = []
+    assert _run_srun(stand_in, {}, 5.0, said.append) == 3
+    out, err = capfd.readouterr()
+    assert (out, err) == ("0: step 1/4\n", "1: oops\n")
+    assert said and "srun exited with code 3" in said[0]
 
 # --- Real cluster ---------------------------------------------------------------------------------
 

@@ -15,16 +15,22 @@ the training loss covers (`train_on_inputs`, `roles_to_train`): comparable betwe
 
 Samples longer than seq_len follow `data.truncation` before either (`kept_samples`): cut to their
 first seq_len tokens (and dropped when that leaves nothing to train), dropped, or an error.
+
+The rules every view over a cache entry's samples follows are here once, for these and for the
+preference records built on them (orchestrate/methods/preference/samples.py): the truncation policy
+over a document's sequences (`apply_truncation`), the labels (`labels_of`), a view's length and shape
+(`SampleView`), the held-out split (`held_out_views`) and the data summary's frame (`summary`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 
-from orchestrate.data.blocks import IGNORE_INDEX
+from orchestrate.data.blocks import IGNORE_INDEX, split_ids
 from orchestrate.data.cache import TokenStream
 from orchestrate.data.packing import Blocks, best_fit_decreasing
 from orchestrate.data.sft_prepare import ANSWER, MASK_FILE, TRAINED
@@ -44,11 +50,28 @@ def read_mask(stream: TokenStream) -> np.ndarray:
     return np.memmap(path, dtype=np.uint8, mode="r", shape=(len(stream.tokens),))
 
 
+class Kept(Protocol):
+    """What the truncation policy kept of a stream: `KeptSamples`, or a method's records built on them
+    (orchestrate/methods/preference/samples.py `KeptRecords`)."""
+
+    docs: np.ndarray
+    """Their documents in the stream."""
+    truncated: int
+    dropped: int
+
+    def subset(self, positions: np.ndarray) -> Kept: ...
+
+
+K = TypeVar("K", bound=Kept)
+V = TypeVar("V")
+
+
 @dataclass(frozen=True)
 class KeptSamples:
     """The samples of a stream that train, after the truncation policy."""
 
-    ids: np.ndarray
+    docs: np.ndarray
+    """Their documents in the stream."""
     lengths: np.ndarray
     """Tokens each keeps (at most seq_len)."""
     truncated: int
@@ -56,48 +79,95 @@ class KeptSamples:
     """Dropped by `drop`, or by `truncate` when the first seq_len tokens train nothing."""
 
     def subset(self, positions: np.ndarray) -> KeptSamples:
-        return KeptSamples(self.ids[positions], self.lengths[positions], self.truncated, self.dropped)
+        return KeptSamples(self.docs[positions], self.lengths[positions], self.truncated, self.dropped)
+
+
+def apply_truncation(stream: TokenStream, mask: np.ndarray, sides: np.ndarray, seq_len: int, policy: str,
+                     too_long: Callable[[np.ndarray], UserError]) -> tuple[np.ndarray, int, int]:
+    """(the documents kept, truncated, dropped) under `data.truncation`, for a stream whose document d
+    holds sequences of sides[d] tokens one after the other (a sample: one; a preference pair: its
+    chosen, then its rejected). A document is long when a sequence is longer than seq_len: error
+    raises `too_long(the long documents)`; drop drops it; truncate cuts every sequence at seq_len and
+    drops the document when one of them keeps no trained token (nothing left to learn or compare)."""
+    long = np.flatnonzero(sides.max(axis=1) > seq_len)
+    if len(long) and policy == "error":
+        raise too_long(long)
+    drop = np.zeros(len(sides), dtype=bool)
+    if policy == "drop":
+        drop[long] = True
+    else:
+        for d in long.tolist():
+            begin = int(stream.offsets[d])
+            for length in sides[d].tolist():
+                drop[d] |= not (np.asarray(mask[begin: begin + min(seq_len, length)]) & TRAINED).any()
+                begin += length
+    keep = np.flatnonzero(~drop)
+    return keep, 0 if policy == "drop" else len(long) - int(drop.sum()), int(drop.sum())
+
+
+def labels_of(ids: np.ndarray, bits: np.ndarray, labelled: int = TRAINED) -> np.ndarray:
+    """A sequence's labels: the token where its mask bits have `labelled`, else -100; the first always
+    -100, so in a packed block no sequence learns from the one before it."""
+    labels = np.where(bits & labelled, ids, IGNORE_INDEX)
+    labels[0] = IGNORE_INDEX
+    return labels
 
 
 def kept_samples(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: str, where: str) -> KeptSamples:
     lengths = np.diff(np.asarray(stream.offsets)).astype(np.int64)
-    long = np.flatnonzero(lengths > seq_len)
-    if len(long) and policy == "error":
+
+    def too_long(long: np.ndarray) -> UserError:
         first = int(long[0])
-        raise UserError(f"{len(long)} sample(s) are longer than train.seq_len {seq_len}", [Problem(
+        return UserError(f"{len(long)} sample(s) are longer than train.seq_len {seq_len}", [Problem(
             "data.truncation", f"sample {first} of {where} has {lengths[first]} tokens (and {len(long) - 1} more are too "
             "long)", f"raise train.seq_len, or set data.truncation: truncate (cut to {seq_len}) or drop")])
-    drop = np.zeros(len(lengths), dtype=bool)
-    if policy == "drop":
-        drop[long] = True
-    else:  # truncate: a sample whose first seq_len tokens train nothing has nothing left to learn
-        for d in long.tolist():
-            start = int(stream.offsets[d])
-            drop[d] = not (np.asarray(mask[start: start + seq_len]) & TRAINED).any()
-    keep = np.flatnonzero(~drop)
-    return KeptSamples(keep, np.minimum(lengths[keep], seq_len), 0 if policy == "drop" else len(long) - int(drop.sum()),
-                       int(drop.sum()))
+
+    keep, truncated, dropped = apply_truncation(stream, mask, lengths[:, None], seq_len, policy, too_long)
+    return KeptSamples(keep, np.minimum(lengths[keep], seq_len), truncated, dropped)
 
 
-class _Samples:
-    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int, labelled: int = TRAINED):
-        self.seq_len, self.kept, self.labelled = seq_len, kept, labelled
+class SampleView:
+    """A view over a cache entry's kept samples (or records): `kept` (with `docs`, their documents)
+    of `stream`, read through its loss mask. Padded, one per row of seq_len; packed, whole ones in
+    `blocks`, whose capacity is a row."""
+
+    blocks: Blocks | None = None
+
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: Kept, seq_len: int):
+        self.stream, self.seq_len, self.kept = stream, seq_len, kept
         self._tokens, self._mask, self._offsets = stream.tokens, mask, stream.offsets
         self._pad = int(stream.meta["eos_id"])
 
+    @property
+    def samples(self) -> int:
+        return len(self.kept.docs)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        if self.blocks is None:
+            return (self.samples, self.seq_len)
+        return (len(self.blocks), self.blocks.capacity)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+
+class _Samples(SampleView):
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int, labelled: int = TRAINED):
+        super().__init__(stream, mask, kept, seq_len)
+        self.labelled = labelled
+
     def _sample(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, labels) of kept sample k."""
-        start = int(self._offsets[self.kept.ids[k]])
+        start = int(self._offsets[self.kept.docs[k]])
         end = start + int(self.kept.lengths[k])
         ids = np.asarray(self._tokens[start:end], dtype=np.int64)
-        labels = np.where(np.asarray(self._mask[start:end]) & self.labelled, ids, IGNORE_INDEX)
-        labels[0] = IGNORE_INDEX
-        return ids, labels
+        return ids, labels_of(ids, np.asarray(self._mask[start:end]), self.labelled)
 
     def prompt_and_answer(self, k: int) -> tuple[list[int], list[int]] | None:
         """Kept sample k cut before its last answer: the prompt a model answers, and the answer (None
         when the sample has no answer, or none that starts after a prompt)."""
-        start = int(self._offsets[self.kept.ids[k]])
+        start = int(self._offsets[self.kept.docs[k]])
         answer = (np.asarray(self._mask[start: start + int(self.kept.lengths[k])]) & ANSWER) > 0
         if not answer.any():
             return None
@@ -108,10 +178,6 @@ class _Samples:
             first -= 1
         return (ids[:first], ids[first: last + 1]) if first > 0 else None
 
-    @property
-    def samples(self) -> int:
-        return len(self.kept.ids)
-
 
 class PackedSamples(_Samples):
     def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptSamples, seq_len: int, labelled: int = TRAINED,
@@ -119,13 +185,6 @@ class PackedSamples(_Samples):
         super().__init__(stream, mask, kept, seq_len, labelled)
         self.blocks: Blocks = best_fit_decreasing(kept.lengths, seq_len)
         self.flatten = flatten
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (len(self.blocks), self.seq_len)
-
-    def __len__(self) -> int:
-        return len(self.blocks)
 
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
@@ -143,17 +202,15 @@ class PackedSamples(_Samples):
                 at += n
             pos[row, at:] = np.arange(self.seq_len - at)  # the padding: a segment of its own, never a target
         out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels), "position_ids": torch.from_numpy(pos)}
-        return {k: v.reshape(1, -1) for k, v in out.items()} if self.flatten else out
+        return flattened(out) if self.flatten else out
+
+
+def flattened(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A packed micro-batch as one row, as flash-attention's varlen path takes packed position ids."""
+    return {k: v.reshape(1, -1) for k, v in batch.items()}
 
 
 class PaddedSamples(_Samples):
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.samples, self.seq_len)
-
-    def __len__(self) -> int:
-        return self.samples
-
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
 
@@ -172,14 +229,30 @@ class PaddedSamples(_Samples):
 SftSamples = PackedSamples | PaddedSamples
 
 
+def held_out_views(train: TokenStream, validation: TokenStream | None, config,
+                   kept_of: Callable[[TokenStream, str], K], view: Callable[[TokenStream, K, bool], V]) -> tuple[V, V]:
+    """(train, validation) views: validation data's (in the training data's record format), else whole
+    kept samples held out of the training data by `validation_ratio`. `kept_of(stream, where)`: the
+    truncation policy's; `view(stream, kept, validating)`: packed or padded."""
+    kept = kept_of(train, "the training data")
+    if validation is not None:
+        if validation.meta.get("record_format") != train.meta.get("record_format"):
+            raise UserError("the validation data is in another record format", [Problem(
+                "data.validation_files", f"{validation.meta.get('record_format')} records, the training data has "
+                f"{train.meta.get('record_format')}", "validate on records of the training data's format")])
+        return view(train, kept, False), view(validation, kept_of(validation, "the validation data"), True)
+    held = split_ids(len(kept.docs), config.data.validation_ratio, config.train.seed)
+    rest = np.setdiff1d(np.arange(len(kept.docs)), held)
+    return view(train, kept.subset(rest), False), view(train, kept.subset(held), True)
+
+
 def sft_views(train: TokenStream, validation: TokenStream | None, config, flatten: bool) -> tuple[SftSamples, SftSamples]:
     """(train, validation) views of chat / instruction streams: the truncation policy, then whole samples
     held out by `validation_ratio` (when no validation data is given), then packed or padded."""
-    from orchestrate.data.blocks import split_ids
-
     seq_len, data = config.train.seq_len, config.data
 
-    def view(stream: TokenStream, kept: KeptSamples, labelled: int = TRAINED) -> SftSamples:
+    def view(stream: TokenStream, kept: KeptSamples, validating: bool) -> SftSamples:
+        labelled = ANSWER if validating else TRAINED
         if data.packing:
             return PackedSamples(stream, read_mask(stream), kept, seq_len, labelled, flatten)
         return PaddedSamples(stream, read_mask(stream), kept, seq_len, labelled)
@@ -187,36 +260,43 @@ def sft_views(train: TokenStream, validation: TokenStream | None, config, flatte
     def kept_of(stream: TokenStream, where: str) -> KeptSamples:
         return kept_samples(stream, read_mask(stream), seq_len, data.truncation, where)
 
-    kept = kept_of(train, "the training data")
-    if validation is not None:
-        if validation.meta.get("record_format") != train.meta.get("record_format"):
-            raise UserError("the validation data is in another record format", [Problem(
-                "data.validation_files", f"{validation.meta.get('record_format')} records, the training data has "
-                f"{train.meta.get('record_format')}", "validate on records of the training data's format")])
-        return view(train, kept), view(validation, kept_of(validation, "the validation data"), ANSWER)
-    held = split_ids(len(kept.ids), data.validation_ratio, config.train.seed)
-    rest = np.setdiff1d(np.arange(len(kept.ids)), held)
-    return view(train, kept.subset(rest)), view(train, kept.subset(held), ANSWER)
+    return held_out_views(train, validation, config, kept_of, view)
+
+
+def summary(stream: TokenStream, tokenized: list[str], seconds: float, noun: str, split: str,
+            counts: list[tuple[int, str]]) -> str:
+    """The data summary of chat-path records: where they came from, what they are, `split` (the line
+    on the train and validation views), the `counts` of `noun` that are not nonzero, and the cache."""
+    meta = stream.meta
+    how = f"tokenised {' and '.join(tokenized)} in {seconds:.1f} s" if tokenized else f"cache hit ({seconds:.2f} s)"
+    template = f", chat template: {meta['template_origin']}" if meta.get("template_origin") else ""
+    text = (f"data: {how}: {meta['record_format']} records, {int(meta['tokens']):,} tokens in {stream.num_documents:,} "
+            f"{noun}; loss on {meta['mask_method']}{template}\n  {split}")
+    notes = [f"{n:,} {what}" for n, what in counts if n]
+    return text + (f"\n  {noun}: {'; '.join(notes)}" if notes else "") + f"\n  cache: {stream.directory}"
+
+
+def truncation_counts(meta: dict, kept: Kept, config, untrained: str, cut_empty: str) -> list[tuple[int, str]]:
+    """The summary's counts of what did not train whole: dropped when tokenised (`untrained`: why), cut
+    to seq_len, dropped by the policy (truncate: `cut_empty`, what the cut left)."""
+    seq_len = config.train.seq_len
+    return [(meta.get("dropped_untrained", 0), f"dropped when tokenised: {untrained}"),
+            (kept.truncated, f"cut to seq_len {seq_len}"),
+            (kept.dropped, f"dropped: longer than seq_len {seq_len} (drop)" if config.data.truncation == "drop"
+             else f"dropped: {cut_empty}")]
 
 
 def describe_sft(stream: TokenStream, train: SftSamples, validation: SftSamples, config, tokenized: list[str],
                  seconds: float) -> str:
     """The data summary of chat / instruction records: format, how the loss mask was found, the samples,
     blocks and packing efficiency, and every sample truncated or dropped."""
-    meta, seq_len = stream.meta, config.train.seq_len
-    how = f"tokenised {' and '.join(tokenized)} in {seconds:.1f} s" if tokenized else f"cache hit ({seconds:.2f} s)"
-    template = f", chat template: {meta['template_origin']}" if meta.get("template_origin") else ""
-    text = (f"data: {how}: {meta['record_format']} records, {int(meta['tokens']):,} tokens in {stream.num_documents:,} "
-            f"samples; loss on {meta['mask_method']}{template}")
+    seq_len = config.train.seq_len
     if isinstance(train, PackedSamples):
-        text += (f"\n  {train.samples:,} train samples in {len(train):,} blocks of {seq_len} (packing efficiency "
+        split = (f"{train.samples:,} train samples in {len(train):,} blocks of {seq_len} (packing efficiency "
                  f"{100 * train.blocks.efficiency:.1f} %) / {validation.samples:,} validation samples in "
                  f"{len(validation):,} blocks")
     else:
-        text += f"\n  {train.samples:,} train / {validation.samples:,} validation samples, padded to {seq_len}"
-    counts = [(meta.get("dropped_untrained", 0), "dropped when tokenised: no trained token"),
-              (train.kept.truncated, f"cut to seq_len {seq_len}"),
-              (train.kept.dropped, f"dropped: longer than seq_len {seq_len} ({config.data.truncation})" if
-               config.data.truncation == "drop" else f"dropped: nothing to train in their first {seq_len} tokens")]
-    notes = [f"{n:,} {what}" for n, what in counts if n]
-    return text + (f"\n  samples: {'; '.join(notes)}" if notes else "") + f"\n  cache: {stream.directory}"
+        split = f"{train.samples:,} train / {validation.samples:,} validation samples, padded to {seq_len}"
+    counts = truncation_counts(stream.meta, train.kept, config, "no trained token",
+                               f"nothing to train in their first {seq_len} tokens")
+    return summary(stream, tokenized, seconds, "samples", split, counts)

@@ -132,6 +132,11 @@ class LaunchResult:
     """None for a dry run."""
 
 
+def shows_progress(console: Console | None) -> bool:
+    """Progress bars only on a terminal: in a pipe, a CI log or a SLURM output file each redraw is a line."""
+    return console is not None and console.is_terminal
+
+
 def say(console: Console | None, messages: list[str], text: str) -> None:
     """Record `text` in `messages` and print it verbatim (no markup, long lines unbroken so
     commands stay copyable) on `console`."""
@@ -258,7 +263,7 @@ def start(plan: RunPlan, run_dir: Path, transport: Transport, max_restarts: int 
 
                 # Tokenise once, here, into the shared cache: the workers (on every node) then only map
                 # it (no race between nodes, no collective timeout while a large corpus is tokenised).
-                tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
+                tell(prepare_for_plan(plan, run_dir, progress=shows_progress(console), resumed=resumed_data(run_dir)))
     except UserError:
         if fresh:
             shutil.rmtree(run_dir, ignore_errors=True)

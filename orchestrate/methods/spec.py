@@ -207,3 +207,11 @@ class Method:
     def report(self, plan: RunPlan | Any) -> tuple[list[str], dict[str, Any]]:
         """What `orchestrate plan` prints about it (lines) and adds to --json (keys)."""
         return [], {}
+
+    metric_keys: ClassVar[tuple[str, ...]] = ()
+    """The prefixes of the metrics.jsonl keys its step callback adds: trackers log `key` as train/<key>
+    and `eval_<key>` as eval/<key> (worker/scalars.py)."""
+
+    def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
+        """Its lines in `orchestrate report`'s summary of a finished run (report/summary.py)."""
+        return []

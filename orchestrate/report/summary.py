@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.registry import active_methods
 from orchestrate.report.plots import FIGURES
 from orchestrate.report.runs import Run, load_run
 from orchestrate.report.verdict import memory_verdict
@@ -66,30 +67,12 @@ def _run_section(run: Run) -> list[str]:
              f"- steps: {run.records[0]['step']}-{last['step']}; loss {run.records[0]['loss']:.4f} -> {last['loss']:.4f}"
              + (f"; eval loss {evals[0]:.4f} -> {evals[-1]:.4f}" if evals else ""),
              ]
-    lines += _preference_lines(run)
+    for method in active_methods(plan.config):
+        lines += method.run_summary(plan.config, run.records)
     if tps:
         # The first step includes warm-up (allocation, kernel selection); the median is the steady rate.
         lines.append(f"- measured tokens/s (all ranks): median {sorted(tps)[len(tps) // 2]:,.0f}")
     lines += ["", "```", memory_verdict(run.records, plan).text(), "```", ""]
-    return lines
-
-
-_PREFERENCE_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
-
-
-def _preference_lines(run: Run) -> list[str]:
-    """A preference run's rewards (orchestrate/methods/preference/callback.py): first step -> last, and
-    the held-out ones of the last evaluation."""
-    first, last = run.records[0], run.records[-1]
-    if "rewards/margins" not in last:
-        return []
-    train = "; ".join(f"{k.split('/')[1]} {first[k]:.4f} -> {last[k]:.4f}" for k in _PREFERENCE_KEYS if k in last)
-    lines = [f"- rewards ({run.plan.config.preference.loss}): {train}"]
-    evaluated = [r for r in run.records if r.get("eval_rewards/margins") is not None]
-    if evaluated:
-        final = evaluated[-1]
-        held = "; ".join(f"{k.split('/')[1]} {final['eval_' + k]:.4f}" for k in _PREFERENCE_KEYS if f"eval_{k}" in final)
-        lines.append(f"- held-out rewards at step {final['step']}: {held}")
     return lines
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.methods.registry import active_methods
 from orchestrate.report.mfu import utilisation
 
 if TYPE_CHECKING:
@@ -34,15 +35,13 @@ _DIRECT = {
 }
 
 
-_PREFIXED = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
-"""Preference metrics (orchestrate/methods/preference/callback.py): train/<key>, and eval/<key> of eval_<key>."""
-
-
 def step_scalars(record: dict[str, Any], plan: RunPlan) -> dict[str, float]:
     out = {tag: float(record[key]) for key, tag in _DIRECT.items() if record.get(key) is not None}
+    # The training methods' own metrics (a preference method's rewards): train/<key>, eval/<key> of eval_<key>.
+    prefixes = tuple(prefix for method in active_methods(plan.config) for prefix in method.metric_keys)
     for key, value in record.items():
         name = key.removeprefix("eval_")
-        if name.startswith(_PREFIXED) and isinstance(value, int | float):
+        if prefixes and name.startswith(prefixes) and isinstance(value, int | float):
             out[f"{'eval' if key.startswith('eval_') else 'train'}/{name}"] = float(value)
     if record.get("tokens_per_s") is not None:
         out.update({f"perf/{k}": v for k, v in utilisation(float(record["tokens_per_s"]), plan).items()})

@@ -2,8 +2,8 @@
 (Hinton et al. 2015). An add-on method that composes with full fine-tuning and LoRA / QLoRA, owns the
 objective and runs one auxiliary model, the teacher (orchestrate/methods/spec.py).
 
-Its files: config.py (`distill:`), teacher.py (the teacher's directory and shape, the vocabulary
-check, launcher side), memory.py (what the teacher's outputs take), objective.py (the loss), cache.py
+Its files: config.py (`distill:`), teacher.py (the teacher's directory and shape, with the
+vocabulary check of methods/auxiliary.py, launcher side), memory.py (what the teacher's outputs take), objective.py (the loss), cache.py
 (the precomputed placement's top-k cache), runtime.py (the worker half: the teacher stage and the
 objective). Where the teacher lives is priced and built as any auxiliary model's placement
 (orchestrate/methods/auxiliary.py, orchestrate/loading/auxiliary.py).

@@ -19,8 +19,7 @@ from typing import Any
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.methods.auxiliary import AuxiliaryModel
-from orchestrate.methods.distill.teacher import frozen_model_shape
+from orchestrate.methods.auxiliary import AuxiliaryModel, frozen_model_shape
 from orchestrate.methods.preference.config import REFERENCE_FREE, SEQUENCES_PER_RECORD
 from orchestrate.methods.preference.memory import REFERENCE, reference_forward_excess, reference_model
 from orchestrate.methods.spec import Method, MethodTerms
@@ -75,6 +74,9 @@ class PreferenceTerms(MethodTerms):
                                                               activations_and_logits)}
 
 
+_REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
+
+
 class Preference(Method):
     name = "preference"
     bases = ("full", "lora")
@@ -84,6 +86,23 @@ class Preference(Method):
 
     def active(self, config: RunConfig) -> bool:
         return config.preference is not None
+
+    metric_keys = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
+    """What callback.py records per step (TRL's names)."""
+
+    def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
+        """The rewards, first step -> last, and the held-out ones of the last evaluation."""
+        first, last = records[0], records[-1]
+        if "rewards/margins" not in last:
+            return []
+        train = "; ".join(f"{k.split('/')[1]} {first[k]:.4f} -> {last[k]:.4f}" for k in _REWARD_KEYS if k in last)
+        lines = [f"- rewards ({config.preference.loss}): {train}"]
+        evaluated = [r for r in records if r.get("eval_rewards/margins") is not None]
+        if evaluated:
+            final = evaluated[-1]
+            held = "; ".join(f"{k.split('/')[1]} {final['eval_' + k]:.4f}" for k in _REWARD_KEYS if f"eval_{k}" in final)
+            lines.append(f"- held-out rewards at step {final['step']}: {held}")
+        return lines
 
     def auxiliary_shapes(self, config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
         """The reference's shape: preference.reference's (same tokenizer and vocabulary, checked), or

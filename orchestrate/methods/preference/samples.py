@@ -19,6 +19,12 @@ documents in the cache entry; unpaired adds `desirable`).
 Sequences longer than seq_len follow `data.truncation`: cut (every sequence of a record at seq_len:
 a pair's two share their prompt, so both keep the same prompt tokens; a record left with a sequence
 without answer tokens is dropped and counted), the record dropped, or an error.
+
+What every view over chat-path samples shares is orchestrate/data/sft_samples.py's, used here: the
+truncation policy (over a record's two sequences), the labels, a view's length and shape, the
+held-out split and the summary's frame. What is a record's own stays here: its two sequences (a pair's
+chosen and rejected, found by the stored lengths of each; an answer's mismatched one), the batches'
+`sequence` numbering and extras, and the block of 2 x seq_len.
 """
 
 from __future__ import annotations
@@ -28,11 +34,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from orchestrate.data.blocks import IGNORE_INDEX, split_ids
+from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.cache import TokenStream
 from orchestrate.data.packing import Blocks, best_fit_decreasing
 from orchestrate.data.sft_prepare import REJECTED, TRAINED
-from orchestrate.data.sft_samples import read_mask
+from orchestrate.data.sft_samples import (
+    SampleView,
+    apply_truncation,
+    flattened,
+    held_out_views,
+    labels_of,
+    read_mask,
+    summary,
+    truncation_counts,
+)
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.preference.config import UNPAIRED as UNPAIRED_LOSSES
 from orchestrate.methods.preference.records import PAIRED, PREFERENCE_FORMATS, UNPAIRED
@@ -71,33 +86,23 @@ def stored_sides(stream: TokenStream, mask: np.ndarray, paired: bool) -> np.ndar
 def kept_records(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: str, where: str,
                  paired: bool) -> KeptRecords:
     sides = stored_sides(stream, mask, paired)
-    long = np.flatnonzero(sides.max(axis=1) > seq_len)
-    if len(long) and policy == "error":
+
+    def too_long(long: np.ndarray) -> UserError:
         first = int(long[0])
-        raise UserError(f"{len(long)} preference record(s) have a sequence longer than train.seq_len {seq_len}", [Problem(
+        return UserError(f"{len(long)} preference record(s) have a sequence longer than train.seq_len {seq_len}", [Problem(
             "data.truncation", f"record {first} of {where} has sequences of {' and '.join(map(str, sides[first][:1 + paired]))} "
             f"tokens (and {len(long) - 1} more records are too long)",
             f"raise train.seq_len, or set data.truncation: truncate (every sequence cut to {seq_len}) or drop")])
-    drop = np.zeros(len(sides), dtype=bool)
-    if policy == "drop":
-        drop[long] = True
-    else:  # truncate: a sequence whose first seq_len tokens hold no answer token leaves nothing to compare
-        for d in long.tolist():
-            start = int(stream.offsets[d])
-            for side in range(1 + paired):
-                begin = start + int(sides[d, :side].sum())
-                drop[d] |= not (np.asarray(mask[begin: begin + min(seq_len, int(sides[d, side]))]) & TRAINED).any()
-    keep = np.flatnonzero(~drop)
-    truncated = 0 if policy == "drop" else len(long) - int(drop[long].sum())
-    return KeptRecords(keep, sides[keep], truncated, int(drop.sum()))
+
+    # an unpaired record is one sequence: its second side (0 tokens) is no sequence to keep an answer in
+    keep, truncated, dropped = apply_truncation(stream, mask, sides[:, :1 + paired], seq_len, policy, too_long)
+    return KeptRecords(keep, sides[keep], truncated, dropped)
 
 
-class _Preferences:
+class _Preferences(SampleView):
     def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool):
-        self.seq_len, self.kept, self.paired = seq_len, kept, paired
-        self.stream = stream
-        self._tokens, self._mask, self._offsets = stream.tokens, mask, stream.offsets
-        self._pad = int(stream.meta["eos_id"])
+        super().__init__(stream, mask, kept, seq_len)
+        self.paired = paired
 
     @property
     def stream_key(self) -> str:
@@ -108,10 +113,6 @@ class _Preferences:
     def documents(self) -> int:
         return len(self._offsets) - 1
 
-    @property
-    def samples(self) -> int:
-        return len(self.kept.docs)
-
     def _span(self, k: int, side: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, mask bits) of sequence `side` of kept record k, as stored."""
         start = int(self._offsets[self.kept.docs[k]]) + int(self.kept.sides[k, :side].sum())
@@ -120,9 +121,7 @@ class _Preferences:
 
     def _labelled(self, ids: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids, bits = ids[: self.seq_len], bits[: self.seq_len]
-        labels = np.where(bits & TRAINED, ids, IGNORE_INDEX)
-        labels[0] = IGNORE_INDEX
-        return ids, labels
+        return ids, labels_of(ids, bits)
 
     def sequences(self, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """(ids, labels) of kept record k's two sequences, cut at seq_len (module docstring)."""
@@ -163,13 +162,6 @@ class PaddedPreferences(_Preferences):
         """The records of `view`, padded one sequence per row."""
         return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (self.samples, self.seq_len)
-
-    def __len__(self) -> int:
-        return self.samples
-
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
 
@@ -202,13 +194,6 @@ class PackedPreferences(_Preferences):
             return np.minimum(self.kept.sides, self.seq_len).sum(axis=1)
         return np.array([sum(len(ids) for ids, _ in self.sequences(k)) for k in range(self.samples)], dtype=np.int64)
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        return (len(self.blocks), 2 * self.seq_len)
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
 
@@ -234,7 +219,7 @@ class PackedPreferences(_Preferences):
         out = {"input_ids": torch.from_numpy(ids), "labels": torch.from_numpy(labels),
                "position_ids": torch.from_numpy(pos), "sequence": torch.from_numpy(sequence)}
         if self.flatten:
-            out = {k: v.reshape(1, -1) for k, v in out.items()}
+            out = flattened(out)
         return {**out, **self._extras(records)}
 
 
@@ -267,44 +252,28 @@ def preference_views(train: TokenStream, validation: TokenStream | None, config,
     seq_len, data = config.train.seq_len, config.data
     paired = train.meta.get("record_format") == PAIRED
 
-    def view(stream: TokenStream, kept: KeptRecords) -> PreferenceSamples:
-        if data.packing:
+    def view(stream: TokenStream, kept: KeptRecords, validating: bool) -> PreferenceSamples:
+        if data.packing:  # validation is labelled as training: a preference loss is on the answers anyway
             return PackedPreferences(stream, read_mask(stream), kept, seq_len, paired, flatten)
         return PaddedPreferences(stream, read_mask(stream), kept, seq_len, paired)
 
     def kept_of(stream: TokenStream, where: str) -> KeptRecords:
         return kept_records(stream, read_mask(stream), seq_len, data.truncation, where, paired)
 
-    kept = kept_of(train, "the training data")
-    if validation is not None:
-        if validation.meta.get("record_format") != train.meta.get("record_format"):
-            raise UserError("the validation data is in another record format", [Problem(
-                "data.validation_files", f"{validation.meta.get('record_format')} records, the training data has "
-                f"{train.meta.get('record_format')}", "validate on records of the training data's format")])
-        return view(train, kept), view(validation, kept_of(validation, "the validation data"))
-    held = split_ids(len(kept.docs), data.validation_ratio, config.train.seed)
-    rest = np.setdiff1d(np.arange(len(kept.docs)), held)
-    return view(train, kept.subset(rest)), view(train, kept.subset(held))
+    return held_out_views(train, validation, config, kept_of, view)
 
 
 def describe_preferences(stream: TokenStream, train: PreferenceSamples, validation: PreferenceSamples, config,
                          tokenized: list[str], seconds: float) -> str:
     """The data summary of preference records: what they are, the records per split, packing, and
     every record cut or dropped."""
-    meta, seq_len = stream.meta, config.train.seq_len
-    how = f"tokenised {' and '.join(tokenized)} in {seconds:.1f} s" if tokenized else f"cache hit ({seconds:.2f} s)"
-    template = f", chat template: {meta['template_origin']}" if meta.get("template_origin") else ""
+    seq_len = config.train.seq_len
     what = "pairs" if train.paired else "answers"
-    text = (f"data: {how}: {meta['record_format']} records, {int(meta['tokens']):,} tokens in {stream.num_documents:,} "
-            f"{what}; loss on {meta['mask_method']}{template}")
     if isinstance(train, PackedPreferences):
-        text += (f"\n  {train.samples:,} train {what} in {len(train):,} blocks of {2 * seq_len} (packing efficiency "
+        split = (f"{train.samples:,} train {what} in {len(train):,} blocks of {2 * seq_len} (packing efficiency "
                  f"{100 * train.blocks.efficiency:.1f} %) / {validation.samples:,} validation {what}")
     else:
-        text += f"\n  {train.samples:,} train / {validation.samples:,} validation {what}, each sequence padded to {seq_len}"
-    counts = [(meta.get("dropped_untrained", 0), "dropped when tokenised: an answer without tokens"),
-              (train.kept.truncated, f"cut to seq_len {seq_len}"),
-              (train.kept.dropped, f"dropped: longer than seq_len {seq_len} (drop)" if config.data.truncation == "drop"
-               else f"dropped: a sequence with no answer token in its first {seq_len}")]
-    notes = [f"{n:,} {what_}" for n, what_ in counts if n]
-    return text + (f"\n  {what}: {'; '.join(notes)}" if notes else "") + f"\n  cache: {stream.directory}"
+        split = f"{train.samples:,} train / {validation.samples:,} validation {what}, each sequence padded to {seq_len}"
+    counts = truncation_counts(stream.meta, train.kept, config, "an answer without tokens",
+                               f"a sequence with no answer token in its first {seq_len}")
+    return summary(stream, tokenized, seconds, what, split, counts)

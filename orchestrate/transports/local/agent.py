@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
+from orchestrate.launch.output_relay import relay_output
 from orchestrate.launch.torchrun_args import without_teed_prefix
 from orchestrate.run.exits import STOP_SIGNALS
 
@@ -31,21 +32,6 @@ if TYPE_CHECKING:
 
 AGENT_PROGRAM = ("-m", "orchestrate.agent")
 """What the agent runs as, after the interpreter (bench/startup_stages.py puts a timed wrapper here)."""
-
-
-def _pump(source: IO[bytes], target: Callable[[], IO[str]]) -> None:
-    """Copy the agent's output line by line to this process's stream as it is now (a progress bar
-    or click's test runner may have replaced sys.stdout), rank 0's without torchrun's prefix. A
-    stream that no longer takes writes (a terminal that hung up: EIO) is skipped, but the pipe is
-    still read to its end: a full pipe would block the agent, and with it the workers' shutdown."""
-    for line in iter(source.readline, b""):
-        try:
-            stream = target()
-            stream.write(without_teed_prefix(line.decode(errors="replace")))
-            stream.flush()
-        except (OSError, ValueError):  # EIO, EPIPE; ValueError: a closed stream
-            pass
-    source.close()
 
 
 @dataclass
@@ -63,10 +49,7 @@ class WarmAgent:
                                    pass_fds=(write_fd,), start_new_session=True)
         os.close(write_fd)
         agent = cls(process, os.fdopen(read_fd))
-        agent.pumps = [threading.Thread(target=_pump, args=(process.stdout, lambda: sys.stdout), daemon=True),
-                       threading.Thread(target=_pump, args=(process.stderr, lambda: sys.stderr), daemon=True)]
-        for pump in agent.pumps:
-            pump.start()
+        agent.pumps = relay_output(process, without_teed_prefix)  # rank 0's lines without torchrun's prefix
         # As plan.json carries it (Plan.to_dict): the agent rebuilds it with config.load.config_from_dict.
         agent._send({"config": config.model_dump(mode="json"),
                      "source_dir": str(config.source_dir) if config.source_dir else None})

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.torchrun_args import TEED_PREFIX
 from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import PLAN_FILE, REQUEUE_FILE, worker_program
 
@@ -195,6 +196,17 @@ def _srun_groups(job: SlurmJob, nnodes: str, rdzv_endpoint: str, rdzv_id: str) -
     torchrun = [job.python, _flag("--nnodes", nnodes), f"--nproc-per-node={job.procs_per_node}",
                 "--rdzv-backend=c10d", _flag("--rdzv-endpoint", rdzv_endpoint), _flag("--rdzv-id", rdzv_id)]
     return [srun, ["bash", "-c", _NODE_SHELL], torchrun, [*job.torchrun_args, *job.payload]]
+
+
+_LABELLED_TEED = re.compile(r"^(\s*\d+: )" + re.escape(TEED_PREFIX))
+"""srun --label's "<task>: " (padded to the widest task number), then torchrun's teed prefix."""
+
+
+def without_teed_prefix_after_label(line: str) -> str:
+    """A line of the srun step's output as orchestrate shows it: srun's label (the node's task
+    number) kept, torchrun's prefix on local rank 0's teed lines dropped, as local and SSH launches
+    drop it: `0: [default0]:step 1/4` -> `0: step 1/4`."""
+    return _LABELLED_TEED.sub(r"\1", line, count=1)
 
 
 def srun_argv(job: SlurmJob, *, nnodes: str, rdzv_endpoint: str, rdzv_id: str) -> list[str]:

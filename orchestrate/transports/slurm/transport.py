@@ -34,9 +34,10 @@ from typing import TYPE_CHECKING
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.launch.output_relay import relay_output
 from orchestrate.launch.resume import resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
-from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say
+from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say, shows_progress
 from orchestrate.launch.torchrun_args import worker_torchrun_args
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE, worker_program
@@ -116,9 +117,11 @@ class SrunInAllocation:
 
 
 def _run_srun(argv: list[str], env: dict[str, str], stop_grace_s: float, say: Callable[[str], None]) -> int:
-    """Run srun (the user's own environment wins over `env`). Ctrl-C sends it SIGTERM, which it
+    """Run srun (the user's own environment wins over `env`), its output relayed without torchrun's
+    prefix after srun's label (`job.without_teed_prefix_after_label`). Ctrl-C sends it SIGTERM, which it
     forwards to every node's torchrun (a single SIGINT only makes srun print the tasks' states)."""
-    proc = subprocess.Popen(argv, env={**env, **os.environ})
+    proc = subprocess.Popen(argv, env={**env, **os.environ}, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    relays = relay_output(proc, slurm.without_teed_prefix_after_label)
     try:
         code = proc.wait()
     except KeyboardInterrupt:
@@ -130,6 +133,9 @@ def _run_srun(argv: list[str], env: dict[str, str], stop_grace_s: float, say: Ca
             proc.kill()
             proc.wait()
         return 130
+    finally:
+        for relay in relays:  # srun's last lines before its exit code is told
+            relay.join()
     if code:
         say(f"srun exited with code {code} (a node's torchrun failed or stopped; "
                                 "srun stops the others)")
@@ -208,7 +214,7 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
     plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume, tell)
     from orchestrate.data.pipeline import prepare_for_plan
 
-    tell(prepare_for_plan(plan, run_dir, progress=console is not None, resumed=resumed_data(run_dir)))
+    tell(prepare_for_plan(plan, run_dir, progress=shows_progress(console), resumed=resumed_data(run_dir)))
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
     script = slurm_cluster.write_sbatch(job)
     tell(f"{describe(plan)}; run directory {run_dir}")

@@ -2,11 +2,12 @@
 
 `cli.py` only parses flags, calls these functions and prints. Everything here is callable and
 testable without a subprocess. Importing this module is cheap (`orchestrate --help` stays fast):
-each function imports what it needs.
+each function imports the package's modules it needs (one command does not load another's).
 """
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -184,8 +185,6 @@ def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None
     """Where the workers start: over SSH on the hostfile's hosts; else with srun inside a SLURM
     allocation (unless a rendezvous was given, or this is already a job step); else here.
     `program`: the user's own training program (`launch -- python train.py ARGS`), torchrun here only."""
-    import sys
-
     python = python or sys.executable
     if program:
         return _own_program_transport(tuple(program), hosts, rendezvous)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
 
 
@@ -35,8 +36,6 @@ class ChatModel:
 
 
 def _plan(run: RunDir):
-    from orchestrate.planner.plan import RunPlan
-
     if not run.plan.is_file():
         raise UserError(f"{run.path} is not a run directory", [Problem(
             "RUN_DIR", f"{run.plan} does not exist", "give the directory `orchestrate launch` trained into")])

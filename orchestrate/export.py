@@ -14,8 +14,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.lora.saving import merge_adapters
 from orchestrate.methods.registry import base_method
+from orchestrate.model.meta import build_meta_model
+from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
 from orchestrate.run.layout import EXPORT_MARKER_FILE, check_output_dir, os_errors_as_user_errors
 
@@ -27,8 +31,6 @@ if TYPE_CHECKING:
 
 def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
     """The full, unsharded model state dict of a checkpoint directory, on the CPU."""
-    from orchestrate.backends.registry import backend_names, get_backend
-
     meta = read_meta(ckpt)
     if meta.backend not in backend_names():
         raise UserError("cannot export this checkpoint", [Problem(
@@ -66,7 +68,6 @@ def _check_merge(plan, ckpt: Path, merge: bool) -> None:
 
 def _merged(plan, run_dir: Path, adapters: dict) -> dict:
     from orchestrate.loading.init_weights import existing_weights_dir
-    from orchestrate.methods.lora.saving import merge_adapters
 
     base = existing_weights_dir(plan, run_dir)
     if not base.is_dir():
@@ -122,8 +123,6 @@ def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool):
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout
-    from orchestrate.model.meta import build_meta_model
-    from orchestrate.planner.plan import RunPlan
 
     if not (ckpt / HF_CONFIG).is_file():  # orchestrate.save of a user's own module (docs/own-loop.md)
         raise UserError(f"the checkpoint {ckpt} is not a Hugging Face model", [Problem(

@@ -13,6 +13,15 @@ from pathlib import Path
 
 import yaml
 
+from orchestrate.api import plan_for
+from orchestrate.backends.accelerate_export import render_accelerate_config
+from orchestrate.backends.registry import get_backend
+from orchestrate.config.load import load_config
+from orchestrate.hardware.resolve import resolve_hardware
+from orchestrate.hardware.units import GiB, format_bytes
+from orchestrate.planner.remedies import require_feasible
+from orchestrate.run.layout import ACCELERATE_FILE
+
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_CONFIGS = REPO / "launch_configs"
 
@@ -47,15 +56,6 @@ PRESETS = (
 def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     """The files of one preset, name -> text. `out_dir_for_links` is how files refer to each other
     (a path relative to the repository, so the bytes do not depend on where the repo lives)."""
-    from orchestrate.api import plan_for
-    from orchestrate.backends.accelerate_export import render_accelerate_config
-    from orchestrate.backends.registry import get_backend
-    from orchestrate.config.load import load_config
-    from orchestrate.hardware.resolve import resolve_hardware
-    from orchestrate.hardware.units import GiB, format_bytes
-    from orchestrate.planner.remedies import require_feasible
-    from orchestrate.run.layout import ACCELERATE_FILE
-
     overrides = [f"{k}={v}" for k, v in preset.pins.items()]
     config = load_config(REPO / "examples" / preset.example, overrides)
     # The allocator setting orchestrate launches with, whatever this shell's PYTORCH_*ALLOC_CONF says.

@@ -24,12 +24,20 @@ from __future__ import annotations
 
 import gc
 import json
+import multiprocessing.popen_fork  # noqa: F401  (torchrun's fork start)
+import multiprocessing.queues  # noqa: F401
 import os
 import signal
 import sys
 from pathlib import Path
 
+from orchestrate.agent.torchrun import run_torchrun, stopped
+from orchestrate.config.load import config_from_dict
 from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
+from orchestrate.worker import forked
+from orchestrate.worker.forked import import_worker_modules
+from orchestrate.worker.orphans import guard_parent
+from orchestrate.worker.preload import import_model_code
 
 
 def _read_message() -> dict | None:
@@ -41,17 +49,9 @@ def import_worker_code(config_data: dict, source_dir: str | None) -> None:
     """Import what a worker of this config imports before its first step (a failure is left for the
     worker, which imports again and reports it)."""
     try:
-        import multiprocessing.popen_fork  # noqa: F401  (torchrun's fork start)
-        import multiprocessing.queues  # noqa: F401
-
         import torch.distributed.elastic.rendezvous.c10d_rendezvous_backend  # noqa: F401
         import torch.distributed.launcher.api  # noqa: F401
         import torch.distributed.run  # noqa: F401
-
-        import orchestrate.agent.torchrun  # noqa: F401
-        from orchestrate.config.load import config_from_dict
-        from orchestrate.worker.forked import import_worker_modules
-        from orchestrate.worker.preload import import_model_code
 
         import_worker_modules()
         import_model_code(config_from_dict(config_data, Path(source_dir) if source_dir else None))
@@ -83,12 +83,10 @@ class _Stops:
         if self.armed:
             from torch.distributed.elastic.multiprocessing.api import SignalException
 
-            from orchestrate.worker.forked import BOARD
-
-            if BOARD is not None:
-                if BOARD.all_done:  # after the last step: torchrun collects the finished ranks, exit 0
+            if forked.BOARD is not None:
+                if forked.BOARD.all_done:  # after the last step: torchrun collects the finished ranks, exit 0
                     return
-                BOARD.stopping()  # ranks that finish from now on leave at once (worker/forked.py)
+                forked.BOARD.stopping()  # ranks that finish from now on leave at once (worker/forked.py)
             raise SignalException(f"Process {os.getpid()} got signal: {self.first}", sigval=self.first)
 
     def arm(self) -> None:
@@ -99,8 +97,6 @@ class _Stops:
 
 
 def main(reply_fd: int) -> int:
-    from orchestrate.worker.orphans import guard_parent
-
     stops = _Stops()
     stops.install()
     guard_parent()  # the launcher's SIGKILL leaves no agent (and so no workers: they guard this one)
@@ -118,7 +114,6 @@ def main(reply_fd: int) -> int:
     go = _read_message()
     if go is None:
         return 0
-    from orchestrate.agent.torchrun import run_torchrun, stopped
 
     os.environ.update({k: v for k, v in go["env"].items() if k not in os.environ})
     messages: list[str] = []

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, OOM_DIR, WORKER_MODULE
+from orchestrate.worker import forked
+from orchestrate.worker.forked import RankBoard, share_board
+from orchestrate.worker.forked import run as run_worker
 
 
 def blamed_failure(failures: dict) -> tuple[int, object]:
@@ -34,11 +37,9 @@ def _failure_told(rank: int, failure, run_dir: Path) -> tuple[str, int]:
     """The launcher's line on a failed group and its exit code. A reported rank that only lost
     contact with a dead peer (EX_PEER_LOST) is not the one to blame: the board of forked ranks
     (worker/forked.py) names the rank that failed on its own, or the one that died without a word."""
-    from orchestrate.worker.forked import BOARD, RankBoard
-
     code = failure.exitcode
-    if BOARD is not None and code == EX_PEER_LOST:
-        own, silent = BOARD.ranks_in(RankBoard.FAILED), BOARD.ranks_in(RankBoard.RUNNING)
+    if forked.BOARD is not None and code == EX_PEER_LOST:
+        own, silent = forked.BOARD.ranks_in(RankBoard.FAILED), forked.BOARD.ranks_in(RankBoard.RUNNING)
         if own or silent:
             what = "failed" if own else "died without an error of its own (killed by a signal: kill -9, or the out-of-memory killer)"
             return (f"worker rank {(own or silent)[0]} {what}; rank {rank} then lost contact with it; the ranks' "
@@ -81,9 +82,7 @@ def run_torchrun(argv: list[str], run_dir: Path, say: Callable[[str], None], for
         say(told)
         return code
     except SignalException as exc:  # torchrun turns SIGINT/SIGTERM into this after stopping the workers
-        from orchestrate.worker.forked import BOARD
-
-        if BOARD is not None and BOARD.all_done:  # the signal came after the last step: nothing to resume
+        if forked.BOARD is not None and forked.BOARD.all_done:  # the signal came after the last step: nothing to resume
             say(f"the run had finished when {exc.sigval.name} came: nothing to resume ({run_dir})")
             return 0
         # A stop signal at any point (even before step 1) means: checkpoint if possible, requeue.
@@ -102,9 +101,6 @@ def _run_forked(args) -> None:
     import torch.multiprocessing
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args
-
-    from orchestrate.worker.forked import run as run_worker
-    from orchestrate.worker.forked import share_board
 
     if not (args.module and args.training_script == WORKER_MODULE and len(args.training_script_args) == 1):
         # LocalTorchrun sends only its own worker here (_forks_worker); anything else runs in the launcher.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from orchestrate.backends.deepspeed_render import CONFIG_FILE as DEEPSPEED_CONFIG_FILE
+from orchestrate.backends.fsdp import fsdp_settings
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
@@ -22,8 +23,6 @@ _MIXED = {"bf16": "bf16", "fp16": "fp16", "fp32": "no"}
 
 
 def _fsdp_config(plan: RunPlan) -> dict[str, Any]:
-    from orchestrate.backends.fsdp import fsdp_settings
-
     st = fsdp_settings(plan)
     config = {
         "fsdp_version": 2,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import device_process_group, require_runnable
-from orchestrate.backends.schedule import apply_hyperparameters
+from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -29,7 +29,9 @@ from orchestrate.backends.torch_engine import (
 )
 from orchestrate.errors import Problem
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter, trainable_state
-from orchestrate.methods.registry import active_methods
+from orchestrate.methods.registry import active_methods, base_runtime
+from orchestrate.methods.runtime import ModelRequest
+from orchestrate.model.block_classes import block_class_names
 
 if TYPE_CHECKING:
     import torch
@@ -45,8 +47,6 @@ TRAINER_STATE_FILE = "trainer_state.pt"
 
 def ddp_settings(plan: RunPlan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
-    from orchestrate.model.block_classes import block_class_names
-
     cand = chosen_for(plan, "ddp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
     require_runnable(BACKEND, s.sharding, "DDP")
@@ -211,10 +211,7 @@ class DDPBackend:
         from torch.nn.parallel import DistributedDataParallel
 
         from orchestrate.backends import hf_io
-        from orchestrate.backends.schedule import make_scheduler
         from orchestrate.loading.host_embedding import host_names, route_lookups, to_device_keeping_embedding
-        from orchestrate.methods.registry import base_runtime
-        from orchestrate.methods.runtime import ModelRequest
 
         st = ddp_settings(plan)
         check_world_size(st, rank)

@@ -8,7 +8,11 @@ backend (and rendering) works where deepspeed is not installed.
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import io
 import math
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +21,10 @@ from orchestrate.backends.deepspeed_render import engine_config, render, shardin
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.errors import Problem
+from orchestrate.methods.custom.module import save_module
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
+from orchestrate.methods.registry import base_runtime
+from orchestrate.methods.runtime import ModelRequest
 from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
@@ -72,9 +79,6 @@ class DeepSpeedBackend:
 
     def full_state_dict(self, ckpt_dir: Path, meta: CheckpointMeta) -> dict[str, torch.Tensor]:
         """zero_to_fp32's fp32 master weights (also for bf16/fp16 training); stage 0: the module's own."""
-        import contextlib
-        import io
-
         import torch
 
         with weights_only_loads(deepspeed_checkpoint_classes()):
@@ -92,9 +96,6 @@ class DeepSpeedBackend:
     def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> DeepSpeedTrainEngine:
         import deepspeed
         import torch
-
-        from orchestrate.methods.registry import base_runtime
-        from orchestrate.methods.runtime import ModelRequest
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
         config = engine_config(plan)  # refuses a plan without a deepspeed strategy
@@ -229,7 +230,6 @@ class DeepSpeedTrainEngine:
         import deepspeed.comm as dist
 
         from orchestrate.backends.hf_io import follow_umask, save_hf_dir
-        from orchestrate.methods.custom.module import save_module
 
         if self._peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
             adapters = self._adapters()
@@ -309,11 +309,6 @@ class DeepSpeedTrainEngine:
 def _convert_to_universal(ckpt_dir: Path, out_dir: Path) -> None:
     """ds_to_universal into a temporary directory renamed into place: an interrupted conversion
     is redone, never half used. In-process, one worker: the other ranks wait at a barrier."""
-    import argparse
-    import contextlib
-    import io
-    import shutil
-
     from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
 
     tmp = out_dir.with_name(f".{out_dir.name}.tmp")

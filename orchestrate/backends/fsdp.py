@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import device_process_group, require_runnable
-from orchestrate.backends.schedule import apply_hyperparameters
+from orchestrate.backends.safe_load import weights_only_loads
+from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -29,6 +30,9 @@ from orchestrate.backends.torch_engine import (
 )
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
+from orchestrate.methods.registry import base_runtime
+from orchestrate.methods.runtime import ModelRequest
+from orchestrate.model.block_classes import block_class_names
 
 if TYPE_CHECKING:
     import torch
@@ -44,8 +48,6 @@ ENGINE_STATE_FILE = "engine_state.json"
 
 def fsdp_settings(plan: RunPlan) -> dict[str, Any]:
     """Everything `setup` applies, as plain JSON-able values. Pure."""
-    from orchestrate.model.block_classes import block_class_names
-
     cand = chosen_for(plan, "fsdp")
     s, hw, train = cand.strategy, plan.hardware, plan.config.train
     require_runnable(BACKEND, s.sharding, "FSDP")
@@ -203,8 +205,6 @@ class FSDPEngine(TorchEngine):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-        from orchestrate.backends.safe_load import weights_only_loads
-
         ckpt_dir = Path(ckpt_dir)
         # The shapes DCP loads into, sharded for this world size: DCP reshards whatever wrote it.
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer, options=self._options())
@@ -301,9 +301,6 @@ class FSDPBackend:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         from orchestrate.backends import hf_io
-        from orchestrate.backends.schedule import make_scheduler
-        from orchestrate.methods.registry import base_runtime
-        from orchestrate.methods.runtime import ModelRequest
 
         st = fsdp_settings(plan)
         check_device(st, rank.device)

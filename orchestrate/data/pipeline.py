@@ -33,6 +33,9 @@ from orchestrate.data.sources import DataSources, check_entries, resolve_sources
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
+from orchestrate.loading.labels import check_num_labels, configured_num_labels
+from orchestrate.loading.packed_attention import varlen_ready
+from orchestrate.model.meta import config_dict, shape_for
 
 if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
     import torch
@@ -215,8 +218,6 @@ def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
     """The data's label names, checked against a configured num_labels (None for unlabelled tasks)."""
     if config.model.task != "sequence-classification":
         return None
-    from orchestrate.loading.labels import check_num_labels, configured_num_labels
-    from orchestrate.model.meta import config_dict
 
     names = label_names(prepared)
     configured = configured_num_labels(config_dict(config), config.model.num_labels)
@@ -231,7 +232,6 @@ def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_
     check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
     prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
-    from orchestrate.loading.packed_attention import varlen_ready
 
     flatten = is_sft(prepared.train.meta.get("record_format", "text")) and varlen_ready(plan)
     train, validation = samples_for(prepared, config, flatten)
@@ -316,8 +316,6 @@ def check_eval_generate(config: RunConfig, train: Samples, validation: Samples) 
 def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool = False) -> str:
     """`orchestrate prepare`: check the data section against the model, then tokenise into the cache
     (or find it there); returns `describe_prepared`."""
-    from orchestrate.model.meta import shape_for
-
     shape = shape_for(config)
     check_data_config(config, shape.max_position_embeddings, shape.vocab_size)
     tokenizer, _ = tokenizer_for(config, shape.vocab_size)

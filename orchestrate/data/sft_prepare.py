@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import jinja2
 import numpy as np
 
 from orchestrate.data.chat_template import ChatTemplate, resolve_template, yaml_template
@@ -146,7 +147,6 @@ def _encode(record: dict, record_format: str, settings: SftSettings, template: C
         return encode_completion(getattr(tokenizer, "tok", None), sample.prompt, sample.completion, tokenizer.eos_id), None
     if not data.train_on_inputs and lacks_trained_turn(sample.messages, list(data.roles_to_train)):
         return None, f"it has no {' or '.join(data.roles_to_train)} turn to train on"
-    import jinja2
 
     try:
         return encode_chat(tokenizer.tok, template, sample.messages, list(data.roles_to_train),
@@ -172,8 +172,6 @@ def _preference_tokens(record: dict, record_format: str, data: DataSection, temp
                        tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
     """A preference record's document: its sequences one after the other, each answer TRAINED | ANSWER,
     the rejected (or undesirable) sequence REJECTED; None when a sequence has no answer token."""
-    import jinja2
-
     from orchestrate.methods.preference.records import (  # (pipeline.py: why here)
         encode_preference,
         to_preference,

@@ -13,6 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.custom.module import TRUST_SWITCH
 
 BYTE_EOS = 256
 BYTE_VOCAB = 257
@@ -157,8 +158,6 @@ def auto_tokenizer(directory: Path, trust_remote_code: bool):
     transformers asks at a TTY whether to run a directory's `auto_map` code, and a "y" there would
     bypass the config's switch. Custom code without the switch is a UserError naming it."""
     from transformers import AutoTokenizer
-
-    from orchestrate.methods.custom.module import TRUST_SWITCH
 
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=trust_remote_code)

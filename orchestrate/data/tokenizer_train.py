@@ -17,6 +17,8 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.cache import cache_dir_of, temp_dir_for
 from orchestrate.data.chat_templates import NAMED_TEMPLATES, NamedTemplate
@@ -35,7 +37,6 @@ MIN_VOCAB = 256 + 1 + 1
 def train_tokenizer(config: RunConfig, vocab_size: int, out_dir: Path, *, progress: bool = True) -> tuple[Path, int]:
     """Train on the configured training data and write the tokenizer to `out_dir` (atomically);
     returns the directory and the number of ids (below `vocab_size` when the corpus has fewer merges)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     if vocab_size < MIN_VOCAB:
@@ -131,7 +132,6 @@ def iter_records_as_text(sources, config: RunConfig, named: NamedTemplate, work:
 def _chat_tokenizer(tokenizer, named: NamedTemplate):
     """The trained tokenizer with the template's BOS / EOS, its chat template, and a BOS prepended by
     `tokenizer(text)` where the template's family does that."""
-    from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
     if named.bos is not None:

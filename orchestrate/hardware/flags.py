@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestrate.hardware.calibration import calibration_path
 from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.hardware.resolve import resolve_hardware
 
 
 @dataclass(frozen=True)
@@ -23,9 +25,6 @@ class HardwareFlags:
     """Apply this machine's calibration file (hardware/calibration.py); `--no-calibration`: False."""
 
     def resolve(self) -> HardwareProfile:
-        from orchestrate.hardware.calibration import calibration_path
-        from orchestrate.hardware.resolve import resolve_hardware
-
         return resolve_hardware(profile=self.profile, gpus=self.gpus, gpu_mem=self.gpu_mem,
                                 cpu_mem=self.cpu_mem, nodes=self.nodes, nvme=self.nvme,
                                 gpus_per_node=self.gpus_per_node,

@@ -18,6 +18,7 @@ from orchestrate.hardware.presets import load_preset, load_profile
 from orchestrate.hardware.profile import MAX_MEMORY_BYTES, HardwareProfile
 from orchestrate.hardware.software import SoftwareStack, installed_software
 from orchestrate.hardware.units import format_bytes, parse_size
+from orchestrate.run.layout import os_errors_as_user_errors
 
 # No GPU or host worth planning for has less; a smaller number is a size typed without its unit.
 _MIN_MEMORY = 2**30
@@ -115,8 +116,6 @@ def profile_to_yaml(profile: HardwareProfile) -> str:
 def write_profile(profile: HardwareProfile, path: Path) -> Path:
     """`profile --out FILE`: a new file, or one an earlier `profile --out` wrote (it starts with
     PROFILE_HEADER); any other file is left alone (UserError), as is an unwritable path."""
-    from orchestrate.run.layout import os_errors_as_user_errors
-
     path = Path(path)
     if path.is_dir() or (path.exists() and not _starts_with(path, PROFILE_HEADER)):
         raise UserError("--out names a file orchestrate did not write", [Problem(

@@ -22,8 +22,13 @@ from orchestrate.errors import UserError
 from orchestrate.hardware.profile import MemoryCorrection
 from orchestrate.hardware.units import format_bytes
 from orchestrate.launch.calibrate import record_oom_ratio
+from orchestrate.launch.resume import pinned_config
+from orchestrate.launch.rundir import prepare_run
 from orchestrate.planner.plan import RunPlan
+from orchestrate.planning import feasible_plan
+from orchestrate.run.checkpoints import newest_checkpoint
 from orchestrate.run.layout import read_oom_records
+from orchestrate.run.resume_rules import check_resumable
 
 
 @dataclass(frozen=True)
@@ -66,12 +71,6 @@ def replan(plan: RunPlan, run_dir: Path, oom: OutOfMemory) -> RunPlan:
     """The plan for the next attempt, its run directory rewritten; UserError (the planner's refusal:
     by how much, what would fit) when nothing fits with the correction, or when the newest checkpoint
     cannot continue under it."""
-    from orchestrate.launch.resume import pinned_config
-    from orchestrate.launch.rundir import prepare_run
-    from orchestrate.planning import feasible_plan
-    from orchestrate.run.checkpoints import newest_checkpoint
-    from orchestrate.run.resume_rules import check_resumable
-
     hardware = plan.hardware.model_copy(update={
         "memory_corrections": [*plan.hardware.memory_corrections, oom.correction()]})
     found = newest_checkpoint(run_dir, full=True)
@@ -102,7 +101,6 @@ def recover(plan: RunPlan, run_dir: Path, attempt: int, say) -> RunPlan | None:
     except UserError as refusal:
         say(f"no plan fits with the measured x{oom.correction().ratio:.2f} correction:\n{refusal}")
         return None
-    from orchestrate.run.checkpoints import newest_checkpoint
 
     found = newest_checkpoint(run_dir, full=False).chosen
     where = f"the checkpoint of step {found.meta.step}" if found else "step 0 (no checkpoint yet)"

@@ -15,11 +15,15 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.registry import get_backend
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import RunPlan
+from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import feasible_plan
 from orchestrate.run.checkpoints import (
     PLAN_COPY,
     CheckpointMeta,
@@ -63,9 +67,6 @@ def run_to_resume(config: RunConfig, name: str, run_dir: Path | None) -> Path:
 def pinned_config(config: RunConfig, meta: CheckpointMeta) -> RunConfig:
     """`config` with what the checkpoint's optimizer state depends on fixed where it says "auto":
     the backend, the ZeRO stage where the backend cannot change it on resume, the precision."""
-    from orchestrate.backends.registry import get_backend
-    from orchestrate.planner.strategy import Strategy
-
     config = config.model_copy(deep=True)
     saved = meta.strategy
     if config.strategy.backend == "auto":
@@ -94,8 +95,6 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
     config changes since that checkpoint that apply from its next step). UserError when the newest
     intact checkpoint cannot continue under the plan or the changed config, or when the run has
     checkpoints but none is intact (starting from step 0 would replace them)."""
-    from orchestrate.planning import feasible_plan
-
     old = RunPlan.read(run_dir / PLAN_FILE)
     found = newest_checkpoint(run_dir, full=True)
     ckpt = found.chosen.path if found.chosen else None
@@ -155,8 +154,6 @@ def failure_notice(run_dir: Path) -> str:
     """After the workers failed: which checkpoint a resume continues from, and the free space of
     the run directory's file system when it is low (on a full disk the workers' own message may
     not have reached their log files, which are on that disk)."""
-    import shutil
-
     try:
         found = newest_checkpoint(run_dir, full=False)
     except UserError as exc:

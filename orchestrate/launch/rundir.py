@@ -14,12 +14,18 @@ from typing import Any
 
 import yaml
 
+from orchestrate.backends.accelerate_export import render_accelerate_config
+from orchestrate.backends.registry import get_backend
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.alloc_conf import launch_alloc_env
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
+from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
+from orchestrate.loading.weight_files import check_model_weights
 from orchestrate.planner.plan import Refusal, RunFiles, RunPlan, RunSection
+from orchestrate.planning import feasible_plan
+from orchestrate.run.checkpoints import list_checkpoints
 from orchestrate.run.layout import (
     ACCELERATE_FILE,
     CONFIG_FILE,
@@ -107,8 +113,6 @@ def prepare_run(plan: RunPlan, run_dir: Path, rendered: dict[str, str] | None = 
 
 
 def _write_run_files(plan: RunPlan, run_dir: Path, rendered: dict[str, str] | None) -> RunPlan:
-    from orchestrate.backends.accelerate_export import render_accelerate_config
-    from orchestrate.backends.registry import get_backend
     from orchestrate.data.corpus import write_demo_corpus
 
     (run_dir / LOG_DIR).mkdir(exist_ok=True)
@@ -142,8 +146,6 @@ def write_plan_dir(plan: RunPlan | Refusal, out: Path) -> Path:
     """`orchestrate plan --out DIR`: DIR/plan.json, with the rules of a run directory (the marker, the
     lock): never over a plan.json orchestrate did not write, never into a run that has checkpoints
     (its plan.json is what --resume continues with)."""
-    from orchestrate.run.checkpoints import list_checkpoints
-
     out = Path(out).resolve()
     check_run_dir_writable(out, [PLAN_FILE], plan.config.source_dir, where="--out")
     check_no_links(out, [PLAN_FILE, *RUN_DIR_OWN_FILES])
@@ -183,11 +185,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     (the caller's, for the whole launch), else released once written. Every command that writes a
     run directory (config, launch, slurm) comes through here. Returns the plan and the run directory.
     `check_data=False`: the user's own program brings its data (launch -- python train.py)."""
-    from orchestrate.backends.registry import get_backend
     from orchestrate.data.pipeline import check_data_config
-    from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
-    from orchestrate.loading.weight_files import check_model_weights
-    from orchestrate.planning import feasible_plan
 
     rendered = None
     if resume:

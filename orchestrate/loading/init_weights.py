@@ -18,7 +18,12 @@ from pathlib import Path
 
 import torch
 
+from orchestrate.backends.deepspeed_import import import_deepspeed_lean
 from orchestrate.errors import Problem, UserError
+from orchestrate.loading.labels import apply_labels
+from orchestrate.methods.custom.module import ModuleConfig
+from orchestrate.model.meta import load_model_config
+from orchestrate.model.tasks import auto_class
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import INIT_MODEL_DIR
 
@@ -51,9 +56,6 @@ def _hub_snapshot(name: str, download: bool) -> Path:
 
 def initial_config(plan: RunPlan, labels: list[str] | None):
     """The transformers config the initial model is built from, with the data's labels for a classifier."""
-    from orchestrate.loading.labels import apply_labels
-    from orchestrate.model.meta import load_model_config
-
     hf_config = load_model_config(plan.config)
     if labels is not None:
         apply_labels(hf_config, labels)
@@ -63,8 +65,6 @@ def initial_config(plan: RunPlan, labels: list[str] | None):
 def _fresh_model(hf_config, task: str, trust_remote_code: bool):
     """The fp32 model of `hf_config` with fresh weights from torch's generator as it is (the caller
     seeds it)."""
-    from orchestrate.model.tasks import auto_class
-
     return auto_class(task).from_config(hf_config, trust_remote_code=trust_remote_code, dtype=torch.float32)
 
 
@@ -98,8 +98,6 @@ def _has_config(directory: Path) -> bool:
 
 def build_initial_model(plan: RunPlan, out_dir: Path, labels: list[str] | None = None) -> Path:
     """Build the model from its config with the run's seed, fp32, and save it atomically to out_dir."""
-    from orchestrate.backends.deepspeed_import import import_deepspeed_lean
-
     torch.manual_seed(plan.config.train.seed)
     model = _fresh_model(initial_config(plan, labels), plan.config.model.task, plan.config.model.trust_remote_code)
     # save_pretrained unwraps the model through accelerate, which imports DeepSpeed (backends/deepspeed_import.py).
@@ -130,8 +128,6 @@ def ensure_initial_weights(plan: RunPlan, run_dir: Path, local_rank: int, labels
     if plan.config.model.module is not None:
         # Your own module is built (and seeded) by the backend; the directory holds only its
         # description (config.json: module path and kwargs), which checkpoints copy.
-        from orchestrate.methods.custom.module import ModuleConfig
-
         out_dir = run_dir / INIT_MODEL_DIR
         if local_rank == 0:
             ModuleConfig(plan.config).save_pretrained(out_dir)

@@ -12,6 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from safetensors import SafetensorError, safe_open
+
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -25,8 +27,6 @@ def damaged_weights(path: Path, error: Exception) -> Problem:
 
 def check_weight_files(model_dir: Path) -> None:
     """UserError naming every *.safetensors file of `model_dir` whose header safetensors refuses."""
-    from safetensors import SafetensorError, safe_open
-
     problems = []
     for path in sorted(Path(model_dir).glob("*.safetensors")):
         try:

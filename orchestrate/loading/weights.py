@@ -17,11 +17,13 @@ mis-shaped tensors are one UserError), before any weight is read.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from orchestrate.backends.hf_io import (
@@ -32,6 +34,9 @@ from orchestrate.backends.hf_io import (
     _weight_files,
     check_weights_match,
 )
+from orchestrate.errors import UserError
+from orchestrate.loading.weight_files import damaged_weights
+from orchestrate.model.meta import build_meta_model
 
 
 @dataclass
@@ -48,13 +53,6 @@ def has_safetensors(model_dir: Path) -> bool:
 
 def plan_reads(model_dir: Path, layout: StateLayout) -> ReadPlan:
     """Match the files' tensors (headers only) to the model's state dict; UserError on any mismatch."""
-    import re
-
-    from safetensors import SafetensorError, safe_open
-
-    from orchestrate.errors import UserError
-    from orchestrate.loading.weight_files import damaged_weights
-
     model_dir = Path(model_dir)
     reads: dict[Path, list[tuple[str, str]]] = defaultdict(list)
     found: set[str] = set()
@@ -100,8 +98,6 @@ def meta_model(model_dir: Path, trust_remote_code: bool = False,
     """(model on the meta device, its HF config, its StateLayout) for `model_dir/config.json`."""
     from transformers import AutoConfig
 
-    from orchestrate.model.meta import build_meta_model
-
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=trust_remote_code)
     model = build_meta_model(hf_config, task=task, trust_remote_code=trust_remote_code)
     return model, hf_config, StateLayout.of(model)
@@ -119,8 +115,6 @@ def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype, t
                     task: str = "causal-lm", host_embedding: bool = False) -> nn.Module:
     """The whole model on `device`, floating parameters in `dtype`, filled from `model_dir` one tensor at a time;
     `host_embedding`: the input embedding allocated and filled on the CPU instead (loading/host_embedding.py)."""
-    from safetensors import safe_open
-
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
     from orchestrate.loading.host_embedding import allocate
 
@@ -142,7 +136,6 @@ def load_replicated(model_dir: Path, device: torch.device, dtype: torch.dtype, t
 
 def load_sharded(model: nn.Module, model_dir: Path, layout: StateLayout) -> None:
     """Fill a `fully_shard`ed, `to_empty`-allocated model: each rank reads its own rows only."""
-    from safetensors import safe_open
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 

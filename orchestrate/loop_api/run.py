@@ -18,6 +18,7 @@ from pathlib import Path
 import orchestrate.loop_api.launch_state as launch_state
 from orchestrate.errors import UserError
 from orchestrate.run.exits import EXIT_USER_ERROR
+from orchestrate.worker.orphans import guard_parent
 
 
 def _usage() -> int:
@@ -39,8 +40,6 @@ def run_program(plan_path: Path, program: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrate.worker.orphans import guard_parent
-
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 3 or args[1] != "--":
         return _usage()

@@ -15,19 +15,26 @@ continues where the script saved.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import orchestrate.loop_api.launch_state as launch_state
+from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
 from orchestrate.errors import Problem, UserError
+from orchestrate.loop_api.loader import distributed_loader
+from orchestrate.loop_api.optim import DeepSpeedOptimizer, PlannedOptimizer
+from orchestrate.loop_api.torch_state import TorchLoopState
+from orchestrate.loop_api.wrap import broadcast_from_rank0, grad_scaler, wrap_ddp, wrap_deepspeed, wrap_fsdp
+from orchestrate.run.layout import RunDir
+from orchestrate.worker.objective import plain_objective
 
 if TYPE_CHECKING:
     import torch
 
     from orchestrate.loop_api.loader import EpochLoader
     from orchestrate.planner.plan import RunPlan
-    from orchestrate.run.layout import RunDir
     from orchestrate.worker.rank import Rank
 
 _LAUNCH_FIX = "start the script with `orchestrate launch CONFIG.yaml -- python SCRIPT ARGS`"
@@ -85,19 +92,12 @@ def _input_dtype(plan: RunPlan) -> Any:
 def _wrap(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: Rank,
           run: RunDir) -> tuple[Any, Any, Any]:
     """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
-    from orchestrate.loop_api.optim import DeepSpeedOptimizer, PlannedOptimizer
-    from orchestrate.loop_api.wrap import grad_scaler, wrap_ddp, wrap_deepspeed, wrap_fsdp
-
     backend = plan.chosen.strategy.backend
     if backend == "deepspeed":
-        from orchestrate.backends.deepspeed_backend import DeepSpeedTrainEngine
-        from orchestrate.worker.objective import plain_objective
-
         engine = wrap_deepspeed(plan, model, optimizer)
         # Your loop computes its own loss: the engine's objective is never called (a placeholder).
         return engine, DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, rank, run.path,
                                                                          plain_objective(plan))
-    from orchestrate.loop_api.torch_state import TorchLoopState
 
     wrapped = wrap_fsdp(plan, model, optimizer, rank.device) if backend == "fsdp" else \
         wrap_ddp(plan, model, rank.device)
@@ -112,8 +112,6 @@ def prepare(model: torch.nn.Module, optimizer: torch.optim.Optimizer, loader: An
     gradient accumulation; the loader (optional) sharded with a DistributedSampler. Collective."""
     import torch
 
-    from orchestrate.loop_api.loader import distributed_loader
-    from orchestrate.loop_api.wrap import broadcast_from_rank0
     from orchestrate.worker import stages
 
     plan, run = stages.read_plan(_plan_path())
@@ -162,8 +160,6 @@ def save(directory: str | Path | None = None, **state: Any) -> Path:
     """A resumable checkpoint of model, optimizer, loader position, every rank's RNG and `state`
     (JSON values, e.g. epoch=3) into DIRECTORY/checkpoints/step-N (default: the run directory), named
     by the optimizer steps taken; atomic. Collective: every rank calls it at the same point."""
-    import json
-
     try:
         json.dumps(state)
     except (TypeError, ValueError) as exc:
@@ -178,7 +174,6 @@ def save(directory: str | Path | None = None, **state: Any) -> Path:
 def load(directory: str | Path | None = None) -> dict[str, Any] | None:
     """Restore the newest intact checkpoint of DIRECTORY (default: the run directory); returns the
     `state` given to `save` plus "step", or None when there is none (a fresh start). Collective."""
-    from orchestrate.run.layout import RunDir
     from orchestrate.worker.stages import checkpoint_to_resume
 
     session = _session("load")

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.safe_load import weights_only_loads
 from orchestrate.backends.torch_engine import read_client_state, write_client_state
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ class TorchLoopState:
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        from orchestrate.backends.safe_load import weights_only_loads
 
         model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
         state = {"model": model_sd, "optim": optim_sd}

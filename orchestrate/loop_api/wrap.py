@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.backends.ddp import ddp_settings
+from orchestrate.backends.deepspeed_render import engine_config
+from orchestrate.backends.fsdp import check_device, fsdp_settings
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -53,8 +56,6 @@ def wrap_ddp(plan: RunPlan, model: torch.nn.Module, device: torch.device) -> tor
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    from orchestrate.backends.ddp import ddp_settings
-
     st = ddp_settings(plan)
     model.to(device)  # in place: the optimizer's parameters stay the same objects
     wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
@@ -85,8 +86,6 @@ def wrap_fsdp(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Opti
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    from orchestrate.backends.fsdp import check_device, fsdp_settings
-
     st = fsdp_settings(plan)
     check_device(st, device)
     _require_fresh(optimizer)
@@ -114,8 +113,6 @@ def wrap_deepspeed(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim
     """`deepspeed.initialize` with deepspeed.json (less its optimizer/scheduler blocks: the user's
     optimizer is the client optimizer). Returns the engine: it is the model, steps and accumulates."""
     import deepspeed
-
-    from orchestrate.backends.deepspeed_render import engine_config
 
     _require_fresh(optimizer)
     # The user's optimizer may be one DeepSpeed has not tested with ZeRO (SGD, ...): theirs to choose.

@@ -14,6 +14,7 @@ from typing import Any
 from orchestrate.config.requirements import METHOD_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
+from orchestrate.loading.packed_attention import packed_attention
 from orchestrate.methods.custom.method import CUSTOM
 from orchestrate.methods.distill.method import DISTILL
 from orchestrate.methods.full.method import FULL
@@ -24,6 +25,7 @@ from orchestrate.methods.prune.method import PRUNE
 from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.methods.spec import Method, MethodTerms
 from orchestrate.model.shape import ModelShape
+from orchestrate.model.tasks import name_the_causal_lm_loss
 
 _METHODS: list[Method] = [FULL, LORA, DISTILL, PREFERENCE, PRUNE, CUSTOM]
 
@@ -77,9 +79,6 @@ def apply_transforms(model: Any, plan: Any) -> Any:
     """Between building the model and wrapping it: the causal LM's loss named, the attention of packed
     chat samples (whatever the method: loading/packed_attention.py), then every active method's model
     transform, in hook order."""
-    from orchestrate.loading.packed_attention import packed_attention
-    from orchestrate.model.tasks import name_the_causal_lm_loss
-
     name_the_causal_lm_loss(model, plan.config.model.task)
     model = packed_attention(model, plan)
     for method in runtimes(plan.config):

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.custom.activations import custom_shape
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.model.shape import ModelShape
+from orchestrate.model.tasks import auto_class, task_of_architectures
 
 if TYPE_CHECKING:
     from torch import nn
@@ -115,8 +117,6 @@ def build_meta_model(hf_config: PretrainedConfig, *, task: str = "causal-lm",
     # counts 163,037,184 parameters instead of 124,439,808, lm_head no longer *is* wte); the
     # torch.device("meta") context keeps tied parameters one object.
     import torch
-
-    from orchestrate.model.tasks import auto_class
 
     try:
         with torch.device("meta"):
@@ -225,8 +225,6 @@ def shape_for(config: RunConfig) -> ModelShape:
     """The shape of the model `config` describes (reads at most a config.json; never weights);
     your own `model.module` is counted on the meta device, its activations measured once."""
     if config.model.module is not None:
-        from orchestrate.methods.custom.activations import custom_shape
-
         return custom_shape(config)
     data = config_dict(config)
     task = config.model.task
@@ -244,8 +242,6 @@ def shape_for(config: RunConfig) -> ModelShape:
 def _check_saved_task(data: dict | None, task: str) -> None:
     """A directory saved by a model of another task (BertForSequenceClassification under the
     default causal-lm) would be built as the wrong class and fail far from the cause."""
-    from orchestrate.model.tasks import task_of_architectures
-
     saved = task_of_architectures((data or {}).get("architectures"))
     if saved is not None and saved != task:
         raise UserError("the model directory holds a model of another task", [Problem(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.registry import get_backend
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import FORMAT_VERSION, CheckpointMeta, read_meta
 
@@ -20,8 +21,6 @@ EXPORT_FIX = ("or `orchestrate export RUN_DIR --out DIR` and start a new run fro
 def resume_problems(meta: CheckpointMeta, plan: RunPlan) -> list[Problem]:
     """Why the checkpoint described by `meta` cannot continue under `plan` (empty: it can). World
     size may differ where the backend reshards (each backend's `resume_conflicts` says what not)."""
-    from orchestrate.backends.registry import get_backend
-
     problems = []
     if meta.format != FORMAT_VERSION:
         problems.append(Problem("checkpoint", f"format {meta.format} is not this version's {FORMAT_VERSION}",

@@ -20,9 +20,10 @@ import torch
 from torch import nn
 from torch._guards import active_fake_mode
 
+from orchestrate.methods.registry import apply_transforms
 from orchestrate.simulate.counter import LiveStorageCounter
 from orchestrate.simulate.patches import cuda_like_dropout, fsdp_comm_phase, hf_config_for_simulation
-from orchestrate.simulate.spec import RunSpec
+from orchestrate.simulate.spec import RunSpec, plan_from_parts
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # DeepSpeed optimizer attributes (deepspeed 0.19: runtime/zero/stage_1_and_2.py, stage3.py) and what
@@ -127,8 +128,6 @@ class Trainer:
         wrapping as they call it; the hooks above stay on the same modules, which peft wraps in place."""
         if spec.adapters is None:
             return model
-        from orchestrate.methods.registry import apply_transforms
-        from orchestrate.simulate.spec import plan_from_parts
 
         plan = plan_from_parts(spec.model_config, spec.strategy_obj, spec.seq_len, spec.world_size,
                                adapters=spec.adapters)

@@ -11,7 +11,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrate.backends.ddp import ddp_settings
+from orchestrate.backends.deepspeed_render import engine_config
+from orchestrate.backends.fsdp import fsdp_settings
+from orchestrate.config.load import config_from_dict
+from orchestrate.hardware.presets import load_preset
 from orchestrate.methods.lora.method import LORA
+from orchestrate.model.meta import load_model_config, shape_from_config
+from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
 from orchestrate.planner.plan import Candidate, RunPlan
 from orchestrate.planner.strategy import Strategy
 
@@ -91,8 +98,6 @@ def _without_offload(strategy: Strategy) -> tuple[Strategy, tuple[str, ...]]:
 
 def spec_from_plan(plan: RunPlan, candidate: Candidate | None = None, *, steps: int = 2, rank: int = 0) -> RunSpec:
     """The run `plan` would make for `candidate` (default: the chosen one), as the backends set it up."""
-    from orchestrate.model.meta import load_model_config
-
     cand = candidate or plan.chosen
     if cand is None:
         raise ValueError("the plan has no chosen candidate to simulate")
@@ -110,23 +115,17 @@ def spec_from_plan(plan: RunPlan, candidate: Candidate | None = None, *, steps: 
     mesh: tuple[int, ...] = (plan.world_size,)
     fused, foreach, ds_config, blocks, sync_last = False, None, None, None, False
     if strategy.backend == "fsdp":
-        from orchestrate.backends.fsdp import fsdp_settings
-
         settings = fsdp_settings(plan1)
         mesh = tuple(settings["mesh"]["shape"])
         fused = bool(settings["optimizer"]["fused"])
         blocks = settings["fully_shard"]["block_classes"]
         sync_last = settings["gradient_sync"] == "last_micro_batch"
     elif strategy.backend == "deepspeed":
-        from orchestrate.backends.deepspeed_render import engine_config
-
         ds_config = engine_config(plan1)  # what the worker passes to deepspeed.initialize
         # The worker's client AdamW steps DeepSpeed's flat fp32 partition; on a GPU that tensor is
         # on CUDA, where torch's default is the foreach implementation.
         foreach = hw.has_gpu or None
     else:
-        from orchestrate.backends.ddp import ddp_settings
-
         settings = ddp_settings(plan1)
         fused = bool(settings["optimizer"]["fused"])
         blocks = settings["block_classes"]
@@ -153,11 +152,6 @@ def plan_from_parts(hf_config: Any, strategy: Strategy, seq_len: int, world_size
     """A one-candidate plan for `strategy` (default hardware: the generic 8 GB GPU preset, one rank
     per GPU), so simulating parts goes through the same renderers as simulating a plan. `adapters`:
     `train` keys of a LoRA / QLoRA run (`adapter_settings`)."""
-    from orchestrate.config.load import config_from_dict
-    from orchestrate.hardware.presets import load_preset
-    from orchestrate.model.meta import load_model_config, shape_from_config
-    from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
-
     arch = hf_config if isinstance(hf_config, dict) else hf_config.to_diff_dict()
     arch = {"model_type": arch.get("model_type") or hf_config.model_type, **arch}
     for key in ("architectures", "transformers_version", "_name_or_path"):

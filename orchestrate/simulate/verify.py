@@ -15,6 +15,8 @@ from typing import Any
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
 from orchestrate.methods.registry import active_methods
+from orchestrate.planner import constants as k
+from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
@@ -69,8 +71,6 @@ class VerificationReport:
 def _unseen(plan: RunPlan, analytical: dict[str, int], reserve: bool = False) -> dict[str, int]:
     """What a GPU holds beyond the simulated storages, from the analytical terms; `reserve`: the
     analytical allocator reserve too (for a simulated side without the allocator replay)."""
-    from orchestrate.planner import constants as k
-
     hw, strategy = plan.hardware, plan.chosen.strategy
     if not hw.has_gpu:
         return {}
@@ -91,8 +91,6 @@ def allocator_setting(hw) -> str:
 
 def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
     """Simulate `plan.chosen` (one rank, rank 0) and compare its peak with the plan's estimate."""
-    from orchestrate.planner.memory import estimate_memory
-
     cand = plan.chosen
     if cand is None:
         raise ValueError("the plan has no chosen candidate to verify")

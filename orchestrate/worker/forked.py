@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -42,8 +43,6 @@ class RankBoard:
     RUNNING, DONE, FAILED, PEER_LOST, STOPPED = 1, 2, 3, 4, 5
 
     def __init__(self, nprocs: int) -> None:
-        import multiprocessing
-
         self.nprocs = nprocs
         self._stopping = multiprocessing.Value("b", 0, lock=False)
         self._states = multiprocessing.Array("i", 2 * nprocs, lock=False)  # (state, global rank) per local rank

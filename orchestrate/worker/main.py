@@ -25,13 +25,14 @@ import argparse
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
 from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL, EXIT_USER_ERROR
-
-if TYPE_CHECKING:
-    from orchestrate.worker.signals import StopRequest
+from orchestrate.worker.callbacks.base import Training
+from orchestrate.worker.oom import StepOutOfMemory, record_oom
+from orchestrate.worker.orphans import PR_SET_NAME, guard_parent, prctl
+from orchestrate.worker.preload import start_preload
+from orchestrate.worker.signals import StopRequest
 
 
 def train(plan_path: Path, stop: StopRequest) -> int:
@@ -41,10 +42,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     import torch.distributed as dist
 
     from orchestrate.worker import stages
-    from orchestrate.worker.callbacks.base import Training
     from orchestrate.worker.loop import run_loop
-    from orchestrate.worker.oom import StepOutOfMemory, record_oom
-    from orchestrate.worker.preload import start_preload
 
     plan, run = stages.read_plan(plan_path)
     stages.check_run_dir(run)
@@ -75,15 +73,10 @@ def train(plan_path: Path, stop: StopRequest) -> int:
 def name_this_rank() -> None:
     """`orchestrate-r<RANK>` in ps/top (the kernel's 15-byte process name): a rank forked by torchrun's
     agent has the agent's command line. Set once the stop handler is in (tests wait for the name)."""
-    from orchestrate.worker.orphans import PR_SET_NAME, prctl
-
     prctl(PR_SET_NAME, f"orchestrate-r{os.environ.get('RANK', '?')}".encode()[:15])
 
 
 def main(argv: list[str] | None = None) -> int:
-    from orchestrate.worker.orphans import guard_parent
-    from orchestrate.worker.signals import StopRequest
-
     guard_parent()
     stop = StopRequest().install()  # from here on SIGTERM/SIGUSR1 mean "checkpoint and exit"
     name_this_rank()

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import Objective
 from orchestrate.methods.registry import active_methods, runtimes
+from orchestrate.worker.chunked_loss import chunked_causal_lm_loss
 
 if TYPE_CHECKING:
     import torch
@@ -39,8 +40,6 @@ class CausalLMObjective:
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.loss_chunks:
-            from orchestrate.worker.chunked_loss import chunked_causal_lm_loss
-
             return chunked_causal_lm_loss(model, batch, self.loss_chunks)
         # use_cache=False: a KV cache is useless in training and clashes with activation checkpointing.
         return model(**batch, use_cache=False).loss

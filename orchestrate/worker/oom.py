@@ -15,6 +15,7 @@ CPU run (where only an injected error comes here) the failed request alone stand
 from __future__ import annotations
 
 import re
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -69,8 +70,6 @@ def oom_record(plan: RunPlan, rank: Rank, step: int, phase: str, error: BaseExce
 
 def record_oom(plan: RunPlan, rank: Rank, run_dir: Path, step: int, phase: str, error: BaseException) -> None:
     """Write this rank's record and say so on stderr (the launcher relays it)."""
-    import sys
-
     record = oom_record(plan, rank, step, phase, error)
     path = write_oom_record(run_dir, rank.rank, record)
     print(f"rank {rank.rank}: out of memory at step {step} ({phase}); recorded in {path}", file=sys.stderr,

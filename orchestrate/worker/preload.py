@@ -15,6 +15,11 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.deepspeed_import import import_deepspeed_lean
+from orchestrate.backends.registry import get_backend
+from orchestrate.model.meta import load_model_config
+from orchestrate.model.tasks import model_class
+
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.planner.plan import RunPlan
@@ -27,9 +32,6 @@ def start_preload(plan: RunPlan) -> threading.Thread:
 
 
 def _preload(plan: RunPlan) -> None:
-    from orchestrate.backends.deepspeed_import import import_deepspeed_lean
-    from orchestrate.backends.registry import get_backend
-
     try:
         backend = get_backend(plan.chosen.strategy.backend)
         # DeepSpeed: its engine, or the initial model's save_pretrained (backends/deepspeed_import.py).
@@ -47,7 +49,4 @@ def import_model_code(config: RunConfig) -> None:
     model = config.model
     if model.module is None and (model.architecture is not None
                                  or config.resolve_path(model.name_or_path or "").is_dir()):
-        from orchestrate.model.meta import load_model_config
-        from orchestrate.model.tasks import model_class
-
         model_class(load_model_config(config), model.task)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import sys
 import time
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 
 def _fmt_step(step: int, max_steps: int, loss: float, tokens_per_s: float, eta_s: float,
               eval_loss: float | None, extra: str = "") -> str:
@@ -25,8 +27,6 @@ class ProgressDisplay:
         self._start = time.perf_counter()
         self._bar = None
         if enabled and self.interactive:
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-
             self._bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[status]}"), TimeRemainingColumn())
             self._task = self._bar.add_task("train", total=max_steps, status="")

@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.custom.loss import LABELS, call, logits_of, loss_and_output
+from orchestrate.methods.custom.module import import_object, instantiate, module_factory, shape_of_module
 from orchestrate.model.shape import ModelShape
 
 if TYPE_CHECKING:
@@ -76,8 +78,6 @@ def measure_step(model_factory: Any, kwargs: dict[str, Any], batch: dict[str, An
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from orchestrate.methods.custom.loss import LABELS, loss_and_output
-    from orchestrate.methods.custom.module import instantiate
     from orchestrate.simulate.counter import LiveStorageCounter
 
     mode = FakeTensorMode(allow_non_fake_inputs=False)
@@ -100,8 +100,6 @@ def measure_step(model_factory: Any, kwargs: dict[str, Any], batch: dict[str, An
 def _output_sum(model: Any, batch: dict[str, Any]) -> tuple[Any, Any]:
     """An own loop's stand-in loss: the sum of the output (or its logits), which backward needs and
     which keeps no temporaries of its own."""
-    from orchestrate.methods.custom.loss import call, logits_of
-
     output = call(model, batch, with_labels=False)
     logits = logits_of(output)
     if logits is None:
@@ -147,7 +145,6 @@ def _measure(config: RunConfig, model_factory: Any) -> tuple[int, int]:
 def with_measured_activations(config: RunConfig, shape: ModelShape) -> ModelShape:
     """`shape` with the module's activation bytes, read from the cache or measured (and cached)."""
     from orchestrate.methods.custom.data import load_dataset
-    from orchestrate.methods.custom.module import import_object, module_factory
 
     model_factory = module_factory(config)
     if config.data.module is None and config.model.example_input is None:
@@ -171,7 +168,5 @@ def with_measured_activations(config: RunConfig, shape: ModelShape) -> ModelShap
 
 def custom_shape(config: RunConfig) -> ModelShape:
     """The planner's shape of `config.model.module`: counted on the meta device, activations measured."""
-    from orchestrate.methods.custom.module import module_factory, shape_of_module
-
     shape = shape_of_module(module_factory(config), config.model.kwargs, config.strategy.wrap)
     return with_measured_activations(config, shape)

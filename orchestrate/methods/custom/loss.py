@@ -10,6 +10,7 @@ output itself or its `logits`; `auto` takes the model's loss when its output has
 
 from __future__ import annotations
 
+import inspect
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,8 +53,6 @@ def _model_loss_wanted(model: Any, batch: dict[str, torch.Tensor], mode: str) ->
 
 def takes_labels(model: Any) -> bool:
     """Whether the module's forward accepts `labels` (by name or **kwargs); wrappers are looked through."""
-    import inspect
-
     from torch import nn
 
     inner = model

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from orchestrate.methods.distill.teacher import teacher_dir
 from orchestrate.run.layout import TEACHER_CACHE_DIR
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ def _expected(plan: RunPlan, data: TrainData) -> dict:
     """What a complete cache must have been made from: the samples' shape, top_k, and the
     teacher's weight files by name, size and modification time (a teacher retrained in place
     invalidates the cache; resuming with the same teacher reuses it)."""
-    from orchestrate.methods.distill.teacher import teacher_dir
-
     weights = sorted(teacher_dir(plan.config).glob("*.safetensors"))
     return {"rows": int(data.train.shape[0]), "seq_len": plan.config.train.seq_len,
             "top_k": plan.config.distill.top_k, "teacher": plan.config.distill.teacher,

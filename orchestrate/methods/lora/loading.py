@@ -26,6 +26,9 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from orchestrate.methods.lora.transform import compute_dtype
+from orchestrate.methods.registry import apply_transforms
+
 if TYPE_CHECKING:
     from orchestrate.backends.hf_io import StateLayout
     from orchestrate.planner.plan import RunPlan
@@ -38,7 +41,6 @@ def load_adapter_base(model_dir: Path, plan: RunPlan, trust_remote_code: bool = 
     from orchestrate.backends.hf_io import StateLayout
     from orchestrate.loading.weights import has_safetensors, load_replicated
     from orchestrate.methods.lora.quantized_loading import load_quantized
-    from orchestrate.methods.lora.transform import compute_dtype
 
     cpu = torch.device("cpu")
     if plan.config.train.method == "qlora" and has_safetensors(model_dir):
@@ -52,8 +54,6 @@ def fsdp_adapter_model(model_dir: Path, plan: RunPlan, rank: int, trust_remote_c
     """(the transformed model FSDP2's setup shards, the base's StateLayout, and for LoRA the full state dict
     `fill_from_rank0` broadcasts after fully_shard: rank 0's, {} elsewhere; None for QLoRA, filled already)."""
     from orchestrate.loading.weights import cast_floating_parameters, meta_model
-    from orchestrate.methods.lora.transform import compute_dtype
-    from orchestrate.methods.registry import apply_transforms
 
     if plan.config.train.method == "qlora":
         model, layout = load_adapter_base(model_dir, plan, trust_remote_code, task)

@@ -21,9 +21,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
+from safetensors import safe_open
 from torch import nn
 
 from orchestrate.loading.weights import meta_model, plan_reads
+from orchestrate.methods.lora.transform import compute_dtype, nf4_linear
 
 if TYPE_CHECKING:
     from orchestrate.backends.hf_io import StateLayout
@@ -63,11 +65,8 @@ def load_quantized(model_dir: Path, device: torch.device, plan: RunPlan, trust_r
                    task: str = "causal-lm") -> tuple[nn.Module, StateLayout]:
     """(the model on `device`: block linears in NF4, the rest in the compute dtype, read tensor by tensor;
     the StateLayout of the unquantized model, which checkpoints and the merged export are keyed by)."""
-    from safetensors import safe_open
-
     from orchestrate.backends.hf_io import restore_non_persistent_buffers
     from orchestrate.loading.host_embedding import HOST, host_names
-    from orchestrate.methods.lora.transform import compute_dtype, nf4_linear
 
     model, _, layout = meta_model(Path(model_dir), trust_remote_code, task)
     reads = plan_reads(Path(model_dir), layout)  # every mismatch is one UserError before anything is read

@@ -11,6 +11,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.methods.lora.transform import compute_dtype
+from orchestrate.methods.registry import apply_transforms
+
 if TYPE_CHECKING:
     import torch
 
@@ -86,8 +89,6 @@ def merge_adapters(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Ten
 
     from orchestrate.backends.hf_io import StateLayout
     from orchestrate.loading.weights import load_replicated
-    from orchestrate.methods.lora.transform import compute_dtype
-    from orchestrate.methods.registry import apply_transforms
 
     # In the compute dtype the sharding backends load it in, so the NF4 codes are the trained ones.
     model = load_replicated(model_dir, torch.device("cpu"), compute_dtype(plan), plan.config.model.trust_remote_code,

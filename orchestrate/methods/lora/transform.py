@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrate.backends.registry import shards_parameters
+from orchestrate.model.linears import block_linears
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +29,6 @@ def compute_dtype(plan: RunPlan) -> torch.dtype:
 
 
 def target_modules(plan: RunPlan) -> list[str]:
-    from orchestrate.model.linears import block_linears
-
     wanted = plan.config.train.lora.target_modules
     return sorted({name for name, _, _ in block_linears(plan.shape) or []}) if wanted == "auto" else list(wanted)
 

@@ -84,12 +84,11 @@ class Preference(Method):
     objective = True
     runtime = "orchestrate.methods.preference.runtime"
     saves = (REFERENCE_LOGPS_DIR,)
+    metric_keys = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
+    """What callback.py records per step (TRL's names)."""
 
     def active(self, config: RunConfig) -> bool:
         return config.preference is not None
-
-    metric_keys = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
-    """What callback.py records per step (TRL's names)."""
 
     def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
         """The rewards, first step -> last, and the held-out ones of the last evaluation."""

@@ -8,6 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
 from orchestrate.planner.plan import RunPlan
 from orchestrate.report.progress_text import memory_and_mfu
 from orchestrate.run.layout import METRICS_FILE
@@ -23,7 +25,6 @@ def follow_metrics(plan: RunPlan, run_dir: Path, console: Console | None):
     if console is None or not console.is_terminal:
         yield
         return
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     total = plan.config.train.max_steps
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),

@@ -21,6 +21,7 @@ from orchestrate.launch.session import Prepared, launch_env
 from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torchrun_argv
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE, WORKER_MODULE
+from orchestrate.transports.local.agent import WarmAgent
 from orchestrate.transports.local.progress import follow_metrics
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from rich.console import Console
 
     from orchestrate.config.schema import RunConfig
-    from orchestrate.transports.local.agent import WarmAgent
 
 
 @dataclass
@@ -55,7 +55,6 @@ class LocalTorchrun:
         if not self._forks_worker():
             yield
             return
-        from orchestrate.transports.local.agent import WarmAgent
 
         self._agent = WarmAgent.start(config)
         try:

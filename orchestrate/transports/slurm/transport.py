@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.output_relay import relay_output
+from orchestrate.launch.resume import resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say, shows_progress
 from orchestrate.launch.torchrun_args import worker_torchrun_args
@@ -212,7 +213,6 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
 
     plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume, tell)
     from orchestrate.data.pipeline import prepare_for_plan
-    from orchestrate.launch.resume import resumed_data
 
     tell(prepare_for_plan(plan, run_dir, progress=shows_progress(console), resumed=resumed_data(run_dir)))
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)

@@ -30,6 +30,7 @@ from orchestrate.methods.preference.losses import (
     pair_loss,
     target_logps,
 )
+from orchestrate.worker.chunked_loss import final_hidden_states, over_chunks
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
 ReferenceLogps = Callable[[torch.nn.Module, dict], AnswerLogps]
@@ -46,8 +47,6 @@ def answer_logps(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunks:
     if not chunks:
         logits = model(**inputs, use_cache=False).logits
         return AnswerLogps.of(logits, batch["labels"], batch["sequence"], count)
-    from orchestrate.worker.chunked_loss import final_hidden_states, over_chunks
-
     targets = next_labels(batch["labels"])
     with final_hidden_states(model, inputs) as (hidden, head):
         per_token = torch.cat(over_chunks(target_logps, hidden, head, targets, chunks), dim=1)

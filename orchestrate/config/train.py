@@ -85,7 +85,8 @@ class TrainSection(Section):
 
     loss_chunks: int | Auto = "auto"
     """causal-lm: run the LM head + cross-entropy in N chunks over the sequence, each recomputed in
-    backward, so the full logits never exist; 0: one pass; "auto": the planner's choice (docs/memory-knobs.md)."""
+    backward, so the full logits never exist (preference: the answer log-probabilities, docs/preference.md);
+    0: one pass; "auto": the planner's choice (docs/memory-knobs.md)."""
 
     activation_offload: bool | Auto = "auto"
     """GPU, with activation checkpointing: keep each checkpointed block's input in pinned CPU memory

@@ -53,19 +53,12 @@ def over_chunks(fn: ChunkFunction, hidden: torch.Tensor, head: torch.nn.Module, 
     return [checkpoint(_head_then, fn, h, y, head, use_reentrant=False) for h, y in pieces]
 
 
-def shifted_labels(labels: torch.Tensor) -> torch.Tensor:
-    """The label each position predicts (the next one; the last position's is IGNORE)."""
-    import torch
-
-    return torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
-
-
 def chunked_cross_entropy(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
                           chunks: int) -> torch.Tensor:
     """Mean next-token cross-entropy of `head(hidden)` against `labels` (b x s, unshifted)."""
     import torch
 
-    shifted = shifted_labels(labels)
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
     total = hidden.new_zeros((), dtype=torch.float32)
     for part in over_chunks(_cross_entropy_sum, hidden, head, shifted, chunks):
         total = total + part

@@ -45,7 +45,13 @@ class Case:
     settings: dict = field(default_factory=dict)
     """Every stated setting, as the source states it (printed with --json)."""
     fsdp1: bool = False
-    """The run used FSDP1 (flat parameters, its own streams and allocations), planned as orchestrate's FSDP2."""
+    """The run used FSDP1 (flat parameters, its own streams and allocations), planned as orchestrate's FSDP2;
+    sharded, its prediction carries FSDP1_OVER_FSDP2."""
+
+    @property
+    def sharded_fsdp1(self) -> bool:
+        """FSDP1 with sharded parameters (NO_SHARD is planned as DDP, which it is but for the flat buffers)."""
+        return self.fsdp1 and self.strategy.backend == "fsdp"
 
 
 def _s(backend: str, stage: int, precision: str, ac: bool, mb: int, optimizer: str = "adamw",
@@ -64,6 +70,9 @@ RTX3090 = _gpu("NVIDIA GeForce RTX 3090", 24, (8, 6), 71, 71, 35.6)
 A10G = _gpu("NVIDIA A10G", 24, (8, 6), 125, 125, 31.2)
 A100_40 = _gpu("NVIDIA A100-SXM4-40GB", 40, (8, 0), 312, 312, 19.5)
 A100_80 = _gpu("NVIDIA A100-SXM4-80GB", 80, (8, 0), 312, 312, 19.5)
+A100_80_NVLINK = A100_80.model_copy(update={"nvlink": True})
+"""fms-acceleration's A100-SXM4-80GB nodes: SXM4 boards join their GPUs by NVLink (NCCL's channel count)."""
+H100_95 = _gpu("NVIDIA H100 (95.04 GiB)", 95.0396, (9, 0), 989, 989, 67)
 
 # --- model configs (config.json of each checkpoint) ---------------------------------------------------
 
@@ -135,12 +144,14 @@ ANSWER_AI_STACK = SoftwareStack(torch="2.2.1+cu121", cuda="12.1", transformers="
                                 bitsandbytes="0.43.0")
 _AA_RESERVED = ("FSDP1's reserved peak sits 12-24 % above its allocated one in this source (10.24 vs 8.28, 10.22 vs "
                 "9.16 GiB); the replay-fitted FSDP2 reserve without expandable segments (496 MiB + 16.5 %, 19-31 % "
-                "here) covers that, the rows below 0.95 (qlora bs1 512, lora bs6) held more: FSDP1's own "
-                "allocation order is not replayed; train.py keeps `output` (fp32 logits) through backward")
+                "here) times FSDP1's measured excess over FSDP2 (x1.036, torchtitan PR #165) covers it (0.96-1.14); "
+                "train.py keeps `output` (fp32 logits) through backward")
 _AA_ALLOCATED = ("allocated, like with like: bf16 adapters, 3 dropout copies per attention input (r 64, p 0.1), "
-                 "transformers 4.37's fp32 logits held by train.py through backward, bnb 0.43.0's saved input")
-_AA_OFFLOAD = ("FSDP1 CPUOffload(offload_params=True), planned as FSDP2's CPUOffloadPolicy: ~5 GiB above the plan "
-               "in every offloaded row (7B, 34B, 70B alike), not traced in FSDP1's code here")
+                 "transformers 4.37's fp32 logits held by train.py through backward, bnb 0.43.0's saved input, "
+                 "FSDP1's measured excess over FSDP2 (x1.037, torchtitan PR #165)")
+_AA_OFFLOAD = ("FSDP1 CPUOffload(offload_params=True), planned as FSDP2's CPUOffloadPolicy (x FSDP1's measured "
+               "excess): 1.7-2.9 GiB above the plan in Answer.AI's 7B LoRA, 34B and 70B rows (its 7B QLoRA row "
+               "1.06), 6.8 GiB in the PEFT docs' 70B nvidia-smi row; not traced in FSDP1's code here")
 
 
 def _answer_ai(name: str, gib: float, method: str, bs: int, sharding: str = "full_shard", metric: str = RESERVED,
@@ -205,12 +216,14 @@ _FMS_SETTINGS = {"model": "mistralai/Mistral-7B-v0.1", "torch_dtype": "bfloat16"
                             "peak averaged over the GPUs (MiB)"}
 _FMS_LOADED = ("allocated: the 16-bit logits, their fp32 up-cast, transformers 4.48's shifted fp32 copy and the "
                "log-softmax at the end of forward (14 B per token and vocabulary entry) are counted")
-_FMS_FSDP = ("FSDP1 adds 60-90 KiB per token over the one-GPU slope of the same runs (0.74-0.78 vs 0.68 MiB/token), not "
-             "traced in its code here")
+_FMS_FSDP = ("FSDP1's measured excess over FSDP2 (x1.037 active, torchtitan PR #165) counted; its peak still grows "
+             "faster per token than the one-GPU runs of this source (0.74-0.78 vs 0.68 MiB/token), not traced in "
+             "its code here")
 _FMS_SMI = ("nvidia-smi: the allocator held 14-16 % above allocated on one GPU, covered by the replay-fitted DDP "
-            "reserve (24 %: 1.08-1.09), and 22-25 % (LoRA) or 35-39 % (QLoRA) under FSDP1, above the FSDP2 one "
-            "(496 MiB + 16.5 %, 18-21 % here) and on top of FSDP1's low allocated rows (0.94-0.96); our FSDP2 "
-            "replay (LoRA zoo, 16 blocks) on a card with room reserves 22-53 % above allocated, cache beyond what the run needs")
+            "reserve (24 %: 1.08-1.09), and under FSDP1 19 % (LoRA: 0.98-1.01) or 29-30 % (QLoRA: 0.93-0.96) "
+            "on an 80 GB card with room (NVLink: NCCL's 24 channels, 992 MiB), above the need the FSDP2 reserve "
+            "predicts (496 MiB + 16.5 %, 18-21 % here, x1.036 for FSDP1); our FSDP2 replay (LoRA zoo, 16 "
+            "blocks) with room holds 22-53 % as well")
 
 
 def _fms(name: str, method: str, gpus: int, bs: int, metric: str, published: float, residual: str) -> Case:
@@ -218,7 +231,7 @@ def _fms(name: str, method: str, gpus: int, bs: int, metric: str, published: flo
             "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"]}
     backend, stage = ("ddp", 0) if gpus == 1 else ("fsdp", 3)
     return Case(
-        name=name, source=FMS, metric=metric, published_bytes=published, gpu=A100_80, gpus=gpus, software=FMS_STACK,
+        name=name, source=FMS, metric=metric, published_bytes=published, gpu=A100_80_NVLINK, gpus=gpus, software=FMS_STACK,
         fsdp1=gpus > 1,
         architecture=MISTRAL_7B, train={"method": method, "seq_len": 4096, "global_batch_size": gpus * bs,
                                         **({"lora": lora} if method != "full" else {})},
@@ -291,11 +304,70 @@ CASES += [
                _AA_OFFLOAD),
     _peft_docs("llama2-70b qlora fsdp", 35.6, "fsdp", False, A100_80,
                "accelerate FSDP1 FULL_SHARD, no offload", "FSDP1 on an 80 GB card holds more cache than the "
-               "replay-fitted FSDP2 reserve (496 MiB + 16.5 %), as in fms-acceleration's FSDP1 QLoRA rows"),
+               "replay-fitted FSDP2 reserve (496 MiB + 16.5 %, x1.036 for FSDP1) predicts as needed, as in "
+               "fms-acceleration's FSDP1 QLoRA rows"),
     _peft_docs("llama2-70b qlora zero3", 36.6, "deepspeed", False, A100_40,
                "accelerate DeepSpeed ZeRO-3, zero3_init, no offload, mixed_precision bf16",
                "DeepSpeed ZeRO-3 with a 4-bit base: not traced; the replay-fitted ZeRO reserve without expandable "
                "segments (22 MiB + 35 %, the zoo's worst ZeRO point) predicts high"),
+]
+
+# --- 5. torchtitan PR #165 (awgu): FSDP1 -> FSDP2 at equal settings on 8 x H100 ------------------------------
+
+TORCHTITAN = ("torchtitan PR #165 (awgu, Used per-parameter FSDP, Mar 2024): https://github.com/pytorch/torchtitan/"
+              "pull/165, settings in pytorch/torchtitan@83c879f:train.py, train_configs/llama_7b.toml, "
+              "torchtrain/parallelisms/parallelize_llama.py, torchtrain/models/llama/model.py")
+# A torch nightly of March 2024 (FSDP2 was in main only). No transformers: torchtitan's own Llama; its logits
+# follow the pattern of transformers before 4.46 (model.py `self.output(h).float()`, train.py keeps `pred`
+# through backward beside cross_entropy's fp32 log-softmax), so that release pins the logits term.
+TORCHTITAN_STACK = SoftwareStack(torch="2.4.0.dev20240326+cu121", cuda="12.1", transformers="4.45.2")
+TORCHTITAN_PCT = {("FSDP2", ALLOCATED): 23.92, ("FSDP2", RESERVED): 32.64,
+                  ("FSDP1", ALLOCATED): 24.81, ("FSDP1", RESERVED): 33.82}
+"""Full activation checkpointing (AC) rows of the PR text, in % of 95.0396 GiB; its selective-AC rows
+(FSDP1 52.98 / 67.23, FSDP2 52.13 / 62.51) have no orchestrate knob."""
+FSDP1_OVER_FSDP2 = {metric: TORCHTITAN_PCT["FSDP1", metric] / TORCHTITAN_PCT["FSDP2", metric]
+                    for metric in (ALLOCATED, RESERVED)}
+"""FSDP1's peak over FSDP2's in the same run, measured by FSDP2's author (torchtitan PR #165: Llama-7B, 8 x
+H100, full AC, bf16 params, fp32 reduce-scatter): 1.037 active, 1.036 reserved. Applied to the published
+FSDP1 runs (all with per-block checkpointing), which orchestrate plans as its FSDP2: like with like, the
+run's engine as measured, not a fit to those rows. (torchtitan docs/fsdp.md: "7% lower peak memory" is
+the selective-AC reserved pair, 67.23 / 62.51.)"""
+_TT_SETTINGS = {"model": "torchtitan llama 7B (dim 4096, 32 layers, 32 heads, SwiGLU 11008, Llama-2 tokenizer "
+                         "32000, untied output)", "batch_size": 8, "seq_len": 2048, "dataset": "minipile",
+                "activation_checkpoint": "full (per-block checkpoint_wrapper, preserve_rng_state False)",
+                "mixed precision": "param bf16, reduce fp32", "optimizer": "AdamW foreach (lr 3e-4, wd 0.1)",
+                "gpus": "8 x H100 (95.0396 GiB)", "metric": "active_bytes.all.peak / reserved_bytes.all.peak",
+                "steps": 1000}
+_TT_ALLOCATED = ("FSDP2, orchestrate's engine: fp32 sharded weights and AdamW states, the root unsharded, two "
+                 "blocks gathered, 32 checkpointed block inputs and the fp32 logits held through backward; "
+                 "'peak active' also counts blocks freed but awaiting another stream, so it sits at or above "
+                 "allocated")
+_TT_RESERVED = ("on a card with room (31 of 95 GiB) FSDP2's allocator held 36 % above active; our replay of "
+                "16-block FSDP2 points with room holds 31-49 %, but the planner's reserve is the need (the least "
+                "memory the replay runs in: 496 MiB + 16.5 %, 19 % here), which a reserved peak with room does "
+                "not measure")
+
+
+def _torchtitan(engine: str, metric: str, residual: str = "", left_out: str = "") -> Case:
+    return Case(
+        name=f"llama-7b full {engine.lower()} 8xH100 ({'active' if metric == ALLOCATED else 'reserved'})",
+        source=TORCHTITAN, metric=metric, published_bytes=TORCHTITAN_PCT[engine, metric] / 100 * 95.0396 * GiB,
+        gpu=H100_95, gpus=8, software=TORCHTITAN_STACK, architecture=LLAMA2_7B, fsdp1=engine == "FSDP1",
+        train={"method": "full", "seq_len": 2048, "global_batch_size": 64}, strategy=_s("fsdp", 3, "bf16", True, 8),
+        settings={**_TT_SETTINGS, "engine": engine + (" FULL_SHARD, BACKWARD_PRE, use_orig_params, limit_all_gathers"
+                                                       if engine == "FSDP1" else
+                                                       " fully_shard per block, last block not resharded")},
+        unpinned=("the torch nightly; torchtitan's foreach AdamW (its step temporary stays below the backward peak) "
+                  "planned as fused; the last block kept unsharded after forward (one block, 0.38 GiB)"),
+        residual=residual, left_out=left_out)
+
+
+_TT_FACTOR = "the source of FSDP1_OVER_FSDP2: counted, it would repeat the FSDP2 row's ratio"
+CASES += [
+    _torchtitan("FSDP2", ALLOCATED, _TT_ALLOCATED),
+    _torchtitan("FSDP2", RESERVED, _TT_RESERVED),
+    _torchtitan("FSDP1", ALLOCATED, left_out=_TT_FACTOR),
+    _torchtitan("FSDP1", RESERVED, left_out=_TT_FACTOR),
 ]
 
 # --- left out: settings a plan cannot reproduce ---------------------------------------------------------
@@ -342,6 +414,7 @@ RESERVE_PAIRS = [
     ("llama2-7b lora fsdp bs1 2048 (alloc)", "llama2-7b lora fsdp bs1 2048"),
     *((f"mistral-7b {run} (alloc)", f"mistral-7b {run} (smi)")
       for run in ("lora bs4", "lora bs8", "lora fsdp bs2", "lora fsdp bs4", "qlora fsdp bs2", "qlora fsdp bs4")),
+    ("llama-7b full fsdp2 8xH100 (active)", "llama-7b full fsdp2 8xH100 (reserved)"),
 ]
 """Runs whose source published the allocated peak and the reserved (or nvidia-smi) one: what the caching
 allocator held above the tensors, measured (nvidia-smi less the modelled CUDA context and NCCL buffers)."""

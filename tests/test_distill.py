@@ -30,8 +30,8 @@ from orchestrate.methods.distill.method import DistillTerms
 from orchestrate.methods.distill.objective import DistillationObjective, soft_target_kl
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.allocator_reserve import RESERVE
-from orchestrate.planner.constants import NCCL_BUFFER_BYTES_PER_COMMUNICATOR
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.plan import Refusal, RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
@@ -145,7 +145,7 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     assert pass_bytes > 2**30
     training = sum(v for k, v in gpu.items() if k not in ("teacher_first_pass", "cuda_context", "workspace",
                                                               "allocator_reserve", "comm_buckets"))
-    before_nccl = gpu["comm_buckets"] - NCCL_BUFFER_BYTES_PER_COMMUNICATOR  # the NCCL buffers are added after
+    before_nccl = gpu["comm_buckets"] - nccl_buffer_bytes(hw)  # the NCCL buffers are added after
     assert gpu["teacher_first_pass"] == pytest.approx(pass_bytes - training - before_nccl, abs=2)
     # auto: every candidate takes the first placement that fits. With 64 GiB of RAM the offloaded
     # shards (6.7 GB per rank) fit; with 8 GiB only the precomputed logits do.

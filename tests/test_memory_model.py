@@ -13,6 +13,7 @@ from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets, software_terms
+from orchestrate.planner import nccl_buffers as nb
 from orchestrate.planner.memory import (
     CPU_KEYS,
     GPU_KEYS,
@@ -21,9 +22,10 @@ from orchestrate.planner.memory import (
     estimate_memory,
     node_host_bytes,
 )
+from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.strategy import Strategy
 
-GiB = 2**30
+GiB, MiB = 2**30, 2**20
 
 
 def gpt2_shape(hidden: int, layers: int, vocab: int = 50257, positions: int = 1024, heads: int = 25) -> ModelShape:
@@ -349,5 +351,24 @@ def test_gpu_profile_counts_invisible_device_memory():
     mem = estimate_memory(gpt2_xl(), gpu_hw(2), strat(), 512)
     assert mem.gpu["cuda_context"] == software_terms.CUDA_CONTEXT_LAZY_BYTES  # current torch: lazy loading
     assert mem.gpu["workspace"] == k.CUBLAS_WORKSPACE_BYTES
-    assert mem.gpu["comm_buckets"] >= k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
+    assert mem.gpu["comm_buckets"] >= nccl_buffer_bytes(gpu_hw(2)) > 0
     assert mem.gpu["allocator_reserve"] > 0
+
+
+def test_nccl_buffers_follow_nccls_fifo_sizes_and_channels():
+    """planner/nccl_buffers.py: 12 MiB per connection (LL 512 KiB + LL128 4.69 MiB + Simple 4 MiB, rounded
+    to 2 MiB, + the sender's 2 MiB), 3 connections per channel, 2 channels over PCIe, 24 over NVLink,
+    FIFOs in host memory without peer-to-peer; a margin for what is not sized."""
+    ll, ll128, simple = 8 * 512 * 8 * 16, 120 * 640 * 8 * 8, 4 * MiB
+    receiver = -(-(ll + ll128 + simple) // (2 * MiB)) * (2 * MiB)
+    assert receiver == 10 * MiB and nb.CONNECTION_BYTES == receiver + 2 * MiB
+    no_p2p = gpu_hw(2)  # a GeForce card: its driver enables no peer-to-peer, NCCL's SHM keeps the FIFOs on the host
+    assert not no_p2p.gpu.p2p and nccl_buffer_bytes(no_p2p) == nb.UNSIZED_MARGIN
+    pcie = gpu_hw(2, gpu=RTX3070.model_copy(update={"p2p": True}))
+    assert nccl_buffer_bytes(pcie) == nb.UNSIZED_MARGIN + 2 * 3 * 12 * MiB == 200 * MiB
+    nvlink = gpu_hw(2, gpu=RTX3070.model_copy(update={"nvlink": True}))
+    assert nccl_buffer_bytes(nvlink) == nb.UNSIZED_MARGIN + 24 * 3 * 12 * MiB
+    assert nccl_buffer_bytes(gpu_hw(2, nodes=2)) == nb.UNSIZED_MARGIN  # GeForce: no GPUDirect RDMA either
+    two_nodes = gpu_hw(2, nodes=2, gpu=RTX3070.model_copy(update={"p2p": True}))  # + the tree's links across nodes
+    assert nccl_buffer_bytes(two_nodes) == nb.UNSIZED_MARGIN + 2 * 5 * 12 * MiB
+    assert nccl_buffer_bytes(gpu_hw(1)) == 0

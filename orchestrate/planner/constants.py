@@ -39,9 +39,7 @@ CUBLAS_WORKSPACE_BYTES = 64 * MiB
 """cuBLAS/cuBLASLt workspaces (torch sets 4 MiB x 8 per handle and stream on Ampere+, `:4096:8`) plus
 SDPA kernel scratch; rounded up. To be calibrated."""
 
-NCCL_BUFFER_BYTES_PER_COMMUNICATOR = 200 * MiB
-"""NCCL's own device buffers per communicator (NCCL_BUFFSIZE 4 MiB per channel and peer, x2 for
-send/recv, several channels, plus its work FIFOs); only when world size > 1. To be calibrated."""
+# NCCL's own device buffers per communicator are in planner/nccl_buffers.py.
 
 # --------------------------------------------------------------------------------------------------
 # Host memory per node

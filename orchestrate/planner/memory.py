@@ -40,6 +40,7 @@ from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.allocator_reserve import allocator_reserve
 from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.packing import SamplePacking, mask_bytes
 from orchestrate.planner.strategy import Strategy
 
@@ -401,7 +402,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
         if hw.world_size > 1:
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group
-            gpu["comm_buckets"] += communicators * k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
+            gpu["comm_buckets"] += communicators * nccl_buffer_bytes(hw)
         accounted = sum(v for key, v in gpu.items() if key != "cuda_context")
         gpu["allocator_reserve"] = allocator_reserve(accounted, strategy, hw.expandable_segments)
     if correction > 1.0:

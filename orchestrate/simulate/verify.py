@@ -15,8 +15,8 @@ from typing import Any
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
 from orchestrate.methods.registry import active_methods
-from orchestrate.planner import constants as k
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
@@ -74,9 +74,8 @@ def _unseen(plan: RunPlan, analytical: dict[str, int], reserve: bool = False) ->
     hw, strategy = plan.hardware, plan.chosen.strategy
     if not hw.has_gpu:
         return {}
-    nccl = 0
-    if hw.world_size > 1:  # memory.py: one communicator, two with hybrid shard
-        nccl = (2 if strategy.hybrid_shard else 1) * k.NCCL_BUFFER_BYTES_PER_COMMUNICATOR
+    # memory.py: one communicator, two with hybrid shard
+    nccl = (2 if strategy.hybrid_shard else 1) * nccl_buffer_bytes(hw)
     out = {"cuda_context": analytical.get("cuda_context", 0), "workspace": analytical.get("workspace", 0),
            "nccl_buffers": nccl}
     if reserve:

@@ -151,7 +151,10 @@ _AA_ALLOCATED = ("allocated, like with like: bf16 adapters, 3 dropout copies per
                  "FSDP1's measured excess over FSDP2 (x1.037, torchtitan PR #165)")
 _AA_OFFLOAD = ("FSDP1 CPUOffload(offload_params=True), planned as FSDP2's CPUOffloadPolicy (x FSDP1's measured "
                "excess): 1.7-2.9 GiB above the plan in Answer.AI's 7B LoRA, 34B and 70B rows (its 7B QLoRA row "
-               "1.06), 6.8 GiB in the PEFT docs' 70B nvidia-smi row; not traced in FSDP1's code here")
+               "1.06), 6.8 GiB in the PEFT docs' 70B nvidia-smi row. Likely, not verified: FSDP1's init moves "
+               "each unit to the GPU to flatten and shard it, then the shard to the CPU (torch/distributed/fsdp/"
+               "_init_utils.py `_move_module_to_device`, `_init_param_handle_from_params`), and train.py resets "
+               "the peaks after wrapping without emptying the cache, so that cache counts as reserved")
 
 
 def _answer_ai(name: str, gib: float, method: str, bs: int, sharding: str = "full_shard", metric: str = RESERVED,

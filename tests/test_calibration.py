@@ -1,11 +1,13 @@
 """The per-machine calibration file: where it lives, that it is written whole and never through a
 link, that a run's memory verdict (here a synthetic one) raises the next plan's prediction for the
 same family on the same machine, never lowers it, and is ignored for another machine, another
-family, a preset, and with --no-calibration."""
+family, a preset, and with --no-calibration; a GPU worker gives back what start-up cached before it
+measures."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware import calibration as cal
@@ -14,6 +16,8 @@ from orchestrate.hardware.resolve import resolve_hardware
 from orchestrate.hardware.software import SoftwareStack
 from orchestrate.launch.calibrate import analytical_bytes, record_verdict, verdict_ratio
 from orchestrate.planning import plan_for
+from orchestrate.worker import stages
+from orchestrate.worker.rank import Rank
 from tests.helpers.plans import TINY_GPT2
 
 
@@ -130,3 +134,15 @@ def test_a_gpu_oom_is_recorded_against_the_analytical_prediction_a_cpu_one_is_no
     assert record_oom_ratio(plan, {**worst, "device": "cpu"}, path) is None and not path.exists()
     assert "1.40 for fsdp-z3" in record_oom_ratio(plan, worst, path)
     assert cal.read_calibration(path).entries[0].sources == ["out-of-memory at step 3"]
+
+
+@pytest.mark.parametrize("device", ["cuda:0", "cpu"])
+def test_a_gpu_worker_gives_back_the_start_up_cache_before_its_first_step(device, monkeypatch):
+    """What loading cached would otherwise sit under the reserved peak a calibration is made from;
+    the peak statistics stay (a start-up peak above training's is still one the card held)."""
+    calls = []
+    monkeypatch.setattr(stages.gc, "collect", lambda: calls.append("gc"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: calls.append("reset"))
+    stages.release_start_up_cache(Rank(rank=0, local_rank=0, world_size=1, node=0, device=torch.device(device)))
+    assert calls == (["gc", "empty_cache"] if device.startswith("cuda") else [])

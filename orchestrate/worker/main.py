@@ -2,9 +2,9 @@
 
     plan -> process group -> data -> the methods' auxiliary models -> model (initial weights; built
     by the base method with the methods' transforms, inside the backend) -> wrap (backend engine,
-    with the objective of the task and the methods) -> resume -> step loop with callbacks (the
-    methods', evaluation, metrics, progress, checkpoints, stop signals) -> consolidated Hugging Face
-    model and what the methods save.
+    with the objective of the task and the methods) -> resume -> start-up cache released -> step
+    loop with callbacks (the methods', evaluation, metrics, progress, checkpoints, stop signals) ->
+    consolidated Hugging Face model and what the methods save.
 
 Fault tolerance (docs/fault-tolerance.md): whenever RUN_DIR/checkpoints/latest names a complete
 checkpoint the worker continues from it, so `orchestrate launch --resume`, a torchrun restart
@@ -55,6 +55,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     auxiliary = stages.build_auxiliary(plan, run, rank, data)  # before the trained model (see the function)
     engine, model_dir = stages.build_engine(plan, run, rank, data.label_names, auxiliary)
     checkpointer, start_step = stages.resume(plan, run, rank, engine, model_dir, data, resume_from)
+    stages.release_start_up_cache(rank)
     training = Training(plan, rank, run, engine, data, checkpointer, stop, start_step)
     try:
         stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from), tensors)

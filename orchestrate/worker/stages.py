@@ -5,6 +5,7 @@ callbacks, its saved files."""
 
 from __future__ import annotations
 
+import gc
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -143,6 +144,19 @@ def resume(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, model_di
     restored = checkpointer.load(resume_from)
     data.sampler.load_state_dict(restored["sampler"])
     return checkpointer, restored["step"]
+
+
+def release_start_up_cache(rank: Rank) -> None:
+    """Give the blocks cached while the model was built back to the driver before step 1, as
+    torchtune's `cleanup_before_training` does (gc, then `empty_cache`). The caching allocator keeps
+    freed blocks for later requests of its own sizes and streams, so what passed through the GPU while
+    loading (FSDP2's broadcast from rank 0, quantization, ZeRO-3's partitioning, a checkpoint's
+    shards) would otherwise stay reserved beside training's blocks: a reserved peak, and the
+    calibration made from it, that the plan's training peak does not predict. The peak statistics are
+    not reset (torchtune resets them): a start-up peak above training's is still one the card held."""
+    if rank.device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def callbacks(plan: RunPlan, rank: Rank, data: TrainData, start_step: int, resume_from: Path | None) -> list[Callback]:

@@ -12,8 +12,10 @@ On one CUDA GPU:
    memory with `torch.cuda.set_per_process_memory_fraction` and then calls the unchanged worker
    (why there: see its docstring; the plan file is the only channel to the workers);
 3. measured `max_memory_allocated` / `max_memory_reserved` (max over ranks and steps, from the run's
-   metrics.jsonl) against the planned per-rank GPU bytes, and tokens/s (median of the steps after
-   the first two) against the speed model's estimate; one JSON (`--json`) and a table.
+   metrics.jsonl: set-up included) and the training steps' own peaks (from the rank's allocation
+   history, bench/gpu_worker.py, replayed by bench/cuda_trace.py) against the planned per-rank GPU
+   bytes, and tokens/s (median of the steps after the first two) against the speed model's
+   estimate; one JSON (`--json`) and a table. Each run's history is kept beside its log.
 
 `--dry-run` (any machine, CPU is enough): imports everything the real run needs, plans every zoo
 entry (for `--profile`, default rtx3070, when there is no GPU) and prints the predictions, running
@@ -46,6 +48,7 @@ import importlib
 import importlib.metadata
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -58,7 +61,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench import qlora_zoo  # noqa: E402  (after the path: `python bench/gpu_check.py` from anywhere)
+from bench import cuda_trace, qlora_zoo  # noqa: E402  (after the path: `python bench/gpu_check.py` from anywhere)
 
 WORKER_MODULE = "bench.gpu_worker"
 WARMUP_STEPS = 2  # first steps: CUDA/NCCL initialisation, allocator growth, DeepSpeed's lazy buffers
@@ -233,7 +236,8 @@ def print_table(rows: dict, title: str) -> None:
 
     table = Table(title=title)
     for col in ("plan", "strategy", "seq", "status", "GPU GiB planned (allocator)", "max alloc GiB", "max reserved GiB",
-                "reserved/planned", "tokens/s planned", "tokens/s", "measured/planned"):
+                "reserved/planned", "steps: alloc GiB", "reserved GiB", "reserved/planned",
+                "tokens/s planned", "tokens/s", "measured/planned"):
         table.add_column(col, no_wrap=col in ("plan", "strategy"))  # names whole, also in a log file
     for name, row in rows.items():
         p, m = row["prediction"], row.get("measured", {})
@@ -241,6 +245,8 @@ def print_table(rows: dict, title: str) -> None:
                       f"{_gib(p.get('gpu_bytes'))} ({_gib(p.get('gpu_allocator_bytes'))})",
                       _gib(m.get("gpu_max_allocated_bytes")), _gib(m.get("gpu_max_reserved_bytes")),
                       _ratio(m.get("gpu_max_reserved_bytes"), p.get("gpu_allocator_bytes")),
+                      _gib(m.get("steps_max_allocated_bytes")), _gib(m.get("steps_max_reserved_bytes")),
+                      _ratio(m.get("steps_max_reserved_bytes"), p.get("gpu_allocator_bytes")),
                       f"{p['tokens_per_s']:,.0f}" if p.get("tokens_per_s") else "-",
                       f"{m['tokens_per_s']:,.0f}" if m.get("tokens_per_s") else "-",
                       _ratio(m.get("tokens_per_s"), p.get("tokens_per_s")))
@@ -280,6 +286,17 @@ def run_entry(name: str, config: dict, hw, work: Path, timeout_s: float, keep: b
     if rc != 0 and out["measured"].get("steps") == config["train"]["max_steps"]:
         # Every step's peaks are in metrics.jsonl; what failed came after (the merged save, for 8B a 32 GB write).
         out["status"] = f"trained, then failed (rc {rc})"
+    # The ranks' allocation histories (bench/gpu_worker.py) outlive the run directory, beside its log.
+    out["cuda_traces"] = []
+    for trace in sorted(run_dir.glob("cuda-trace-rank*.json.gz")):
+        kept = work / f"{name}.{trace.name}"
+        shutil.copyfile(trace, kept)
+        out["cuda_traces"].append(str(kept))
+    if out["cuda_traces"]:  # the training steps' own peaks, apart from set-up and the final save
+        phases = cuda_trace.replay_trace(cuda_trace.read(Path(out["cuda_traces"][0])))["phase_peaks"]
+        if phases:
+            out["measured"].update(steps_max_allocated_bytes=phases["steps"]["allocated"],
+                                   steps_max_reserved_bytes=phases["steps"]["reserved"])
     if not keep:
         subprocess.run(["rm", "-rf", str(run_dir)], check=False)  # checkpoints and merged models: GBs each
     return out

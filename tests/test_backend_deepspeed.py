@@ -224,6 +224,10 @@ class _FakeDeepSpeedEngine:
         self.lr_scheduler = make_scheduler(self.optimizer, plan.config.train)
         self.accumulation = plan.chosen.gradient_accumulation
         self.overflow_on, self.micro_steps, self.global_steps, self.skipped_steps = overflow_on, 0, 0, 0
+        self.training = False  # as from_pretrained leaves a model: eval mode
+
+    def train(self, mode: bool = True):
+        self.training = mode
 
     def __call__(self, input_ids, labels, use_cache=None):
         return dataclasses.make_dataclass("Out", ["loss"])((self.weight * input_ids.float()).mean())
@@ -264,6 +268,7 @@ def test_train_step_reports_unscaled_loss_and_keeps_the_schedule_through_skipped
                                   CausalLMObjective())
     batches = [{"input_ids": torch.full((2, 4), float(v)), "labels": torch.zeros(2, 4)} for v in (1, 3)]
     results = [engine.train_step(batches) for _ in range(3)]
+    assert engine.engine.training  # each step trains in train mode, whatever mode the model came in
     assert [r.skipped for r in results] == [True, False, False]
     assert results[0].loss == 2.0  # mean of the micro-batch losses 1 and 3, not divided by accumulation
     assert math.isnan(results[0].grad_norm)
@@ -328,7 +333,14 @@ def _rank_main(strategy: Strategy, model_dir: str, work: str, also: Strategy | N
     engine = setup_engine(backend, plan, me, model_dir)
     out["zero3_init"] = is_deepspeed_zero3_enabled()  # the switch that made from_pretrained use zero.Init
     out["checkpointing"] = engine.engine.module.is_gradient_checkpointing
+    # A block's first MLP linear runs once per micro-batch, twice where checkpointing recomputes it in
+    # backward (transformers checkpoints only in train mode: a switch that is on can still do nothing).
+    # Not the MLP itself: the recompute stops early, inside it, once the last saved tensor is rebuilt.
+    mlp_calls = []
+    hook = engine.engine.module.transformer.h[0].mlp.c_fc.register_forward_hook(lambda *_: mlp_calls.append(1))
     out["a"] = _train(engine, plan, rank, RESUME_AT)
+    hook.remove()
+    out["mlp_calls_per_micro_batch"] = len(mlp_calls) / (RESUME_AT * plan.chosen.gradient_accumulation)
     engine.save_checkpoint(work_dir / "ckpt", {"step": RESUME_AT})
     out["a"] += _train(engine, plan, rank, STEPS - RESUME_AT, first=RESUME_AT)
     out["eval"] = engine.eval_sums(_micro_batches(plan, rank, 0)[0])["loss"]
@@ -388,6 +400,7 @@ def _check_training(strategy: Strategy, tmp_path: Path, also: Strategy | None = 
         assert math.isfinite(out["eval"])
         assert out["zero3_init"] == (strategy.zero_stage == 3)
         assert out["checkpointing"] == strategy.activation_checkpointing
+        assert out["mlp_calls_per_micro_batch"] == (2 if strategy.activation_checkpointing else 1)
     # Both ranks trained the same replicated model, one data shard each, so their losses differ.
     assert results[0]["a"][0]["loss"] != results[1]["a"][0]["loss"]
 

@@ -183,6 +183,9 @@ class DeepSpeedTrainEngine:
         if len(micro_batches) != self._accumulation:
             raise ValueError(f"expected {self._accumulation} micro-batches per step, got {len(micro_batches)}")
         engine = self.engine
+        # Train mode on every step, as the other backends: from_pretrained (ZeRO-3's zero.Init build)
+        # returns the model in eval mode, where transformers skips activation checkpointing and dropout.
+        engine.train()
         lr = float(engine.get_lr()[0])  # what the scheduler set for this step
         skipped_before = engine.skipped_steps
         losses = []

@@ -119,6 +119,10 @@ def lora_zoo(families=None, seqs=(512, 1024), strategies=LORA_STRATEGIES) -> lis
 
 def spec_key(spec) -> str:
     data = spec.to_dict()
+    # The run, not the environment: config.json's stamp of the installed transformers release would
+    # make every release a cold 30-minute rerun (a model class whose saved tensors change is simulated
+    # again by running without --cached-only after deleting the cache file).
+    data["model_config"].pop("transformers_version", None)
     if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
         data.pop("adapters", None)
     elif data["adapters"]["lora"].get("dtype") == "fp32":  # train.lora.dtype at its default: the key from before

@@ -9,7 +9,7 @@ read through `model.name_or_path`, as a user's QLoRA run reads its base.
 `--qlora-8b` adds the Llama-3-8B shape of examples/llama3-8b.yaml (issue 11: "QLoRA on that 8B shape on
 one GPU capped at 8 GiB, measured peak vs predicted"). Its cost on a fresh machine, estimated, not yet
 measured: 16 GB of bf16 shards drawn on the GPU and written (~1-2 min at 0.2-0.5 GB/s of disk), the
-quantizing load (16 GB read, ~1 min), a few steps of 2 x 4096 tokens (seconds each on an H100-class
+quantizing load (16 GB read, ~1 min), a few steps of 2 x 3072 tokens (seconds each on an H100-class
 GPU), then the end of the run: RUN_DIR/model merged in fp32, a 32 GB write (~1-2 min). About 4-6
 minutes and 48 GB of disk in all, which is why it is off by default and runs with its own timeout.
 """
@@ -35,8 +35,9 @@ ENTRIES: dict[str, dict] = {  # zoo entry -> its base and train settings (the st
 }
 LLAMA3_8B = "qlora-llama3-8b"
 # Longest first: the run takes the first the planner says fits. The default headroom (0.9): with the input
-# embedding in host memory (train.embedding_offload) seq 4096 fits it (6.96 of 7.2 GiB usable on an rtx3070
-# profile; before that knob it took 0.97). The cap stays the card's 8 GiB either way (bench/gpu_worker.py).
+# embedding in host memory (train.embedding_offload) and 8-bit AdamW states seq 3072 fits it (7.18 of 7.2 GiB
+# usable on an rtx3070 profile; 4096 did before the CUDA context was measured on a GPU, 2026-12-04). The
+# cap stays the card's 8 GiB either way (bench/gpu_worker.py).
 SEQ_LENS_8B = (4096, 3072, 2048, 1024)
 HEADROOM_8B = 0.9
 

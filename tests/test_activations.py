@@ -66,10 +66,26 @@ def test_checkpointing_keeps_less(name, precision_bytes):
     off = act.activation_bytes(s, precision_bytes, tokens, False, logits)
     on = act.activation_bytes(s, precision_bytes, tokens, True, logits)
     assert on < off
-    # the recomputed block counts only where it outgrows the freed logits
+    # the recomputed block and its backward's gradients count only where they outgrow the freed logits
     no_logits = act.activation_bytes(s, precision_bytes, tokens, True, 0)
-    layer = act.layer_bytes_per_token(s, precision_bytes) * tokens
-    assert abs(no_logits - on - min(logits, layer)) <= 1  # int() rounding
+    last = (act.layer_bytes_per_token(s, precision_bytes)
+            + act.backward_transient_bytes_per_token(s, precision_bytes)) * tokens
+    assert abs(no_logits - on - min(logits, last)) <= 1  # int() rounding
+    assert act.last_block_bytes(s, precision_bytes, tokens) == int(last)
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_the_last_blocks_backward_gradients_show_where_the_logits_are_small(name):
+    """A block's backward holds its output's gradient and up to four intermediate-sized MLP gradients;
+    they raise the peak where they outgrow the freed logits (small vocabularies), checkpointed or not."""
+    s, tokens = shape(name), 4096
+    transient = (2 * s.hidden_size + act.MLP_BACKWARD_GRADIENTS * 2 * s.intermediate_size) * tokens
+    assert act.backward_transient_bytes_per_token(s, 2) * tokens == transient
+    layer = act.layer_bytes_per_token(s, 2) * tokens
+    for checkpointing, added in ((False, transient), (True, layer + transient)):
+        # logits of 0 bytes hide nothing; logits larger than what the last block adds hide all of it
+        small, large = (act.activation_bytes(s, 2, tokens, checkpointing, logits) for logits in (0, 4 * (layer + transient)))
+        assert abs((small - large) - added) <= 1, checkpointing
 
 
 def test_gated_mlps_save_four_intermediates_and_gelu_new_five():

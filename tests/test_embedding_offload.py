@@ -62,29 +62,31 @@ def test_the_rows_cross_pcie_once_per_micro_batch_not_overlapped():
     assert copy < 0.01 * s_on.step_time_s  # 32 MiB per sample against seconds of compute
 
 
-def test_llama3_8b_qlora_on_one_8gib_card_fits_at_seq_4096_with_the_embedding_in_host_memory():
+def test_llama3_8b_qlora_on_one_8gib_card_fits_at_seq_3072_with_the_embedding_in_host_memory():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), gpus()
-    config = cfg(LLAMA3_8B, method="qlora", optimizer={"name": "auto"})
+    config = cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"})
     plan = make_plan(config, hw, shape)
     assert isinstance(plan, RunPlan)
     chosen = plan.chosen
-    assert chosen.name == "ddp-bf16-ac-actoff-embcpu-ce16-mb1"
+    assert chosen.name == "ddp-bf16-ac-actoff-embcpu-ce12-adamw8bit-mb1"
     usable = Limits.of(config, hw).gpu
     assert usable == 7_730_941_132  # 0.9 x 8 GiB
     # the allocator reserve is the replay-fitted one of DDP with expandable segments (orchestrate's setting)
-    assert chosen.memory.gpu_total == 7_372_384_010  # 6.87 GiB
-    assert usable - chosen.memory.gpu_total == 358_557_122  # 0.33 GiB to spare, with fp32 AdamW states
-    # pinned off, the closest plan is the one of before: 8-bit states and still 0.43 GiB over
-    pinned = make_plan(cfg(LLAMA3_8B, method="qlora", optimizer={"name": "auto"}, embedding_offload=False), hw, shape)
-    assert isinstance(pinned, Refusal) and pinned.candidates[0].name == "ddp-bf16-ac-actoff-ce16-adamw8bit-mb1"
-    assert pinned.candidates[0].memory.gpu_total - usable == 457_775_022
+    assert chosen.memory.gpu_total == 7_712_810_024  # 7.18 GiB
+    assert usable - chosen.memory.gpu_total == 18_131_108  # 17 MiB to spare, with 8-bit AdamW states
+    # pinned off, nothing fits: the closest is ZeRO-3 with everything offloaded, 0.33 GiB over
+    pinned = make_plan(cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"}, embedding_offload=False),
+                       hw, shape)
+    assert isinstance(pinned, Refusal)
+    assert pinned.candidates[0].name == "deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-mb1"
+    assert pinned.candidates[0].memory.gpu_total - usable == 351_624_060
 
 
 def test_taken_only_where_nothing_fits_without_it():
     shape = shape_from_dict(dict(LLAMA3_8B))
     roomy = make_plan(cfg(LLAMA3_8B, method="qlora"), gpus("24GiB"), shape).chosen.strategy
     assert not roomy.embedding_offload and not roomy.activation_offload
-    tight = make_plan(cfg(LLAMA3_8B, method="qlora"), gpus(), shape).chosen.strategy
+    tight = make_plan(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape).chosen.strategy
     assert tight.embedding_offload and tight.backend == "ddp"
     # full fine-tuning trains the embedding: never offloaded, whatever fits
     full = make_plan(cfg(LLAMA3_8B, seq=512), gpus("80GiB"), shape)
@@ -118,7 +120,8 @@ def test_pinned_where_it_cannot_run_is_one_error_naming_what_works(arch, method,
 def test_pinned_off_where_it_would_fit_is_a_remedy():
     from orchestrate.planner.remedies import infeasible_error
 
-    plan = make_plan(cfg(LLAMA3_8B, method="qlora", embedding_offload=False), gpus(), shape_from_dict(dict(LLAMA3_8B)))
+    plan = make_plan(cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"}, embedding_offload=False),
+                     gpus(), shape_from_dict(dict(LLAMA3_8B)))
     remedies = {p.where: p for p in infeasible_error(plan).problems}
     assert remedies["train.embedding_offload"].fix == "train.embedding_offload: auto"
     assert "-embcpu-" in remedies["train.embedding_offload"].message
@@ -135,7 +138,7 @@ def test_the_strategy_round_trips_through_plan_json_and_older_plans_read_as_off(
 def test_ddp_json_says_so():
     from orchestrate.backends.ddp import ddp_settings
 
-    plan = make_plan(cfg(LLAMA3_8B, method="qlora"), gpus(), shape_from_dict(dict(LLAMA3_8B)))
+    plan = make_plan(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape_from_dict(dict(LLAMA3_8B)))
     settings = ddp_settings(plan)
     assert settings["embedding_offload"] is True
     assert any("input embedding" in step for step in settings["steps"])

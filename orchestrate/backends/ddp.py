@@ -74,7 +74,8 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
         *([f"wrap each {blocks} in checkpoint_wrapper (non-reentrant)"] if s.activation_checkpointing else []),
         *(["the input embedding is allocated and filled in CPU memory and stays there: each lookup runs on the "
            "CPU, its rows are copied to the device; DDP leaves it out of its broadcast"] if s.embedding_offload else []),
-        "wrap in DistributedDataParallel (rank 0's weights broadcast at construction)",
+        "wrap in DistributedDataParallel (rank 0's weights broadcast at construction; one rank trains the "
+        "model as it is: no gradient buckets)",
         f"each step: {cand.gradient_accumulation} micro-batch(es) of {s.micro_batch_size}"
         + (f" under autocast({settings['autocast_dtype']})" if settings["autocast_dtype"] else "")
         + f", gradients all-reduced on the last one only, clip global norm to {train.grad_clip or 'off'}"
@@ -84,7 +85,7 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
 
 
 class DDPEngine(TorchEngine):
-    """TrainEngine over a DistributedDataParallel model."""
+    """TrainEngine over a DistributedDataParallel model (on one rank: single_rank.SingleRank)."""
 
     def __init__(self, plan: RunPlan, *args: Any) -> None:
         super().__init__(*args)
@@ -210,7 +211,7 @@ class DDPBackend:
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
-        from orchestrate.backends import hf_io
+        from orchestrate.backends import hf_io, single_rank
         from orchestrate.loading.host_embedding import host_names, route_lookups, to_device_keeping_embedding
 
         st = ddp_settings(plan)
@@ -234,7 +235,7 @@ class DDPBackend:
         else:
             model.to(rank.device)
         on_gpu = rank.device.type == "cuda"
-        ddp = DistributedDataParallel(model, device_ids=[rank.device.index] if on_gpu else None)
+        ddp = single_rank.wrap(model, rank.device, rank.world_size)
 
         optimizer = make_optimizer([p for p in ddp.parameters() if p.requires_grad], st["optimizer"], on_gpu)
         scheduler = make_scheduler(optimizer, plan.config.train)

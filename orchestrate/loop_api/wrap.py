@@ -54,11 +54,13 @@ def _require_fresh(optimizer: torch.optim.Optimizer) -> None:
 
 def wrap_ddp(plan: RunPlan, model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     import torch
-    from torch.nn.parallel import DistributedDataParallel
+    import torch.distributed as dist
+
+    from orchestrate.backends import single_rank
 
     st = ddp_settings(plan)
     model.to(device)  # in place: the optimizer's parameters stay the same objects
-    wrapped = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    wrapped = single_rank.wrap(model, device, dist.get_world_size())
     if st["autocast_dtype"]:
         # fp32 weights and optimizer, forward under autocast (ddp.json), as accelerate does it.
         wrapped.forward = torch.autocast(device.type, dtype=getattr(torch, st["autocast_dtype"]))(wrapped.forward)

@@ -151,6 +151,29 @@ def outside_bytes_per_token(shape: ModelShape, c: int) -> float:
     return MASK * h * block.embedding_dropout + final_norm + c * h
 
 
+MLP_BACKWARD_GRADIENTS = 4
+"""Intermediate-sized gradients alive at once in an MLP's backward (the output projection's input
+gradient, then each factor's and the activation's): simulated 3.5 for GPT-2's gelu_new and 3.6 for
+Llama's SwiGLU at vocabularies small enough that the LM head does not hide them (bf16, 4 blocks,
+`orchestrate plan --simulate`, 2026-12-04), taken up to 4. The H200 allocation histories showed the same
+two intermediate-sized tensors beyond a recomputed GPT-2 block's saved five at the peak
+(bench/results/h200-2026-12-04)."""
+
+
+def backward_transient_bytes_per_token(shape: ModelShape, c: int) -> float:
+    """Gradients a block's backward holds beside what it saved: the gradient of the block's output
+    (c·h) and its MLP's intermediate-sized gradients."""
+    return c * shape.hidden_size + MLP_BACKWARD_GRADIENTS * c * shape.intermediate_size
+
+
+def last_block_bytes(shape: ModelShape, c: int, tokens: int, eager: EagerAttention | None = None,
+                     layer_delta_per_token: float = 0.0) -> int:
+    """What the first block's backward (the last of the pass) holds while nearly every gradient
+    exists: its saved (or, checkpointed, recomputed) activations and its backward's gradients."""
+    layer = layer_bytes_per_token(shape, c, eager) + layer_delta_per_token
+    return int((layer + backward_transient_bytes_per_token(shape, c)) * tokens)
+
+
 def checkpointed_bytes_per_token(shape: ModelShape, c: int) -> float:
     """Full activation checkpointing keeps each block's input, c·h per token (Korthikanti et al. 2022,
     section 4.1; transformers GradientCheckpointingLayer checkpoints the whole block)."""
@@ -164,12 +187,13 @@ def activation_bytes(shape: ModelShape, c: int, tokens: int, checkpointing: bool
     `stored_layers`: how many checkpointed block inputs are on the device (all, unless offloaded);
     `layer_delta_per_token`: what adapters change in each block (adapter_memory.adapter_saved_delta).
 
-    With checkpointing, backward recomputes one block at a time; that block's activations exist
-    only after the LM head and loss have been differentiated and their `logits` bytes freed, so
-    the recomputed block raises the peak only by what it exceeds them."""
+    The last block's backward runs only after the LM head and loss have been differentiated and their
+    `logits` bytes freed, so what it adds (its gradients; with checkpointing, also the block's
+    recomputed activations) raises the peak only by what it exceeds them."""
     outside = outside_bytes_per_token(shape, c) * tokens
     layer = (layer_bytes_per_token(shape, c, eager) + layer_delta_per_token) * tokens
+    transient = backward_transient_bytes_per_token(shape, c) * tokens
     if not checkpointing:
-        return int(outside + shape.num_layers * layer)
+        return int(outside + shape.num_layers * layer + max(0.0, transient - logits))
     stored = (shape.num_layers if stored_layers is None else stored_layers) * checkpointed_bytes_per_token(shape, c) * tokens
-    return int(outside + stored + max(0.0, layer - logits))
+    return int(outside + stored + max(0.0, layer + transient - logits))

@@ -81,14 +81,33 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: So
         return int(fp32 * compute_bytes(strategy) / 4)
     tokens, c = strategy.micro_batch_size * seq_len, compute_bytes(strategy)
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
-    eager = None
-    if software_terms.eager_attention(sw, shape.model_type):
-        autocast = priced_as(strategy.backend) == "ddp" and c == 2  # the DDP engine's 16-bit path runs under torch.autocast
-        eager = activations.EagerAttention(seq_len, software_terms.eager_softmax_bytes(shape.model_type, c, autocast),
-                                           dropout=software_terms.eager_attention_dropout(shape.model_type))
     delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
     return activations.activation_bytes(shape, c, tokens, strategy.activation_checkpointing,
-                                        logits_bytes(shape, strategy, seq_len, sw), stored_layers, eager, delta)
+                                        logits_bytes(shape, strategy, seq_len, sw), stored_layers,
+                                        _eager_attention(shape, strategy, seq_len, sw), delta)
+
+
+def _eager_attention(shape: ModelShape, strategy: Strategy, seq_len: int,
+                     sw: SoftwareStack) -> activations.EagerAttention | None:
+    """The materialised attention of a transformers release before SDPA (software_terms.py), else None."""
+    if not software_terms.eager_attention(sw, shape.model_type):
+        return None
+    c = compute_bytes(strategy)
+    autocast = priced_as(strategy.backend) == "ddp" and c == 2  # the DDP engine's 16-bit path runs under torch.autocast
+    return activations.EagerAttention(seq_len, software_terms.eager_softmax_bytes(shape.model_type, c, autocast),
+                                      dropout=software_terms.eager_attention_dropout(shape.model_type))
+
+
+def last_block_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT,
+                     methods: Sequence[MethodTerms] = ()) -> int:
+    """What the last block backward differentiates holds while the gradients are nearly complete
+    (activations.last_block_bytes), so the gradients cannot take its bytes' place."""
+    if shape.task == "custom":
+        return 0  # in the measured activations
+    c = compute_bytes(strategy)
+    delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
+    return activations.last_block_bytes(shape, c, strategy.micro_batch_size * seq_len,
+                                        _eager_attention(shape, strategy, seq_len, sw), delta)
 
 
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT) -> int:
@@ -126,7 +145,7 @@ def _ddp(shape: ModelShape, strategy: Strategy, world: int) -> _Placement:
     if world > 1:
         # DDP's gradient buckets are a second full copy of the gradients unless
         # gradient_as_bucket_view=True (torch DistributedDataParallel docs: "the saved memory size
-        # will be equal to the total gradients size").
+        # will be equal to the total gradients size"). One rank trains without DDP (backends/single_rank.py).
         out.gpu["comm_buckets"] = 4 * p
     return out
 
@@ -385,13 +404,19 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
     if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):
         # What exists only in backward and the step reuses the bytes of what backward frees: the
         # activations, the logits and the gathered parameters (resharded by the end of backward).
+        # Under DDP and FSDP2 the last block backward differentiates lives until every gradient exists
+        # (DeepSpeed's partitions fill as backward goes: simulated, they never meet it at full size); the
+        # step runs after it is freed too.
         free = gpu["activations"] + gpu["logits"] + gpu.get("attention_mask", 0.0) + gpu["gathered_params"]
+        whole_gradients = priced_as(strategy.backend) in ("ddp", "fsdp")
+        last_block = min(free, last_block_bytes(shape, rows, rows_seq, sw, methods)) if whole_gradients else 0.0
+        free -= last_block
         backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
         for key, size in backward:
             reused = min(free, size)
             gpu[key] -= reused
             free -= reused
-        gpu["gradients"] += max(0.0, step - free)  # step temporaries beyond what is still free
+        gpu["gradients"] += max(0.0, step - free - last_block)  # step temporaries beyond what is still free
     for method in methods:  # peaks the training peak does not cover (a frozen base's FSDP2 forward start)
         _add(gpu, list(method.peak_bytes(shape, strategy, seq_len, gpu["activations"] + gpu["logits"]).items()))
     for model in models:  # precomputed: the first pass runs before the trained model exists

@@ -29,11 +29,17 @@ def older_than(version: str | None, release: tuple[int, ...]) -> bool:
     return known is not None and known < release
 
 
-CUDA_CONTEXT_LAZY_BYTES = 500 * MiB
-"""CUDA context with lazy module loading: torch >= 1.13 sets CUDA_MODULE_LOADING=LAZY before it
-initialises CUDA unless the user set it (torch/cuda/__init__.py `_lazy_init`; CUDA C Programming Guide,
-"Lazy Loading": kernels are loaded on first use, available since CUDA 11.7). A margin, not measured
-here: no published figure for a lazily loaded torch context was found (README, Known gaps)."""
+CUDA_CONTEXT_LAZY_BYTES = 950 * MiB
+"""What a training process holds on its GPU outside the caching allocator with lazy module loading
+(torch >= 1.13 sets CUDA_MODULE_LOADING=LAZY before it initialises CUDA unless the user set it:
+torch/cuda/__init__.py `_lazy_init`; CUDA C Programming Guide, "Lazy Loading"): the CUDA context, the
+kernels a step loads, cuBLAS handles, and a one-rank NCCL communicator (the worker forms a process group
+on one GPU too). Measured on an H200 (CUDA 13.0, driver 580.159.04, torch 2.11.0+cu130, NCCL 2.28.9;
+NVML's used bytes less memory_reserved, bench/cuda_constants.py and bench/gpu_worker.py, 2026-12-04,
+bench/results/h200-2026-12-04): 619 MiB after initialisation, 685 after a bf16 matmul, 767 after three
+AdamW steps of a GPT-2-small shape, 844-948 MiB at the end of orchestrate's five GPU-check runs on one
+rank; the largest, rounded up. A card with fewer multiprocessors reserves less (CUDA sizes the
+context's local memory per multiprocessor): over-predicted there, not measured."""
 
 CUDA_CONTEXT_EAGER_BYTES = 1343 * MiB
 """CUDA context with every torch kernel loaded at initialisation (CUDA before 11.7, or torch before

@@ -111,6 +111,10 @@ class Trainer:
                 fully_shard(block, **kwargs)
             fully_shard(model, **kwargs)
             self.model = model
+        elif spec.world_size == 1:  # as the DDP backend trains one rank (backends/single_rank.py)
+            from orchestrate.backends.single_rank import SingleRank
+
+            self.model = SingleRank(model)
         else:
             from torch.nn.parallel import DistributedDataParallel
 

@@ -103,6 +103,51 @@ def real_reserved_peak(record: dict) -> int:
     return peak
 
 
+def unmarked_steps_peaks(record: dict) -> dict | None:
+    """For a history without step markers: the model's allocated and reserved peaks from the last cache
+    release that precedes the last 5 % of the events (the worker empties the cache before step 1) up to
+    that last 5 % (the final eval and save). An approximation, None without such a release."""
+    from orchestrate.simulate.allocator import CachingAllocator
+    from orchestrate.simulate.allocator_settings import AllocatorSettings
+
+    summary, actions, events = record["summary"], record["actions"], record["events"]
+    a_alloc, a_free = actions.index("alloc"), actions.index("free_completed")
+    give_back = {actions.index("segment_free"), actions.index("segment_unmap")}
+    end = int(len(events) * 0.95)
+    starts = [i for i in range(1, end) if events[i][0] in give_back and events[i - 1][0] not in give_back]
+    if not starts:
+        return None
+    alloc = CachingAllocator(AllocatorSettings.parse(summary["alloc_conf"]), summary.get("cap_bytes"))
+    live: dict[int, object] = {}
+    peaks = [0, 0]
+    for i, (action, addr, size, stream) in enumerate(events[:end]):
+        if action in give_back and events[i - 1][0] not in give_back:
+            alloc.empty_cache()
+        if action == a_alloc:
+            live[addr] = alloc.malloc(size, stream)
+        elif action == a_free and addr in live:
+            alloc.free(live.pop(addr))
+        if i >= starts[-1]:
+            peaks = [max(peaks[0], alloc.allocated), max(peaks[1], alloc.reserved)]
+    return {"allocated": peaks[0], "reserved": peaks[1]}
+
+
+def needed_bytes(record: dict, granularity: int = 2 * 2**20) -> int:
+    """The least device memory the recorded history runs in under the allocator model (bisected in
+    2 MiB steps between its allocated and its reserved peak): what the planner's allocator part
+    predicts, where a reserved peak on a card with room also counts cache that was never given back."""
+    summary = record["summary"]
+    lo, hi = -(-summary["max_allocated"] // granularity) - 1, -(-summary["max_reserved"] // granularity)  # lo fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        capped = {**record, "summary": {**summary, "cap_bytes": mid * granularity}}
+        if replay_trace(capped)["model_oom"]:
+            lo = mid
+        else:
+            hi = mid
+    return hi * granularity
+
+
 def replay_trace(record: dict, settings_text: str | None = None) -> dict:
     """The model's peaks over the recorded allocations and completed frees (settings from the record
     unless given), and the real ones. Where the allocator gave segments back (`torch.cuda.empty_cache()`,

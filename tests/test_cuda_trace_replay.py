@@ -93,3 +93,15 @@ def test_step_markers_split_the_peaks_into_set_up_steps_and_after():
     # The steps reuse set-up's cached 30 MiB segment; the markers take one 2 MiB small-pool segment.
     assert (peaks["setup"]["reserved"], peaks["steps"]["reserved"]) == (30 * MiB, 32 * MiB)
     assert cuda_trace.replay_trace(_record(events[:2]))["phase_peaks"] is None  # no markers, no phases
+
+
+def test_the_need_is_the_least_cap_the_history_runs_in():
+    # Two 30 MiB blocks, the first freed before the second: cached, the first segment would be reused,
+    # so 30 MiB suffice although a roomy device reserved 30 (the history's own peak is its allocated one).
+    events = [("alloc", 1, 30 * MiB, 0), ("free_completed", 1, 30 * MiB, 0), ("alloc", 2, 30 * MiB, 0),
+              ("alloc", 3, 12 * MiB, 0)]
+    record = _record(events, max_reserved=72 * MiB, max_allocated=42 * MiB)
+    assert cuda_trace.needed_bytes(record) == 30 * MiB + 12 * MiB
+    # an unsplittable layout needs more than its allocated bytes: 3 MiB requests pack into 20 MiB segments
+    small = _record([("alloc", 1, 3 * MiB, 0)], max_reserved=20 * MiB, max_allocated=3 * MiB)
+    assert cuda_trace.needed_bytes(small) == 20 * MiB

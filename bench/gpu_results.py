@@ -1,0 +1,88 @@
+"""A GPU session's measurements (bench/gpu_session.sh, kept under bench/results/<gpu>-<date>/) against
+the plans the current memory model makes for the same runs; no GPU needed.
+
+For each GPU-check run: the plan then (gpu_check.json) and now (each stored config re-planned on the
+stored hardware profile, a QLoRA base's config.json rebuilt in a temporary directory), beside the run's
+torch peaks (max_memory_allocated / reserved over the whole run, set-up and final save included) and
+the least memory the run's allocation history needs (cuda_trace.needed_bytes: the like-with-like figure
+for the plan's allocator part, which predicts the need, not the cache a roomy card keeps), the training
+steps' reserved peak alone (replayed from the run's allocation history: between the
+step markers, or, in a history without them, from the cache release before step 1 to the last 5 % of
+events), and the device memory it held outside the caching allocator (bench/cuda_trace.py), which the
+plan's `cuda_context` term stands for. Then every allocation history replayed through the allocator model
+(bench/allocator_trace_check.py) and the CUDA-side readings of bench/cuda_constants.py.
+
+Usage: python bench/gpu_results.py bench/results/h200-2026-12-04
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench import allocator_trace_check, cuda_trace, gpu_check, qlora_zoo  # noqa: E402
+
+GiB, MiB = 2**30, 2**20
+
+
+def replanned(results: Path, name: str, hw, work: Path) -> dict:
+    config = json.loads((results / "zoo" / f"{name}.config.json").read_text())
+    if "name_or_path" in config["model"]:  # a QLoRA entry: its base's config.json, no weights
+        config["model"]["name_or_path"] = str(qlora_zoo.prepare(qlora_zoo.ENTRIES[name]["base"], work))
+    config["train"]["output_dir"] = str(work)
+    return gpu_check.predict(config, hw)
+
+
+def main() -> int:
+    from orchestrate.hardware.profile import HardwareProfile
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path)
+    args = parser.parse_args()
+    run = json.loads((args.results / "gpu_check.json").read_text())
+    hw = HardwareProfile.model_validate(run["hardware"])
+    print(f"{run['device']}, torch {run['torch']}, capped at {hw.gpu.memory_bytes / GiB:.0f} GiB, {run['steps']} steps")
+    print(f"{'run':30s} {'strategy':58s} {'planned GiB: then':>17s} {'now':>5s} {'(allocator)':>11s} "
+          f"{'max alloc':>9s} {'max reserved':>12s} {'reserved/planned':>16s} {'steps: reserved':>15s} "
+          f"{'/planned':>8s} {'needed':>6s} {'/planned':>8s} {'outside MiB':>11s} {'planned':>7s}")
+    with tempfile.TemporaryDirectory(prefix="orchestrate-gpu-results-") as tmp:
+        for name, row in run["plans"].items():
+            if row.get("status") != "ok":
+                print(f"{name:30s} {row.get('status')}")
+                continue
+            then, now, measured = row["prediction"], replanned(args.results, name, hw, Path(tmp)), row["measured"]
+            record = cuda_trace.read(args.results / "traces" / f"zoo-{name}.json.gz")
+            summary = record["summary"]
+            phases = cuda_trace.replay_trace(record)["phase_peaks"]
+            steps = phases["steps"] if phases else cuda_trace.unmarked_steps_peaks(record)
+            steps_reserved = f"{steps['reserved'] / GiB:15.2f} {steps['reserved'] / now['gpu_allocator_bytes']:8.2f}" \
+                if steps else f"{'-':>15s} {'-':>8s}"
+            same = "" if now["strategy"] == then["strategy"] else f"  (now {now['strategy']})"
+            reserved, needed = measured["gpu_max_reserved_bytes"], cuda_trace.needed_bytes(record)
+            print(f"{name:30s} {then['strategy']:58s} {then['gpu_bytes'] / GiB:17.2f} {now['gpu_bytes'] / GiB:5.2f} "
+                  f"{now['gpu_allocator_bytes'] / GiB:11.2f} {measured['gpu_max_allocated_bytes'] / GiB:9.2f} "
+                  f"{reserved / GiB:12.2f} {reserved / now['gpu_allocator_bytes']:16.2f} {steps_reserved} "
+                  f"{needed / GiB:6.2f} {needed / now['gpu_allocator_bytes']:8.2f} "
+                  f"{summary['outside_allocator'] / MiB:11,.0f} {now['gpu_breakdown']['cuda_context'] / MiB:7,.0f}{same}")
+    print("\nthe allocator model replaying each recorded history (reserved peaks, model / real):")
+    for path in allocator_trace_check.trace_files([args.results / "traces"]):
+        r = allocator_trace_check.check(path)
+        print(f"  {r['trace']:45s} {(r['settings'] or 'default'):26s} {r['events']:>8,d} events  "
+              f"allocated {r['model_allocated'] / r['real_allocated']:.3f}  reserved {r['model_reserved'] / r['real_reserved']:.3f}")
+    constants = json.loads((args.results / "cuda_constants.json").read_text())
+    print("\ndevice memory outside the caching allocator, MiB, after each stage (bench/cuda_constants.py):")
+    for name, row in constants.items():
+        stages = "  ".join(f"{k} {v['outside_allocator'] / MiB:,.0f}" for k, v in row.get("readings", {}).items())
+        print(f"  {name:24s} {stages or row.get('error', '')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -148,9 +148,10 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     before_nccl = gpu["comm_buckets"] - nccl_buffer_bytes(hw)  # the NCCL buffers are added after
     assert gpu["teacher_first_pass"] == pytest.approx(pass_bytes - training - before_nccl, abs=2)
     # auto: every candidate takes the first placement that fits. With 64 GiB of RAM the offloaded
-    # shards (6.7 GB per rank) fit; with 8 GiB only the precomputed logits do.
+    # shards (6.7 GB per rank) fit; with 12 GiB (two ranks' 4 GiB runtimes beside them) only the
+    # precomputed logits do.
     assert make_plan(_config({"teacher": "t"}), hw, student, {"teacher": teacher}).chosen.placements["teacher"] == "offload"
-    auto = make_plan(_config({"teacher": "t"}), gpu_hw(2, ram_gib=8), student, {"teacher": teacher})
+    auto = make_plan(_config({"teacher": "t"}), gpu_hw(2, ram_gib=12), student, {"teacher": teacher})
     assert auto.chosen.placements["teacher"] == "precomputed"
     assert auto.chosen.memory.gpu == plan.chosen.memory.gpu
     assert {c.placements["teacher"] for c in auto.candidates} == {"precomputed"}

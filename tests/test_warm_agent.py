@@ -119,6 +119,80 @@ def test_a_forked_rank_gets_default_signals_and_its_thread_count(monkeypatch):
     assert seen == {"argv": ["plan.json"], "threads": 1, "term": signal.SIG_DFL, "intr": signal.default_int_handler}
 
 
+def _sleep_as_a_rank(plan: str) -> None:
+    time.sleep(300)
+
+
+@pytest.mark.slow
+def test_a_stop_while_torchrun_forks_the_ranks_leaves_no_rank_behind(monkeypatch, tmp_path: Path):
+    """The signal lands between the two forks, before torchrun keeps the ranks' process context: the
+    rank already forked must not outlive the run (multiprocessing's exit handler would wait for it,
+    and the launcher for the agent: a hang)."""
+    import multiprocessing
+    import socket
+
+    import torch.distributed.elastic.multiprocessing.api as pcontext
+
+    import orchestrate.agent.torchrun as agent_torchrun
+    import orchestrate.worker.forked as forked
+    from orchestrate.agent.process import _Stops
+    from orchestrate.run.exits import EX_TEMPFAIL, STOP_SIGNALS
+
+    monkeypatch.setattr(pcontext, "_terminate_process_handler", pcontext._terminate_process_handler)
+    monkeypatch.setattr(forked, "BOARD", None)
+    monkeypatch.setattr(agent_torchrun, "run_worker", _sleep_as_a_rank)
+    start = multiprocessing.process.BaseProcess.start
+
+    def start_then_stop(process) -> None:
+        start(process)
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher's forwarded stop, before the next fork
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start_then_stop)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    argv = ["--nnodes", "1", "--nproc-per-node", "2", "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
+            "--master-port", str(port), "--local-addr", "127.0.0.1", "--max-restarts", "0",
+            "--log-dir", str(tmp_path / "logs"), "-m", "orchestrate.worker", str(tmp_path / "plan.json")]
+    saved = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+    said: list[str] = []
+    try:
+        stops = _Stops()
+        stops.install()
+        stops.arm()
+        code = agent_torchrun.run_torchrun(argv, tmp_path, said.append, fork_worker=True)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+        left = multiprocessing.active_children()
+        for process in left:
+            process.kill()
+    assert code == EX_TEMPFAIL and said[0].startswith("stopped by signal SIGTERM"), said
+    assert not left, left
+
+
+def _forked_rank(agent_pid: int) -> None:
+    import orchestrate.worker.forked as forked
+
+    forked.BOARD = forked.RankBoard(1)
+    forked.BOARD.agent_pid = agent_pid
+    forked.main = lambda argv: 0
+    forked.run("plan.json")
+
+
+@pytest.mark.parametrize("expected", ["its parent", "another process"])
+def test_a_forked_rank_whose_agent_is_gone_is_killed_at_once(expected: str):
+    """A forked rank checks for the agent's pid, not for whichever parent it has by then: after the
+    agent's death that would be init, and the rank would run on unguarded."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("fork").Process(
+        target=_forked_rank, args=(os.getpid() if expected == "its parent" else 1,))
+    child.start()
+    child.join(timeout=30)
+    assert child.exitcode == (0 if expected == "its parent" else -signal.SIGKILL)
+
+
 def test_every_module_the_agent_imports_for_the_workers_exists():
     import importlib
 

@@ -5,6 +5,7 @@ agent process (orchestrate.agent.process) runs it for orchestrate's worker, fork
 from __future__ import annotations
 
 import logging
+import multiprocessing
 import os
 import signal
 from collections.abc import Callable
@@ -112,7 +113,22 @@ def _run_forked(args) -> None:
     config.start_method = "fork"
     share_board(config.nproc_per_node)
     _quiet_told_exits()
-    elastic_launch(config=config, entrypoint=run_worker)(args.training_script_args[0])
+    try:
+        elastic_launch(config=config, entrypoint=run_worker)(args.training_script_args[0])
+    finally:
+        _kill_untracked_ranks()
+
+
+def _kill_untracked_ranks() -> None:
+    """Ranks forked by torchrun that it lost track of: a stop signal while torchrun forks the ranks
+    raises before LocalElasticAgent keeps their process context (`self._pcontext = start_processes(...)`),
+    so its shutdown closes nothing, and multiprocessing's exit handler would then wait for these
+    non-daemonic ranks, which never got the signal: the agent, and the launcher with it, hang (seen
+    under load by tests/test_run_orphans.py). Still starting, they have no step to checkpoint. After
+    a normal end torchrun has joined every rank and there is none."""
+    for rank in multiprocessing.active_children():
+        rank.kill()
+        rank.join()
 
 
 class _ExitTold(logging.Filter):

@@ -13,6 +13,7 @@ import sys
 
 from orchestrate.run.exits import EX_PEER_LOST, EX_TEMPFAIL, STOP_SIGNALS
 from orchestrate.worker.main import main
+from orchestrate.worker.orphans import guard_parent
 
 # What a worker imports on its way to step 1 beyond torch and transformers (each brings its own
 # dependencies; the list came from comparing sys.modules in the agent and in a rank at step 1).
@@ -44,6 +45,7 @@ class RankBoard:
 
     def __init__(self, nprocs: int) -> None:
         self.nprocs = nprocs
+        self.agent_pid = os.getpid()  # every rank's parent
         self._stopping = multiprocessing.Value("b", 0, lock=False)
         self._states = multiprocessing.Array("i", 2 * nprocs, lock=False)  # (state, global rank) per local rank
 
@@ -100,6 +102,8 @@ def run(plan_path: str) -> None:
     agent's board."""
     import torch
 
+    if BOARD is not None:
+        guard_parent(BOARD.agent_pid)  # before anything else: the agent may have died since the fork
     # The agent's handler for these (torchrun's: it raises in the agent's main thread) came along with
     # the fork; a spawned rank starts with the defaults, and so does this one. The worker then installs
     # its own for SIGTERM/SIGHUP/SIGQUIT/SIGUSR1 (orchestrate.worker.signals).

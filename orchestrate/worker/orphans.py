@@ -54,10 +54,20 @@ def _watch(parent: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def guard_parent() -> None:
-    """Die with the parent process, from now on; exits at once when it died already."""
-    parent = os.getppid()
+_guarded_in: int | None = None
+"""The process whose guard runs (a forked child inherits this value but not the watchdog thread)."""
+
+
+def guard_parent(parent: int | None = None) -> None:
+    """Die with the parent process, from now on; exits at once when it died already. `parent`: the pid
+    the parent must have, where the caller knows it (a rank forked by torchrun's agent): without it a
+    rank whose parent died before this call would take init for its parent and guard that."""
+    global _guarded_in
+    if _guarded_in == os.getpid():
+        return
+    parent = parent or os.getppid()
     _set_pdeathsig()
     if os.getppid() != parent:  # died before the prctl took effect
         os.kill(os.getpid(), signal.SIGKILL)
     threading.Thread(target=_watch, args=(parent,), name="orchestrate-parent-watchdog", daemon=True).start()
+    _guarded_in = os.getpid()

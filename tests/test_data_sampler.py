@@ -48,6 +48,18 @@ def test_epochs_differ_and_a_take_straddles_them_without_dropping():
     assert stream == single
 
 
+@pytest.mark.parametrize("steps", [3, 7, 20])
+def test_blocks_read_are_the_blocks_a_run_of_that_many_samples_takes(steps: int):
+    """What a precomputed teacher caches (methods/distill/cache.py): the run's own samples, known
+    before step 1, on any world size; from one epoch on, every block."""
+    n, micro, accumulation, world = 50, 2, 2, 2
+    samplers = _samplers(n, world)
+    taken = {i for _ in range(steps) for i in _global_step(samplers, micro, accumulation)}
+    read = DistributedBlockSampler(n, 1, 1, seed=7).blocks_read(steps * micro * accumulation * world)
+    assert read.tolist() == sorted(taken)
+    assert (len(read) < n) == (steps * 8 < n)
+
+
 def test_state_round_trip_continues_the_same_order():
     a = DistributedBlockSampler(17, 1, 2, seed=5)
     a.take(11)  # into the second epoch

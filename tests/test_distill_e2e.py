@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -90,6 +91,8 @@ def test_distilled_student_beats_the_student_trained_alone(runs, backend, placem
     print(f"{backend} {placement}: eval loss distilled {distilled:.4f}, alone {alone:.4f}, teacher {teacher_loss:.4f}")
     assert distilled < alone, (distilled, alone)
     assert (run_dir / "teacher_cache").is_dir() == (placement == "precomputed")
+    if placement == "precomputed":  # the teacher ran on the samples the run reads, not on the whole corpus
+        assert np.load(run_dir / "teacher_cache" / "values.npy", mmap_mode="r").shape[0] == STEPS * 8
     # Crashed after the mid-run checkpoint and resumed: the same weights and losses as the run above.
     resumed = _roll_back(run_dir, run_dir.parent / f"resumed-{backend}-{placement}", STEPS // 2)
     cache = resumed / "teacher_cache" / "values.npy"

@@ -65,6 +65,13 @@ class DistributedBlockSampler:
                                            self.num_blocks)
         return ids.tolist()
 
+    def blocks_read(self, samples: int) -> np.ndarray:
+        """The distinct blocks of the stream's first `samples` positions, sorted: what a run that
+        reads that many samples trains on (every block from one epoch on)."""
+        if samples >= self.num_blocks:
+            return np.arange(self.num_blocks)
+        return np.sort(self._perm(0)[:samples])
+
     def state_dict(self) -> dict[str, Any]:
         """JSON-able and world-size independent."""
         state = {"epoch": self.epoch, "position": self.position, "seed": self.seed, "num_blocks": self.num_blocks}

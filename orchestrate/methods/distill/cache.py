@@ -1,6 +1,9 @@
 """distill.placement precomputed: a first pass writes the teacher's top-k logits of every training
-sample into memory-mapped .npy files under RUN_DIR/teacher_cache, then training reads them (the
-teacher is freed before the student is built, so the two never share memory).
+sample the run will read into memory-mapped .npy files under RUN_DIR/teacher_cache, then training
+reads them (the teacher is freed before the student is built, so the two never share memory). The
+samples read are known before step 1: the first max_steps x global_batch_size positions of the
+sampler's seeded stream (orchestrate/data/sampler.py); a run shorter than an epoch pays for its own
+samples only, not for the whole dataset's.
 
 The cache is content-addressed: a sample's row is found by a digest of its input ids (and
 attention mask), not by its position, so the data order, the world size and resuming change
@@ -38,13 +41,25 @@ def _digest(batch: dict[str, torch.Tensor], row: int) -> bytes:
     return h.digest()
 
 
+def _samples_read(plan: RunPlan) -> int:
+    train = plan.config.train
+    return train.max_steps * train.global_batch_size
+
+
+def cached_blocks(plan: RunPlan, data: TrainData) -> np.ndarray:
+    """The training blocks the cache holds, in the order of its rows: those the run reads."""
+    return data.sampler.blocks_read(_samples_read(plan))
+
+
 def _expected(plan: RunPlan, data: TrainData) -> dict:
-    """What a complete cache must have been made from: the samples' shape, top_k, and the
-    teacher's weight files by name, size and modification time (a teacher retrained in place
-    invalidates the cache; resuming with the same teacher reuses it)."""
+    """What a complete cache must have been made from: the samples' shape and how many of the stream
+    the run reads (a longer run resumed needs more rows), top_k, and the teacher's weight files by
+    name, size and modification time (a teacher retrained in place invalidates the cache; resuming
+    with the same teacher reuses it)."""
     weights = sorted(teacher_dir(plan.config).glob("*.safetensors"))
-    return {"rows": int(data.train.shape[0]), "seq_len": plan.config.train.seq_len,
-            "top_k": plan.config.distill.top_k, "teacher": plan.config.distill.teacher,
+    return {"rows": int(data.train.shape[0]), "read": min(_samples_read(plan), int(data.train.shape[0])),
+            "seq_len": plan.config.train.seq_len, "top_k": plan.config.distill.top_k,
+            "teacher": plan.config.distill.teacher,
             "weights": [[w.name, w.stat().st_size, w.stat().st_mtime_ns] for w in weights]}
 
 
@@ -60,7 +75,8 @@ def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn
     expected = _expected(plan, data)
     if (root / _DONE).is_file() and json.loads((root / _DONE).read_text()) == expected:
         return
-    shape = (expected["rows"], expected["seq_len"], expected["top_k"])
+    blocks = cached_blocks(plan, data)
+    shape = (len(blocks), expected["seq_len"], expected["top_k"])
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         (root / _DONE).unlink(missing_ok=True)
@@ -68,12 +84,12 @@ def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn
         open_memmap(root / _IDS, mode="w+", dtype=np.int32, shape=shape).flush()
     dist.barrier()
     values, ids = open_memmap(root / _VALUES, mode="r+"), open_memmap(root / _IDS, mode="r+")
-    rows = list(range(rank, expected["rows"], world_size))
+    rows = list(range(rank, len(blocks), world_size))
     step = plan.chosen.strategy.micro_batch_size
     with torch.no_grad():
-        for start in range(0, -(-expected["rows"] // world_size), step):
+        for start in range(0, -(-len(blocks) // world_size), step):
             chunk = rows[start:start + step]
-            batch = {k: v.to(device) for k, v in data.train.batch(chunk or [0]).items()
+            batch = {k: v.to(device) for k, v in data.train.batch([int(blocks[r]) for r in chunk or [0]]).items()
                      if k in ("input_ids", "attention_mask")}
             top = teacher(**batch, use_cache=False).logits.float().topk(expected["top_k"], dim=-1)
             if chunk:  # else this rank is out of rows and only joined the others' gathers
@@ -91,17 +107,16 @@ def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn
 class TeacherCache:
     """Reads a complete cache: batch -> (top-k teacher logits, their token ids) on the batch's device."""
 
-    def __init__(self, run_dir: Path, data: TrainData) -> None:
+    def __init__(self, plan: RunPlan, run_dir: Path, data: TrainData) -> None:
         root = Path(run_dir) / TEACHER_CACHE_DIR
         self.values = np.load(root / _VALUES, mmap_mode="r")
         self.ids = np.load(root / _IDS, mmap_mode="r")
         self.rows: dict[bytes, int] = {}
-        count = int(data.train.shape[0])
-        for start in range(0, count, 256):
-            chunk = list(range(start, min(count, start + 256)))
-            batch = data.train.batch(chunk)
-            for i, row in enumerate(chunk):
-                self.rows.setdefault(_digest(batch, i), row)
+        blocks = cached_blocks(plan, data).tolist()
+        for start in range(0, len(blocks), 256):
+            batch = data.train.batch(blocks[start:start + 256])
+            for i in range(len(blocks[start:start + 256])):
+                self.rows.setdefault(_digest(batch, i), start + i)
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         import torch

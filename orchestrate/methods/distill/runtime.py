@@ -40,7 +40,7 @@ class DistillRuntime(MethodRuntime):
         teacher = build_teacher(plan, device, world, lean_placement(device, world))
         write_cache(plan, run.path, data, teacher, device, rank.rank, world)
         del teacher  # freed before the student is built: the point of precomputing
-        return TeacherCache(run.path, data)
+        return TeacherCache(plan, run.path, data)
 
     def objective(self, plan: RunPlan, task: Objective, auxiliary: TeacherLogits) -> Objective:
         # The KL needs the student's whole logits: around the task's objective unchunked.

@@ -232,7 +232,7 @@ class DeepSpeedTrainEngine:
         export too); the fp32 masters stay in the checkpoint (zero_to_fp32.py recovers them)."""
         import deepspeed.comm as dist
 
-        from orchestrate.backends.hf_io import follow_umask, save_hf_dir
+        from orchestrate.backends.hf_io import follow_umask, host_state_dict, save_hf_dir
 
         if self._peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
             adapters = self._adapters()
@@ -246,7 +246,7 @@ class DeepSpeedTrainEngine:
             # get_state_dict does for ZeRO-3.
             state = self.engine._zero3_consolidated_16bit_state_dict()
         else:
-            state = self.engine.module.state_dict() if dist.get_rank() == 0 else None
+            state = host_state_dict(self.engine.module.state_dict()) if dist.get_rank() == 0 else None
         if dist.get_rank() == 0 and not self._hf:  # your own module: state dict + description
             save_module(state, self._plan.config, Path(out_dir))
             follow_umask(Path(out_dir))

@@ -192,6 +192,23 @@ def follow_umask(out_dir: Path) -> None:
         path.chmod(mode)
 
 
+def host_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`state` copied to the host a tensor at a time, a tensor under several names (tied weights)
+    copied once and kept shared. For `save_pretrained`: safetensors allows no two tensors on one
+    storage, so transformers clones every tensor that shares one, where it lies (5.25
+    `save_pretrained`); DeepSpeed ZeRO-1/2's 16-bit parameters are all views of one flat buffer, so
+    on a GPU that was a second copy of the weights in device memory after the last step (the H200
+    check's ZeRO-2 history: 904 MiB of weights, then 904 MiB of clones at the save)."""
+    copies: dict[tuple, torch.Tensor] = {}
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tensor.stride())
+        if key not in copies:
+            copies[key] = tensor.detach().to("cpu", copy=True)  # a storage each, on a CPU run too
+        out[name] = copies[key]
+    return out
+
+
 def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout: StateLayout) -> None:
     """Write `state` (a full CPU state dict) as an HF model directory: model.safetensors + config.json
     (+ generation_config.json for a model that generates, as `save_pretrained` does), tied aliases

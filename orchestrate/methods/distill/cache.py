@@ -41,23 +41,19 @@ def _digest(batch: dict[str, torch.Tensor], row: int) -> bytes:
     return h.digest()
 
 
-def _samples_read(plan: RunPlan) -> int:
-    train = plan.config.train
-    return train.max_steps * train.global_batch_size
-
-
 def cached_blocks(plan: RunPlan, data: TrainData) -> np.ndarray:
     """The training blocks the cache holds, in the order of its rows: those the run reads."""
-    return data.sampler.blocks_read(_samples_read(plan))
+    train = plan.config.train
+    return data.sampler.blocks_read(train.max_steps * train.global_batch_size)
 
 
-def _expected(plan: RunPlan, data: TrainData) -> dict:
+def _expected(plan: RunPlan, data: TrainData, blocks: np.ndarray) -> dict:
     """What a complete cache must have been made from: the samples' shape and how many of the stream
     the run reads (a longer run resumed needs more rows), top_k, and the teacher's weight files by
     name, size and modification time (a teacher retrained in place invalidates the cache; resuming
     with the same teacher reuses it)."""
     weights = sorted(teacher_dir(plan.config).glob("*.safetensors"))
-    return {"rows": int(data.train.shape[0]), "read": min(_samples_read(plan), int(data.train.shape[0])),
+    return {"rows": int(data.train.shape[0]), "read": len(blocks),
             "seq_len": plan.config.train.seq_len, "top_k": plan.config.distill.top_k,
             "teacher": plan.config.distill.teacher,
             "weights": [[w.name, w.stat().st_size, w.stat().st_mtime_ns] for w in weights]}
@@ -72,10 +68,10 @@ def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn
     from numpy.lib.format import open_memmap
 
     root = Path(run_dir) / TEACHER_CACHE_DIR
-    expected = _expected(plan, data)
+    blocks = cached_blocks(plan, data)
+    expected = _expected(plan, data, blocks)
     if (root / _DONE).is_file() and json.loads((root / _DONE).read_text()) == expected:
         return
-    blocks = cached_blocks(plan, data)
     shape = (len(blocks), expected["seq_len"], expected["top_k"])
     if rank == 0:
         root.mkdir(parents=True, exist_ok=True)
@@ -114,8 +110,9 @@ class TeacherCache:
         self.rows: dict[bytes, int] = {}
         blocks = cached_blocks(plan, data).tolist()
         for start in range(0, len(blocks), 256):
-            batch = data.train.batch(blocks[start:start + 256])
-            for i in range(len(blocks[start:start + 256])):
+            chunk = blocks[start:start + 256]
+            batch = data.train.batch(chunk)
+            for i in range(len(chunk)):
                 self.rows.setdefault(_digest(batch, i), start + i)
 
     def __call__(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

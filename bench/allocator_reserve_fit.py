@@ -5,24 +5,27 @@ replayed through the CUDA caching-allocator model.
 
 Points: the full zoo and the LoRA zoo of bench/memory_accuracy.py, and 8- and 16-block llama / qwen2 at
 seq 512, micro-batch 1 (`memory_accuracy.py --layers 8 --family llama --family qwen2 --seq 512 --mb 1`,
-and `--layers 16`), so depth is covered too (16-block llama under DDP asks for 15.6 GiB). Per backend and expandable_segments setting the reserve is a constant plus a
-fraction of the bytes requested; it must cover every point (`needed - requested`, needed being the
-least device memory the replayed allocator runs in). Of the (constant, fraction) pairs that do, the
-fit takes the one with the smallest reserve for a 6 GiB request (a plan on an 8 GB card), with the
-constant at least the page slack of the backend's streams and the fraction at least 1 % (beyond the
-zoo's sizes, 0.4-10 GiB, predict high). Prints the table planner/allocator_reserve.py holds.
+and `--layers 16`), so depth is covered too (16-block llama under DDP asks for 15.6 GiB). Per backend
+and expandable_segments setting the reserve is a constant plus a fraction of the states
+(allocator_reserve.STATE_TERMS, as the analytical model has them for the point) and another of the rest;
+it must cover every point (`needed - requested`, needed being the least device memory the replayed
+allocator runs in). Of the triples that do, the fit takes the one with the smallest reserve for a 6 GiB
+request of which 2 GiB are transient (a plan on an 8 GB card), with the constant at least the page
+slack of the backend's streams and each fraction at least 1 % (beyond the zoo's sizes, 0.4-16 GiB,
+predict high). Prints the table planner/allocator_reserve.py holds.
 """
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.memory_accuracy import CACHE, Cache, lora_zoo, zoo  # noqa: E402
-from orchestrate.planner.allocator_reserve import RESERVE  # noqa: E402
+from bench.memory_accuracy import CACHE, Cache, analytical, lora_zoo, zoo  # noqa: E402
+from orchestrate.planner.allocator_reserve import RESERVE, state_bytes  # noqa: E402
 
 MiB, GiB = 2**20, 2**30
 PAGE_SLACK_BYTES = 22 * MiB
@@ -32,8 +35,9 @@ STREAMS = {"ddp": 1, "fsdp": 3, "deepspeed": 1}
 """Streams that allocate, as the replay sees them: FSDP2 its default, all-gather copy-in and
 reduce-scatter streams (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py); DDP and DeepSpeed
 the default one (DeepSpeed's side streams are not seen by a CPU simulation: docs/memory-model.md)."""
-TYPICAL = 6 * GiB
-FLOOR = 0.01
+TYPICAL, TYPICAL_TRANSIENT = 6 * GiB, 2 * GiB
+STEPS = 200  # fractions in steps of 0.5 %
+FLOOR, STATES_CEILING = 2, 120  # 1 %, 60 %
 
 
 def points():
@@ -41,52 +45,67 @@ def points():
     return [*zoo(), *lora_zoo(), *deeper]
 
 
-def fit(overheads: list[tuple[int, int]], least_constant: int) -> tuple[int, float]:
-    """(constant in MiB, fraction) covering every (requested, needed - requested)."""
+def fit(overheads: list[tuple[int, float, int]], least_constant: int) -> tuple[int, float, float]:
+    """(constant in MiB, fraction of states, fraction of transient bytes) covering every
+    (requested, states, needed - requested)."""
+    requested, states, over = (np.array(column, dtype=float) for column in zip(*overheads, strict=True))
+    states = np.minimum(states, requested)
+    transient = requested - states
+    of_states = np.arange(FLOOR, STATES_CEILING + 1)[:, None]  # one row per fraction of states
     best = None
-    for constant in range(least_constant // MiB, 513, 2):
-        worst = max((over - constant * MiB) / requested for requested, over in overheads)
-        fraction = math.ceil(max(FLOOR, worst) * 200) / 200
-        cost = constant * MiB + fraction * TYPICAL
-        if best is None or cost < best[0]:
-            best = (cost, constant, fraction)
-    return best[1], best[2]
+    for constant in range(least_constant // MiB, 2049, 2):
+        left = over - constant * MiB - of_states / STEPS * states
+        worst = np.max(left / np.maximum(transient, 1.0), axis=1)
+        of_transient = np.maximum(FLOOR, np.ceil(worst * STEPS))
+        cost = constant * MiB + of_states[:, 0] / STEPS * (TYPICAL - TYPICAL_TRANSIENT) + of_transient / STEPS * TYPICAL_TRANSIENT
+        i = int(np.argmin(cost))
+        if best is None or cost[i] < best[0]:
+            best = (cost[i], constant, int(of_states[i, 0]) / STEPS, int(of_transient[i]) / STEPS)
+    return best[1:]
 
 
-def overheads() -> dict[tuple[str, bool], list[tuple[int, int]]]:
-    """(requested, needed - requested) of every point, by backend and expandable_segments setting."""
+def overheads() -> dict[tuple[str, bool], list[tuple[int, float, int]]]:
+    """(requested, states, needed - requested) of every point, by backend and expandable_segments setting."""
     cache, out = Cache(CACHE), {}
     for point in points():
-        sim, _ = cache.get_or_run(point, run=False)
+        plan = point.plan()
+        sim, _ = cache.get_or_run(point, run=False, plan=plan)
         if sim is None or not sim.allocator:
             raise LookupError(f"not simulated with the replay: {point.family} {point.strategy.name} "
                               f"seq {point.seq_len} ({point.layers} blocks); run bench/memory_accuracy.py")
+        states = state_bytes(analytical(point, plan))
         for name, on in (("segments", False), ("expandable", True)):
             a = sim.allocator[name]
-            out.setdefault((point.strategy.backend, on), []).append((a["requested"], a["needed"] - a["requested"]))
+            out.setdefault((point.strategy.backend, on), []).append((a["requested"], states, a["needed"] - a["requested"]))
     return out
 
 
-def fitted() -> dict[str, dict[bool, tuple[int, float]]]:
+def fitted() -> dict[str, dict[bool, tuple[int, float, float]]]:
     """The table of planner/allocator_reserve.py, from the cached replays."""
-    table: dict[str, dict[bool, tuple[int, float]]] = {}
-    for (backend, on), pairs in overheads().items():
-        table.setdefault(backend, {})[on] = fit(pairs, STREAMS[backend] * PAGE_SLACK_BYTES)
+    table: dict[str, dict[bool, tuple[int, float, float]]] = {}
+    for (backend, on), triples in overheads().items():
+        table.setdefault(backend, {})[on] = fit(triples, STREAMS[backend] * PAGE_SLACK_BYTES)
     return table
+
+
+def _reserve(triple: tuple[int, float, float], nbytes: float, transient: float) -> float:
+    constant, of_states, of_transient = triple
+    return constant * MiB + of_states * (nbytes - transient) + of_transient * transient
 
 
 def main() -> int:
     every = overheads()
     print(f"{sum(map(len, every.values())) // 2} points; backend, expandable_segments: fitted (constant MiB, "
-          f"fraction), planned, reserve for {TYPICAL // GiB} GiB fitted / planned, largest overhead")
-    for (backend, on), pairs in sorted(every.items()):
-        constant, fraction = fit(pairs, STREAMS[backend] * PAGE_SLACK_BYTES)
+          f"fraction of states, of transient bytes), planned, reserve for {TYPICAL // GiB} GiB "
+          f"({TYPICAL_TRANSIENT // GiB} GiB transient) fitted / planned, largest overhead")
+    for (backend, on), triples in sorted(every.items()):
+        triple = fit(triples, STREAMS[backend] * PAGE_SLACK_BYTES)
         planned = RESERVE[backend][on]
-        top = max(pairs, key=lambda x: x[1] / x[0])
-        print(f"{backend:<10} {str(on):<6} {len(pairs):>4} points: ({constant}, {fraction:.3f}), planned "
-              f"{planned}, {(constant * MiB + fraction * TYPICAL) / MiB:.0f} / "
-              f"{(planned[0] * MiB + planned[1] * TYPICAL) / MiB:.0f} MiB; largest share "
-              f"{top[1] / MiB:.0f} MiB on {top[0] / MiB:.0f} MiB requested")
+        top = max(triples, key=lambda x: x[2] / x[0])
+        print(f"{backend:<10} {str(on):<6} {len(triples):>4} points: {triple}, planned {planned}, "
+              f"{_reserve(triple, TYPICAL, TYPICAL_TRANSIENT) / MiB:.0f} / "
+              f"{_reserve(planned, TYPICAL, TYPICAL_TRANSIENT) / MiB:.0f} MiB; largest share "
+              f"{top[2] / MiB:.0f} MiB on {top[0] / MiB:.0f} MiB requested ({top[1] / MiB:.0f} of states)")
     return 0
 
 

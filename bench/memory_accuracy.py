@@ -17,7 +17,8 @@ tensors (orchestrate.simulate, the real backends) and compares:
   model (orchestrate/simulate/replay.py), expandable_segments off and on: reserved / allocated on a
   device with room to spare (what torch.cuda.max_memory_reserved / max_memory_allocated would say)
   and needed / requested (the least device memory it runs in, over the bytes asked for), which
-  the planner's allocator reserve (planner/allocator_reserve.py: a constant + a fraction)
+  the planner's allocator reserve (planner/allocator_reserve.py: a constant + fractions of the states
+  and of the transient bytes)
   must cover, per backend.
 Simulation results are cached in bench/results/memory_accuracy.json, keyed by the full run spec, so
 a rerun after a change to the analytical model costs no simulation; a changed spec simulates again.
@@ -42,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
-from orchestrate.planner.allocator_reserve import RESERVE, reserve_bytes  # noqa: E402
+from orchestrate.planner.allocator_reserve import RESERVE, reserve_bytes, state_bytes  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
 from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
@@ -143,9 +144,10 @@ class Cache:
         self.path, self.lock = path, threading.Lock()
         self.data: dict = json.loads(path.read_text()) if path.is_file() else {}
 
-    def get_or_run(self, point: Point, run: bool = True) -> tuple[SimulationResult | None, bool]:
+    def get_or_run(self, point: Point, run: bool = True, plan=None) -> tuple[SimulationResult | None, bool]:
+        """`plan`: the point's, when the caller has it (planning builds a meta model)."""
         with self.lock:  # transformers' lazy imports are not thread-safe
-            spec = make_spec(point.plan())
+            spec = make_spec(plan or point.plan())
         key = spec_key(spec)
         with self.lock:
             hit = self.data.get(key)
@@ -163,10 +165,16 @@ class Cache:
         return result, False
 
 
+def analytical(point: Point, plan) -> dict[str, float]:
+    """The planner's per-rank device terms for the point (`plan`: point.plan())."""
+    adapters = adapters_for(plan.config, plan.shape)
+    return estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len,
+                           methods=[AdapterTerms(adapters)] if adapters else []).gpu
+
+
 def compare(point: Point, sim: SimulationResult) -> dict:
     plan = point.plan()
-    adapters = adapters_for(plan.config, plan.shape)
-    est = estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len, methods=[AdapterTerms(adapters)] if adapters else []).gpu
+    est = analytical(point, plan)
     seen = sim.peak_bytes_cuda_rounded
     total = seen + sum(_unseen(plan, est, reserve=True).values())
     act = est.get("activations", 0) + est.get("logits", 0)
@@ -181,6 +189,7 @@ def compare(point: Point, sim: SimulationResult) -> dict:
             "seq": point.seq_len, "mb": point.strategy.micro_batch_size, "ac": point.strategy.activation_checkpointing,
             "analytical": sum(est.values()), "simulated": total, "ratio": sum(est.values()) / total,
             "act_logits_analytical": act, "act_peak_simulated": sim.activation_peak_bytes,
+            "states_analytical": state_bytes(est),
             "peak_phase": sim.peak_phase, "allocator": replayed,
             "ratio_replayed": sum(est.values()) / with_replay if with_replay else None}
 
@@ -198,8 +207,8 @@ def row_text(r: dict) -> str:
 
 def allocator_summary(rows: list[dict]) -> list[str]:
     """Per backend and expandable_segments setting: the replayed overheads against the planner's
-    allocator reserve (planner/allocator_reserve.py: a constant + a fraction), which must
-    cover every point."""
+    allocator reserve (planner/allocator_reserve.py: a constant + fractions of the states and of the
+    transient bytes), which must cover every point."""
     replayed = [r for r in rows if r["allocator"]]
     if not replayed:
         return ["no point replayed yet"]
@@ -207,19 +216,26 @@ def allocator_summary(rows: list[dict]) -> list[str]:
     lines = [f"{len(replayed)} of {len(rows)} points replayed; analytical / (replayed needed bytes + unseen terms), "
              f"expandable segments as planned: {whole[0]:.3f}-{whole[-1]:.3f}, median {statistics.median(whole):.3f}",
              f"{'backend':<10} {'expandable':<10} {'points':>6} {'res/alloc med':>13} {'max':>6} "
-             f"{'need/req med':>12} {'max':>6} {'beyond const max':>16} {'planned':>7} {'short':>5}"]
+             f"{'need/req med':>12} {'max':>6} {'beyond const max':>16} {'of trans':>8} {'short':>5}"]
     for backend in sorted({r["backend"] for r in replayed}):
         for name, on in (("segments", False), ("expandable", True)):
-            reps = [r["allocator"][name] for r in replayed if r["backend"] == backend]
+            mine = [r for r in replayed if r["backend"] == backend]
+            reps = [r["allocator"][name] for r in mine]
             res = sorted(x["reserved_over_allocated"] for x in reps)
             need = sorted(x["needed_over_requested"] for x in reps)
-            constant = reserve_bytes(backend, on, 0)
+            constant = reserve_bytes(backend, on, 0, 0)
             beyond = max((x["needed"] - x["requested"] - constant) / x["requested"] for x in reps)
-            short = sum(x["needed"] > x["requested"] + reserve_bytes(backend, on, x["requested"]) for x in reps)
+            short = sum(not covered(r, name, on) for r in mine)
             lines.append(f"{backend:<10} {str(on):<10} {len(reps):>6} {statistics.median(res):>13.3f} {res[-1]:>6.3f} "
                          f"{statistics.median(need):>12.3f} {need[-1]:>6.3f} {beyond:>16.3f} "
-                         f"{RESERVE[backend][on][1]:>7.3f} {short:>5}")
+                         f"{RESERVE[backend][on][2]:>8.3f} {short:>5}")
     return lines
+
+
+def covered(row: dict, name: str, on: bool) -> bool:
+    """Whether the planned reserve covers what the replayed allocator needs beyond the requested bytes."""
+    a = row["allocator"][name]
+    return a["needed"] <= a["requested"] + reserve_bytes(row["backend"], on, a["requested"], row["states_analytical"])
 
 
 def main(argv: list[str] | None = None) -> int:

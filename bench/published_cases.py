@@ -102,9 +102,9 @@ HF_DOCS = ("transformers docs, Efficient Training on a Single GPU (perf_train_gp
 HF_DOCS_STACK = SoftwareStack(torch="1.10.1+cu112", cuda="11.2", transformers="4.16.0")
 _BERT_RESIDUAL = ("eager attention (s x s softmax, dropout mask and output per head), torch 1.10's zero_grad keeping "
                   "every .grad and the measured 1,343 MiB context are counted; the replay-fitted DDP reserve without "
-                  "expandable segments (22 MiB + 24 %, the zoo's worst DDP point) fits the bs4 rows, where "
-                  "activations dominate (0.99-1.07), and over-predicts the bs1 and checkpointed ones (1.13-1.18), "
-                  "whose nvidia-smi held ~5 % above the tensors: one fraction cannot be both")
+                  "expandable segments (282 MiB + 1 % of the states + 31 % of the transient bytes) is 20-24 % of "
+                  "allocated on the bs4 rows, where activations dominate, and 7-13 % on the bs1 and checkpointed "
+                  "ones (0.96-1.08)")
 
 
 def _bert(name: str, mib: int, precision: str, mb: int, ga: int, gc: bool, optimizer: str) -> Case:
@@ -142,16 +142,20 @@ ANSWER_AI = ("Answer.AI fsdp_qlora, Benchmarking QLoRA+FSDP (Feb-Mar 2024): "
 # stopped saving the 4-bit input, came in July 2024), transformers != 4.38/4.39 (4.37 was current).
 ANSWER_AI_STACK = SoftwareStack(torch="2.2.1+cu121", cuda="12.1", transformers="4.37.2", peft="0.9.0",
                                 bitsandbytes="0.43.0")
-_AA_RESERVED = ("FSDP1's reserved peak sits 12-24 % above its allocated one in this source (10.24 vs 8.28, 10.22 vs "
-                "9.16 GiB); the replay-fitted FSDP2 reserve without expandable segments (496 MiB + 16.5 %, 19-31 % "
-                "here) times FSDP1's measured excess over FSDP2 (x1.036, torchtitan PR #165) covers it (0.96-1.14); "
-                "train.py keeps `output` (fp32 logits) through backward")
+_AA_RESERVED = ("the replay-fitted FSDP2 reserve without expandable segments (284 MiB + 1 % of the states + 26.5 % "
+                "of the transient bytes: 9-25 % of allocated here) times FSDP1's measured excess over FSDP2 (x1.036, "
+                "torchtitan PR #165): 0.96-1.13 from seq 2048 on; at seq 512, micro-batch 1 (LoRA 0.94, QLoRA 0.87) "
+                "the published reserved peak is about the one of seq 2048 (10.24 vs 10.22 GiB, 4.98 vs 5.21 GiB) "
+                "while LoRA's allocated fell 0.9 GiB: that peak is not set by the training step, and not traced (FSDP1's "
+                "loading and wrapping, before train.py resets the peaks, likely); train.py keeps `output` (fp32 "
+                "logits) through backward")
 _AA_ALLOCATED = ("allocated, like with like: bf16 adapters, 3 dropout copies per attention input (r 64, p 0.1), "
                  "transformers 4.37's fp32 logits held by train.py through backward, bnb 0.43.0's saved input, "
                  "FSDP1's measured excess over FSDP2 (x1.037, torchtitan PR #165)")
 _AA_OFFLOAD = ("FSDP1 CPUOffload(offload_params=True), planned as FSDP2's CPUOffloadPolicy (x FSDP1's measured "
-               "excess): 1.7-2.9 GiB above the plan in Answer.AI's 7B LoRA, 34B and 70B rows (its 7B QLoRA row "
-               "1.06), 6.8 GiB in the PEFT docs' 70B nvidia-smi row. Likely, not verified: FSDP1's init moves "
+               "excess), nearly all of it transient (gathered blocks, activations: a 28 % reserve): 0.93-1.14 in "
+               "Answer.AI's rows (0.2-1.0 GiB below the 7B LoRA, 34B and 70B ones), 4.5 GiB below the PEFT docs' "
+               "70B nvidia-smi row (0.77). Likely, not verified: FSDP1's init moves "
                "each unit to the GPU to flatten and shard it, then the shard to the CPU (torch/distributed/fsdp/"
                "_init_utils.py `_move_module_to_device`, `_init_param_handle_from_params`), and train.py resets "
                "the peaks after wrapping without emptying the cache, so that cache counts as reserved")
@@ -222,11 +226,11 @@ _FMS_LOADED = ("allocated: the 16-bit logits, their fp32 up-cast, transformers 4
 _FMS_FSDP = ("FSDP1's measured excess over FSDP2 (x1.037 active, torchtitan PR #165) counted; its peak still grows "
              "faster per token than the one-GPU runs of this source (0.74-0.78 vs 0.68 MiB/token), not traced in "
              "its code here")
-_FMS_SMI = ("nvidia-smi: the allocator held 14-16 % above allocated on one GPU, covered by the replay-fitted DDP "
-            "reserve (24 %: 1.08-1.09), and under FSDP1 19 % (LoRA: 0.98-1.01) or 29-30 % (QLoRA: 0.93-0.96) "
-            "on an 80 GB card with room (NVLink: NCCL's 24 channels, 992 MiB), above the need the FSDP2 reserve "
-            "predicts (496 MiB + 16.5 %, 18-21 % here, x1.036 for FSDP1); our FSDP2 replay (LoRA zoo, 16 "
-            "blocks) with room holds 22-53 % as well")
+_FMS_SMI = ("nvidia-smi on an 80 GB card (NVLink: NCCL's 24 channels, 992 MiB): the allocator held 12-14 % above "
+            "allocated on one GPU and 16-26 % under FSDP1, more where activations are more of the peak; the "
+            "replay-fitted reserves without expandable segments (DDP 282 MiB + 1 % of the states + 31 % of the "
+            "transient bytes, FSDP2 284 MiB + 1 % + 26.5 %, x1.036 for FSDP1) plan 16-21 % and 15-25 %: "
+            "0.97-1.06")
 
 
 def _fms(name: str, method: str, gpus: int, bs: int, metric: str, published: float, residual: str) -> Case:
@@ -306,13 +310,14 @@ CASES += [
                "accelerate FSDP1 FULL_SHARD, offload_params, use_orig_params false, cpu_ram_efficient_loading",
                _AA_OFFLOAD),
     _peft_docs("llama2-70b qlora fsdp", 35.6, "fsdp", False, A100_80,
-               "accelerate FSDP1 FULL_SHARD, no offload", "FSDP1 on an 80 GB card holds more cache than the "
-               "replay-fitted FSDP2 reserve (496 MiB + 16.5 %, x1.036 for FSDP1) predicts as needed, as in "
-               "fms-acceleration's FSDP1 QLoRA rows"),
+               "accelerate FSDP1 FULL_SHARD, no offload", "2.3 GiB below: FSDP1 on an 80 GB card held more than "
+               "the replay-fitted FSDP2 reserve (284 MiB + 1 % of the states + 26.5 % of the transient bytes, "
+               "x1.036 for FSDP1: 11 % here, a 4-bit base's states dominate) predicts as needed; not traced (no "
+               "allocated peak published to split it)"),
     _peft_docs("llama2-70b qlora zero3", 36.6, "deepspeed", False, A100_40,
                "accelerate DeepSpeed ZeRO-3, zero3_init, no offload, mixed_precision bf16",
                "DeepSpeed ZeRO-3 with a 4-bit base: not traced; the replay-fitted ZeRO reserve without expandable "
-               "segments (22 MiB + 35 %, the zoo's worst ZeRO point) predicts high"),
+               "segments (994 MiB + 6.5 % of the states + 27 % of the transient bytes: 17 % here)"),
 ]
 
 # --- 5. torchtitan PR #165 (awgu): FSDP1 -> FSDP2 at equal settings on 8 x H100 ------------------------------
@@ -347,8 +352,8 @@ _TT_ALLOCATED = ("FSDP2, orchestrate's engine: fp32 sharded weights and AdamW st
                  "allocated")
 _TT_RESERVED = ("on a card with room (31 of 95 GiB) FSDP2's allocator held 36 % above active; our replay of "
                 "16-block FSDP2 points with room holds 31-49 %, but the planner's reserve is the need (the least "
-                "memory the replay runs in: 496 MiB + 16.5 %, 19 % here), which a reserved peak with room does "
-                "not measure")
+                "memory the replay runs in: 284 MiB + 1 % of the states + 26.5 % of the transient bytes, 17 % "
+                "here), which a reserved peak with room does not measure")
 
 
 def _torchtitan(engine: str, metric: str, residual: str = "", left_out: str = "") -> Case:

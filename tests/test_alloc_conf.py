@@ -10,7 +10,7 @@ import pytest
 
 from orchestrate.hardware.alloc_conf import expandable_segments_in, launch_alloc_env
 from orchestrate.hardware.resolve import resolve_hardware
-from orchestrate.planner.allocator_reserve import reserve_bytes
+from orchestrate.planner.allocator_reserve import reserve_bytes, state_bytes
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE
@@ -55,8 +55,27 @@ def test_the_plan_reserve_follows_the_setting():
         gpu = estimate_memory(shape, hw, s, 2048).gpu
         accounted = sum(v for key, v in gpu.items() if key not in ("cuda_context", "allocator_reserve"))
         reserves[on] = gpu["allocator_reserve"]
-        assert reserves[on] == pytest.approx(reserve_bytes("fsdp", on, accounted), abs=1)
+        assert reserves[on] == pytest.approx(reserve_bytes("fsdp", on, accounted, state_bytes(gpu)), abs=1)
     assert reserves[False] > reserves[True]  # expandable segments fragment less
+
+
+def test_without_expandable_segments_the_reserve_follows_the_transient_bytes():
+    """A longer sequence adds activations and logits, freed every step, which the replayed allocator
+    fragments: the reserve grows by the transient fraction of them; the states stay charged their own
+    small fraction (planner/allocator_reserve.py)."""
+    from orchestrate.model.formulas import shape_from_dict
+    from orchestrate.planner.allocator_reserve import RESERVE
+    from tests.test_lora_plan import LLAMA3_8B
+
+    shape, s = shape_from_dict(dict(LLAMA3_8B)), strat("fsdp", 3, ac=True)
+    hw = resolve_hardware(**GPU, environ={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})
+    # accumulating: the gradients persist instead of filling blocks the activations free
+    short, long = (estimate_memory(shape, hw, s, seq, 2).gpu for seq in (512, 2048))
+    assert state_bytes(short) == state_bytes(long)
+    grown = sum(long.values()) - sum(short.values()) - (long["allocator_reserve"] - short["allocator_reserve"])
+    _, of_states, of_transient = RESERVE["fsdp"][False]
+    assert of_transient > 10 * of_states
+    assert long["allocator_reserve"] - short["allocator_reserve"] == pytest.approx(of_transient * grown, rel=1e-6)
 
 
 def test_a_gpu_launch_gives_the_workers_orchestrates_setting_or_the_users(tmp_path: Path, monkeypatch):

@@ -50,11 +50,11 @@ def test_the_script_prints_a_row_per_case_and_the_summary(capsys):
     assert "median" in out and "bert-large bs4 fp32" in out and "left out" in out
 
 
-@pytest.mark.xfail(strict=True, reason="the bounds are not met: allocated median 1.008 (0.969-1.063) meets them; "
-                   "reserved 1.040 (0.879-1.143) and nvidia-smi 1.069 (0.731-1.184) do not. Below 0.95: FSDP1 CPU-offload "
-                   "rows (1.7-6.8 GiB above the plan, untraced) and peaks on cards with room (torchtitan's FSDP2 reserved "
-                   "36.5 % above active: cache beyond the need the reserve predicts); above 1.15: three bert-large DDP "
-                   "rows; README, Known gaps")
+@pytest.mark.xfail(strict=True, reason="the bounds are not met: medians (allocated 1.008, reserved 1.011, nvidia-smi "
+                   "1.013) and highs (1.063, 1.138, 1.082) meet them; six rows sit below 0.95: five FSDP1 runs (the PEFT "
+                   "docs' 70B CPU-offload nvidia-smi row 0.77, Answer.AI's 7B QLoRA at seq 512 0.87, whose reserved peak is "
+                   "that of seq 2048, untraced) and torchtitan's FSDP2 reserved peak on a card with room (0.87: cache "
+                   "beyond the need the reserve predicts); README, Known gaps")
 def test_issue_bounds(rows):
     bench, evaluated = rows
     counted = [r for r in evaluated if not r["left_out"]]
@@ -87,7 +87,15 @@ def test_fsdp1_runs_carry_fsdp1s_measured_excess_over_fsdp2_only_when_sharded(ro
         assert fsdp1["ratio"] == pytest.approx(fsdp2["ratio"])
 
 
-def test_the_measured_reserves_are_further_apart_than_the_bounds_allow(rows):
-    """The bench's claim that one reserve fraction cannot meet the reserved bounds for every paired run."""
+def test_the_planned_reserve_ranks_one_sources_runs_as_their_measured_reserves_do(rows):
+    """fms-acceleration published allocated and nvidia-smi peaks of the same Mistral-7B runs: the reserve
+    they held grew with the share of activations, and so does the planned one (a constant plus a fraction
+    of the states and a larger one of the transient bytes); one fraction of everything would rank them
+    the other way (its constant weighs most on the smallest run)."""
     bench, _ = rows
-    assert bench.reserve_spread(bench.measured_reserves()) > 1.15 / 0.95
+    measured = [m for m in bench.measured_reserves() if m["run"].startswith("mistral-7b")]
+    for engine in ("one GPU", "FSDP1"):
+        runs = sorted((m for m in measured if m["engine"] == engine), key=lambda m: m["fraction"])
+        assert len(runs) >= 2
+        assert [m["predicted"] for m in runs] == sorted(m["predicted"] for m in runs), runs
+        assert [m["transient"] for m in runs] == sorted(m["transient"] for m in runs), runs

@@ -38,7 +38,7 @@ from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
-from orchestrate.planner.allocator_reserve import allocator_reserve
+from orchestrate.planner.allocator_reserve import allocator_reserve, state_bytes
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.packing import SamplePacking, mask_bytes
@@ -429,7 +429,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group
             gpu["comm_buckets"] += communicators * nccl_buffer_bytes(hw)
         accounted = sum(v for key, v in gpu.items() if key != "cuda_context")
-        gpu["allocator_reserve"] = allocator_reserve(accounted, strategy, hw.expandable_segments)
+        gpu["allocator_reserve"] = allocator_reserve(accounted, state_bytes(gpu), strategy, hw.expandable_segments)
     if correction > 1.0:
         # Measured on this machine (an OOM's shortfall, a calibration entry): the model's total scaled
         # up to what was measured; the terms above stay as the model has them.

@@ -146,9 +146,10 @@ _AA_RESERVED = ("the replay-fitted FSDP2 reserve without expandable segments (28
                 "of the transient bytes: 9-25 % of allocated here) times FSDP1's measured excess over FSDP2 (x1.036, "
                 "torchtitan PR #165): 0.96-1.13 from seq 2048 on; at seq 512, micro-batch 1 (LoRA 0.94, QLoRA 0.87) "
                 "the published reserved peak is about the one of seq 2048 (10.24 vs 10.22 GiB, 4.98 vs 5.21 GiB) "
-                "while LoRA's allocated fell 0.9 GiB: that peak is not set by the training step, and not traced (FSDP1's "
-                "loading and wrapping, before train.py resets the peaks, likely); train.py keeps `output` (fp32 "
-                "logits) through backward")
+                "while LoRA's allocated fell 0.9 GiB: that peak is not set by the training step. Likely the cache "
+                "of FSDP1's wrapping: the source states 3.72 GiB reserved right after wrapping the QLoRA model "
+                "(our sharded weights: 1.93 GiB) and train.py resets the peaks without emptying the cache; not "
+                "traced further; train.py keeps `output` (fp32 logits) through backward")
 _AA_ALLOCATED = ("allocated, like with like: bf16 adapters, 3 dropout copies per attention input (r 64, p 0.1), "
                  "transformers 4.37's fp32 logits held by train.py through backward, bnb 0.43.0's saved input, "
                  "FSDP1's measured excess over FSDP2 (x1.037, torchtitan PR #165)")

@@ -26,6 +26,7 @@ from orchestrate.methods.preference.cache import (
     identity,
     is_complete,
     precomputed_reference,
+    records_read,
     write_reference_logps,
 )
 from orchestrate.methods.preference.callback import PreferenceMetrics
@@ -74,12 +75,13 @@ class PreferenceRuntime(MethodRuntime):
             live = module_reference(build_frozen(plan, path, rank.device, rank.world_size, placement), chunks)
             return live, live
         views = {"train": data.train, "validation": data.validation}
-        expected = identity(plan.config, views, path, plan.chosen.strategy.precision, run.path)
+        records = records_read(plan.config, views, data.sampler)
+        expected = identity(plan.config, views, records, path, plan.chosen.strategy.precision, run.path)
         if not is_complete(run.path, expected):  # a resumed run with the same data and reference reuses the files
             reference = build_frozen(plan, path, rank.device, rank.world_size,
                                      lean_placement(rank.device, rank.world_size))
-            write_reference_logps(run.path, expected, views, reference, rank.device, rank.rank, rank.world_size,
-                                  plan.chosen.strategy.micro_batch_size)
+            write_reference_logps(run.path, expected, views, records, reference, rank.device, rank.rank,
+                                  rank.world_size, plan.chosen.strategy.micro_batch_size)
             del reference  # freed before the trained model is built: the point of precomputing
         return precomputed_reference(run.path, "train"), precomputed_reference(run.path, "validation")
 

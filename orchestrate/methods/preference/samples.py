@@ -162,6 +162,10 @@ class PaddedPreferences(_Preferences):
         """The records of `view`, padded one sequence per row."""
         return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired)
 
+    def records_at(self, positions: np.ndarray) -> np.ndarray:
+        """The kept records of these samples: one each."""
+        return np.asarray(positions, dtype=np.int64)
+
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
 
@@ -193,6 +197,11 @@ class PackedPreferences(_Preferences):
         if self.paired:
             return np.minimum(self.kept.sides, self.seq_len).sum(axis=1)
         return np.array([sum(len(ids) for ids, _ in self.sequences(k)) for k in range(self.samples)], dtype=np.int64)
+
+    def records_at(self, positions: np.ndarray) -> np.ndarray:
+        """The kept records packed into these samples (blocks), sorted."""
+        members = [self.blocks.of(int(b)) for b in np.asarray(positions).tolist()]
+        return np.sort(np.concatenate(members)).astype(np.int64) if members else np.zeros(0, dtype=np.int64)
 
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch

@@ -57,7 +57,8 @@ def fit(overheads: list[tuple[int, float, int]], least_constant: int) -> tuple[i
         left = over - constant * MiB - of_states / STEPS * states
         worst = np.max(left / np.maximum(transient, 1.0), axis=1)
         of_transient = np.maximum(FLOOR, np.ceil(worst * STEPS))
-        cost = constant * MiB + of_states[:, 0] / STEPS * (TYPICAL - TYPICAL_TRANSIENT) + of_transient / STEPS * TYPICAL_TRANSIENT
+        cost = (constant * MiB + of_states[:, 0] / STEPS * (TYPICAL - TYPICAL_TRANSIENT)
+                + of_transient / STEPS * TYPICAL_TRANSIENT)
         i = int(np.argmin(cost))
         if best is None or cost[i] < best[0]:
             best = (cost[i], constant, int(of_states[i, 0]) / STEPS, int(of_transient[i]) / STEPS)
@@ -76,7 +77,8 @@ def overheads() -> dict[tuple[str, bool], list[tuple[int, float, int]]]:
         states = state_bytes(analytical(point, plan))
         for name, on in (("segments", False), ("expandable", True)):
             a = sim.allocator[name]
-            out.setdefault((point.strategy.backend, on), []).append((a["requested"], states, a["needed"] - a["requested"]))
+            out.setdefault((point.strategy.backend, on), []).append(
+                (a["requested"], states, a["needed"] - a["requested"]))
     return out
 
 

@@ -91,11 +91,12 @@ def measured_reserves() -> list[dict]:
         allocated, other = by_name[allocated_name], by_name[other_name]
         memory = estimate_memory(*_inputs(other))
         reserved = other.published_bytes - (_outside_allocator(memory.gpu, other) if other.metric == SMI else 0)
+        as_fsdp2_allocated = replace(other, metric=ALLOCATED, fsdp1=False)  # the terms as the model has them
         predicted = (comparable_bytes(memory.gpu, replace(other, metric=RESERVED))
                      / comparable_bytes(memory.gpu, replace(other, metric=ALLOCATED)))
         out.append({"run": other_name, "engine": "FSDP1" if other.fsdp1 else "FSDP2" if other.strategy.backend == "fsdp" else "one GPU",
                     "fraction": reserved / allocated.published_bytes - 1, "predicted": predicted - 1,
-                    "transient": 1 - state_bytes(memory.gpu) / comparable_bytes(memory.gpu, replace(other, metric=ALLOCATED, fsdp1=False))})
+                    "transient": 1 - state_bytes(memory.gpu) / comparable_bytes(memory.gpu, as_fsdp2_allocated)})
     return out
 
 

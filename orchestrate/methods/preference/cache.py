@@ -11,11 +11,11 @@ A run shorter than an epoch pays for its own records only, as distillation's pre
 
 The files are made from what `identity` names: the streams' cache keys, the settings that decide the
 records and their cut (seq_len, truncation, the held-out split), the records read, the reference's
-weight files by name, size and modification time, and the precision it ran in. A complete.json written last holds it:
-a resumed run whose identity matches reuses the files; another one (an interrupted pass, new data,
-another or a retrained reference) is redone. Each rank computes a strided share of the records into
-the shared files, all ranks running the same number of forwards (a sharded reference gathers its
-blocks with every rank).
+weight files by name, size and modification time, and the precision it ran in. A complete.json
+written last holds it: a resumed run whose identity matches reuses the files; another one (an
+interrupted pass, new data, a longer run, another or a retrained reference) is redone. Each rank
+computes a strided share of the records into the shared files, all ranks running the same number of
+forwards (a sharded reference gathers its blocks with every rank).
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def precomputed_reference(run_dir: Path, split: str) -> ReferenceLogps:
     def logps(model: torch.nn.Module, batch: dict) -> AnswerLogps:
         records = batch["record_index"]
         rows = torch.from_numpy(np.ascontiguousarray(table[records.cpu().numpy()]))  # (records, 2)
-        if torch.isnan(rows).any():  # a batch the first pass did not foresee: a wrong loss, not a NaN one
+        if torch.isnan(rows).any():  # a batch the first pass did not foresee: an error, not a NaN loss
             missing = records[torch.isnan(rows).any(dim=1)].tolist()
             raise RuntimeError(f"the precomputed reference has no log-probabilities of {split} records {missing}: "
                                "the first pass covered the records the run was planned to read")

@@ -93,7 +93,7 @@ def test_a_run_shorter_than_an_epoch_computes_the_records_of_its_samples_only(tm
                                "preference": {"loss": "dpo"}, "data": {"train_files": ["p.jsonl"]}}, tmp_path)
     sampler = DistributedBlockSampler(len(view), 0, 1, config.train.seed)
     views = {"train": view}
-    records = records_read(config, views, sampler)
+    records = records_read(views, sampler.blocks_read(config.train.max_steps * config.train.global_batch_size))
     reference = _model("llama", 3)
     write_reference_logps(run_dir, identity(config, views, records, reference_dir, "fp32", run_dir), views, records,
                           reference, torch.device("cpu"), 0, 1, micro_batch=2)

@@ -38,8 +38,10 @@ from orchestrate.loading.packed_attention import varlen_ready
 from orchestrate.model.meta import config_dict, shape_for
 
 if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache hits never import it
+    import numpy as np
     import torch
 
+    from orchestrate.config.train import TrainSection
     from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
     from orchestrate.planner.plan import RunFiles, RunPlan
 
@@ -72,6 +74,12 @@ class TrainData:
         place = (0, self.sampler.epoch, self.sampler.position, self.sampler.rank)  # before take() moves it
         batch = self.train.batch(self.sampler.take(size))
         return self.masker(batch, place) if self.masker else batch
+
+    def blocks_read(self, train: TrainSection) -> np.ndarray:
+        """The training samples a run of `train.max_steps` steps reads, sorted: the first max_steps x
+        global_batch_size positions of the sampler's seeded stream, known before step 1 (what a
+        precomputed teacher or reference covers)."""
+        return self.sampler.blocks_read(train.max_steps * train.global_batch_size)
 
     def eval_batches(self, size: int, count: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         """`count` fixed micro-batches of this rank's strided share of the validation samples

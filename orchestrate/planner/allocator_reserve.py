@@ -18,7 +18,8 @@ Fitted by `python bench/allocator_reserve_fit.py` over the full and LoRA zoos an
 replayed: the triple covering every point's `needed - requested` (needed: the least device memory the
 replayed allocator runs in without running out, its empty-the-cache retry included; states: the
 analytical model's for that point, transient: the rest of the request) with the smallest reserve for a
-6 GiB request of which 2 GiB are transient, the constant at least the page slack of the backend's streams, each fraction at least 1 %.
+6 GiB request of which 2 GiB are transient, the constant at least the page slack of the backend's
+streams, each fraction at least 1 %.
 Covering every point, because a reserve smaller than the allocator needs is an OOM. Checked against
 the allocator's code, not on a GPU.
 """

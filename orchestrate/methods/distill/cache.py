@@ -2,7 +2,7 @@
 sample the run will read into memory-mapped .npy files under RUN_DIR/teacher_cache, then training
 reads them (the teacher is freed before the student is built, so the two never share memory). The
 samples read are known before step 1: the first max_steps x global_batch_size positions of the
-sampler's seeded stream (orchestrate/data/sampler.py); a run shorter than an epoch pays for its own
+sampler's seeded stream (TrainData.blocks_read); a run shorter than an epoch pays for its own
 samples only, not for the whole dataset's.
 
 The cache is content-addressed: a sample's row is found by a digest of its input ids (and
@@ -41,12 +41,6 @@ def _digest(batch: dict[str, torch.Tensor], row: int) -> bytes:
     return h.digest()
 
 
-def cached_blocks(plan: RunPlan, data: TrainData) -> np.ndarray:
-    """The training blocks the cache holds, in the order of its rows: those the run reads."""
-    train = plan.config.train
-    return data.sampler.blocks_read(train.max_steps * train.global_batch_size)
-
-
 def _expected(plan: RunPlan, data: TrainData, blocks: np.ndarray) -> dict:
     """What a complete cache must have been made from: the samples' shape and how many of the stream
     the run reads (a longer run resumed needs more rows), top_k, and the teacher's weight files by
@@ -68,7 +62,7 @@ def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn
     from numpy.lib.format import open_memmap
 
     root = Path(run_dir) / TEACHER_CACHE_DIR
-    blocks = cached_blocks(plan, data)
+    blocks = data.blocks_read(plan.config.train)  # the cache's rows, in order
     expected = _expected(plan, data, blocks)
     if (root / _DONE).is_file() and json.loads((root / _DONE).read_text()) == expected:
         return
@@ -108,7 +102,7 @@ class TeacherCache:
         self.values = np.load(root / _VALUES, mmap_mode="r")
         self.ids = np.load(root / _IDS, mmap_mode="r")
         self.rows: dict[bytes, int] = {}
-        blocks = cached_blocks(plan, data).tolist()
+        blocks = data.blocks_read(plan.config.train).tolist()
         for start in range(0, len(blocks), 256):
             chunk = blocks[start:start + 256]
             batch = data.train.batch(chunk)

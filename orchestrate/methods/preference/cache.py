@@ -5,7 +5,7 @@ the two sequences (samples.py) of every record the run reads into RUN_DIR/refere
 (freed before the trained model is built, so the two never share memory).
 
 The records read are known before step 1 (`records_read`): those of the training samples at the first
-max_steps x global_batch_size positions of the sampler's seeded stream (orchestrate/data/sampler.py;
+max_steps x global_batch_size positions of the sampler's seeded stream (TrainData.blocks_read;
 a packed sample holds several records), every record from an epoch on, and every validation record.
 A run shorter than an epoch pays for its own records only, as distillation's precomputed teacher.
 
@@ -36,16 +36,14 @@ from orchestrate.run.layout import REFERENCE_LOGPS_DIR
 
 if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
-    from orchestrate.data.sampler import DistributedBlockSampler
 
 _DONE = "complete.json"
 
 
-def records_read(config: RunConfig, views: dict[str, PreferenceSamples], sampler: DistributedBlockSampler
-                 ) -> dict[str, np.ndarray]:
-    """Per split, the kept records (positions in its view) the run reads (module docstring)."""
-    train = config.train
-    read = {"train": views["train"].records_at(sampler.blocks_read(train.max_steps * train.global_batch_size))}
+def records_read(views: dict[str, PreferenceSamples], train_read: np.ndarray) -> dict[str, np.ndarray]:
+    """Per split, the kept records (positions in its view) the run reads (module docstring):
+    `train_read` the training samples it reads (TrainData.blocks_read)."""
+    read = {"train": views["train"].records_at(train_read)}
     return {**read, **{split: np.arange(view.samples) for split, view in views.items() if split != "train"}}
 
 

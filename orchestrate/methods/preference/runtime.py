@@ -75,7 +75,7 @@ class PreferenceRuntime(MethodRuntime):
             live = module_reference(build_frozen(plan, path, rank.device, rank.world_size, placement), chunks)
             return live, live
         views = {"train": data.train, "validation": data.validation}
-        records = records_read(plan.config, views, data.sampler)
+        records = records_read(views, data.blocks_read(plan.config.train))
         expected = identity(plan.config, views, records, path, plan.chosen.strategy.precision, run.path)
         if not is_complete(run.path, expected):  # a resumed run with the same data and reference reuses the files
             reference = build_frozen(plan, path, rank.device, rank.world_size,

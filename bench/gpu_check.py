@@ -133,8 +133,8 @@ def hardware(args, gpu_name: str | None):
     return resolve_hardware(profile=profile, gpus=1, gpu_mem=args.gpu_mem)
 
 
-def predict(config: dict, hw) -> dict:
-    """The plan orchestrate makes for a zoo entry's config (pins honoured), as the JSON row's prediction."""
+def plan_entry(config: dict, hw):
+    """The plan orchestrate makes for a zoo entry's config (pins honoured): (plan, "") or (None, why not)."""
     from orchestrate.api import is_runnable, plan_for
     from orchestrate.config.load import config_from_dict
     from orchestrate.errors import UserError
@@ -142,18 +142,27 @@ def predict(config: dict, hw) -> dict:
     try:
         plan = plan_for(config_from_dict(config, ROOT), hw)
     except UserError as exc:
-        return {"feasible": False, "error": str(exc)}
-    if not is_runnable(plan):
-        return {"feasible": False, "error": "nothing fits"}
+        return None, str(exc)
+    return (plan, "") if is_runnable(plan) else (None, "nothing fits")
+
+
+def prediction(plan) -> dict:
+    """A plan as the JSON row's prediction."""
     mem = plan.chosen.memory
     return {"feasible": True, "strategy": plan.chosen.name, "seq_len": plan.config.train.seq_len,
             "micro_batch": plan.chosen.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "gpu_bytes": mem.gpu_total,
             # The part the caching allocator serves, i.e. comparable with max_memory_reserved.
-            "gpu_allocator_bytes": mem.gpu_total - mem.gpu.get("cuda_context", 0),
+            "gpu_allocator_bytes": mem.gpu_allocator,
             "gpu_breakdown": dict(mem.gpu), "cpu_bytes": mem.cpu_total,
             "tokens_per_s": plan.chosen.speed.tokens_per_s, "step_time_s": plan.chosen.speed.step_time_s,
             "gpu_capacity_bytes": plan.hardware.gpu.memory_bytes if plan.hardware.gpu else None}
+
+
+def predict(config: dict, hw) -> dict:
+    """The plan orchestrate makes for a zoo entry's config, as the JSON row's prediction."""
+    plan, error = plan_entry(config, hw)
+    return prediction(plan) if plan is not None else {"feasible": False, "error": error}
 
 
 def measured(run_dir: Path) -> dict:

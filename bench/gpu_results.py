@@ -9,8 +9,13 @@ for the plan's allocator part, which predicts the need, not the cache a roomy ca
 steps' reserved peak alone (replayed from the run's allocation history: between the
 step markers, or, in a history without them, from the cache release before step 1 to the last 5 % of
 events), and the device memory it held outside the caching allocator (bench/cuda_trace.py), which the
-plan's `cuda_context` term stands for. Then every allocation history replayed through the allocator model
-(bench/allocator_trace_check.py) and the CUDA-side readings of bench/cuda_constants.py.
+plan's `cuda_context` term stands for. Then what each run would add to the machine's calibration file
+(orchestrate/launch/calibrate.py), measured / planned device memory per rank: from the reserved peak
+(how it was recorded until 2026-12-05), from the allocated peak (how it is now: the plan with the
+measured tensors in place of the predicted ones) and from the need of the run's allocation history
+(what a perfect calibration would record, outside the allocator as planned). Then every allocation
+history replayed through the allocator model (bench/allocator_trace_check.py) and the CUDA-side
+readings of bench/cuda_constants.py.
 
 Usage: python bench/gpu_results.py bench/results/h200-2026-12-04
 """
@@ -32,12 +37,27 @@ from bench import allocator_trace_check, cuda_trace, gpu_check, qlora_zoo  # noq
 GiB, MiB = 2**30, 2**20
 
 
-def replanned(results: Path, name: str, hw, work: Path) -> dict:
+def replanned(results: Path, name: str, hw, work: Path):
     config = json.loads((results / "zoo" / f"{name}.config.json").read_text())
     if "name_or_path" in config["model"]:  # a QLoRA entry: its base's config.json, no weights
         config["model"]["name_or_path"] = str(qlora_zoo.prepare(qlora_zoo.ENTRIES[name]["base"], work))
     config["train"]["output_dir"] = str(work)
-    return gpu_check.predict(config, hw)
+    plan, error = gpu_check.plan_entry(config, hw)
+    if plan is None:
+        raise SystemExit(f"{name}: no plan today ({error})")
+    return plan
+
+
+def calibration_ratios(plan, measured: dict, needed: int) -> tuple[float, float, float]:
+    """measured / planned per rank from the reserved peak (until 2026-12-05), the allocated peak (now)
+    and the run's need (the allocation history's), each with what lies outside the allocator as planned."""
+    from orchestrate.launch.calibrate import analytical_bytes, measured_need
+    from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR
+
+    planned = analytical_bytes(plan)
+    outside = sum(plan.chosen.memory.gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
+    return ((measured["gpu_max_reserved_bytes"] + outside) / planned,
+            measured_need(measured["gpu_max_allocated_bytes"], plan) / planned, (needed + outside) / planned)
 
 
 def main() -> int:
@@ -52,12 +72,14 @@ def main() -> int:
     print(f"{'run':30s} {'strategy':58s} {'planned GiB: then':>17s} {'now':>5s} {'(allocator)':>11s} "
           f"{'max alloc':>9s} {'max reserved':>12s} {'reserved/planned':>16s} {'steps: reserved':>15s} "
           f"{'/planned':>8s} {'needed':>6s} {'/planned':>8s} {'outside MiB':>11s} {'planned':>7s}")
+    calibrations = []
     with tempfile.TemporaryDirectory(prefix="orchestrate-gpu-results-") as tmp:
         for name, row in run["plans"].items():
             if row.get("status") != "ok":
                 print(f"{name:30s} {row.get('status')}")
                 continue
-            then, now, measured = row["prediction"], replanned(args.results, name, hw, Path(tmp)), row["measured"]
+            plan = replanned(args.results, name, hw, Path(tmp))
+            then, now, measured = row["prediction"], gpu_check.prediction(plan), row["measured"]
             record = cuda_trace.read(args.results / "traces" / f"zoo-{name}.json.gz")
             summary = record["summary"]
             phases = cuda_trace.replay_trace(record)["phase_peaks"]
@@ -71,6 +93,11 @@ def main() -> int:
                   f"{reserved / GiB:12.2f} {reserved / now['gpu_allocator_bytes']:16.2f} {steps_reserved} "
                   f"{needed / GiB:6.2f} {needed / now['gpu_allocator_bytes']:8.2f} "
                   f"{summary['outside_allocator'] / MiB:11,.0f} {now['gpu_breakdown']['cuda_context'] / MiB:7,.0f}{same}")
+            calibrations.append((name, calibration_ratios(plan, measured, needed)))
+    print("\ncalibration file entries, measured / planned per rank (ratios above 1 raise later plans):")
+    print(f"  {'run':30s} {'reserved peak':>13s} {'allocated peak (now)':>20s} {'need':>6s}")
+    for name, (reserved, allocated, need) in calibrations:
+        print(f"  {name:30s} {reserved:13.2f} {allocated:20.2f} {need:6.2f}")
     print("\nthe allocator model replaying each recorded history (reserved peaks, model / real):")
     for path in allocator_trace_check.trace_files([args.results / "traces"]):
         r = allocator_trace_check.check(path)

@@ -33,8 +33,8 @@ from orchestrate.hardware.units import GiB  # noqa: E402
 from orchestrate.methods.registry import method_terms  # noqa: E402
 from orchestrate.model.meta import shape_for  # noqa: E402
 from orchestrate.planner.allocator_reserve import state_bytes  # noqa: E402
+from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
-from orchestrate.planner.nccl_buffers import nccl_buffer_bytes  # noqa: E402
 
 
 def _hardware(case: Case) -> HardwareProfile:
@@ -50,15 +50,15 @@ def _config(case: Case) -> RunConfig:
     return RunConfig.model_validate({"model": model, "train": case.train})
 
 
-def _outside_allocator(gpu: dict, case: Case) -> float:
+def _outside_allocator(gpu: dict) -> float:
     """The CUDA context and NCCL's buffers: device memory no torch allocation holds."""
-    return gpu["cuda_context"] + nccl_buffer_bytes(_hardware(case))
+    return sum(gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
 
 
 def comparable_bytes(gpu: dict, case: Case) -> float:
     """The prediction of what `case.metric` measures (module doc); a sharded FSDP1 run's allocations carry
     FSDP1's measured excess over FSDP2 (published_cases.FSDP1_OVER_FSDP2)."""
-    outside = _outside_allocator(gpu, case)
+    outside = _outside_allocator(gpu)
     in_allocator = sum(gpu.values()) - outside
     if case.metric == ALLOCATED:
         return (in_allocator - gpu["allocator_reserve"]) * (FSDP1_OVER_FSDP2[ALLOCATED] if case.sharded_fsdp1 else 1)
@@ -90,7 +90,7 @@ def measured_reserves() -> list[dict]:
     for allocated_name, other_name in RESERVE_PAIRS:
         allocated, other = by_name[allocated_name], by_name[other_name]
         memory = estimate_memory(*_inputs(other))
-        reserved = other.published_bytes - (_outside_allocator(memory.gpu, other) if other.metric == SMI else 0)
+        reserved = other.published_bytes - (_outside_allocator(memory.gpu) if other.metric == SMI else 0)
         as_fsdp2_allocated = replace(other, metric=ALLOCATED, fsdp1=False)  # the terms as the model has them
         predicted = (comparable_bytes(memory.gpu, replace(other, metric=RESERVED))
                      / comparable_bytes(memory.gpu, replace(other, metric=ALLOCATED)))

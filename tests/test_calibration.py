@@ -1,7 +1,8 @@
 """The per-machine calibration file: where it lives, that it is written whole and never through a
 link, that a run's memory verdict (here a synthetic one) raises the next plan's prediction for the
 same family on the same machine, never lowers it, and is ignored for another machine, another
-family, a preset, and with --no-calibration; a GPU worker gives back what start-up cached before it
+family, a preset, and with --no-calibration; that a verdict is measured from the allocated peak (a
+reserved peak with room is cache, not need); a GPU worker gives back what start-up cached before it
 measures."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from orchestrate.hardware import calibration as cal
 from orchestrate.hardware.presets import load_preset
 from orchestrate.hardware.resolve import resolve_hardware
 from orchestrate.hardware.software import SoftwareStack
-from orchestrate.launch.calibrate import analytical_bytes, record_verdict, verdict_ratio
+from orchestrate.launch.calibrate import analytical_bytes, measured_need, record_verdict, verdict_ratio
 from orchestrate.planning import plan_for
 from orchestrate.worker import stages
 from orchestrate.worker.rank import Rank
@@ -35,12 +36,25 @@ def _config(tmp_path):
                              "strategy": {"backend": "fsdp", "zero_stage": 3}}, tmp_path)
 
 
-def _synthetic_run(tmp_path, plan, ratio: float):
-    """A run directory whose metrics say the reserved peak was `ratio` x the analytical prediction."""
+def _allocated_for(plan, ratio: float) -> int:
+    """The allocated peak whose measured need is `ratio` x the analytical prediction (bisected: the
+    reserve grows with the bytes allocated)."""
+    low, high = 0, 4 * analytical_bytes(plan)
+    while high - low > 1:
+        mid = (low + high) // 2
+        low, high = (mid, high) if measured_need(mid, plan) < ratio * analytical_bytes(plan) else (low, mid)
+    return high
+
+
+def _synthetic_run(tmp_path, plan, ratio: float, reserved_ratio: float = 1.0):
+    """A run directory whose metrics say the allocated peak was the one of a `ratio` x need, and the
+    reserved peak (on a card with room) `reserved_ratio` x the planned allocator part."""
     run_dir = tmp_path / "run"
     run_dir.mkdir(exist_ok=True)
-    reserved = int(ratio * analytical_bytes(plan)) - plan.chosen.memory.gpu["cuda_context"]
-    lines = [f'{{"step": {s}, "gpu_max_reserved_bytes": {reserved - 1000 * (2 - s)}}}' for s in (1, 2)]
+    allocated = _allocated_for(plan, ratio)
+    reserved = int(reserved_ratio * plan.chosen.memory.gpu_allocator)
+    lines = [f'{{"step": {s}, "gpu_max_allocated_bytes": {allocated - 1000 * (2 - s)}, '
+             f'"gpu_max_reserved_bytes": {reserved}}}' for s in (1, 2)]
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     return run_dir
 
@@ -64,6 +78,29 @@ def test_a_verdict_raises_the_next_plan_on_this_machine_and_the_plan_says_from_w
     assert again.chosen.memory.gpu_total == pytest.approx(1.25 * plan.chosen.memory.gpu_total, rel=1e-6)
     note = [n for n in again.notes if n.startswith("memory: measured correction x1.25")]
     assert note and str(path) in note[0] and "fsdp-z3" in note[0]
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_measured_need_of_the_planned_tensors_is_the_plan(tmp_path, gpus):
+    # calibrate.py rebuilds the allocator reserve and what lies outside the allocator as memory.py
+    # plans them (two ranks: NCCL's buffers too), so the plan's own tensors give back the plan.
+    plan = plan_for(_config(tmp_path), _detected().model_copy(update={"gpus_per_node": gpus}))
+    memory = plan.chosen.memory
+    assert (memory.gpu["nccl_buffers"] > 0) == (gpus == 2)
+    assert measured_need(memory.gpu_tensors, plan) == pytest.approx(analytical_bytes(plan), abs=16)
+    assert measured_need(memory.gpu_tensors + 2**30, plan) > analytical_bytes(plan) + 2**30  # reserve grows too
+
+
+def test_a_reserved_peak_with_room_is_not_taken_for_the_need(tmp_path):
+    # On a card with room the allocator keeps its cache: a reserved peak 1.5x the plan's allocator part
+    # with the tensors as planned records 1.00, and the next plan is not raised.
+    path = tmp_path / "calibration.json"
+    config = _config(tmp_path)
+    plan = plan_for(config, _detected())
+    said = record_verdict(plan, _synthetic_run(tmp_path, plan, 1.0, reserved_ratio=1.5), path)
+    assert "1.00 for fsdp-z3" in said
+    again = plan_for(config, resolve_hardware(detect=_detected, software=SoftwareStack, calibration=path))
+    assert again.chosen.memory.gpu_total == plan.chosen.memory.gpu_total
 
 
 @pytest.mark.parametrize("other", [

@@ -351,7 +351,8 @@ def test_gpu_profile_counts_invisible_device_memory():
     mem = estimate_memory(gpt2_xl(), gpu_hw(2), strat(), 512)
     assert mem.gpu["cuda_context"] == software_terms.CUDA_CONTEXT_LAZY_BYTES  # current torch: lazy loading
     assert mem.gpu["workspace"] == k.CUBLAS_WORKSPACE_BYTES
-    assert mem.gpu["comm_buckets"] >= nccl_buffer_bytes(gpu_hw(2)) > 0
+    assert mem.gpu["nccl_buffers"] == nccl_buffer_bytes(gpu_hw(2)) > 0
+    assert estimate_memory(gpt2_xl(), gpu_hw(1), strat(), 512).gpu["nccl_buffers"] == 0  # one rank: no communicator
     assert mem.gpu["allocator_reserve"] > 0
 
 

@@ -82,15 +82,38 @@ def test_cpu_records_without_a_tensor_peak_compare_nothing_per_rank():
     assert NO_TENSOR_PEAK in v.notes and v.warnings == []
 
 
-def test_gpu_verdict_uses_cuda_peaks_and_no_rss_note():
-    v = memory_verdict(_records(gpu=True), _plan())
-    whats = [c.what for c in v.checks]
-    assert any("allocated" in w for w in whats) and any("reserved" in w for w in whats)
-    assert not any("RSS peak per rank" in w for w in whats) and v.shown == []
+def _gpu_breakdown_plan():
+    """A GPU plan of 300 MiB tensors, 50 MiB allocator reserve and 600 MiB outside the allocator."""
+    plan = _plan()
+    memory = MemoryEstimate({"weights": 300 * 2**20, "allocator_reserve": 50 * 2**20, "cuda_context": 500 * 2**20,
+                             "nccl_buffers": 100 * 2**20}, {"runtime": 3 * GIB})
+    chosen = dataclasses.replace(plan.chosen, memory=memory)
+    return plan.model_copy(update={"chosen": chosen, "candidates": [chosen]})
+
+
+def test_gpu_verdict_compares_torch_peaks_with_the_allocator_parts_of_the_plan():
+    # allocated with the tensors, reserved with tensors + reserve: torch's peaks count neither the
+    # CUDA context nor NCCL's buffers, so the plan's total would hide a 600 MiB under-prediction.
+    v = memory_verdict(_records(gpu=True), _gpu_breakdown_plan())
+    allocated, reserved = (c for c in v.checks if "GPU" in c.what)
+    assert "allocated" in allocated.what and allocated.predicted == 300 * 2**20 and allocated.measured == 300 * 2**20 + 6
+    assert "reserved" in reserved.what and reserved.predicted == 350 * 2**20 and reserved.measured == 350 * 2**20 + 6
+    assert not any("RSS peak per rank" in c.what for c in v.checks) and v.warnings == []
     assert NO_TENSOR_PEAK not in v.notes and RESERVED_NOTE in v.notes
-    reserved = next(c for c in v.checks if "reserved" in c.what)
-    assert reserved.measured == 350 * 2**20 + 6 and not reserved.over
-    assert v.warnings == []
+    assert v.shown == ["planned device memory per rank 950.00 MiB: tensors and reserve plus 600.00 MiB outside "
+                       "the allocator (CUDA context, NCCL's buffers)"]
+
+
+def test_a_reserved_peak_above_the_plan_is_cache_unless_the_tensors_are_over_too():
+    records = _records(gpu=True)
+    for r in records:
+        r["gpu_max_reserved_bytes"] = 500 * 2**20  # 1.43x the 350 MiB allocator part
+    v = memory_verdict(records, _gpu_breakdown_plan())
+    assert v.warnings == [] and "(1.43x, the allocator's cache)" in v.text()
+    for r in records:
+        r["gpu_max_allocated_bytes"] = 330 * 2**20  # 1.10x the tensors: both warned
+    v = memory_verdict(records, _gpu_breakdown_plan())
+    assert len(v.warnings) == 2 and "(1.10x)" in v.warnings[0] and "(1.43x)" in v.warnings[1]
 
 
 # --- MFU ------------------------------------------------------------------------------------------

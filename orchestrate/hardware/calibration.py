@@ -4,7 +4,8 @@ measured against the analytical memory model, applied to the next plan on the sa
 $XDG_CACHE_HOME/orchestrate/calibration.json (default ~/.cache/orchestrate/calibration.json) holds
 one entry per key — GPU model, driver, CUDA runtime, torch version, strategy family
 (`Strategy.family`) — with the last `KEPT_RATIOS` ratios measured / analytical prediction
-(a memory verdict's reserved peak plus the predicted CUDA context; an OOM's lower bound of the need).
+(a finished run's allocated peak with the reserve and context planned for it; an OOM's lower
+bound of the need: launch/calibrate.py).
 
 Applied, a matching entry becomes a `MemoryCorrection` of its family with the largest kept ratio,
 and only when it is above 1: a plan on this machine is never predicted lower than the analytical

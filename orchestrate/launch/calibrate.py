@@ -1,10 +1,21 @@
 """What a finished run or an out-of-memory error adds to this machine's calibration file
 (hardware/calibration.py): measured / the analytical per-rank prediction, for the plan's family.
 
-Like with like: the memory verdict's GPU reserved peak (torch.cuda.max_memory_reserved, max over
-ranks) plus the predicted CUDA context, which lies outside the allocator, against the prediction
-without the measured corrections it may already carry; an OOM's measured need (a lower bound,
-worker/oom.py) against the same. CPU runs have no allocator peak and record nothing.
+Like with like, against the prediction without the measured corrections it may already carry:
+- a finished run: the plan with the measured tensors in place of the predicted ones, i.e. the
+  allocated peak (torch.cuda.max_memory_allocated, max over ranks) plus the allocator reserve the
+  planner adds to that many bytes plus what lies outside the allocator as planned (context, NCCL).
+  Not the reserved peak: on a card with room the allocator keeps freed segments cached instead of
+  giving them back, so max_memory_reserved says what it held, not what it needed. Over the five runs
+  of the H200 session of 2026-12-04 (8 GiB cap; `python bench/gpu_results.py
+  bench/results/h200-2026-12-04`) the ratio from the allocated peak is within 2 % of the one from
+  each run's need (the least memory its recorded allocation history runs in), 0.94-1.04 beside
+  0.94-1.03 (and 4.26 / 4.19 for the ZeRO-3 run of a since fixed bug); from the reserved peak the
+  ZeRO-2 run gave 1.33, which would have raised every later ZeRO-2 plan on that machine by a third.
+  What the allocator needs beyond the planned reserve on a full card ends in an out-of-memory error,
+  recorded below;
+- an out-of-memory error: its measured need (a lower bound, worker/oom.py).
+CPU runs have no allocator peak and record nothing.
 """
 
 from __future__ import annotations
@@ -13,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.hardware.calibration import record
-from orchestrate.planner.memory import CORRECTION_KEY
+from orchestrate.planner.allocator_reserve import allocator_reserve, state_bytes
+from orchestrate.planner.estimate import CORRECTION_KEY
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir, read_records
 
@@ -23,12 +35,22 @@ def analytical_bytes(plan: RunPlan) -> int:
     return memory.gpu_total - memory.gpu.get(CORRECTION_KEY, 0)
 
 
+def measured_need(allocated: int, plan: RunPlan) -> float:
+    """The plan's device bytes per rank with `allocated` (a measured allocated peak) as its tensors."""
+    memory = plan.chosen.memory
+    nccl = memory.gpu.get("nccl_buffers", 0)
+    # memory.py reserves on every term but the context, NCCL's buffers among its states
+    reserve = allocator_reserve(allocated + nccl, state_bytes(memory.gpu), plan.chosen.strategy,
+                                plan.hardware.expandable_segments)
+    return allocated + reserve + nccl + memory.gpu.get("cuda_context", 0)
+
+
 def verdict_ratio(records: list[dict[str, Any]], plan: RunPlan) -> float | None:
-    """measured / analytical from a run's metrics records; None without a GPU reserved peak."""
-    reserved = [r["gpu_max_reserved_bytes"] for r in records if r.get("gpu_max_reserved_bytes") is not None]
-    if not reserved:
+    """measured / analytical from a run's metrics records; None without a GPU allocated peak."""
+    allocated = [r["gpu_max_allocated_bytes"] for r in records if r.get("gpu_max_allocated_bytes") is not None]
+    if not allocated:
         return None
-    return (max(reserved) + plan.chosen.memory.gpu.get("cuda_context", 0)) / max(1, analytical_bytes(plan))
+    return measured_need(max(allocated), plan) / max(1, analytical_bytes(plan))
 
 
 def record_verdict(plan: RunPlan, run_dir: Path, path: Path | None = None) -> str | None:

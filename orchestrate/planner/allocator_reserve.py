@@ -36,9 +36,11 @@ RESERVE: dict[str, dict[bool, tuple[int, float, float]]] = {
     "fsdp": {False: (284, 0.01, 0.265), True: (94, 0.01, 0.01)},
     "deepspeed": {False: (994, 0.065, 0.27), True: (110, 0.01, 0.01)},
 }
-STATE_TERMS = ("weights", "gradients", "optimizer_states", "master_weights", "comm_buckets", "workspace")
+STATE_TERMS = ("weights", "gradients", "optimizer_states", "master_weights", "comm_buckets", "nccl_buffers",
+               "workspace")
 """Memory terms (planner/memory.py) the allocator serves once and keeps: the model states, DDP's
-buckets, cuBLAS' workspace. Every other term is transient: activations, logits, parameters gathered
+buckets, cuBLAS' workspace (and NCCL's buffers, which lie outside it, counted as states: they never
+fragment). Every other term is transient: activations, logits, parameters gathered
 (FSDP, ZeRO-3) or cast (DDP's autocast copies) for one block, a method's auxiliary outputs; a frozen
 teacher's or reference's weights are counted with them (the larger fraction: predict high)."""
 

@@ -8,13 +8,20 @@ from dataclasses import field
 from pydantic import computed_field
 from pydantic.dataclasses import dataclass
 
+CORRECTION_KEY = "measured_correction"
+"""What the machine's measured corrections add (hardware/profile.py MemoryCorrection): the
+analytical total times (ratio - 1); only in the breakdown of a plan that has one."""
+OUTSIDE_ALLOCATOR = ("cuda_context", "nccl_buffers")
+"""Device memory the CUDA caching allocator never sees: torch.cuda's peaks do not count it."""
+
 
 @dataclass(frozen=True)
 class MemoryEstimate:
     gpu: dict[str, int]
     """Per-rank device bytes at the training peak, by component (planner/memory.py `breakdown_keys`:
     weights, gradients, optimizer_states, master_weights, activations, logits, gathered_params,
-    comm_buckets, cuda_context, workspace, allocator_reserve, then the plan's methods' own terms). On
+    comm_buckets, nccl_buffers, cuda_context, workspace, allocator_reserve, then the plan's methods' own
+    terms). On
     CPU-only profiles "device" memory is the worker's own CPU RAM."""
     cpu: dict[str, int]
     """Per-node host bytes at the peak, by component (offloaded_optimizer, offloaded_params,
@@ -31,6 +38,18 @@ class MemoryEstimate:
     @property
     def cpu_total(self) -> int:
         return sum(self.cpu.values())
+
+    @property
+    def gpu_allocator(self) -> int:
+        """What the caching allocator holds at the peak on a card without room to spare, the tensors and
+        the allocator's reserve: torch.cuda.max_memory_reserved's counterpart (analytical, no correction)."""
+        return self.gpu_total - sum(self.gpu.get(key, 0) for key in (*OUTSIDE_ALLOCATOR, CORRECTION_KEY))
+
+    @property
+    def gpu_tensors(self) -> int:
+        """The bytes tensors ask the allocator for at the peak: torch.cuda.max_memory_allocated's
+        counterpart (analytical, no correction)."""
+        return self.gpu_allocator - self.gpu.get("allocator_reserve", 0)
 
 
 @dataclass(frozen=True)

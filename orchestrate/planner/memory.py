@@ -39,7 +39,7 @@ from orchestrate.model.shape import ModelShape
 from orchestrate.planner import activations, ds_buckets, knobs, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.allocator_reserve import allocator_reserve, state_bytes
-from orchestrate.planner.estimate import MemoryEstimate
+from orchestrate.planner.estimate import CORRECTION_KEY, MemoryEstimate
 from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.packing import SamplePacking, mask_bytes
 from orchestrate.planner.strategy import Strategy
@@ -47,12 +47,9 @@ from orchestrate.planner.strategy import Strategy
 # The breakdown of every plan holds these keys, then its methods' own: `breakdown_keys`, from which
 # estimate_memory starts.
 GPU_KEYS = ("weights", "gradients", "optimizer_states", "master_weights", "activations", "logits",
-            "gathered_params", "comm_buckets", "cuda_context", "workspace", "allocator_reserve")
+            "gathered_params", "comm_buckets", "nccl_buffers", "cuda_context", "workspace", "allocator_reserve")
 CPU_KEYS = ("offloaded_optimizer", "offloaded_master_weights", "offloaded_gradients", "offloaded_params",
             "offloaded_activations", "offloaded_embedding", "pinned_buffers", "loading_spike", "process_runtime")
-CORRECTION_KEY = "measured_correction"
-"""What the machine's measured corrections add (hardware/profile.py MemoryCorrection): the
-analytical total times (ratio - 1); only in the breakdown of a plan that has one."""
 MODEL_STATE_KEYS = ("weights", "gradients", "optimizer_states", "master_weights")
 _CURRENT = SoftwareStack()  # versions not known: the current releases
 
@@ -427,7 +424,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
         if hw.world_size > 1:
             communicators = 2 if strategy.hybrid_shard else 1  # shard group + replicate group
-            gpu["comm_buckets"] += communicators * nccl_buffer_bytes(hw)
+            gpu["nccl_buffers"] = communicators * nccl_buffer_bytes(hw)
         accounted = sum(v for key, v in gpu.items() if key != "cuda_context")
         gpu["allocator_reserve"] = allocator_reserve(accounted, state_bytes(gpu), strategy, hw.expandable_segments)
     if correction > 1.0:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.hardware.units import format_bytes
+from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
@@ -34,7 +35,8 @@ NO_TENSOR_PEAK = ("CPU run without a tensor peak in its records (written before 
 RESERVED_NOTE = ("GPU run: the plan predicts the memory the CUDA caching allocator needs, which frees its cache "
                  "and retries when a request fails (docs/memory-model.md); max_memory_reserved also counts the "
                  "segments it keeps for reuse while the device has room to spare, so a reserved peak above the "
-                 "prediction with the allocated peak below it is that cache, not an under-prediction.")
+                 "prediction with the allocated peak within it is that cache, not an under-prediction (the "
+                 "calibration file takes the allocated peak for this reason: launch/calibrate.py).")
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,9 @@ class MemoryCheck:
     """e.g. "GPU allocated peak per rank"."""
     predicted: int
     measured: int
+    cache: bool = False
+    """A reserved peak whose run's allocated peak is within its prediction: what exceeds the plan is the
+    allocator's cache on a card with room (RESERVED_NOTE), said, not warned about."""
 
     @property
     def ratio(self) -> float:
@@ -53,6 +58,10 @@ class MemoryCheck:
     def over(self) -> bool:
         """Measured beyond the prediction's tolerance: an under-prediction the plan's headroom must absorb."""
         return self.measured > self.predicted * (1 + TOLERANCE)
+
+    @property
+    def verdict(self) -> str:
+        return "within" if not self.over else "the allocator's cache" if self.cache else "over"
 
 
 @dataclass(frozen=True)
@@ -66,13 +75,13 @@ class MemoryVerdict:
     def warnings(self) -> list[str]:
         return [f"WARNING: {c.what}: measured {format_bytes(c.measured)} exceeds the predicted "
                 f"{format_bytes(c.predicted)} by more than {TOLERANCE:.0%} ({c.ratio:.2f}x)"
-                for c in self.checks if c.over]
+                for c in self.checks if c.verdict == "over"]
 
     def lines(self) -> list[str]:
         out = [f"memory verdict (measured peak of the largest rank vs the plan's prediction; a warning past "
                f"+{TOLERANCE:.0%}):"]
         out += [f"  {c.what}: predicted {format_bytes(c.predicted)}, measured {format_bytes(c.measured)} "
-                f"({c.ratio:.2f}x{'' if c.over else ', within'})" for c in self.checks]
+                f"({c.ratio:.2f}x{'' if c.verdict == 'over' else ', ' + c.verdict})" for c in self.checks]
         if not self.checks:
             out.append("  nothing to compare: the records carry no memory measurements")
         out += [f"  shown: {line}" for line in self.shown]
@@ -91,21 +100,31 @@ def _peak(records: list[dict[str, Any]], key: str) -> int | None:
 
 def memory_verdict(records: list[dict[str, Any]], plan: RunPlan) -> MemoryVerdict:
     """Compare the run's measured peaks with `plan.chosen`'s predictions."""
-    gpu_pred = plan.chosen.memory.gpu_total
-    cpu_pred = plan.chosen.memory.cpu_total
+    memory = plan.chosen.memory
+    gpu_pred, cpu_pred = memory.gpu_total, memory.cpu_total
     checks: list[MemoryCheck] = []
     notes: list[str] = []
     alloc = _peak(records, "gpu_max_allocated_bytes")
     reserved = _peak(records, "gpu_max_reserved_bytes")
+    # Like with like: torch's peaks count neither the CUDA context nor NCCL's buffers (outside the
+    # allocator), the allocated peak not the allocator's reserve either.
+    allocated = MemoryCheck("GPU allocated peak per rank (torch.cuda.max_memory_allocated) vs the planned tensors",
+                            memory.gpu_tensors, alloc or 0)
     if alloc is not None:
-        checks.append(MemoryCheck("GPU allocated peak per rank (torch.cuda.max_memory_allocated)", gpu_pred, alloc))
+        checks.append(allocated)
     if reserved is not None:
-        # The prediction includes the allocator reserve and CUDA context (planner/memory.py), so the
-        # reserved peak is the closer counterpart; allocated is shown to see the allocator's share.
-        checks.append(MemoryCheck("GPU reserved peak per rank (torch.cuda.max_memory_reserved)", gpu_pred, reserved))
+        checks.append(MemoryCheck("GPU reserved peak per rank (torch.cuda.max_memory_reserved) vs the planned "
+                                  "tensors and allocator reserve", memory.gpu_allocator, reserved,
+                                  cache=alloc is not None and not allocated.over))
         notes.append(RESERVED_NOTE)
     shown: list[str] = []
-    if alloc is None and reserved is None:  # a CPU run: the plan's "device" is the worker's own RAM
+    if alloc is not None or reserved is not None:
+        outside = sum(memory.gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
+        correction = gpu_pred - memory.gpu_allocator - outside
+        shown.append(f"planned device memory per rank {format_bytes(gpu_pred)}: tensors and reserve plus "
+                     f"{format_bytes(outside)} outside the allocator (CUDA context, NCCL's buffers)"
+                     + (f" and a measured correction of {format_bytes(correction)}" if correction > 0 else ""))
+    else:  # a CPU run: the plan's "device" is the worker's own RAM
         tensors = _peak(records, "cpu_tensor_peak_bytes")
         if tensors is not None:
             # counted over start-up and the first steps (orchestrate/worker/tensor_peak.py)

@@ -16,7 +16,6 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
 from orchestrate.methods.registry import active_methods
 from orchestrate.planner.memory import estimate_memory
-from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.api import simulate
 from orchestrate.simulate.result import SimulationResult
@@ -71,13 +70,9 @@ class VerificationReport:
 def _unseen(plan: RunPlan, analytical: dict[str, int], reserve: bool = False) -> dict[str, int]:
     """What a GPU holds beyond the simulated storages, from the analytical terms; `reserve`: the
     analytical allocator reserve too (for a simulated side without the allocator replay)."""
-    hw, strategy = plan.hardware, plan.chosen.strategy
-    if not hw.has_gpu:
+    if not plan.hardware.has_gpu:
         return {}
-    # memory.py: one communicator, two with hybrid shard
-    nccl = (2 if strategy.hybrid_shard else 1) * nccl_buffer_bytes(hw)
-    out = {"cuda_context": analytical.get("cuda_context", 0), "workspace": analytical.get("workspace", 0),
-           "nccl_buffers": nccl}
+    out = {key: analytical.get(key, 0) for key in ("cuda_context", "workspace", "nccl_buffers")}
     if reserve:
         out["allocator_reserve"] = analytical.get("allocator_reserve", 0)
     return out

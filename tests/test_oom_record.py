@@ -1,6 +1,7 @@
 """A worker's out-of-memory record: the step loop turns torch.OutOfMemoryError into the step and the
 engine's phase, the record holds the measured need and the plan's prediction, and PyTorch's
-"Tried to allocate" sizes are read as the allocator writes them (one process, a fake engine)."""
+"Tried to allocate" sizes are read as the allocator writes them (one process, a fake engine); on a
+GPU the need adds what lies outside the allocator as planned (torch's statistics stubbed)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,25 @@ def test_the_record_on_cpu_holds_the_request_as_the_need_and_the_prediction(tmp_
     assert [r["phase"] for r in read_oom_records(tmp_path)] == ["backward"]
     clear_oom_records(tmp_path)
     assert read_oom_records(tmp_path) == []
+
+
+def test_the_record_on_a_gpu_adds_the_context_and_nccl_to_the_allocator_s_need(monkeypatch):
+    from orchestrate.config.load import config_from_dict
+    from orchestrate.hardware.presets import load_preset
+    from orchestrate.planning import plan_for
+    from orchestrate.worker.rank import Rank
+    from tests.helpers.plans import TINY_GPT2
+
+    config = config_from_dict({"model": {"architecture": dict(TINY_GPT2)}, "train": {"seq_len": 64, "global_batch_size": 8}})
+    plan = plan_for(config, load_preset("rtx3070").model_copy(update={"gpus_per_node": 2}))
+    gpu = plan.chosen.memory.gpu
+    assert gpu["nccl_buffers"] > 0 and gpu["cuda_context"] > 0
+    stats = {"max_memory_allocated": 3 * 2**30, "max_memory_reserved": 5 * 2**30, "memory_reserved": 4 * 2**30}
+    for name, value in stats.items():
+        monkeypatch.setattr(torch.cuda, name, lambda device=None, value=value: value)
+    error = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+    rank = Rank(rank=1, local_rank=1, world_size=2, node=0, device=torch.device("cuda:1"))
+    record = oom_record(plan, rank, 3, "forward", error)
+    # reserved now + the request (6 GiB) is above the reserved peak (5 GiB)
+    assert record["needed_at_least_bytes"] == 6 * 2**30 + gpu["cuda_context"] + gpu["nccl_buffers"]
+    assert (record["device"], record["max_allocated_bytes"], record["max_reserved_bytes"]) == ("cuda", 3 * 2**30, 5 * 2**30)

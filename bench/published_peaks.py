@@ -78,6 +78,7 @@ def evaluate(case: Case) -> dict:
     return {"name": case.name, "source": case.source, "metric": case.metric, "published_gib": case.published_bytes / GiB,
             "predicted_gib": predicted / GiB, "ratio": predicted / case.published_bytes,
             "reserve_gib": memory.gpu["allocator_reserve"] / GiB, "left_out": case.left_out,
+            "room": 1 - case.published_bytes / case.gpu.memory_bytes,
             "residual": case.residual, "unpinned": case.unpinned, "settings": case.settings,
             "strategy": case.strategy.name, "fsdp1": case.fsdp1}
 
@@ -97,6 +98,23 @@ def measured_reserves() -> list[dict]:
         out.append({"run": other_name, "engine": "FSDP1" if other.fsdp1 else "FSDP2" if other.strategy.backend == "fsdp" else "one GPU",
                     "fraction": reserved / allocated.published_bytes - 1, "predicted": predicted - 1,
                     "transient": 1 - state_bytes(memory.gpu) / comparable_bytes(memory.gpu, as_fsdp2_allocated)})
+    return out
+
+
+TIGHT_ROOM = 0.20
+"""A card with less than this share of its memory left at the published peak: the allocator had little
+room to keep cache, so a reserved or nvidia-smi peak there is close to the need the planner predicts."""
+
+
+def by_room(rows: list[dict]) -> dict[str, dict]:
+    """The counted reserved and nvidia-smi rows' ratios, on cards with little room left and with more."""
+    held = [r for r in rows if not r["left_out"] and r["metric"] != ALLOCATED]
+    out = {}
+    for label, tight in ((f"room < {TIGHT_ROOM:.0%}", True), (f"room >= {TIGHT_ROOM:.0%}", False)):
+        part = [r for r in held if (r["room"] < TIGHT_ROOM) == tight]
+        ratios = [r["ratio"] for r in part]
+        out[label] = {"cases": len(ratios), "median": statistics.median(ratios), "min": min(ratios),
+                      "max": max(ratios), "below_0.95": [r["name"] for r in part if r["ratio"] < 0.95]}
     return out
 
 
@@ -129,6 +147,11 @@ def main(argv: list[str] | None = None) -> int:
     print("the FSDP1 rows aside (orchestrate runs FSDP2):")
     for metric, s in summary(rows, without_fsdp1=True).items():
         print(f"{metric:21} cases {s['cases']:2}  median {s['median']:.3f}  worst low {s['min']:.3f}  high {s['max']:.3f}")
+    print("\nreserved and nvidia-smi rows by the room the card had left at the published peak (1 - published / "
+          "capacity): with little room the allocator cannot keep cache beside the need")
+    for label, s in by_room(rows).items():
+        print(f"{label:21} cases {s['cases']:2}  median {s['median']:.3f}  worst low {s['min']:.3f}  high {s['max']:.3f}"
+              f"  below 0.95: {', '.join(s['below_0.95']) or 'none'}")
     print("\nreserve over allocated, measured (reserved, or nvidia-smi less the modelled context and NCCL) and "
           "planned, with the planned transient share of allocated:")
     for m in measured_reserves():

@@ -309,7 +309,8 @@ def _peft_docs(name: str, gb: float, backend: str, offload: bool, gpu: GPUSpec, 
 CASES += [
     _peft_docs("llama2-70b qlora fsdp offload", 19.6, "fsdp", True, RTX3090,
                "accelerate FSDP1 FULL_SHARD, offload_params, use_orig_params false, cpu_ram_efficient_loading",
-               _AA_OFFLOAD),
+               _AA_OFFLOAD + "; the only row below 0.95 on a card more than 80 % full, and the source's own caveat "
+               "3 says 'GPU Memory saving when using CPU Offloading is untested at present'"),
     _peft_docs("llama2-70b qlora fsdp", 35.6, "fsdp", False, A100_80,
                "accelerate FSDP1 FULL_SHARD, no offload", "2.3 GiB below: FSDP1 on an 80 GB card held more than "
                "the replay-fitted FSDP2 reserve (284 MiB + 1 % of the states + 26.5 % of the transient bytes, "

@@ -170,6 +170,17 @@ def test_figures_draw_the_metrics_as_they_are(tmp_path):
     assert lines["run-a predicted"][1] == [400 / 1024] * len(records)
 
 
+def test_a_gpu_runs_memory_figure_sets_torchs_peaks_beside_the_plans_allocator_parts(tmp_path):
+    records = _records(gpu=True)
+    run = load_run(_write_run(tmp_path / "gpu-run", records, _gpu_breakdown_plan()))
+    lines = _by_label(memory_figure([run]).axes[0])
+    n = len(records)
+    assert lines["gpu-run measured (gpu_max_reserved_bytes)"][1] == [r["gpu_max_reserved_bytes"] / GIB for r in records]
+    assert lines["gpu-run predicted (tensors + allocator reserve)"][1] == [350 / 1024] * n  # no context, no NCCL
+    assert lines["gpu-run measured (gpu_max_allocated_bytes)"][1] == [r["gpu_max_allocated_bytes"] / GIB for r in records]
+    assert lines["gpu-run predicted (tensors)"][1] == [300 / 1024] * n
+
+
 def test_gpu_run_has_an_mfu_line(tmp_path):
     plan = _gpu_plan(ac=False)
     records = _records(gpu=True)

@@ -95,6 +95,15 @@ def memory_figure(runs: list[Run]) -> Figure:
     fig, (ax,) = _figure(1)
     for run in runs:
         key = measured_key(run)
+        if key == "gpu_max_reserved_bytes":
+            # Like with like (verdict.py): torch's peaks see neither the CUDA context nor NCCL's buffers.
+            memory = run.plan.chosen.memory
+            for peak, predicted, what in (("gpu_max_reserved_bytes", memory.gpu_allocator, "tensors + allocator reserve"),
+                                          ("gpu_max_allocated_bytes", memory.gpu_tensors, "tensors")):
+                steps, values = _series(run, peak)
+                ax.plot(steps, [v / GIB for v in values], label=f"{run.name} measured ({peak})")
+                ax.plot(steps, [predicted / GIB] * len(steps), "--", label=f"{run.name} predicted ({what})")
+            continue
         steps, values = _series(run, key)
         ax.plot(steps, [v / GIB for v in values], label=f"{run.name} measured ({key})")
         steps, values = _series(run, "predicted_gpu_bytes_per_rank")

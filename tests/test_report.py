@@ -252,11 +252,14 @@ def test_progress_lines_show_memory_against_the_plan_and_mfu_where_known():
               "predicted_gpu_bytes_per_rank": 2**30}
     assert memory_and_mfu(record, plan) == "mem 512.00 MiB/1.00 GiB"  # CPU: the tensors; no peak FLOP/s, no MFU
     gpu = _plan_for_progress(gpu=True)
-    record = {"tokens_per_s": 1000.0, "gpu_max_allocated_bytes": 5 * 2**30, "predicted_gpu_bytes_per_rank": 6 * 2**30}
+    # a GPU's allocated peak against the planned tensors, not the whole plan (context, NCCL, reserve)
+    memory = MemoryEstimate({"weights": 5 * 2**30, "allocator_reserve": 2**29, "cuda_context": 2**29}, {})
+    gpu.chosen = dataclasses.replace(gpu.chosen, memory=memory)
+    record = {"tokens_per_s": 1000.0, "gpu_max_allocated_bytes": 4 * 2**30, "predicted_gpu_bytes_per_rank": 6 * 2**30}
     text = memory_and_mfu(record, gpu)
     from orchestrate.report.mfu import utilisation
 
-    assert text == f"mem 5.00 GiB/6.00 GiB  MFU {100 * utilisation(1000.0, gpu)['mfu']:.1f}%"
+    assert text == f"mem 4.00 GiB/5.00 GiB  MFU {100 * utilisation(1000.0, gpu)['mfu']:.1f}%"
 
 
 def _plan_for_progress(gpu: bool):

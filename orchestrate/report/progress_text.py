@@ -12,12 +12,14 @@ if TYPE_CHECKING:
 
 
 def memory_and_mfu(record: dict[str, Any], plan: RunPlan) -> str:
-    """"mem 5.12 GiB/7.20 GiB  MFU 38.5%": the measured peak per rank (GPU allocated, else the CPU
-    tensor peak) against the plan's prediction, and MFU where the peak FLOP/s are known."""
-    measured = record.get("gpu_max_allocated_bytes", record.get("cpu_tensor_peak_bytes"))
+    """"mem 5.12 GiB/6.20 GiB  MFU 38.5%": the measured peak per rank against the plan's prediction of
+    it (GPU allocated against the planned tensors, as the memory verdict; else the CPU tensor peak
+    against the per-rank prediction), and MFU where the peak FLOP/s are known."""
+    gpu = record.get("gpu_max_allocated_bytes")
+    measured = gpu if gpu is not None else record.get("cpu_tensor_peak_bytes")
     parts = []
     if measured is not None:
-        predicted = record.get("predicted_gpu_bytes_per_rank")
+        predicted = plan.chosen.memory.gpu_tensors if gpu is not None else record.get("predicted_gpu_bytes_per_rank")
         parts.append(f"mem {format_bytes(measured)}" + (f"/{format_bytes(predicted)}" if predicted else ""))
     mfu = utilisation(float(record["tokens_per_s"]), plan).get("mfu") if record.get("tokens_per_s") else None
     if mfu is not None:

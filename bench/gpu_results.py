@@ -52,10 +52,9 @@ def calibration_ratios(plan, measured: dict, needed: int) -> tuple[float, float,
     """measured / planned per rank from the reserved peak (until 2026-12-05), the allocated peak (now)
     and the run's need (the allocation history's), each with what lies outside the allocator as planned."""
     from orchestrate.launch.calibrate import analytical_bytes, measured_need
-    from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR
 
     planned = analytical_bytes(plan)
-    outside = sum(plan.chosen.memory.gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
+    outside = plan.chosen.memory.gpu_outside_allocator
     return ((measured["gpu_max_reserved_bytes"] + outside) / planned,
             measured_need(measured["gpu_max_allocated_bytes"], plan) / planned, (needed + outside) / planned)
 

@@ -42,7 +42,7 @@ def measured_need(allocated: int, plan: RunPlan) -> float:
     # memory.py reserves on every term but the context, NCCL's buffers among its states
     reserve = allocator_reserve(allocated + nccl, state_bytes(memory.gpu), plan.chosen.strategy,
                                 plan.hardware.expandable_segments)
-    return allocated + reserve + nccl + memory.gpu.get("cuda_context", 0)
+    return allocated + reserve + memory.gpu_outside_allocator
 
 
 def verdict_ratio(records: list[dict[str, Any]], plan: RunPlan) -> float | None:

@@ -21,8 +21,7 @@ class MemoryEstimate:
     """Per-rank device bytes at the training peak, by component (planner/memory.py `breakdown_keys`:
     weights, gradients, optimizer_states, master_weights, activations, logits, gathered_params,
     comm_buckets, nccl_buffers, cuda_context, workspace, allocator_reserve, then the plan's methods' own
-    terms). On
-    CPU-only profiles "device" memory is the worker's own CPU RAM."""
+    terms). On CPU-only profiles "device" memory is the worker's own CPU RAM."""
     cpu: dict[str, int]
     """Per-node host bytes at the peak, by component (offloaded_optimizer, offloaded_params,
     pinned_buffers, loading_spike, process_runtime, ..., then the methods' own)."""
@@ -40,10 +39,15 @@ class MemoryEstimate:
         return sum(self.cpu.values())
 
     @property
+    def gpu_outside_allocator(self) -> int:
+        """The CUDA context and NCCL's buffers (OUTSIDE_ALLOCATOR)."""
+        return sum(self.gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
+
+    @property
     def gpu_allocator(self) -> int:
         """What the caching allocator holds at the peak on a card without room to spare, the tensors and
         the allocator's reserve: torch.cuda.max_memory_reserved's counterpart (analytical, no correction)."""
-        return self.gpu_total - sum(self.gpu.get(key, 0) for key in (*OUTSIDE_ALLOCATOR, CORRECTION_KEY))
+        return self.gpu_total - self.gpu_outside_allocator - self.gpu.get(CORRECTION_KEY, 0)
 
     @property
     def gpu_tensors(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.hardware.units import format_bytes
-from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR
+from orchestrate.planner.estimate import CORRECTION_KEY
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
@@ -119,11 +119,10 @@ def memory_verdict(records: list[dict[str, Any]], plan: RunPlan) -> MemoryVerdic
         notes.append(RESERVED_NOTE)
     shown: list[str] = []
     if alloc is not None or reserved is not None:
-        outside = sum(memory.gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
-        correction = gpu_pred - memory.gpu_allocator - outside
+        correction = memory.gpu.get(CORRECTION_KEY, 0)
         shown.append(f"planned device memory per rank {format_bytes(gpu_pred)}: tensors and reserve plus "
-                     f"{format_bytes(outside)} outside the allocator (CUDA context, NCCL's buffers)"
-                     + (f" and a measured correction of {format_bytes(correction)}" if correction > 0 else ""))
+                     f"{format_bytes(memory.gpu_outside_allocator)} outside the allocator (CUDA context, NCCL's "
+                     "buffers)" + (f" and a measured correction of {format_bytes(correction)}" if correction else ""))
     else:  # a CPU run: the plan's "device" is the worker's own RAM
         tensors = _peak(records, "cpu_tensor_peak_bytes")
         if tensors is not None:

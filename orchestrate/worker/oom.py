@@ -8,8 +8,9 @@ gone or stuck). The launcher reads it and re-plans (launch/oom.py).
 What the record calls the peak: at an OOM the caching allocator could not hand out the request on
 top of what it had reserved (it frees its cache and retries before raising), so the rank needed at
 least max(peak reserved, reserved now + the failed request); the CUDA context and NCCL's buffers lie
-outside the allocator and are taken as planned (the prediction counts them). torch keeps no allocator statistics for CPU tensors, so on a
-CPU run (where only an injected error comes here) the failed request alone stands for it.
+outside the allocator and are taken as planned (the prediction counts them). torch keeps no allocator
+statistics for CPU tensors, so on a CPU run (where only an injected error comes here) the failed
+request alone stands for it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR
 from orchestrate.run.layout import write_oom_record
 
 if TYPE_CHECKING:
@@ -60,7 +60,7 @@ def oom_record(plan: RunPlan, rank: Rank, step: int, phase: str, error: BaseExce
         allocated = torch.cuda.max_memory_allocated(device)
         reserved_peak = torch.cuda.max_memory_reserved(device)
         reserved_now = torch.cuda.memory_reserved(device)
-    outside = sum(plan.chosen.memory.gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
+    outside = plan.chosen.memory.gpu_outside_allocator
     return {"rank": rank.rank, "node": rank.node, "step": step, "phase": phase, "device": device.type,
             "max_allocated_bytes": allocated, "max_reserved_bytes": reserved_peak,
             "reserved_bytes": reserved_now, "requested_bytes": requested,

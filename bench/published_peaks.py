@@ -33,7 +33,7 @@ from orchestrate.hardware.units import GiB  # noqa: E402
 from orchestrate.methods.registry import method_terms  # noqa: E402
 from orchestrate.model.meta import shape_for  # noqa: E402
 from orchestrate.planner.allocator_reserve import state_bytes  # noqa: E402
-from orchestrate.planner.estimate import OUTSIDE_ALLOCATOR  # noqa: E402
+from orchestrate.planner.estimate import MemoryEstimate  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 
 
@@ -50,20 +50,13 @@ def _config(case: Case) -> RunConfig:
     return RunConfig.model_validate({"model": model, "train": case.train})
 
 
-def _outside_allocator(gpu: dict) -> float:
-    """The CUDA context and NCCL's buffers: device memory no torch allocation holds."""
-    return sum(gpu.get(key, 0) for key in OUTSIDE_ALLOCATOR)
-
-
-def comparable_bytes(gpu: dict, case: Case) -> float:
+def comparable_bytes(memory: MemoryEstimate, case: Case) -> float:
     """The prediction of what `case.metric` measures (module doc); a sharded FSDP1 run's allocations carry
     FSDP1's measured excess over FSDP2 (published_cases.FSDP1_OVER_FSDP2)."""
-    outside = _outside_allocator(gpu)
-    in_allocator = sum(gpu.values()) - outside
     if case.metric == ALLOCATED:
-        return (in_allocator - gpu["allocator_reserve"]) * (FSDP1_OVER_FSDP2[ALLOCATED] if case.sharded_fsdp1 else 1)
-    reserved = in_allocator * (FSDP1_OVER_FSDP2[RESERVED] if case.sharded_fsdp1 else 1)
-    return reserved + (outside if case.metric == SMI else 0)
+        return memory.gpu_tensors * (FSDP1_OVER_FSDP2[ALLOCATED] if case.sharded_fsdp1 else 1)
+    reserved = memory.gpu_allocator * (FSDP1_OVER_FSDP2[RESERVED] if case.sharded_fsdp1 else 1)
+    return reserved + (memory.gpu_outside_allocator if case.metric == SMI else 0)
 
 
 def _inputs(case: Case) -> tuple:
@@ -74,7 +67,7 @@ def _inputs(case: Case) -> tuple:
 
 def evaluate(case: Case) -> dict:
     memory = estimate_memory(*_inputs(case))
-    predicted = comparable_bytes(memory.gpu, case)
+    predicted = comparable_bytes(memory, case)
     return {"name": case.name, "source": case.source, "metric": case.metric, "published_gib": case.published_bytes / GiB,
             "predicted_gib": predicted / GiB, "ratio": predicted / case.published_bytes,
             "reserve_gib": memory.gpu["allocator_reserve"] / GiB, "left_out": case.left_out,
@@ -91,13 +84,13 @@ def measured_reserves() -> list[dict]:
     for allocated_name, other_name in RESERVE_PAIRS:
         allocated, other = by_name[allocated_name], by_name[other_name]
         memory = estimate_memory(*_inputs(other))
-        reserved = other.published_bytes - (_outside_allocator(memory.gpu) if other.metric == SMI else 0)
+        reserved = other.published_bytes - (memory.gpu_outside_allocator if other.metric == SMI else 0)
         as_fsdp2_allocated = replace(other, metric=ALLOCATED, fsdp1=False)  # the terms as the model has them
-        predicted = (comparable_bytes(memory.gpu, replace(other, metric=RESERVED))
-                     / comparable_bytes(memory.gpu, replace(other, metric=ALLOCATED)))
+        predicted = (comparable_bytes(memory, replace(other, metric=RESERVED))
+                     / comparable_bytes(memory, replace(other, metric=ALLOCATED)))
         out.append({"run": other_name, "engine": "FSDP1" if other.fsdp1 else "FSDP2" if other.strategy.backend == "fsdp" else "one GPU",
                     "fraction": reserved / allocated.published_bytes - 1, "predicted": predicted - 1,
-                    "transient": 1 - state_bytes(memory.gpu) / comparable_bytes(memory.gpu, as_fsdp2_allocated)})
+                    "transient": 1 - state_bytes(memory.gpu) / comparable_bytes(memory, as_fsdp2_allocated)})
     return out
 
 

@@ -1,14 +1,34 @@
 """Shared pytest wiring: GPU tests skip on machines without CUDA, with the reason shown; plans model
 the CUDA allocator setting orchestrate launches with, whatever the shell running the tests set; no
-test writes into the checkout's ./runs."""
+test writes into the checkout's ./runs; DeepSpeed's extensions built once are found by every test."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
 from orchestrate.hardware.alloc_conf import CONF_VARS
+
+
+def _pin_torch_extensions_dir() -> None:
+    """Where `make install` pre-built DeepSpeed's CPU Adam, FusedAdam and shared-memory collectives
+    (orchestrate/backends/prebuild.py): torch's default extension root, which follows XDG_CACHE_HOME.
+    Tests that point XDG_CACHE_HOME at a tmp dir to isolate orchestrate's own caches would otherwise
+    send their DeepSpeed workers to an empty root and a fresh C++ build (30 s of a 40 s test).
+    Same path as torch.utils.cpp_extension._get_build_directory without TORCH_EXTENSIONS_DIR."""
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    hip, cuda = torch.version.hip, torch.version.cuda
+    device = f"rocm{hip.replace('.', '')}" if hip else f"cu{cuda.replace('.', '')}" if cuda else "cpu"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(get_default_build_root(), f"{python}_{device}"))
+
+
+_pin_torch_extensions_dir()
 
 
 @pytest.fixture(autouse=True)

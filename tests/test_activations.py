@@ -139,13 +139,12 @@ def test_zoo_points_are_within_five_percent_of_the_simulation():
     # A few points of bench/memory_accuracy.py (2-block models, two generic 8 GB GPUs), each a real
     # backend on fake tensors: ZeRO-3 on Qwen2 widths (tied 152k vocabulary), FSDP2 shard-grad-op with
     # checkpointing on Mistral widths, DDP on GPT-2.
-    from bench.memory_accuracy import FAMILIES, WORLD, Point, compare, strategy
-    from orchestrate.simulate.api import simulate
+    from bench.memory_accuracy import Point, compare, strategy
+    from tests.helpers.simulations import simulate_all
 
     points = [Point("qwen2", strategy("deepspeed", 3, 1, False), 512),
               Point("mistral", strategy("fsdp", 2, 2, True), 512),
               Point("gpt2", strategy("ddp", 0, 1, False), 512)]
-    for point in points:
-        sim = simulate(FAMILIES[point.family], point.strategy, point.seq_len, WORLD)
+    for point, sim in zip(points, simulate_all([point.plan() for point in points]), strict=True):
         row = compare(point, sim)
         assert abs(row["ratio"] - 1) <= 0.05, row

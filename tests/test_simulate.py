@@ -14,7 +14,6 @@ check that they are all the raw real peak exceeds the simulation by.
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -23,6 +22,7 @@ from orchestrate.planner.strategy import Strategy
 from orchestrate.simulate.counter import LiveStorageCounter
 from orchestrate.simulate.spec import OFFLOAD_NOTE, RunSpec, spec_from_plan
 from tests.helpers.plans import make_plan
+from tests.helpers.simulations import simulate_all
 
 GLOO_COPY_OPS = {"split.Tensor"}
 
@@ -134,13 +134,6 @@ def _measure_real(spec_dicts: list[dict]) -> list[dict]:
     return out
 
 
-def _simulate_all(specs: list[RunSpec]):
-    from orchestrate.simulate import simulate
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return list(pool.map(simulate, specs))
-
-
 def _assert_same(sim, real: dict, what: str) -> None:
     assert sim.peak_bytes == real["peak_without_gloo_copies"], what
     assert 0 <= real["peak_bytes"] - sim.peak_bytes <= real["largest_gloo_copy"], what
@@ -156,7 +149,7 @@ def test_simulation_matches_a_real_single_rank_run():
 
     specs = [_spec(_strategy("ddp", 0), ranks=1), _spec(_strategy("fsdp", 3, ac=True), ranks=1)]
     real = run_on_ranks(_measure_real, 1, [s.to_dict() for s in specs])[0]
-    for spec, sim, measured in zip(specs, _simulate_all(specs), real, strict=True):
+    for spec, sim, measured in zip(specs, simulate_all(specs), real, strict=True):
         what = spec.strategy_obj.name
         _assert_same(sim, measured, what)
         assert sim.breakdown == measured["breakdown"], what
@@ -176,7 +169,7 @@ def test_simulation_matches_real_two_rank_runs():
     # Rank 1 too where the ranks differ: DeepSpeed partitions whole parameters unevenly.
     z2 = 3
     rank1 = dataclasses.replace(specs[z2], rank=1)
-    sims = _simulate_all([*specs, rank1])
+    sims = simulate_all([*specs, rank1])
     for i, spec in enumerate(specs):
         _assert_same(sims[i], real[0][i], f"{spec.strategy_obj.name} rank 0")
     assert real[1][z2]["peak_bytes"] != real[0][z2]["peak_bytes"]
@@ -231,7 +224,7 @@ def test_lora_simulation_matches_a_real_single_rank_run():
              for s in (_strategy("ddp", 0), _strategy("fsdp", 3, ac=True))]
     assert all(s.adapters is not None for s in specs)
     real = run_on_ranks(_measure_real, 1, [s.to_dict() for s in specs])[0]
-    (ddp_sim, fsdp_sim), (ddp_real, fsdp_real) = _simulate_all(specs), real
+    (ddp_sim, fsdp_sim), (ddp_real, fsdp_real) = simulate_all(specs), real
     _assert_same(ddp_sim, ddp_real, "ddp")
     # FSDP2: the simulation holds 144 bytes more than the real run (848,220 vs 848,076), all in its
     # "other" model state (not traced yet); parameters, gradients and optimizer states identical.

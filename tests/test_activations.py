@@ -140,12 +140,11 @@ def test_zoo_points_are_within_five_percent_of_the_simulation():
     # backend on fake tensors: ZeRO-3 on Qwen2 widths (tied 152k vocabulary), FSDP2 shard-grad-op with
     # checkpointing on Mistral widths, DDP on GPT-2.
     from bench.memory_accuracy import Point, compare, strategy
-    from orchestrate.simulate import simulate
-    from tests.helpers.simulations import two_at_a_time
+    from orchestrate.simulate import simulate_all
 
     points = [Point("qwen2", strategy("deepspeed", 3, 1, False), 512),
               Point("mistral", strategy("fsdp", 2, 2, True), 512),
               Point("gpt2", strategy("ddp", 0, 1, False), 512)]
-    for point, sim in zip(points, two_at_a_time(simulate, [point.plan() for point in points]), strict=True):
+    for point, sim in zip(points, simulate_all([point.plan() for point in points]), strict=True):
         row = compare(point, sim)
         assert abs(row["ratio"] - 1) <= 0.05, row

@@ -12,15 +12,14 @@ def test_lora_zoo_points_are_within_five_percent_of_the_simulation():
     # block linear): DDP on Llama widths, FSDP2 full shard with checkpointing on Qwen2 widths (tied 152k
     # vocabulary), ZeRO-3 on Mistral widths. Simulated here, not read from the cache.
     from bench.memory_accuracy import LORA, Point, compare, strategy
-    from orchestrate.simulate.api import make_spec, simulate
-    from tests.helpers.simulations import two_at_a_time
+    from orchestrate.simulate.api import make_spec, simulate_all
 
     points = [Point("llama", strategy("ddp", 0, 1, False), 512, LORA),
               Point("qwen2", strategy("fsdp", 3, 1, True), 512, LORA),
               Point("mistral", strategy("deepspeed", 3, 1, False), 512, LORA)]
     specs = [make_spec(point.plan()) for point in points]
     assert all(spec.adapters is not None and spec.adapters["method"] == "lora" for spec in specs)
-    for point, sim in zip(points, two_at_a_time(simulate, specs), strict=True):
+    for point, sim in zip(points, simulate_all(specs), strict=True):
         row = compare(point, sim)
         assert abs(row["ratio"] - 1) <= 0.05, row
 

@@ -19,11 +19,10 @@ import pytest
 import torch
 
 from orchestrate.planner.strategy import Strategy
-from orchestrate.simulate import simulate
+from orchestrate.simulate import simulate_all
 from orchestrate.simulate.counter import LiveStorageCounter
 from orchestrate.simulate.spec import OFFLOAD_NOTE, RunSpec, spec_from_plan
 from tests.helpers.plans import make_plan
-from tests.helpers.simulations import two_at_a_time
 
 GLOO_COPY_OPS = {"split.Tensor"}
 
@@ -150,7 +149,7 @@ def test_simulation_matches_a_real_single_rank_run():
 
     specs = [_spec(_strategy("ddp", 0), ranks=1), _spec(_strategy("fsdp", 3, ac=True), ranks=1)]
     real = run_on_ranks(_measure_real, 1, [s.to_dict() for s in specs])[0]
-    for spec, sim, measured in zip(specs, two_at_a_time(simulate, specs), real, strict=True):
+    for spec, sim, measured in zip(specs, simulate_all(specs), real, strict=True):
         what = spec.strategy_obj.name
         _assert_same(sim, measured, what)
         assert sim.breakdown == measured["breakdown"], what
@@ -170,7 +169,7 @@ def test_simulation_matches_real_two_rank_runs():
     # Rank 1 too where the ranks differ: DeepSpeed partitions whole parameters unevenly.
     z2 = 3
     rank1 = dataclasses.replace(specs[z2], rank=1)
-    sims = two_at_a_time(simulate, [*specs, rank1])
+    sims = simulate_all([*specs, rank1])
     for i, spec in enumerate(specs):
         _assert_same(sims[i], real[0][i], f"{spec.strategy_obj.name} rank 0")
     assert real[1][z2]["peak_bytes"] != real[0][z2]["peak_bytes"]
@@ -183,8 +182,7 @@ def test_verify_plan_compares_like_with_like_and_flags_offload():
     from orchestrate.simulate import verify_plan
 
     plan = make_plan(_strategy("fsdp", 3), ranks=2)
-    offload_plan = make_plan(_strategy("deepspeed", 3, offload="cpu"), ranks=2)
-    report, offload = two_at_a_time(verify_plan, [plan, offload_plan])
+    report = verify_plan(plan)
     expected = estimate_memory(plan.shape, plan.hardware, plan.chosen.strategy, plan.config.train.seq_len,
                                plan.chosen.gradient_accumulation).gpu_total
     # CPU plan: nothing unseen to add, the exact storage peak is the per-rank number.
@@ -193,6 +191,7 @@ def test_verify_plan_compares_like_with_like_and_flags_offload():
     assert report.analytical_over_simulated == pytest.approx(expected / report.simulated_total)
     assert report.comparable
 
+    offload = verify_plan(make_plan(_strategy("deepspeed", 3, offload="cpu"), ranks=2))
     assert not offload.comparable and OFFLOAD_NOTE in offload.notes
     assert offload.simulation.strategy == "deepspeed-z3-bf16-mb2"
 
@@ -225,7 +224,7 @@ def test_lora_simulation_matches_a_real_single_rank_run():
              for s in (_strategy("ddp", 0), _strategy("fsdp", 3, ac=True))]
     assert all(s.adapters is not None for s in specs)
     real = run_on_ranks(_measure_real, 1, [s.to_dict() for s in specs])[0]
-    (ddp_sim, fsdp_sim), (ddp_real, fsdp_real) = two_at_a_time(simulate, specs), real
+    (ddp_sim, fsdp_sim), (ddp_real, fsdp_real) = simulate_all(specs), real
     _assert_same(ddp_sim, ddp_real, "ddp")
     # FSDP2: the simulation holds 144 bytes more than the real run (848,220 vs 848,076), all in its
     # "other" model state (not traced yet); parameters, gradients and optimizer states identical.

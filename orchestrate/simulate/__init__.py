@@ -2,7 +2,8 @@
 training steps on fake tensors with a fake process group, while a dispatch mode counts the bytes of
 live tensor storages. Per-rank peaks match real CPU runs to the byte (tests/test_simulate.py).
 
-- `simulate(plan)` or `simulate(hf_config, strategy, seq_len, world_size)` -> `SimulationResult`
+- `simulate(plan)` or `simulate(hf_config, strategy, seq_len, world_size)` -> `SimulationResult`;
+  `simulate_all([plan or RunSpec, ...])` runs several at once
 - `calibrate(...)` -> per-layer activation and logits coefficients for the analytical model
 - `verify_plan(plan)` -> simulated vs analytical per-rank peak (what `orchestrate plan --simulate` shows)
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrate.simulate.api import simulate
+    from orchestrate.simulate.api import simulate, simulate_all
     from orchestrate.simulate.calibrate import Calibration, calibrate
     from orchestrate.simulate.result import SimulationResult
     from orchestrate.simulate.spec import RunSpec
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "simulate": "orchestrate.simulate.api",
+    "simulate_all": "orchestrate.simulate.api",
     "calibrate": "orchestrate.simulate.calibrate",
     "Calibration": "orchestrate.simulate.calibrate",
     "SimulationResult": "orchestrate.simulate.result",
@@ -30,7 +32,7 @@ _EXPORTS = {
     "VerificationReport": "orchestrate.simulate.verify",
 }
 __all__ = ["Calibration", "RunSpec", "SimulationResult", "VerificationReport", "calibrate", "simulate",
-           "verify_plan"]
+           "simulate_all", "verify_plan"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,4 +1,5 @@
-"""`simulate(...)`: one fake-tensor training run per fresh subprocess, result as a `SimulationResult`."""
+"""`simulate(...)`: one fake-tensor training run per fresh subprocess, result as a `SimulationResult`;
+`simulate_all(...)`: several of them at once."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -55,3 +57,10 @@ def simulate(target: RunPlan | RunSpec | Any, strategy: Strategy | None = None, 
             tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-25:])
             raise RuntimeError(f"simulation of {spec.strategy_obj.name} failed (exit {proc.returncode}):\n{tail}")
         return SimulationResult.from_dict(json.loads(result_path.read_text()))
+
+
+def simulate_all(targets: list[RunPlan | RunSpec], parallel: int = 2) -> list[SimulationResult]:
+    """`simulate(target)` for each, `parallel` subprocesses at a time (each is mostly one core's Python),
+    results in order."""
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(simulate, targets))

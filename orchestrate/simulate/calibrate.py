@@ -9,14 +9,12 @@ temporaries and their gradients, embeddings) per (tokens x vocab).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
-from orchestrate.simulate.api import make_spec, simulate
-from orchestrate.simulate.result import SimulationResult
+from orchestrate.simulate.api import make_spec, simulate_all
 
 
 @dataclass(frozen=True)
@@ -54,8 +52,7 @@ def calibrate(target: RunPlan | Any, strategy: Strategy | None = None, seq_len: 
     """Simulate `layers` depths of the model `target` describes (see `simulate` for targets)."""
     spec = make_spec(target, strategy, seq_len, world_size, hardware=hardware)
     specs = [spec.with_layers(n) for n in layers]
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        results: list[SimulationResult] = list(pool.map(simulate, specs))
+    results = simulate_all(specs, parallel)
     saved = {n: sum(r.saved_activation_bytes.values()) for n, r in zip(layers, results, strict=True)}
     peaks = {n: r.activation_peak_bytes for n, r in zip(layers, results, strict=True)}
     lo, hi = layers

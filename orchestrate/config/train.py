@@ -92,6 +92,22 @@ class TrainSection(Section):
     """GPU, with activation checkpointing: keep each checkpointed block's input in pinned CPU memory
     until backward (torch save_on_cpu); "auto": the planner's choice (docs/memory-knobs.md)."""
 
+    mlp_tiles: int | Auto = "auto"
+    """Decoder families with an MLP per block (llama, mistral, qwen2, phi3, gemma, gpt2): compute each
+    block's MLP over N slices of the sequence, each recomputed in backward, so its 3.5x-hidden-wide
+    intermediates exist for one slice at a time (DeepSpeed's TiledMLP, as ALST); 0: one pass; "auto": the
+    planner's choice (docs/long-context.md)."""
+
+    sequence_parallel: int | Auto = "auto"
+    """Split each sample's sequence over N ranks (Ulysses: attention exchanges heads for sequence with
+    all-to-all, so each rank holds 1/N of every activation); N divides the world size and the attention
+    heads; 1: off; "auto": the planner's choice, raised only where one rank cannot hold the sequence
+    (docs/long-context.md)."""
+
+    fused_kernels: bool | Auto = "auto"
+    """GPU, Llama-style families: Liger-Kernel's fused RMSNorm, RoPE and SwiGLU (Triton), which save less for
+    backward than the eager ones; "auto": on where a GPU and liger-kernel are there (docs/long-context.md)."""
+
     embedding_offload: bool | Auto = "auto"
     """GPU, DDP, method lora/qlora, untied embedding: keep the frozen input embedding in host memory (its
     lookup runs there, only the rows go to the GPU); "auto": the planner's choice (docs/memory-knobs.md)."""
@@ -141,6 +157,20 @@ class TrainSection(Section):
     def _loss_chunks_range(cls, v: int | str) -> int | str:
         if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
             raise ValueError("loss_chunks must be 0 (no chunking), a positive integer or auto")
+        return v
+
+    @field_validator("mlp_tiles")
+    @classmethod
+    def _mlp_tiles_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
+            raise ValueError("mlp_tiles must be 0 (one pass), a positive integer or auto")
+        return v
+
+    @field_validator("sequence_parallel")
+    @classmethod
+    def _sequence_parallel_range(cls, v: int | str) -> int | str:
+        if isinstance(v, int) and not 1 <= v <= MAX_COUNT:
+            raise ValueError("sequence_parallel must be 1 (off), a positive integer or auto")
         return v
 
     @field_validator("method")

@@ -52,6 +52,14 @@ class Strategy:
     embedding_offload: bool = False
     """A frozen, untied input embedding kept in host memory: its lookup runs there, the rows go to the GPU
     (planner/knobs.py)."""
+    mlp_tiles: int = 0
+    """Each block's MLP computed over this many slices of the sequence, each recomputed in backward, so only
+    one slice's intermediate-sized tensors exist (DeepSpeed's TiledMLP, ALST); 0: one pass (planner/long_context.py)."""
+    sequence_parallel: int = 1
+    """Ranks each sample's sequence is split over (Ulysses: attention all-to-all over heads); the data-parallel
+    degree is the world size over this (planner/long_context.py)."""
+    fused_kernels: bool = False
+    """Liger-Kernel's fused RMSNorm, RoPE and SwiGLU in place of the family's eager ones (GPU, Triton)."""
 
     @property
     def family(self) -> str:
@@ -79,6 +87,12 @@ class Strategy:
             parts.append("embcpu")
         if self.loss_chunks:
             parts.append(f"ce{self.loss_chunks}")
+        if self.mlp_tiles:
+            parts.append(f"mlp{self.mlp_tiles}")
+        if self.fused_kernels:
+            parts.append("liger")
+        if self.sequence_parallel > 1:
+            parts.append(f"sp{self.sequence_parallel}")
         if self.optimizer != "adamw":
             parts.append(self.optimizer)
         parts.append(f"mb{self.micro_batch_size}")
@@ -97,7 +111,13 @@ class Strategy:
         return cls(**data)
 
 
+def data_parallel_size(strategy: Strategy, world_size: int) -> int:
+    """Ranks that read different samples: the world over the sequence-parallel degree (the ranks of one
+    sequence-parallel group read the same samples, each its slice of the sequence)."""
+    return world_size // strategy.sequence_parallel
+
+
 def tokens_per_step(strategy: Strategy, gradient_accumulation: int, world_size: int, seq_len: int) -> int:
     """Tokens one optimizer step trains on, over every rank: the one home of the formula (the speed
     model's tokens/s, the step record's tokens, the worker's intro line)."""
-    return strategy.micro_batch_size * gradient_accumulation * world_size * seq_len
+    return strategy.micro_batch_size * gradient_accumulation * data_parallel_size(strategy, world_size) * seq_len

@@ -92,3 +92,65 @@ def test_ddp_sequence_parallel_loss_and_gradients_equal_one_rank_on_the_whole_se
         assert grads.keys() == plain_grads.keys()
         for name, g in plain_grads.items():
             torch.testing.assert_close(grads[name], g, atol=TOLERANCE, rtol=0, msg=name)
+
+
+def worker_plan(sequence_parallel: int, ranks: int):
+    """A run of the real worker: demo corpus, the loss in chunks, a checkpoint every 2 steps."""
+    strategy = replace(Strategy("ddp", 0, "none", "none", "fp32", False, 1), loss_chunks=2,
+                       sequence_parallel=sequence_parallel)
+    return make_plan(strategy, ranks, config={
+        "model": {"architecture": dict(LLAMA)}, "data": {"generate_demo_corpus": True},
+        "train": {"seq_len": 512, "global_batch_size": 2, "max_steps": 4, "checkpoint_every": 2, "eval_batches": 2,
+                  "optimizer": {"lr": 1e-2}, "schedule": {"warmup_steps": 1}, "report_to": ["none"]}})
+
+
+def _run_worker(plan_path: str, resume_at: int = 0) -> int:
+    """The worker on these ranks (`orchestrate.worker.main.train`); with `resume_at`, once more after rank 0
+    dropped every checkpoint past that step, so it resumes from it."""
+    import os
+    import shutil
+
+    from orchestrate.run.checkpoints import checkpoint_root, step_dir_name
+    from orchestrate.worker.main import train
+    from orchestrate.worker.signals import StopRequest
+
+    code = train(Path(plan_path), StopRequest())
+    if not resume_at:
+        return code
+    root = checkpoint_root(Path(plan_path).parent)
+    if os.environ["RANK"] == "0":  # the process group is gone: train() ended it
+        shutil.copy(root.parent / "metrics.jsonl", root.parent / "metrics-first.jsonl")
+        for ckpt in root.glob("step-*"):
+            if ckpt.name > step_dir_name(resume_at):
+                shutil.rmtree(ckpt)
+    return train(Path(plan_path), StopRequest())
+
+
+def _records(path: Path) -> dict[int, dict]:
+    import json
+
+    return {r["step"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+@pytest.mark.slow
+def test_the_worker_trains_and_resumes_with_sequence_parallelism_as_one_rank_does(tmp_path):
+    """2 ranks, one sequence-parallel group, through the worker's stages (data, engine, loop, evaluation,
+    checkpoints): every step's loss and the eval loss equal a 1-rank run's on the same samples; resumed
+    from step 2, steps 3 and 4 repeat bit for bit."""
+    from orchestrate.launch.rundir import prepare_run
+
+    sp_dir, plain_dir = tmp_path / "sp", tmp_path / "plain"
+    prepare_run(worker_plan(2, 2), sp_dir)
+    prepare_run(worker_plan(1, 1), plain_dir)
+    assert run_on_ranks(_run_worker, 2, str(sp_dir / "plan.json"), 2) == {0: 0, 1: 0}
+    assert run_on_ranks(_run_worker, 1, str(plain_dir / "plan.json")) == {0: 0}
+    first, resumed, plain = (_records(p) for p in (sp_dir / "metrics-first.jsonl", sp_dir / "metrics.jsonl",
+                                                   plain_dir / "metrics.jsonl"))
+    for step in range(1, 5):
+        print(f"step {step}: sequence-parallel {first[step]['loss']:.6f}, resumed {resumed[step]['loss']:.6f}, "
+              f"1 rank {plain[step]['loss']:.6f}")
+        assert first[step]["loss"] == pytest.approx(plain[step]["loss"], abs=TOLERANCE)
+        assert first[step]["loss_tokens"] == plain[step]["loss_tokens"]
+        assert resumed[step]["loss"] == first[step]["loss"]  # bit for bit, steps 3 and 4 recomputed
+    assert first[4]["eval_loss"] == pytest.approx(plain[4]["eval_loss"], abs=TOLERANCE)
+    assert resumed[4]["eval_loss"] == first[4]["eval_loss"]

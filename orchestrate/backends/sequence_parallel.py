@@ -45,6 +45,14 @@ class SequenceParallel:
     """The group's torch.distributed ProcessGroup."""
 
 
+def sequence_parallel_step(size: int) -> str:
+    """The line a backend's `steps` gets under sequence parallelism."""
+    return (f"sequence parallelism over groups of {size} consecutive ranks: each reads its group's samples and "
+            f"keeps 1/{size} of every sequence; attention all-to-alls sequence for heads (DeepSpeed's "
+            "UlyssesSPAttentionHF); the loss is the whole sequences' (summed over the group), the gradients "
+            "averaged over every rank as without it")
+
+
 def sequence_parallel_problems(plan: RunPlan) -> list[Problem]:
     """Why the plan's sequence parallelism cannot run on its model and data (empty: it can). Pure."""
     n, shape, config = plan.chosen.strategy.sequence_parallel, plan.shape, plan.config
@@ -76,10 +84,8 @@ def start_sequence_parallel(plan: RunPlan, rank: int, world_size: int) -> Sequen
                                 "use a sequence_parallel that divides the rank count"))
     if problems:
         raise UserError("the plan's sequence parallelism cannot run", problems)
-    import deepspeed.comm
     import torch.distributed as dist
 
-    deepspeed.comm.init_distributed(dist_backend=dist.get_backend())  # wraps the existing group (module doc)
     groups = [dist.new_group(list(range(first, first + n))) for first in range(0, world_size, n)]
     return SequenceParallel(n, rank % n, groups[rank // n])
 
@@ -88,10 +94,15 @@ def use_ulysses_attention(model: torch.nn.Module, sequence: SequenceParallel, mi
     """Switch the Hugging Face model inside `model` (any wrapper) to attention over the whole sequence
     by all-to-all over heads in `sequence`'s group (module doc). Key/value heads fewer than the ranks
     are replicated (DeepSpeed's `kv_replication_factor`), each rank then holding one."""
+    import deepspeed.comm
+    import torch.distributed as dist
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers import AttentionInterface
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+    # Here, not with the groups: the worker's preload thread may be importing DeepSpeed until the model
+    # stage (two threads in one import see a half-initialised deepspeed.comm).
+    deepspeed.comm.init_distributed(dist_backend=dist.get_backend())  # wraps the existing group (module doc)
     hf = getattr(model, "module", model)  # DDP and DeepSpeed keep the model in .module
     text = hf.config.get_text_config()
     attention = UlyssesSPAttentionHF(

@@ -94,10 +94,11 @@ def test_ddp_sequence_parallel_loss_and_gradients_equal_one_rank_on_the_whole_se
             torch.testing.assert_close(grads[name], g, atol=TOLERANCE, rtol=0, msg=name)
 
 
-def worker_plan(sequence_parallel: int, ranks: int, backend: str = "ddp", stage: int = 0, loss_chunks: int = 2):
+def worker_plan(sequence_parallel: int, ranks: int, backend: str = "ddp", stage: int = 0, loss_chunks: int = 2,
+                checkpointing: bool = False):
     """A run of the real worker: demo corpus, the loss in chunks, a checkpoint every 2 steps; one key/value
     head, which 2 sequence-parallel ranks each hold a copy of."""
-    strategy = replace(Strategy(backend, stage, "none", "none", "fp32", False, 1), loss_chunks=loss_chunks,
+    strategy = replace(Strategy(backend, stage, "none", "none", "fp32", checkpointing, 1), loss_chunks=loss_chunks,
                        sequence_parallel=sequence_parallel)
     return make_plan(strategy, ranks, config={
         "model": {"architecture": {**LLAMA, "num_key_value_heads": 1}}, "data": {"generate_demo_corpus": True},
@@ -159,14 +160,16 @@ def test_the_worker_trains_and_resumes_with_sequence_parallelism_as_one_rank_doe
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("backend", "stage", "loss_chunks"), [("fsdp", 3, 2), ("deepspeed", 3, 0)])
+@pytest.mark.parametrize(("backend", "stage", "loss_chunks", "checkpointing"),
+                         [("fsdp", 3, 2, True), ("deepspeed", 3, 0, False)])
 def test_sharding_backends_train_with_sequence_parallelism_as_one_rank_does(tmp_path, one_rank, backend, stage,
-                                                                           loss_chunks):
-    """FSDP2 and DeepSpeed ZeRO-3 shard over both ranks of the sequence-parallel group: the worker's
-    losses and eval loss equal the 1-rank run's (the chunked loss equals the whole one: test_chunked_loss)."""
+                                                                           loss_chunks, checkpointing):
+    """FSDP2 (its blocks checkpointed: backward recomputes the all-to-alls) and DeepSpeed ZeRO-3 shard over
+    both ranks of the sequence-parallel group: the worker's losses and eval loss equal the 1-rank run's
+    (the chunked loss equals the whole one: test_chunked_loss)."""
     from orchestrate.launch.rundir import prepare_run
 
-    prepare_run(worker_plan(2, 2, backend, stage, loss_chunks), tmp_path)
+    prepare_run(worker_plan(2, 2, backend, stage, loss_chunks, checkpointing), tmp_path)
     assert run_on_ranks(_run_worker, 2, str(tmp_path / "plan.json")) == {0: 0, 1: 0}
     records = _records(tmp_path / "metrics.jsonl")
     for step in range(1, 5):

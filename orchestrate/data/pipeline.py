@@ -2,7 +2,7 @@
 
     check_data_config(config, max_positions, vocab_size)   cheap launcher-side checks, no data read
     prepare_data(config, ...) -> PreparedData              tokenise into the cache, or find it there
-    build_data(plan, plan_dir, rank, world, local_rank)    the worker's entry point -> TrainData
+    build_data(plan, plan_dir, rank, world, local_rank, sequence)    the worker's entry point -> TrainData
 
 The launcher calls `prepare_data` before it starts the workers, so workers normally only map the
 cache entry. A worker that finds no entry (a job started by hand or by SLURM without `orchestrate
@@ -244,21 +244,25 @@ def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
     return names
 
 
-def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None) -> TrainData:
+def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None,
+               sequence: tuple[int, int] | None = None) -> TrainData:
     """This rank's data. Maps the prepared cache entry; builds it first when it is missing and this
     is local rank 0 (or `local_rank` is None), else waits for it. `plan_dir` resolves `plan.files`.
-    Under sequence parallelism the consecutive ranks of a group read the same samples: the sampler
-    is keyed by the data-parallel rank and size, and each rank keeps its slice of every sequence."""
+    `rank` and `world_size` are the data-parallel ones (`Rank.data_rank`): under sequence parallelism
+    the ranks of a group read the same samples, each keeping slice `sequence` = (index, slices) of them."""
     config = plan.config
-    parts = plan.chosen.strategy.sequence_parallel
-    sequence = (rank % parts, parts) if parts > 1 else None
-    rank, world_size = rank // parts, world_size // parts
     check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
     prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
 
     flatten = is_sft(prepared.train.meta.get("record_format", "text")) and varlen_ready(plan)
     train, validation = samples_for(prepared, config, flatten)
+    if sequence and isinstance(train, PackedSamples):
+        # Packed samples are kept apart by a mask per sample or positions restarting per sample; the
+        # all-to-all attention carries neither (data/sequence_slices.py).
+        raise UserError("sequence parallelism cannot keep packed samples apart", [Problem(
+            "data.packing", "chat and instruction samples packed into one sequence would attend to each other",
+            "set data.packing: false (padded samples), or train.sequence_parallel: 1")])
     require_sample_per_rank(len(train), world_size, prepared, config)
     sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed,
                                       data_identity(config, prepared.train, prepared.validation))

@@ -100,7 +100,9 @@ def build_data(plan: RunPlan, run: RunDir, rank: Rank) -> TrainData:
     own = base_runtime(plan.config).data(plan, rank, run)
     if own is not None:
         return own
-    return build_token_data(plan, run.path, rank.rank, rank.world_size, local_rank=rank.local_rank)
+    sequence = (rank.sequence.index, rank.sequence.size) if rank.sequence else None
+    return build_token_data(plan, run.path, rank.data_rank, rank.data_world_size, local_rank=rank.local_rank,
+                            sequence=sequence)
 
 
 def count_tensors(rank: Rank) -> TensorPeak | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 
 from orchestrate.backends.registry import runs_knob
+from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.activations import FAMILY_BLOCKS, BlockCompute
@@ -99,6 +100,23 @@ def all_to_all_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int
     per_token = c * (2 * q + 2 * kv)  # q, k, v in; the output out
     local = strategy.micro_batch_size * local_seq_len(strategy, seq_len)
     return (passes + 1) * shape.num_layers * per_token * local * (n - 1) / n
+
+
+def long_context_note(strategy: Strategy, config: RunConfig) -> str | None:
+    """What the plan chose of these knobs on "auto", and why (None where it chose none): the search tries them
+    only where nothing fits without them and ranks by speed (search.py)."""
+    train = config.train
+    chosen = []
+    if strategy.mlp_tiles and train.mlp_tiles == "auto":
+        chosen.append(f"the MLP in {strategy.mlp_tiles} slices of the sequence (train.mlp_tiles)")
+    if strategy.fused_kernels and train.fused_kernels == "auto":
+        chosen.append("Liger-Kernel's fused RMSNorm and SwiGLU (train.fused_kernels)")
+    if strategy.sequence_parallel > 1 and train.sequence_parallel == "auto":
+        chosen.append(f"each sample's sequence split over {strategy.sequence_parallel} ranks (train.sequence_parallel)")
+    if not chosen:
+        return None
+    return (f"long context: {'; '.join(chosen)}; no plan without {'it' if len(chosen) == 1 else 'them'} fits "
+            "and is faster (docs/long-context.md)")
 
 
 def long_context_problems(strategy: Strategy, shape: ModelShape, has_gpu: bool, fused_library: bool,

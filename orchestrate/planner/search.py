@@ -54,6 +54,7 @@ from orchestrate.planner.long_context import (
     auto_mlp_tiles,
     fuses,
     local_seq_len,
+    long_context_note,
     long_context_problems,
     sequence_parallel_degrees,
     tiles_mlp,
@@ -477,6 +478,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
         notes.append("the longest train.seq_len that fits: " + (f"{longest} ({on})" if longest else "none (not even 64)"))
     if not fitting:
         return Refusal(config=config, hardware=hw, shape=shape, candidates=rest, notes=notes)
+    if (chosen := long_context_note(fitting[0].strategy, config)) is not None:
+        notes.append(chosen)
     return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0], notes=notes)
 
 

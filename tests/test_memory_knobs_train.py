@@ -125,6 +125,7 @@ def _deepspeed_with_and_without_knobs(model_dir: str) -> dict:
         "train": {"method": method, "max_steps": 3, "optimizer": {"lr": 2e-2}, "schedule": {"warmup_steps": 1}}})
         for method, stage in DEEPSPEED_CASES for knob, settings in KNOBS.items()}
     offloaded: list[dict] = []
+    head_calls: list[int] = []
     real = torch.autograd.graph.save_on_cpu
 
     def recording(*args, **kwargs):
@@ -135,9 +136,9 @@ def _deepspeed_with_and_without_knobs(model_dir: str) -> dict:
     out = {}
     for key, plan in plans.items():
         engine = DeepSpeedBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
-        head_calls = []
         engine.engine.module.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
         offloaded.clear()
+        head_calls.clear()
         steps = [engine.train_step(_batches(rank)) for _ in range(3)]
         out[key] = {"losses": [s.loss for s in steps], "norms": [s.grad_norm for s in steps],
                     "head_calls": len(head_calls), "offloaded": list(offloaded)}

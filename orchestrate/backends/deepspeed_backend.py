@@ -54,9 +54,10 @@ class DeepSpeedBackend:
     zero_stages = (1, 2, 3)
     preference = 2
     priced_as = "deepspeed"
-    # None verified: ZeRO-3 releases the LM head before the loss chunks call it; DeepSpeed builds its own
-    # optimizer from the rendered config; the embedding is a parameter of its flat groups (knobs.py).
-    knobs: frozenset[str] = frozenset()
+    # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py); not
+    # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
+    # embedding is a parameter of its flat groups) (knobs.py).
+    knobs = frozenset({"loss_chunks", "activation_offload"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only

@@ -54,9 +54,10 @@ class DeepSpeedBackend:
     zero_stages = (1, 2, 3)
     preference = 2
     priced_as = "deepspeed"
-    # None verified: ZeRO-3 releases the LM head before the loss chunks call it; DeepSpeed builds its own
-    # optimizer from the rendered config; the embedding is a parameter of its flat groups (knobs.py).
-    knobs: frozenset[str] = frozenset()
+    # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py); not
+    # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
+    # embedding is a parameter of its flat groups) (knobs.py).
+    knobs = frozenset({"loss_chunks", "activation_offload"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only
@@ -153,6 +154,7 @@ class DeepSpeedTrainEngine:
         self.model = engine  # an nn.Module: forward returns the HF output with .loss
         self._rank, self._model_dir = rank, model_dir
         self._zero3 = strategy.zero_stage == 3
+        self._activation_offload = strategy.activation_offload
         self._accumulation = plan.chosen.gradient_accumulation
         # Only ZeRO and the bf16/fp16 optimizers record the norm DeepSpeed computed for clipping
         # (engine._take_model_step reads optimizer._global_grad_norm); plain fp32 without ZeRO does not.
@@ -173,7 +175,14 @@ class DeepSpeedTrainEngine:
         return {k: v.to(self._rank.device, dtype=dtype if v.is_floating_point() else None) for k, v in batch.items()}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.objective.loss(self.engine, self._inputs(batch))
+        if not self._activation_offload:
+            return self.objective.loss(self.engine, self._inputs(batch))
+        import torch
+
+        # As the torch engines' _forward_loss (backends/torch_engine.py): what the forward saves for
+        # backward outside the recomputed blocks waits in host memory, pinned where there is a GPU.
+        with torch.autograd.graph.save_on_cpu(pin_memory=self._rank.device.type == "cuda"):
+            return self.objective.loss(self.engine, self._inputs(batch))
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
         import torch

@@ -19,6 +19,7 @@ import argparse
 import time
 
 from orchestrate import api
+from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planning import plan_for
@@ -44,7 +45,10 @@ def longest(method: str, extra: list[str], hw) -> tuple[int, object]:
     """(longest seq_len, the chosen candidate there) by bisection over multiples of 64 up to 2^21."""
     def chosen(seq_len: int):
         config = api.load_config(CONFIG, [f"train.method={method}", f"train.seq_len={seq_len}", *SETTINGS, *extra])
-        plan = plan_for(config, hw)
+        try:
+            plan = plan_for(config, hw)
+        except UserError:  # e.g. a batch of 1 on two cards where no backend splits the sequence
+            return None
         return plan.chosen if isinstance(plan, RunPlan) else None
 
     low, high = 0, 2 ** 21 // 64

@@ -24,10 +24,11 @@ so each row shows the knobs its strategy needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import product
 
-from orchestrate.backends.registry import backend_names, get_backend, preference
+from orchestrate.backends.registry import backend_names, get_backend, preference, runs_knob
 from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
@@ -310,14 +311,15 @@ def _rank_key(c: Candidate) -> tuple:
 
 def _knob_combos(config: RunConfig, hw: HardwareProfile, shape: ModelShape, backend: str, checkpointing: bool,
                  has_8bit_optimizer: bool, embedding_offloadable: bool, chunkable: bool,
-                 sequence_parallel: int) -> list[tuple]:
+                 sequence_parallel: int, seq_len: int | None = None) -> list[tuple]:
     """(loss_chunks, activation_offload, optimizer, embedding_offload, mlp_tiles, fused_kernels) settings to
     try: the pins, or for "auto" off and on where the knob can run (planner/knobs.py, long_context.py);
     `has_8bit_optimizer`: bitsandbytes is installed; `chunkable`: the methods' objective can take the loss in
-    chunks; `sequence_parallel`: the degree tried (the chunks and tiles count a rank's slice)."""
+    chunks; `sequence_parallel`: the degree tried (the chunks and tiles count a rank's slice); `seq_len`:
+    another length than train.seq_len's."""
     t = config.train
     local = local_seq_len(Strategy(backend, 0, "none", "none", "fp32", False, 1,
-                                   sequence_parallel=sequence_parallel), t.seq_len)
+                                   sequence_parallel=sequence_parallel), seq_len or t.seq_len)
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks", config.model.task == "causal-lm" and chunkable,
                           (0, auto_loss_chunks(local)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
@@ -380,14 +382,15 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     degrees = _sequence_parallel_options(config, hw, shape)
     # the micro-batches of each degree's data-parallel ranks; an indivisible batch is an error only where
     # no degree divides it (a batch of 1 on 2 cards trains with both on one sample's halves)
-    micros = {}
+    micros, indivisible = {}, None
     for degree in degrees:
         try:
             micros[degree] = _micro_batches(config, hw, hw.world_size // degree if hw.world_size % degree == 0
                                             else hw.world_size)
-        except UserError:
-            if degree == degrees[-1] and not micros:
-                raise
+        except UserError as err:
+            indivisible = indivisible or err
+    if not micros:
+        raise indivisible
     ac = config.train.activation_checkpointing
     ac_options = [False, True] if ac == "auto" else [ac]
     for method in methods:  # your own module without repeated blocks has nothing to recompute
@@ -416,6 +419,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     def weigh(base: Sharding, checkpointing: bool, degree: int) -> Candidate | None:
         """The kept candidate of one sharding, recompute setting and sequence-parallel degree: the best
         fitting knob combination, else the closest to fitting; None where no combination can run."""
+        if degree > 1 and config.train.sequence_parallel == "auto" and not runs_knob(base.backend, "sequence_parallel"):
+            return None  # auto tries the split only where the backend runs it
         combos = _knob_combos(config, hw, shape, base.backend, checkpointing, has_8bit_optimizer,
                               not embedding_offload_problems(frozen, tied, hw.has_gpu), chunkable, degree)
         runnable = []
@@ -464,6 +469,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
         if any(c.fits for c in kept):
             break
 
+    if not kept and not refused and indivisible:  # the batch divides only by degrees no backend runs
+        raise indivisible
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     # a method may rank a fitting candidate after the others (LoRA's offload: no GPU has run it)
@@ -472,8 +479,20 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
     if any(method.names_longest_seq_len for method in methods):
-        auto = (config.train.loss_chunks == "auto", config.train.mlp_tiles == "auto")
-        longest, on = max(_longest_seq_len(shape, hw, c, limits, methods, packing, *auto)
+        def most_knobs(strategy: Strategy, seq: int) -> Strategy:
+            """`strategy` at `seq` with every knob auto may turn on there, at micro-batch 1 where auto."""
+            combos = _knob_combos(config, hw, shape, strategy.backend, strategy.activation_checkpointing,
+                                  has_8bit_optimizer, not embedding_offload_problems(frozen, tied, hw.has_gpu),
+                                  chunkable, strategy.sequence_parallel, seq)
+            chunks, offload, opt, emb, tiles, fused = combos[-1]  # each knob's options end with its "on"
+            most = replace(strategy, loss_chunks=chunks, activation_offload=offload, optimizer=opt,
+                           embedding_offload=emb, mlp_tiles=tiles, fused_kernels=fused,
+                           micro_batch_size=1 if config.train.micro_batch_size == "auto" else strategy.micro_batch_size)
+            runs = not (knob_problems(most, hw.has_gpu, frozen, tied)
+                        or long_context_problems(most, shape, hw.has_gpu, fused_library, hw.world_size, seq))
+            return most if runs else strategy
+
+        longest, on = max(_longest_seq_len(shape, hw, c, limits, methods, packing, most_knobs)
                           for c in fitting + rest)
         notes.append("the longest train.seq_len that fits: " + (f"{longest} ({on})" if longest else "none (not even 64)"))
     if not fitting:
@@ -485,24 +504,20 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
 
 def _longest_seq_len(shape: ModelShape, hw: HardwareProfile, best: Candidate, limits: Limits,
                      methods: list[MethodTerms], packing: SamplePacking | None,
-                     auto_chunks: bool, auto_tiles: bool = False) -> tuple[int, str]:
-    """(the longest seq_len, a multiple of 64 up to the model's positions, at which `best`'s strategy
-    fits with the configured placements (auto: chosen again per length) and, where auto chunks the
-    loss (`auto_chunks`) or tiles the MLP (`auto_tiles`), the counts auto takes at that length; 0: not
-    even 64, the strategy's name there). Memory grows with seq_len, so a bisection."""
-    def strategy_at(seq: int) -> Strategy:
-        strategy = best.strategy
-        if auto_chunks and strategy.loss_chunks:
-            strategy = replace(strategy, loss_chunks=auto_loss_chunks(local_seq_len(strategy, seq)))
-        if auto_tiles and strategy.mlp_tiles:
-            strategy = replace(strategy, mlp_tiles=max(2, auto_mlp_tiles(local_seq_len(strategy, seq))))
-        return strategy
+                     strategy_at: Callable[[Strategy, int], Strategy]) -> tuple[int, str]:
+    """(the longest seq_len, a multiple of 64 up to the model's positions, at which `best`'s sharding fits
+    with the configured placements (auto: chosen again per length) and the strategy `strategy_at` gives
+    it at that length (every memory knob auto may turn on); 0: not even 64, the strategy's name there). The
+    same samples per step. Memory grows with seq_len, so a bisection."""
+    samples = best.strategy.micro_batch_size * best.gradient_accumulation
 
     def fits(seq: int) -> bool:
-        return _candidate(shape, hw, strategy_at(seq), seq, best.gradient_accumulation, limits, methods, packing).fits
+        strategy = strategy_at(best.strategy, seq)
+        return _candidate(shape, hw, strategy, seq, samples // strategy.micro_batch_size, limits, methods,
+                          packing).fits
 
     low, high = 0, max(1, shape.max_position_embeddings // 64)  # in units of 64 tokens
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(64 * middle) else (low, middle - 1)
-    return 64 * low, strategy_at(64 * max(low, 1)).name
+    return 64 * low, strategy_at(best.strategy, 64 * max(low, 1)).name

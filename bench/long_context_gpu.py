@@ -25,12 +25,14 @@ everything needing CUDA is skipped with the reason in the table and the JSON.
 Prepared device command (the session's checkout must hold this file: merge branch `liger` first). Here,
 from the repository root, once: `PEERS=1 bash ../shared/gpu/fetch-wheels.sh .whl` (the wheels the image
 lacks plus TRL 1.16 and Liger 0.8.5 in .whl/peers, ~51 MB; /.whl/ is in .git/info/exclude). Then `run` with
-carry [".whl"], timeout_s 600:
+carry [".whl"], timeout_s 600 (DeepSpeed's CPU Adam, which the planned ZeRO-3 offload plan needs, JIT-builds
+in the background meanwhile; the fused-kernel GPU tests, tests/test_fused_kernels.py, run first, 60 s at most):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target .site .whl/*.whl .whl/peers/*.whl \
       && export PYTHONPATH=$PWD/.site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
-      && (python3 -m orchestrate.backends.prebuild > /tmp/prebuild.log 2>&1 &) \
-      && python3 bench/long_context_gpu.py --out $OUT --budget-s 540
+      && (python3 -m orchestrate.backends.prebuild > $OUT/prebuild.log 2>&1 &) \
+      && (timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_kernels.py 2>&1 | tail -8) \
+      ; python3 bench/long_context_gpu.py --out $OUT --budget-s 480
 
 Unsloth is skipped there (printed reason: not importable): its wheels (`UNSLOTH=1`, 31.5 MB) and their own
 needs (xformers, torchao, cut_cross_entropy, tyro, msgspec, ...; unsloth 2026.10.9 wants trl<=1.15 and
@@ -234,20 +236,28 @@ def peer_main(args) -> int:
     result["load_s"] = time.monotonic() - start
     tries: list[dict] = []
 
+    def save(done: bool) -> None:
+        """After every try: a peer killed at its timeout still leaves the longest it trained so far."""
+        best = max((t for t in tries if t["fits"]), key=lambda t: t["seq_len"], default=None)
+        result.update(tries=tries, best=best, seconds=time.monotonic() - start)
+        if base is not None:
+            result.update(longest_seq_len=best["seq_len"] if best else 0, bounded_by_time=not done)
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
     def fits(n: int) -> bool:
         tries.append(train_peer(args.peer, model, tokenizer, device, n, args.steps, args.optim))
         print(f"{args.peer}: seq {n} {'fits' if tries[-1]['fits'] else 'OOM'}", flush=True)
+        save(done=False)
         return tries[-1]["fits"]
 
     if base is None:  # --dry-run: one short run of the code path, no search
         fits(64)
+        save(done=True)
     else:
-        deadline = start + args.deadline_s
-        result["longest_seq_len"] = longest(fits, args.max_seq, PEER_STEP, deadline)
-        result["bounded_by_time"] = time.monotonic() >= deadline
-    best = max((t for t in tries if t["fits"]), key=lambda t: t["seq_len"], default=None)
-    result.update(tries=tries, best=best, seconds=time.monotonic() - start)
-    Path(args.json).write_text(json.dumps(result, indent=1))
+        length = longest(fits, args.max_seq, PEER_STEP, start + args.deadline_s)
+        # complete when the next length failed (or is past --max-seq), not when the deadline cut the search
+        failed = {t["seq_len"] for t in tries if not t["fits"]}
+        save(done=length + PEER_STEP > args.max_seq or length + PEER_STEP in failed)
     return 0
 
 
@@ -372,20 +382,19 @@ def main(argv: list[str] | None = None) -> int:
                             "max_reserved_bytes": ran["gpu_max_reserved_bytes"]}
         else:
             mine["skipped"] = ran["status"]
-    peers = ("trl", "unsloth")
-    for i, peer in enumerate(peers):
-        if importlib.util.find_spec(peer) is None:
-            results.append({"method": peer, "skipped": f"skipped: {peer} is not importable here"})
-            continue
-        if peer == "unsloth" and not cuda:
-            results.append({"method": peer, "skipped": f"skipped: {no_gpu}"})  # it refuses to import without one
-            continue
-        left = args.budget_s - (time.monotonic() - start)
-        share = left / (len(peers) - i)
+    skipped = {peer: f"skipped: {peer} is not importable here" for peer in ("trl", "unsloth")
+               if importlib.util.find_spec(peer) is None}
+    if not cuda:
+        skipped.setdefault("unsloth", f"skipped: {no_gpu}")  # it refuses to import without one
+    runnable = [peer for peer in ("trl", "unsloth") if peer not in skipped]
+    for i, peer in enumerate(runnable):  # the time left shared between the peers still to run
+        share = (args.budget_s - (time.monotonic() - start)) / (len(runnable) - i)
         r = run_peer(peer, base if cuda else None, args, optim, share if cuda else 300, work)
         if not cuda and "best" in r:
             r["skipped"] = f"tiny Llama on the CPU at seq 64 (the code path only); the search {no_gpu}"
         results.append(r)
+    results += [{"method": peer, "skipped": why} for peer, why in skipped.items()]
+    results.sort(key=lambda r: ["orchestrate", "trl", "unsloth"].index(r["method"]))
     rows = table_rows(results)
     print_table(rows)
     out = Path(args.out)
@@ -395,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
            "optim": optim, "seconds": time.monotonic() - start, "table": rows, "results": results}
     (out / "long_context.json").write_text(json.dumps(doc, indent=1, default=str))
     if cuda:
+        for log in work.glob("*.log"):  # orchestrate's launch and each peer's output, beside the JSON
+            shutil.copyfile(log, out / log.name)
         shutil.rmtree(base, ignore_errors=True)  # 16 GB of RAM under /dev/shm
     return 0
 

@@ -17,13 +17,13 @@ import pytest
 
 from orchestrate.errors import UserError
 from orchestrate.model.fused_kernels import (
-    FUSED_KERNEL_FAMILIES,
     LIGER_PATCHES,
     apply_fused_kernels,
     hf_model,
     liger_call,
 )
 from orchestrate.planner.activations import FAMILY_BLOCKS
+from orchestrate.planner.long_context import FUSED_FAMILIES
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan
 
@@ -55,10 +55,10 @@ def restore_modeling_modules():
         vars(module).update(names)
 
 
-def test_fused_kernels_cover_every_family_with_rmsnorm_and_rope():
-    """The planner's block table is what it knows of a family; each with RMSNorm and RoPE is one liger patches."""
-    expected = {f for f, block in FAMILY_BLOCKS.items() if block.norm.startswith("rmsnorm") and block.rope}
-    assert FUSED_KERNEL_FAMILIES == expected
+def test_fused_kernels_cover_every_family_the_planner_turns_them_on_for():
+    assert set(LIGER_PATCHES) == FUSED_FAMILIES
+    # and those are the families of the planner's block table with RMSNorm and RoPE
+    assert FUSED_FAMILIES == {f for f, block in FAMILY_BLOCKS.items() if block.norm.startswith("rmsnorm") and block.rope}
 
 
 def test_fused_kernels_refuse_a_family_liger_does_not_patch():

@@ -20,8 +20,9 @@ from orchestrate.methods.lora.saving import is_peft
 if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
 
-# model_type -> (liger_kernel.transformers function, its keyword for the gated MLP). Gemma's MLP is GeGLU
-# (tanh GELU), the others SwiGLU; phi3's is one fused gate_up_proj (liger's Phi3 SwiGLU).
+# model_type -> (liger_kernel.transformers function, its keyword for the gated MLP): the planner's
+# FUSED_FAMILIES (planner/long_context.py). Gemma's MLP is GeGLU (tanh GELU), the others SwiGLU; phi3's is
+# one fused gate_up_proj (liger's Phi3 SwiGLU).
 LIGER_PATCHES: dict[str, tuple[str, str]] = {
     "llama": ("apply_liger_kernel_to_llama", "swiglu"),
     "mistral": ("apply_liger_kernel_to_mistral", "swiglu"),
@@ -29,8 +30,6 @@ LIGER_PATCHES: dict[str, tuple[str, str]] = {
     "phi3": ("apply_liger_kernel_to_phi3", "swiglu"),
     "gemma": ("apply_liger_kernel_to_gemma", "geglu"),
 }
-FUSED_KERNEL_FAMILIES = frozenset(LIGER_PATCHES)
-"""The model families `train.fused_kernels` can be on for."""
 
 
 def liger_call(model_type: str) -> tuple[str, dict[str, bool]]:

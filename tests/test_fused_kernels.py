@@ -1,10 +1,10 @@
 """Liger-Kernel's fused RMSNorm, RoPE and gated MLP (`train.fused_kernels`, orchestrate/model/fused_kernels.py).
 
-On a CPU: the family map covers every family the planner's block table gives RMSNorm and RoPE, each mapped
-liger function takes the keywords passed to it and patches a tiny model of its family (under peft's
-wrappers too), a CPU rank and an unknown family are refused with a message, and `fused_kernels: true` without
-liger-kernel is a config problem. On a GPU (`gpu` mark): the patched model's loss and gradients match the
-eager model's.
+On a CPU: the family map is the planner's FUSED_FAMILIES, each mapped liger function takes the keywords passed
+to it and patches a tiny model of its family (under peft's wrappers too), each backend applies them between
+building and wrapping the model, a CPU rank and an unknown family are refused with a message, and
+`fused_kernels: true` without liger-kernel is a config problem. On a GPU (`gpu` mark): the patched model's
+loss and gradients match the eager model's, and a DDP QLoRA engine trains with them as without.
 """
 
 from __future__ import annotations
@@ -95,10 +95,16 @@ def test_each_backend_applies_the_fused_kernels_before_wrapping(backend, stage, 
 
 
 def test_fused_kernels_off_leave_the_model_alone():
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
     plan = make_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 1), ranks=1,
                      config={"model": {"architecture": TINY["llama"]}})
-    sentinel = object()  # anything touched would raise: an object has no layers
-    apply_fused_kernels(plan, sentinel, "cpu")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**TINY["llama"]))
+    apply_fused_kernels(plan, model, "cpu")  # off: no refusal on a CPU rank either
+    assert {m._get_name() for m in model.modules()} & {"LlamaMLP", "LlamaRMSNorm"} == {"LlamaMLP", "LlamaRMSNorm"}
+    assert not any(m._get_name().startswith("Liger") for m in model.modules())
 
 
 def test_fused_kernels_pinned_without_liger_is_a_config_problem(monkeypatch):

@@ -32,6 +32,7 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 from orchestrate.methods.registry import active_methods, base_runtime
 from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
+from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -222,6 +223,7 @@ class DDPBackend:
         built = base_runtime(plan.config).build_model(plan, ModelRequest(
             "replicated", rank.device, rank.rank, model_dir, torch.float32, embedding_offload=st["embedding_offload"]))
         model = built.model
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers hide the blocks' modules
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)

@@ -169,8 +169,9 @@ class DDPBackend:
     zero_stages = (0,)
     preference = 0
     priced_as = "ddp"
-    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py
-    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload"})
+    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py; fused_kernels applied between
+    # build and wrap (tests/test_fused_kernels.py; its numerics are gpu-marked tests)
+    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "fused_kernels"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return False  # every rank holds every parameter

@@ -57,8 +57,8 @@ class DeepSpeedBackend:
     priced_as = "deepspeed"
     # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py); not
     # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
-    # embedding is a parameter of its flat groups) (knobs.py).
-    knobs = frozenset({"loss_chunks", "activation_offload"})
+    # embedding is a parameter of its flat groups) (knobs.py). fused_kernels as under DDP.
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only

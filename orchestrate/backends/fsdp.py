@@ -238,8 +238,9 @@ class FSDPBackend:
     zero_stages = (2, 3)
     preference = 1
     priced_as = "fsdp"
-    # tests/test_memory_knobs_train.py; adamw8bit gets DTensor parameters here (bench/verify_knob_combos.py)
-    knobs = frozenset({"loss_chunks", "activation_offload"})
+    # tests/test_memory_knobs_train.py; adamw8bit gets DTensor parameters here (bench/verify_knob_combos.py);
+    # fused_kernels as under DDP
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return True  # both stages shard the parameters (DTensor); shard-grad-op only keeps them gathered

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import device_process_group, require_runnable
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
+from orchestrate.backends.sequence_parallel import sequence_parallel_step
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -77,6 +78,7 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
            "CPU, its rows are copied to the device; DDP leaves it out of its broadcast"] if s.embedding_offload else []),
         "wrap in DistributedDataParallel (rank 0's weights broadcast at construction; one rank trains the "
         "model as it is: no gradient buckets)",
+        *([sequence_parallel_step(s.sequence_parallel)] if s.sequence_parallel > 1 else []),
         f"each step: {cand.gradient_accumulation} micro-batch(es) of {s.micro_batch_size}"
         + (f" under autocast({settings['autocast_dtype']})" if settings["autocast_dtype"] else "")
         + f", gradients all-reduced on the last one only, clip global norm to {train.grad_clip or 'off'}"
@@ -169,9 +171,10 @@ class DDPBackend:
     zero_stages = (0,)
     preference = 0
     priced_as = "ddp"
-    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py; fused_kernels applied between
-    # build and wrap (tests/test_fused_kernels.py; its numerics are gpu-marked tests)
-    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "fused_kernels"})
+    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py, tests/test_sequence_parallel.py;
+    # fused_kernels applied between build and wrap (tests/test_fused_kernels.py; its numerics are gpu-marked tests)
+    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "fused_kernels",
+                       "sequence_parallel"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return False  # every rank holds every parameter

@@ -160,6 +160,8 @@ def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_off
     pinned = plan_for(load_config(example, [*overrides, "train.activation_offload=false"]), hw)
     assert isinstance(pinned, Refusal)
     closest = pinned.candidates[0]
-    assert closest.name == "deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-mb1"
-    assert 0.5 * 2**30 < closest.memory.gpu_total - usable < 1.0 * 2**30
+    # the closest: every other knob on (chunked loss, fused kernels where liger-kernel is installed)
+    assert closest.name.startswith("deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-")
+    assert closest.name.endswith("-mb1") and not closest.strategy.activation_offload
+    assert 0.3 * 2**30 < closest.memory.gpu_total - usable < 1.0 * 2**30
     assert {"train.seq_len", "train.activation_offload"} <= {p.where for p in infeasible_error(pinned).problems}

@@ -23,25 +23,24 @@ IMPLEMENTATIONS = {"deepspeed": True, "checkpoint": False}
 """`tile_mlps(repeated_accumulation=...)`: DeepSpeed's TiledMLP (ZeRO, FSDP2) or a checkpoint per slice (DDP)."""
 
 
-def _llama(method: str):
+def _llama(method: str, seq: int = SEQ, targets: str | list[str] = "all-linear"):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(**WIDE_LLAMA, max_position_embeddings=SEQ)
+    config = LlamaConfig(**WIDE_LLAMA, max_position_embeddings=seq)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
     if method == "lora":
         from peft import LoraConfig, get_peft_model
 
         # Random B (peft's default is zero): the A matrices get gradients too.
-        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
-                                                 init_lora_weights=False))
+        model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=targets, init_lora_weights=False))
     return model
 
 
-def _loss_and_grads(model) -> tuple[float, dict[str, torch.Tensor], int]:
+def _loss_and_grads(model, seq: int = SEQ) -> tuple[float, dict[str, torch.Tensor], int]:
     """Loss, every trained parameter's gradient and how many times the MLPs' down projections were called
     (a pre-hook: a checkpoint's recompute stops inside the last call, before a forward hook would run)."""
-    ids = torch.randint(0, WIDE_LLAMA["vocab_size"], (1, SEQ), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, WIDE_LLAMA["vocab_size"], (1, seq), generator=torch.Generator().manual_seed(1))
     calls = []
     hooks = [m.register_forward_pre_hook(lambda *_: calls.append(1)) for n, m in model.named_modules()
              if n.endswith("mlp.down_proj")]
@@ -68,11 +67,30 @@ def test_tiled_mlps_give_the_untiled_loss_and_gradients(untiled, method, tiles, 
     plain_loss, plain_grads, plain_calls = untiled[method]
     assert calls == 2 * tiles * plain_calls  # every slice once in forward, once more in backward
     assert loss == pytest.approx(plain_loss, rel=1e-5)
+    _assert_same_grads(grads, plain_grads)
+
+
+def _assert_same_grads(grads: dict[str, torch.Tensor], plain_grads: dict[str, torch.Tensor]) -> None:
     assert grads.keys() == plain_grads.keys()
     for name, grad in grads.items():
         scale = plain_grads[name].abs().max().item()
         assert scale > 0, name
         assert (grad - plain_grads[name]).abs().max().item() <= 1e-5 * scale, name
+
+
+def test_adapters_on_the_mlp_alone_and_a_short_sequence_get_their_gradients():
+    """Two inputs DeepSpeed's TiledMLP alone gets wrong: below a frozen embedding the first MLP's input needs
+    no grad, so its output would need none and that MLP's adapters get no gradient; 6 rows in 4 tiles are 3
+    slices, and its last-slice flag that tells ZeRO the gradients are ready (`ds_grad_is_ready`) never comes."""
+    seq, mlp_only = 6, ["gate_proj", "up_proj", "down_proj"]
+    plain_loss, plain_grads, _ = _loss_and_grads(_llama("lora", seq, mlp_only), seq)
+    model = _llama("lora", seq, mlp_only)
+    tile_mlps(model, 4)
+    loss, grads, _ = _loss_and_grads(model, seq)
+    assert loss == pytest.approx(plain_loss, rel=1e-5)
+    _assert_same_grads(grads, plain_grads)
+    adapters = [p for n, p in model.named_parameters() if p.requires_grad and ".layers.1.mlp." in n]
+    assert adapters and all(p.ds_grad_is_ready for p in adapters)  # layer 1's input needs grad: TiledMLP ran
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.5])

@@ -12,7 +12,7 @@ deepspeed.initialize), which then sees the tiled MLP as it would the plain one.
 
 from __future__ import annotations
 
-import importlib.util
+import math
 from typing import TYPE_CHECKING
 
 from orchestrate.backends.hf_io import find_blocks, model_block_class_names
@@ -33,16 +33,32 @@ def decoder_mlps(model: nn.Module) -> list[nn.Module]:
     return [block.mlp for _, block in blocks if type(getattr(block, "mlp", None)).__name__.endswith("MLP")]
 
 
-def _deepspeed_slices(mlp: nn.Module, plain: Callable, tiles: int) -> Callable:
+def _deepspeed_tiled_mlp() -> type | None:
+    """DeepSpeed's TiledMLP; None where DeepSpeed (an optional extra) is not installed or predates it."""
+    try:
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+    except ImportError:
+        return None
+    return TiledMLP
+
+
+def _deepspeed_slices(tiled_mlp: type, mlp: nn.Module, plain: Callable, tiles: int) -> Callable:
     """`plain` sees contiguous slices (here and below): a slice of several sequences is a strided view,
     which GPT-2's Conv1D cannot `view`."""
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import TiledMLP
+    checkpointed = _checkpointed_slices(plain, tiles)
 
     def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        if not hidden_states.requires_grad:
+            # TiledMLP's output needs grad only if its input does (autograd does not see the parameters): with
+            # a frozen embedding and adapters on the MLP alone, the first block's adapters would get none.
+            return checkpointed(hidden_states)
+        # TiledMLP marks the parameters ready for ZeRO's reduction in its last slice's backward, counting
+        # `tiles` slices of the flattened rows, and torch.chunk may make fewer (6 rows in 4: 3 slices of 2).
+        rows = hidden_states.numel() // hidden_states.shape[-1]
+        slices = math.ceil(rows / math.ceil(rows / tiles))
         # Listed at each call: fully_shard and ZeRO-3 swap or gather the parameters after this is set.
-        # ZeRO reduces them after the last slice's backward only (TiledMLP sets `ds_grad_is_ready`).
         trained = [p for p in mlp.parameters() if p.requires_grad]
-        return TiledMLP.apply(lambda _mlp, x: plain(x.contiguous()), mlp, hidden_states, tiles, trained)
+        return tiled_mlp.apply(lambda _mlp, x: plain(x.contiguous()), mlp, hidden_states, slices, trained)
 
     return forward
 
@@ -53,8 +69,8 @@ def _checkpointed_slices(plain: Callable, tiles: int) -> Callable:
     gradient hook fires once per slice and DDP's reducer fails ("Expected to mark a variable ready
     only once"); here autograd sums the slices' gradients before the parameter's single
     accumulation. (2) An MLP with dropout (GPT-2's `resid_pdrop`): TiledMLP recomputes without the
-    forward's RNG state, so backward would draw another mask; checkpoint restores it. (3) No
-    DeepSpeed installed (an optional extra)."""
+    forward's RNG state, so backward would draw another mask; checkpoint restores it. (3) An input
+    without grad (`_deepspeed_slices`). (4) No TiledMLP installed (`_deepspeed_tiled_mlp`)."""
     import torch
     from torch.utils.checkpoint import checkpoint
 
@@ -83,11 +99,11 @@ def tile_mlps(model: nn.Module, tiles: int, repeated_accumulation: bool = True) 
         raise UserError("train.mlp_tiles needs a decoder MLP", [Problem(
             "train.mlp_tiles", f"{type(model).__name__} has no decoder block with a dense `mlp` module to tile",
             "set train.mlp_tiles: 0")])
-    deepspeed = repeated_accumulation and importlib.util.find_spec("deepspeed") is not None
+    tiled_mlp = _deepspeed_tiled_mlp() if repeated_accumulation else None
     for mlp in mlps:
         plain = mlp.forward
-        if deepspeed and not _has_dropout(mlp):
-            mlp.forward = _deepspeed_slices(mlp, plain, tiles)
+        if tiled_mlp is not None and not _has_dropout(mlp):
+            mlp.forward = _deepspeed_slices(tiled_mlp, mlp, plain, tiles)
         else:
             mlp.forward = _checkpointed_slices(plain, tiles)
     return len(mlps)

@@ -7,7 +7,7 @@ each tiled time is divided by the untiled one of the same round. The tensor peak
 arm under the CPU tensor counter (orchestrate/worker/tensor_peak.py): the bytes of the tensors a step
 makes (activations, gradients), the weights aside.
 
-Usage: .venv/bin/python bench/tiled_mlp_speed.py [--short] [--seq-len 8192] [--tiles 2 4 8] [--repeats 5]
+Usage: .venv/bin/python bench/tiled_mlp_speed.py [--short] [--seq-len 4096] [--tiles 2 4 8] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -71,9 +71,9 @@ def _peak(model, ids) -> int:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--short", action="store_true", help="a tiny model, 1024 tokens, 4 tiles, 2 rounds (CI)")
-    parser.add_argument("--seq-len", type=int, default=8192)
+    parser.add_argument("--seq-len", type=int, default=4096)
     parser.add_argument("--tiles", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args(argv)
     import torch
 

@@ -23,12 +23,15 @@ EXPECTED = {
     "fsdp2-full-shard-cpu-offload": "fsdp-full-offload_opt_cpu-offload_param_cpu",
     "zero2-optimizer-offload": "deepspeed-z2-offload_opt_cpu",
     "zero3-parameter-offload": "deepspeed-z3-offload_opt_cpu-offload_param_cpu",
-    "qlora-ddp-chunked-loss": "ddp-bf16-ce8",  # the pinned 8 loss chunks
+    "qlora-ddp-chunked-loss": "ddp-bf16",  # with the pinned 8 loss chunks (CHUNKED)
     "qlora-fsdp2-full-shard": "fsdp-full-bf16",
     # with --qlora-8b: what fits 8B on 8 GiB at seq 4096 (the NF4 base and the adapters' optimizer on the host,
     # 16 loss chunks, since DeepSpeed runs them)
     "qlora-llama3-8b": "deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-ce16",
 }
+CHUNKED = "-ce8-"
+"""The QLoRA entry's pinned loss chunks; its micro-batch and recompute are the planner's (on the H200 one
+micro-batch of 8 with recompute: each micro-batch costs each 4-bit linear a fixed time, methods/lora/speed.py)."""
 
 
 def test_dry_run_plans_every_zoo_entry_and_writes_the_json(tmp_path):
@@ -47,6 +50,7 @@ def test_dry_run_plans_every_zoo_entry_and_writes_the_json(tmp_path):
         p = row["prediction"]
         assert row["status"] == "planned" and p["feasible"], (name, p)
         assert p["strategy"].startswith(EXPECTED[name]), (name, p["strategy"])
+        assert name != "qlora-ddp-chunked-loss" or CHUNKED in p["strategy"]
         # The pinned offload plan fits the 8 GiB card, yet the model states alone would not.
         assert 0 < p["gpu_allocator_bytes"] < p["gpu_bytes"] <= capacity
         assert p["tokens_per_s"] > 0 and "measured" not in row
@@ -118,3 +122,4 @@ def test_the_h200_profile_plans_every_zoo_entry_within_the_cap(tmp_path):
         p = gpu_check.predict(gpu_check.config_for(name, 4, tmp_path), hw)
         assert p["feasible"] and p["gpu_bytes"] <= 8 * GiB, (name, p)
         assert p["strategy"].startswith(EXPECTED[name])
+        assert name != "qlora-ddp-chunked-loss" or CHUNKED in p["strategy"]

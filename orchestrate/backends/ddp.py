@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import device_process_group, require_runnable
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
+from orchestrate.backends.sequence_parallel import sequence_parallel_step
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -32,6 +33,7 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 from orchestrate.methods.registry import active_methods, base_runtime
 from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
+from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -76,6 +78,7 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
            "CPU, its rows are copied to the device; DDP leaves it out of its broadcast"] if s.embedding_offload else []),
         "wrap in DistributedDataParallel (rank 0's weights broadcast at construction; one rank trains the "
         "model as it is: no gradient buckets)",
+        *([sequence_parallel_step(s.sequence_parallel)] if s.sequence_parallel > 1 else []),
         f"each step: {cand.gradient_accumulation} micro-batch(es) of {s.micro_batch_size}"
         + (f" under autocast({settings['autocast_dtype']})" if settings["autocast_dtype"] else "")
         + f", gradients all-reduced on the last one only, clip global norm to {train.grad_clip or 'off'}"
@@ -168,8 +171,10 @@ class DDPBackend:
     zero_stages = (0,)
     preference = 0
     priced_as = "ddp"
-    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py
-    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload"})
+    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py, tests/test_sequence_parallel.py;
+    # fused_kernels applied between build and wrap (tests/test_fused_kernels.py; its numerics are gpu-marked tests)
+    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "fused_kernels",
+                       "sequence_parallel"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return False  # every rank holds every parameter
@@ -222,6 +227,7 @@ class DDPBackend:
         built = base_runtime(plan.config).build_model(plan, ModelRequest(
             "replicated", rank.device, rank.rank, model_dir, torch.float32, embedding_offload=st["embedding_offload"]))
         model = built.model
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers hide the blocks' modules
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)

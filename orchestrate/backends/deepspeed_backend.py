@@ -25,6 +25,7 @@ from orchestrate.methods.custom.module import save_module
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
 from orchestrate.methods.registry import base_runtime
 from orchestrate.methods.runtime import ModelRequest
+from orchestrate.model.fused_kernels import apply_fused_kernels
 from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
@@ -56,8 +57,8 @@ class DeepSpeedBackend:
     priced_as = "deepspeed"
     # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py); not
     # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
-    # embedding is a parameter of its flat groups) (knobs.py).
-    knobs = frozenset({"loss_chunks", "activation_offload"})
+    # embedding is a parameter of its flat groups) (knobs.py). fused_kernels as under DDP.
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only
@@ -112,6 +113,7 @@ class DeepSpeedBackend:
             "engine", rank.device, rank.rank, model_dir, getattr(torch, _LOAD_DTYPES[strategy.precision]),
             zero_init=config if strategy.zero_stage == 3 else None))
         model, hf_ds_config = built.model, built.keep_alive
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpointing and deepspeed.initialize
         if strategy.activation_checkpointing and plan.shape.block_classes:  # your module's blocks, as under DDP/FSDP2
             from orchestrate.backends.hf_io import checkpoint_blocks
 

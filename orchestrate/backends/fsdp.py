@@ -33,6 +33,7 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 from orchestrate.methods.registry import base_runtime
 from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
+from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -237,8 +238,9 @@ class FSDPBackend:
     zero_stages = (2, 3)
     preference = 1
     priced_as = "fsdp"
-    # tests/test_memory_knobs_train.py; adamw8bit gets DTensor parameters here (bench/verify_knob_combos.py)
-    knobs = frozenset({"loss_chunks", "activation_offload"})
+    # tests/test_memory_knobs_train.py; adamw8bit gets DTensor parameters here (bench/verify_knob_combos.py);
+    # fused_kernels as under DDP
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return True  # both stages shard the parameters (DTensor); shard-grad-op only keeps them gathered
@@ -315,6 +317,7 @@ class FSDPBackend:
         built = base_runtime(plan.config).build_model(plan, ModelRequest(
             "sharded", rank.device, rank.rank, model_dir, cpu_offload=st["cpu_offload"]))
         model, hf_config, layout = built.model, built.config, built.layout
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers and fully_shard
         # A module of yours names its blocks in its shape (detected or strategy.wrap); without any it is one
         # FSDP unit (the root). A Hugging Face model's come from its family or its _no_split_modules.
         classes = st["fully_shard"]["block_classes"] or ([] if plan.shape.task == "custom" else

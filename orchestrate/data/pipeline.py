@@ -27,6 +27,7 @@ from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.records import PREFERENCE_FORMATS
 from orchestrate.data.sampler import DistributedBlockSampler
+from orchestrate.data.sequence_slices import sequence_slice
 from orchestrate.data.sft_prepare import SftSettings, is_sft
 from orchestrate.data.sft_samples import PackedSamples, PaddedSamples, describe_sft, sft_views
 from orchestrate.data.sources import DataSources, check_entries, resolve_sources
@@ -67,13 +68,20 @@ class TrainData:
     """sequence-classification: the class names, id i is label_names[i]."""
     masker: MLMMasker | None = None
     """masked-lm: masks each batch (orchestrate.data.mlm)."""
+    sequence: tuple[int, int] | None = None
+    """Sequence parallelism: (this rank's slice, slices per sequence); each batch is cut to the slice
+    (orchestrate/data/sequence_slices.py). The sampler is then keyed by the data-parallel rank."""
 
     def micro_batch(self, size: int) -> dict[str, torch.Tensor]:
         """This rank's next `size` samples: input_ids and labels (the model shifts them), plus
-        attention_mask when packing is off. Every rank must call it with the same size."""
+        attention_mask when packing is off; under sequence parallelism this rank's slice of them.
+        Every rank must call it with the same size."""
         place = (0, self.sampler.epoch, self.sampler.position, self.sampler.rank)  # before take() moves it
         batch = self.train.batch(self.sampler.take(size))
-        return self.masker(batch, place) if self.masker else batch
+        return self._sliced(self.masker(batch, place) if self.masker else batch)
+
+    def _sliced(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return sequence_slice(batch, *self.sequence) if self.sequence else batch
 
     def blocks_read(self, train: TrainSection) -> np.ndarray:
         """The training samples a run of `train.max_steps` steps reads, sorted: the first max_steps x
@@ -83,13 +91,16 @@ class TrainData:
 
     def eval_batches(self, size: int, count: int, rank: int, world_size: int) -> list[dict[str, torch.Tensor]]:
         """`count` fixed micro-batches of this rank's strided share of the validation samples
-        (the same ones at every evaluation, so eval losses are comparable across steps)."""
+        (the same ones at every evaluation, so eval losses are comparable across steps); `rank` and
+        `world_size` are the data-parallel ones (`Rank.data_rank`), each batch sliced as `micro_batch`'s."""
         n = len(self.validation)
         if n == 0:
             return []
         order = [(rank + world_size * i) % n for i in range(size * count)]
         batches = [self.validation.batch(order[b * size: (b + 1) * size]) for b in range(count)]
-        return [self.masker(b, (1, i, rank)) for i, b in enumerate(batches)] if self.masker else batches
+        if self.masker:
+            batches = [self.masker(b, (1, i, rank)) for i, b in enumerate(batches)]
+        return [self._sliced(b) for b in batches]
 
 
 @dataclass
@@ -235,8 +246,13 @@ def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
 
 def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None) -> TrainData:
     """This rank's data. Maps the prepared cache entry; builds it first when it is missing and this
-    is local rank 0 (or `local_rank` is None), else waits for it. `plan_dir` resolves `plan.files`."""
+    is local rank 0 (or `local_rank` is None), else waits for it. `plan_dir` resolves `plan.files`.
+    Under sequence parallelism the consecutive ranks of a group read the same samples: the sampler
+    is keyed by the data-parallel rank and size, and each rank keeps its slice of every sequence."""
     config = plan.config
+    parts = plan.chosen.strategy.sequence_parallel
+    sequence = (rank % parts, parts) if parts > 1 else None
+    rank, world_size = rank // parts, world_size // parts
     check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
     tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
     prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
@@ -250,7 +266,8 @@ def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_
     if config.model.task == "masked-lm":
         masker = MLMMasker(mask_token_id(tokenizer, plan.shape.vocab_size), tokenizer.vocab_size,
                            tokenizer.eos_id, config.train.seed)
-    return TrainData(tokenizer, train, validation, sampler, tokenizer_dir, check_labels(config, prepared), masker)
+    return TrainData(tokenizer, train, validation, sampler, tokenizer_dir, check_labels(config, prepared), masker,
+                     sequence)
 
 
 def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedData, config: RunConfig) -> None:

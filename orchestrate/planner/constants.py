@@ -41,6 +41,15 @@ SDPA kernel scratch; rounded up. To be calibrated."""
 
 # NCCL's own device buffers per communicator are in planner/nccl_buffers.py.
 
+QUANTIZED_LINEAR_SECONDS = 1.3e-3
+"""Device seconds one bitsandbytes NF4 linear with its LoRA adapter takes per micro-batch (forward and
+backward) beyond its FLOPs at the modelled rate (methods/lora/speed.py). Measured on an H200
+(bench/results/h200-2026-12-04, gpu_check.json, a 0.89B Llama shape, 16 blocks x 7 quantized linears,
+micro-batch 2 x 1,024 tokens, 4 micro-batches a step, no recompute): predicted 61,777 and 63,232 tokens/s,
+measured 12,586 (DDP) and 11,680 (FSDP2): 0.52 and 0.57 s a step beyond the prediction, 1.16 and 1.28 ms per
+linear and micro-batch; the higher, rounded up. Measured at one micro-batch size only: whether it grows
+with the tokens of a micro-batch is not known."""
+
 # --------------------------------------------------------------------------------------------------
 # Host memory per node
 # --------------------------------------------------------------------------------------------------

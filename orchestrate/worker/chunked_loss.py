@@ -87,16 +87,19 @@ def over_chunks(fn: ChunkFunction, hidden: torch.Tensor, head: torch.nn.Module, 
             head.forward = own
 
 
-def chunked_cross_entropy(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor,
-                          chunks: int) -> torch.Tensor:
-    """Mean next-token cross-entropy of `head(hidden)` against `labels` (b x s, unshifted)."""
+def chunked_cross_entropy(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor, chunks: int,
+                          shifted: torch.Tensor | None = None, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """Mean next-token cross-entropy of `head(hidden)` against `labels` (b x s, unshifted). Under
+    sequence parallelism the slice's targets come `shifted` already (the next token across the slice's
+    end) and the sum is divided by the whole sequences' `tokens` (orchestrate/data/sequence_slices.py)."""
     import torch
 
-    shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
+    if shifted is None:
+        shifted = torch.nn.functional.pad(labels, (0, 1), value=IGNORE)[..., 1:]
     total = hidden.new_zeros((), dtype=torch.float32)
     for part in over_chunks(_cross_entropy_sum, hidden, head, shifted, chunks):
         total = total + part
-    return total / (shifted != IGNORE).sum().clamp(min=1)
+    return total / (tokens if tokens is not None else (shifted != IGNORE).sum().clamp(min=1))
 
 
 @contextmanager
@@ -127,7 +130,10 @@ def final_hidden_states(model: torch.nn.Module,
             model.reshard()  # no backward to reshard it (a reference's or an evaluation's forward)
 
 
-def chunked_causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunks: int) -> torch.Tensor:
-    """The causal-LM loss of one batch, its LM head + cross-entropy in `chunks` chunks (module doc)."""
-    with final_hidden_states(model, {k: v for k, v in batch.items() if k != "labels"}) as (hidden, head):
-        return chunked_cross_entropy(hidden, head, batch["labels"], chunks)
+def chunked_causal_lm_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunks: int,
+                           tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """The causal-LM loss of one batch, its LM head + cross-entropy in `chunks` chunks (module doc);
+    a sequence-parallel slice's over its `shift_labels`, divided by `tokens` (chunked_cross_entropy)."""
+    inputs = {k: v for k, v in batch.items() if k not in ("labels", "shift_labels")}
+    with final_hidden_states(model, inputs) as (hidden, head):
+        return chunked_cross_entropy(hidden, head, batch["labels"], chunks, batch.get("shift_labels"), tokens)

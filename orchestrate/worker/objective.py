@@ -14,6 +14,8 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.backends.base import Objective
+from orchestrate.backends.sequence_parallel import SequenceParallel, group_sum, group_tokens
+from orchestrate.errors import Problem, UserError
 from orchestrate.methods.registry import active_methods, runtimes
 from orchestrate.worker.chunked_loss import chunked_causal_lm_loss
 
@@ -24,7 +26,10 @@ if TYPE_CHECKING:
 
 
 def loss_tokens(batch: dict[str, torch.Tensor]) -> int:
-    """Tokens of a causal-LM batch that carry loss: labels other than -100 after the model's shift."""
+    """Tokens of a causal-LM batch that carry loss: labels other than -100 after the model's shift (a
+    sequence-parallel slice's shifted already: its share of the sequence's)."""
+    if "shift_labels" in batch:
+        return int((batch["shift_labels"] != -100).sum())
     return int((batch["labels"][..., 1:] != -100).sum())
 
 
@@ -34,19 +39,35 @@ class CausalLMObjective:
 
     name = "causal-lm"
 
-    def __init__(self, loss_chunks: int = 0) -> None:
+    def __init__(self, loss_chunks: int = 0, sequence: SequenceParallel | None = None) -> None:
         self.loss_chunks = loss_chunks
         """0: the model's own loss; N: LM head + cross-entropy in N chunks (worker/chunked_loss.py)."""
+        self.sequence = sequence
+        """Sequence parallelism: each batch is this rank's slice; the loss is the whole sequences'."""
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.sequence is not None:
+            return self._sequence_loss(model, batch)
         if self.loss_chunks:
             return chunked_causal_lm_loss(model, batch, self.loss_chunks)
         # use_cache=False: a KV cache is useless in training and clashes with activation checkpointing.
         return model(**batch, use_cache=False).loss
 
+    def _sequence_loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The mean over the group's whole sequences: each slice's summed cross-entropy over the group's
+        token count, summed over the group (backends/sequence_parallel.py: why the gradients are right)."""
+        tokens = group_tokens(batch["shift_labels"], self.sequence)
+        if self.loss_chunks:
+            share = chunked_causal_lm_loss(model, batch, self.loss_chunks, tokens)
+        else:  # labels only switch the model's loss on: it scores shift_labels, summed over num_items_in_batch
+            share = model(**batch, use_cache=False, num_items_in_batch=tokens).loss
+        return group_sum(share, self.sequence)
+
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
         loss, tokens = float(self.loss(model, batch).float()), float(loss_tokens(batch))
         # A batch without a loss-carrying token has a nan mean; it adds nothing to the token-weighted sum.
+        # Under sequence parallelism `loss` is the whole sequences' and `tokens` this slice's: summed over
+        # the group's ranks they weight it by the whole sequences' tokens, once.
         return {"loss": loss, "loss_sum": loss * tokens if tokens else 0.0, "loss_tokens": tokens}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
@@ -116,17 +137,27 @@ def plain_objective(plan: RunPlan) -> Objective:
     return _OBJECTIVES[plan.config.model.task]()
 
 
-def task_objective(plan: RunPlan) -> Objective:
-    """The objective of the plan's task, the causal-LM loss in chunks where the plan chunks it."""
+def task_objective(plan: RunPlan, sequence: SequenceParallel | None = None) -> Objective:
+    """The objective of the plan's task, the causal-LM loss in chunks where the plan chunks it, over
+    the whole sequences of a sequence-parallel group where there is one."""
     if plan.config.model.task == "causal-lm":
-        return CausalLMObjective(plan.chosen.strategy.loss_chunks)
+        return CausalLMObjective(plan.chosen.strategy.loss_chunks, sequence)
     return plain_objective(plan)
 
 
-def objective_for(plan: RunPlan, auxiliary: dict[str, Any] | None = None) -> Objective:
+def objective_for(plan: RunPlan, auxiliary: dict[str, Any] | None = None,
+                  sequence: SequenceParallel | None = None) -> Objective:
     """The task's objective, then every active method's say in hook order (your own module's loss;
-    distillation around the task's, fed by its teacher in `auxiliary`: methods/runtime.py)."""
-    objective = task_objective(plan)
+    distillation around the task's, fed by its teacher in `auxiliary`: methods/runtime.py).
+    `sequence`: this rank's sequence-parallel group (`Rank.sequence`)."""
+    task = task_objective(plan, sequence)
+    objective = task
     for method, runtime in zip(active_methods(plan.config), runtimes(plan.config), strict=True):
         objective = runtime.objective(plan, objective, (auxiliary or {}).get(method.name))
+    if sequence is not None and objective is not task:
+        # A method's own loss (distillation's KL, preference's log-probabilities) sees one slice of each
+        # sequence and would need its own reduction over the group.
+        raise UserError("sequence parallelism trains the causal-LM loss only", [Problem(
+            "train.sequence_parallel", f"the {objective.name} objective does not reduce over a sequence split "
+            "across ranks", "set train.sequence_parallel: 1")])
     return objective

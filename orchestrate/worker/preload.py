@@ -34,8 +34,9 @@ def start_preload(plan: RunPlan) -> threading.Thread:
 def _preload(plan: RunPlan) -> None:
     try:
         backend = get_backend(plan.chosen.strategy.backend)
-        # DeepSpeed: its engine, or the initial model's save_pretrained (backends/deepspeed_import.py).
-        if backend.name == "deepspeed" or backend.reads_weights(plan):
+        # DeepSpeed: its engine, the initial model's save_pretrained (backends/deepspeed_import.py), or
+        # its Ulysses attention (backends/sequence_parallel.py).
+        if backend.name == "deepspeed" or backend.reads_weights(plan) or plan.chosen.strategy.sequence_parallel > 1:
             import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
         import_model_code(plan.config)
     except Exception:  # noqa: BLE001 - reported by the stage that needs it (see the docstring)

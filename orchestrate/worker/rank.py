@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from orchestrate.backends.sequence_parallel import SequenceParallel, start_sequence_parallel
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import RunPlan
 from orchestrate.ports import free_port
@@ -24,10 +25,21 @@ class Rank:
     """This process's node: rank // ranks per node (torchrun numbers the ranks node by node)."""
     device: torch.device
     """cuda:<local_rank> on GPU machines, cpu otherwise."""
+    sequence: SequenceParallel | None = None
+    """Its sequence-parallel group (orchestrate/backends/sequence_parallel.py), None without one."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def data_rank(self) -> int:
+        """Its place among the ranks that read different samples (a sequence-parallel group reads the same)."""
+        return self.rank // self.sequence.size if self.sequence else self.rank
+
+    @property
+    def data_world_size(self) -> int:
+        return self.world_size // self.sequence.size if self.sequence else self.world_size
 
 
 def environment_ranks() -> tuple[int, int, int, int]:
@@ -74,4 +86,5 @@ def start_rank(plan: RunPlan, process_group: str) -> Rank:
         device = torch.device("cpu")
     if not dist.is_initialized():
         dist.init_process_group(process_group)
-    return Rank(rank, local_rank, world_size, rank // max(1, local_world_size), device)
+    return Rank(rank, local_rank, world_size, rank // max(1, local_world_size), device,
+                start_sequence_parallel(plan, rank, world_size))

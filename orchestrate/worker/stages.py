@@ -16,6 +16,7 @@ from transformers.utils import logging as hf_logging
 
 from orchestrate.backends.base import TrainEngine
 from orchestrate.backends.registry import get_backend
+from orchestrate.backends.sequence_parallel import use_ulysses_attention
 from orchestrate.data import build_data as build_token_data
 from orchestrate.data.chat_template import saved_chat_template
 from orchestrate.data.pipeline import TrainData
@@ -129,7 +130,10 @@ def build_engine(plan: RunPlan, run: RunDir, rank: Rank, labels: list[str] | Non
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
     backend = get_backend(plan.chosen.strategy.backend)
     model_dir = ensure_initial_weights(plan, run.path, rank.local_rank, labels, weights=backend.reads_weights(plan))
-    return backend.setup(plan, rank, model_dir, objective_for(plan, auxiliary)), model_dir
+    engine = backend.setup(plan, rank, model_dir, objective_for(plan, auxiliary, rank.sequence))
+    if rank.sequence is not None:  # attention over the whole sequence: all-to-all over heads in the group
+        use_ulysses_attention(engine.model, rank.sequence, plan.chosen.strategy.micro_batch_size)
+    return engine, model_dir
 
 
 def resume(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, model_dir: Path, data: TrainData,

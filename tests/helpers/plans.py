@@ -12,7 +12,7 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
 from orchestrate.planner.plan import Candidate, RunPlan
-from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.strategy import Strategy, data_parallel_size
 
 TINY_GPT2 = {
     "model_type": "gpt2", "n_embd": 64, "n_layer": 2, "n_head": 4, "n_positions": 64,
@@ -38,7 +38,7 @@ def make_plan(strategy: Strategy, ranks: int = 2, config: dict | None = None,
         data.setdefault(section, {}).update(values)
     cfg = config_from_dict(data, source_dir)
     shape = shape_from_config(load_model_config(cfg), task=cfg.model.task)
-    world = ranks
-    accumulation = max(1, cfg.train.global_batch_size // (strategy.micro_batch_size * world))
+    readers = data_parallel_size(strategy, ranks)  # a sequence-parallel group reads one sample stream
+    accumulation = max(1, cfg.train.global_batch_size // (strategy.micro_batch_size * readers))
     cand = Candidate(strategy, MemoryEstimate({}, {}), SpeedEstimate(0.0, 0.0), accumulation, fits=True)
     return RunPlan(config=cfg, hardware=cpu_hardware(ranks), shape=shape, candidates=[cand], chosen=cand)

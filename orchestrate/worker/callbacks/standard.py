@@ -30,7 +30,7 @@ class Evaluation(Callback):
         micro, device = training.plan.chosen.strategy.micro_batch_size, training.rank.device
         self.batches = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in
                         training.data.eval_batches(micro, training.plan.config.train.eval_batches,
-                                                   training.rank.rank, training.rank.world_size)]
+                                                   training.rank.data_rank, training.rank.data_world_size)]
 
     def on_step_end(self, training: Training, end: StepEnd) -> None:
         every = training.plan.config.train.eval_every

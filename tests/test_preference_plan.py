@@ -59,23 +59,24 @@ def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and
     assert chunked and all(runs_knob(c.strategy.backend, "loss_chunks") for c in chunked)  # log-probs in chunks
     assert plan.chosen.strategy.loss_chunks > 0  # at 1024 the fastest plan takes the log-probs in chunks
 
-    def dpo(seq_len: int):
-        return make_plan(_config({"method": "qlora", "seq_len": seq_len}, {"loss": "dpo"}), hw, shape)
+    def dpo(seq_len: int, hardware):
+        return make_plan(_config({"method": "qlora", "seq_len": seq_len}, {"loss": "dpo"}), hardware, shape)
 
-    def longest_noted(seq_len: int) -> tuple[int, str]:
-        note = next(n for n in dpo(seq_len).notes if n.startswith("the longest train.seq_len"))
+    def noted(plan) -> tuple[int, str]:
+        note = next(n for n in plan.notes if n.startswith("the longest train.seq_len"))
         found = re.search(r"the longest train.seq_len that fits: (\d+) \((\S+)\)", note)
         return int(found.group(1)), found.group(2)
 
-    longest, name = longest_noted(1024)
-    assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in dpo(longest).candidates)
-    # The note bisects each candidate's strategy with its micro-batch and knobs held (search._longest_seq_len):
-    # from 1024 it names ZeRO-3 offload at micro-batch 2 (2112), yet micro-batch 1 with activation offload fits
-    # longer. Planned at 6144, where that is the candidate, the note names 7040 and nothing fits 64 tokens more.
-    longest, name = longest_noted(6144)
-    assert (longest, name) == (7040, "deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-actoff-ce28-mb1")
-    assert isinstance(dpo(longest + 64), Refusal)
-    sft = make_plan(_config({"method": "qlora", "seq_len": longest + 64}), hw, shape)
+    # On 8 GiB DPO fits the model's every position (DeepSpeed ZeRO-3 with the base on the host, activation
+    # offload, the log-probabilities in chunks); a 6 GiB card shows where it stops.
+    longest, name = noted(plan)
+    assert longest == shape.max_position_embeddings
+    assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in dpo(longest, hw).candidates)
+    small = HardwareFlags(gpus=1, gpu_mem="6GiB", cpu_mem="32GiB").resolve()
+    longest, name = noted(dpo(1024, small))
+    assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in dpo(longest, small).candidates)
+    assert isinstance(dpo(longest + 64, small), Refusal)  # no strategy fits 64 tokens more
+    sft = make_plan(_config({"method": "qlora", "seq_len": longest + 64}), small, shape)
     assert not isinstance(sft, Refusal)  # one sequence per sample: SFT fits where DPO no longer does
 
 

@@ -140,8 +140,7 @@ def test_llama2_70b_qlora_on_2x8gib_is_planned_with_the_base_offloaded(seq_len):
 def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_offload():
     """DeepSpeed runs activation offload (tests/test_memory_knobs_train.py): the 80 checkpointed block inputs
     wait in host memory, and the offloaded ZeRO-3 plan fits at 2048 tokens with 0.34 GiB to spare. Pinned
-    off it is refused (0.7 GiB over; 0.4 with liger-kernel's fused kernels and 8 loss chunks), with a shorter
-    length and the knob to try."""
+    off it is refused, 0.7 GiB over, with a shorter length and the knob to try."""
     from pathlib import Path
 
     from orchestrate.config.load import load_config
@@ -160,8 +159,9 @@ def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_off
     assert 0.3 * 2**30 < usable - plan.chosen.memory.gpu_total < 0.4 * 2**30
     pinned = plan_for(load_config(example, [*overrides, "train.activation_offload=false"]), hw)
     assert isinstance(pinned, Refusal)
-    s = pinned.candidates[0].strategy  # the same layout; its fused kernels and chunks vary with what is installed
-    assert (s.backend, s.zero_stage, s.offload_optimizer, s.offload_params, s.activation_offload) == (
-        "deepspeed", 3, "cpu", "cpu", False)
-    assert 0.3 * 2**30 < pinned.candidates[0].memory.gpu_total - usable < 1.0 * 2**30
+    closest = pinned.candidates[0]
+    # the closest: every other knob on (chunked loss, fused kernels where liger-kernel is installed)
+    assert closest.name.startswith("deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-")
+    assert closest.name.endswith("-mb1") and not closest.strategy.activation_offload
+    assert 0.3 * 2**30 < closest.memory.gpu_total - usable < 1.0 * 2**30
     assert {"train.seq_len", "train.activation_offload"} <= {p.where for p in infeasible_error(pinned).problems}

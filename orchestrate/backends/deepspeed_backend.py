@@ -55,10 +55,11 @@ class DeepSpeedBackend:
     zero_stages = (1, 2, 3)
     preference = 2
     priced_as = "deepspeed"
-    # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py); not
-    # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
-    # embedding is a parameter of its flat groups) (knobs.py). fused_kernels as under DDP.
-    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels"})
+    # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py), mlp_tiles
+    # too (tests/test_tiled_mlp_train.py); not adamw8bit (DeepSpeed builds its own optimizer from the rendered
+    # config) nor embedding_offload (the embedding is a parameter of its flat groups) (knobs.py). fused_kernels
+    # as under DDP.
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only
@@ -99,6 +100,8 @@ class DeepSpeedBackend:
         import deepspeed
         import torch
 
+        from orchestrate.loading.tiled_mlp import tile_mlps
+
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
         config = engine_config(plan)  # refuses a plan without a deepspeed strategy
         strategy = plan.chosen.strategy
@@ -114,6 +117,7 @@ class DeepSpeedBackend:
             zero_init=config if strategy.zero_stage == 3 else None))
         model, hf_ds_config = built.model, built.keep_alive
         apply_fused_kernels(plan, model, rank.device.type)  # before checkpointing and deepspeed.initialize
+        tile_mlps(model, strategy.mlp_tiles)  # after: the slices run the fused MLP's forward
         if strategy.activation_checkpointing and plan.shape.block_classes:  # your module's blocks, as under DDP/FSDP2
             from orchestrate.backends.hf_io import checkpoint_blocks
 

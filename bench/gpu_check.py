@@ -190,8 +190,9 @@ def run_pytest_gpu(timeout_s: float) -> dict:
             "tail": "\n".join(lines[-30:])}
 
 
-def run_plan(config: dict, hw, run_dir: Path, timeout_s: float) -> dict:
-    """One config through `orchestrate.api.launch` in a child process group (killed whole on timeout)."""
+def run_plan(config: dict, hw, run_dir: Path, timeout_s: float, stop_when=None) -> dict:
+    """One config through `orchestrate.api.launch` in a child process group (killed whole on timeout, or
+    once `stop_when()` holds: bench/long_context_gpu.py stops a run whose steps are logged)."""
     hw_file, config_file = run_dir.with_suffix(".hardware.json"), run_dir.with_suffix(".config.json")
     hw_file.write_text(hw.model_dump_json())
     config_file.write_text(json.dumps(config))
@@ -200,12 +201,15 @@ def run_plan(config: dict, hw, run_dir: Path, timeout_s: float) -> dict:
     start = time.monotonic()
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
+        rc = None
+        while rc is None and time.monotonic() - start < timeout_s and not (stop_when and stop_when()):
+            try:
+                rc = proc.wait(timeout=min(2.0, timeout_s))
+            except subprocess.TimeoutExpired:
+                pass
+        if rc is None:
             os.killpg(proc.pid, signal.SIGKILL)  # torchrun and its workers are in the same group
             proc.wait()
-            rc = None
     return {"rc": rc, "seconds": time.monotonic() - start, "log": str(log),
             "log_tail": log.read_text(errors="replace")[-3000:]}
 

@@ -129,9 +129,10 @@ def spec_key(spec) -> str:
     elif data["adapters"]["lora"].get("dtype") == "fp32":  # train.lora.dtype at its default: the key from before
         data["adapters"]["lora"].pop("dtype")
     # The memory knobs at their defaults (no chunked loss, no activation offload, fp32 AdamW, the embedding
-    # on the device): the key it had before strategies named them; the zoo plans none of them.
+    # on the device, no tiles, no sequence split, no fused kernels): the key it had before strategies named them; the zoo plans none of them.
     for knob, default in (("loss_chunks", 0), ("activation_offload", False), ("optimizer", "adamw"),
-                          ("embedding_offload", False)):
+                          ("embedding_offload", False), ("mlp_tiles", 0), ("sequence_parallel", 1),
+                          ("fused_kernels", False)):
         if data["strategy"].get(knob) == default:
             data["strategy"].pop(knob)
     return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:20]

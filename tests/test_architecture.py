@@ -209,7 +209,8 @@ and may be imported inside the function that needs it: that is what keeps `orche
 and `import orchestrate.api` light. Every other import sits at the top of its file."""
 
 OPTIONAL_EXTRAS = {"deepspeed": "deepspeed", "nvidia-ml-py": "pynvml", "wandb": "wandb",
-                   "mlflow-skinny": "mlflow", "peft": "peft", "bitsandbytes": "bitsandbytes"}
+                   "mlflow-skinny": "mlflow", "peft": "peft", "bitsandbytes": "bitsandbytes",
+                   "liger-kernel": "liger_kernel"}
 """pyproject's optional dependencies (a distribution: the module it installs) that are not also in
 `dependencies`: a user may not have them, so they are imported where used."""
 

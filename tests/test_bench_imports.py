@@ -1,5 +1,6 @@
 """Every `from orchestrate... import name` in bench/ (also inside functions) names something that
-exists: the benchmarks run rarely, so a renamed module must fail here, not in a benchmark run."""
+exists: the benchmarks run rarely, so a renamed module must fail here, not in a benchmark run. A bench
+with a short mode runs it here."""
 
 from __future__ import annotations
 
@@ -50,3 +51,15 @@ def test_startup_stages_wraps_functions_that_exist():
                          *((stages, s) for s in STAGES)]:
         assert callable(getattr(module, name, None)), f"{module.__name__}.{name}"
     assert warm_agent.AGENT_PROGRAM == ("-m", "orchestrate.agent")  # what the bench replaces
+
+
+def test_tiled_mlp_speed_runs_its_short_mode(capsys):
+    """bench/tiled_mlp_speed.py --short: a row per arm, each tiled arm's tensor peak under the untiled one."""
+    from bench.tiled_mlp_speed import main
+
+    main(["--short"])
+    lines = capsys.readouterr().out.splitlines()
+    rows = lines[next(i for i, line in enumerate(lines) if line.startswith("arm ")) + 1:]
+    assert [row[:24].strip() for row in rows] == ["untiled", "4 tiles, deepspeed", "4 tiles, checkpoint"]
+    peaks = [float(row.split()[-1]) for row in rows]
+    assert max(peaks[1:]) < peaks[0]

@@ -82,7 +82,9 @@ def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
     assert tight.optimizer == "adamw"  # 0.3 GiB of fp32 Adam states fit: the 8-bit optimizer is not needed
     # the 128k-vocabulary logits do not fit unchunked (but with the base offloaded to the host, ZeRO-3 fits
     # them: tests/test_lora_offload_plan.py)
-    unchunked = [c for c in plan.candidates if c.strategy.loss_chunks == 0 and c.strategy.offload_params == "none"]
+    whole = make_plan(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}, loss_chunks=0),
+                      hw, shape_from_dict(dict(LLAMA3_8B)))
+    unchunked = [c for c in whole.candidates if c.strategy.offload_params == "none"]
     assert unchunked and all(not c.fits for c in unchunked)
 
 
@@ -101,7 +103,6 @@ def test_llama3_8b_qlora_host_load_is_one_tensor_not_the_fp32_model():
     ({"strategy": {"backend": "deepspeed"}, "train": {"optimizer": {"name": "adamw8bit"}}}, "train.optimizer.name",
      "ddp"),
     ({"train": {"activation_offload": True}}, "train.activation_offload", "false"),
-    ({"strategy": {"backend": "deepspeed"}, "train": {"loss_chunks": 4}}, "train.loss_chunks", "ddp or fsdp"),
 ])
 def test_pinned_knobs_that_cannot_run_get_one_error_naming_what_works(pins, where, fix):
     data = {"model": {"architecture": dict(TINY)}, "train": {"seq_len": 32, "global_batch_size": 2}}
@@ -111,6 +112,16 @@ def test_pinned_knobs_that_cannot_run_get_one_error_naming_what_works(pins, wher
         make_plan(config_from_dict(data), cpu_hw(2), shape_from_dict(dict(TINY)))
     assert where in [p.where for p in err.value.problems]
     assert any(fix in p.fix for p in err.value.problems if p.where == where)
+
+
+def test_loss_chunks_and_activation_offload_pinned_under_deepspeed_are_planned_there():
+    # DeepSpeed runs both since tests/test_memory_knobs_train.py trained with each on ZeRO-2 and ZeRO-3
+    data = {"model": {"architecture": dict(TINY)}, "strategy": {"backend": "deepspeed"},
+            "train": {"seq_len": 32, "global_batch_size": 2, "loss_chunks": 4, "activation_offload": True}}
+    plan = make_plan(config_from_dict(data), gpu_hw(2), shape_from_dict(dict(TINY)))
+    assert plan.candidates and all((c.strategy.backend, c.strategy.loss_chunks, c.strategy.activation_offload)
+                                   == ("deepspeed", 4, True) for c in plan.candidates)
+    assert plan.chosen.fits and {c.strategy.zero_stage for c in plan.candidates} == {1, 2, 3}
 
 
 def test_adamw8bit_pinned_with_backend_auto_plans_ddp_only():

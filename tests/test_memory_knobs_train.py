@@ -1,10 +1,13 @@
 """The memory knobs train (2 gloo ranks, tiny Llama): under DDP bitsandbytes AdamW8bit with the loss
 in chunks, full fine-tuning and QLoRA (whose base is quantized as it loads); under FSDP2 the chunked
-loss equals the whole one. Activation offload needs a
-GPU (pinned host memory, save_on_cpu): the planner refuses it on CPU (tests/test_memory_knobs.py)."""
+loss equals the whole one; under DeepSpeed ZeRO-2 / ZeRO-3 (QLoRA also with parameters and optimizer
+offloaded) the chunked loss and activation offload each give the plain run's losses. Activation
+offload's pinning needs a GPU: the planner refuses it on CPU (tests/test_memory_knobs.py), so here it
+runs unpinned, which checks the wiring and the numbers, not the memory."""
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from pathlib import Path
 
@@ -96,3 +99,73 @@ def test_fsdp2_full_shard_with_checkpointing_chunked_loss_equals_the_whole_loss(
         print(f"rank {rank}: whole {r[0]}, chunked {r[4]}")
         assert r[4]["losses"] == pytest.approx(r[0]["losses"], rel=1e-5)
         assert r[4]["norms"] == pytest.approx(r[0]["norms"], rel=1e-4)
+
+
+DEEPSPEED = {"zero2": Strategy("deepspeed", 2, "none", "none", "fp32", True, 2),
+             "zero3": Strategy("deepspeed", 3, "none", "none", "fp32", True, 2),
+             "zero3_offload": Strategy("deepspeed", 3, "cpu", "cpu", "fp32", True, 2)}
+"""Activation checkpointing on in each (activation offload offloads what it keeps)."""
+DEEPSPEED_CASES = [("full", "zero2"), ("full", "zero3"), ("lora", "zero2"), ("lora", "zero3"),
+                   ("qlora", "zero3_offload")]
+"""The trained head (full) and the frozen one (lora) on both stages; QLoRA on fsdp_qlora's layout, the plan
+that needs the knobs on one small card (the NF4 base's partitions and the adapters' optimizer on the host)."""
+KNOBS = {"plain": {}, "loss_chunks": {"loss_chunks": 4}, "activation_offload": {"activation_offload": True}}
+
+
+def _deepspeed_with_and_without_knobs(model_dir: str) -> dict:
+    from orchestrate.backends.deepspeed_backend import DeepSpeedBackend
+    from orchestrate.worker.objective import objective_for
+    from tests.helpers.engines import cpu_rank
+
+    rank, world = init_gloo()
+    # Every plan first: while a ZeRO-3 engine lives, transformers builds any model (the plan's meta one
+    # too) under ZeRO-3's partitioning init.
+    plans = {(method, stage, knob): make_plan(replace(DEEPSPEED[stage], **settings), config={
+        "model": {"architecture": dict(TINY_LLAMA)},
+        "train": {"method": method, "max_steps": 3, "optimizer": {"lr": 2e-2}, "schedule": {"warmup_steps": 1}}})
+        for method, stage in DEEPSPEED_CASES for knob, settings in KNOBS.items()}
+    offloaded: list[dict] = []
+    head_calls: list[int] = []
+    real = torch.autograd.graph.save_on_cpu
+
+    def recording(*args, **kwargs):
+        offloaded.append(kwargs)
+        return real(*args, **kwargs)
+
+    torch.autograd.graph.save_on_cpu = recording
+    out = {}
+    for key, plan in plans.items():
+        engine = DeepSpeedBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
+        engine.engine.module.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
+        offloaded.clear()
+        head_calls.clear()
+        steps = [engine.train_step(_batches(rank)) for _ in range(3)]
+        out[key] = {"losses": [s.loss for s in steps], "norms": [s.grad_norm for s in steps],
+                    "head_calls": len(head_calls), "offloaded": list(offloaded)}
+        del engine
+        gc.collect()  # its ZeRO-3 switch (transformers' weak reference) off before the next base is built
+    return out
+
+
+@pytest.mark.slow
+def test_deepspeed_losses_with_loss_chunks_or_activation_offload_equal_the_plain_run(model_dir):
+    """3 steps of 2 micro-batches each: the LM head runs once more per micro-batch with chunks (the chunk
+    loop as one call of the module, ZeRO-3 gathering it), the forward inside save_on_cpu with offload
+    (unpinned on CPU), and the losses and gradient norms are the plain run's."""
+    out = run_on_ranks(_deepspeed_with_and_without_knobs, 2, model_dir)
+    for rank, r in out.items():
+        for method, stage in DEEPSPEED_CASES:
+            plain = r[method, stage, "plain"]
+            if rank == 0:
+                gaps = {knob: max(abs(a - b) for a, b in zip(r[method, stage, knob]["losses"], plain["losses"],
+                                                             strict=True)) for knob in ("loss_chunks", "activation_offload")}
+                print(f"{method} {stage}: plain {plain['losses'][0]:.6f} -> {plain['losses'][-1]:.6f}; max |loss - "
+                      f"plain|: " + ", ".join(f"{knob} {gap:.1e}" for knob, gap in gaps.items()))
+            assert plain["head_calls"] == 6 and not plain["offloaded"], (method, stage, plain)
+            assert r[method, stage, "loss_chunks"]["head_calls"] == 12, (method, stage)
+            assert r[method, stage, "activation_offload"]["offloaded"] == [{"pin_memory": False}] * 6, (method, stage)
+            for knob in ("loss_chunks", "activation_offload"):
+                run = r[method, stage, knob]
+                assert run["losses"] == pytest.approx(plain["losses"], abs=1e-5), (method, stage, knob, run, plain)
+                assert run["norms"] == pytest.approx(plain["norms"], rel=1e-4), (method, stage, knob, run, plain)
+            assert plain["losses"][-1] < plain["losses"][0], (method, stage, plain["losses"])

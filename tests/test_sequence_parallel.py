@@ -136,10 +136,9 @@ def test_the_worker_trains_and_resumes_with_sequence_parallelism_as_one_rank_doe
     """DDP, 2 ranks, one sequence-parallel group, through the worker's stages (data, engine, loop,
     evaluation, checkpoints): every step's loss and the eval loss equal a 1-rank run's on the same
     samples; resumed from step 2, steps 3 and 4 repeat bit for bit."""
-    from orchestrate.launch.rundir import prepare_run
-
     import shutil
 
+    from orchestrate.launch.rundir import prepare_run
     from orchestrate.run.checkpoints import checkpoint_root, step_dir_name
 
     sp_dir = tmp_path / "sp"

@@ -23,6 +23,7 @@ from orchestrate.backends.torch_engine import (
     check_world_size,
     chosen_for,
     make_optimizer,
+    mlp_tiles_step,
     read_client_state,
     run_settings,
     schedule_settings,
@@ -33,6 +34,7 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 from orchestrate.methods.registry import active_methods, base_runtime
 from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
+from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -65,6 +67,7 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
         "optimizer": adamw_settings(train, fused=hw.has_gpu, name=s.optimizer),
         "activation_offload": s.activation_offload,
         "embedding_offload": s.embedding_offload,  # the frozen input embedding in host memory (planner/knobs.py)
+        "mlp_tiles": s.mlp_tiles,
         "schedule": schedule_settings(train),
         "seed": train.seed,
     }
@@ -72,6 +75,7 @@ def ddp_settings(plan: RunPlan) -> dict[str, Any]:
     settings["steps"] = [
         "every rank builds the model on the meta device, allocates it on its device (fp32) and fills it "
         "tensor by tensor from the safetensors files",
+        *([mlp_tiles_step(s.mlp_tiles, "a torch checkpoint per slice")] if s.mlp_tiles else []),
         *([f"wrap each {blocks} in checkpoint_wrapper (non-reentrant)"] if s.activation_checkpointing else []),
         *(["the input embedding is allocated and filled in CPU memory and stays there: each lookup runs on the "
            "CPU, its rows are copied to the device; DDP leaves it out of its broadcast"] if s.embedding_offload else []),
@@ -170,8 +174,11 @@ class DDPBackend:
     zero_stages = (0,)
     preference = 0
     priced_as = "ddp"
-    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py, tests/test_sequence_parallel.py
-    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "sequence_parallel"})
+    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py, tests/test_sequence_parallel.py,
+    # tests/test_tiled_mlp_train.py; fused_kernels applied between build and wrap (tests/test_fused_kernels.py;
+    # its numerics are gpu-marked tests)
+    knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "fused_kernels",
+                       "sequence_parallel", "mlp_tiles"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return False  # every rank holds every parameter
@@ -215,6 +222,7 @@ class DDPBackend:
 
         from orchestrate.backends import hf_io, single_rank
         from orchestrate.loading.host_embedding import host_names, route_lookups, to_device_keeping_embedding
+        from orchestrate.loading.tiled_mlp import tile_mlps
 
         st = ddp_settings(plan)
         check_world_size(st, rank)
@@ -224,6 +232,8 @@ class DDPBackend:
         built = base_runtime(plan.config).build_model(plan, ModelRequest(
             "replicated", rank.device, rank.rank, model_dir, torch.float32, embedding_offload=st["embedding_offload"]))
         model = built.model
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers hide the blocks' modules
+        tile_mlps(model, st["mlp_tiles"], repeated_accumulation=False)  # DDP's reducer: one hook per backward
         if st["activation_checkpointing"]:
             classes = st["block_classes"] or hf_io.model_block_class_names(model, plan.shape.model_type)
             hf_io.checkpoint_blocks(model, classes)

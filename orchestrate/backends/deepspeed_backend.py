@@ -25,6 +25,7 @@ from orchestrate.methods.custom.module import save_module
 from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
 from orchestrate.methods.registry import base_runtime
 from orchestrate.methods.runtime import ModelRequest
+from orchestrate.model.fused_kernels import apply_fused_kernels
 from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
@@ -54,10 +55,11 @@ class DeepSpeedBackend:
     zero_stages = (1, 2, 3)
     preference = 2
     priced_as = "deepspeed"
-    # Not loss_chunks: ZeRO-3 releases the LM head before the loss chunks call it; nor adamw8bit: DeepSpeed
-    # builds its own optimizer from the rendered config; nor embedding_offload: the embedding is a parameter
-    # of its flat groups (knobs.py). sequence_parallel: tests/test_sequence_parallel.py (ZeRO-3).
-    knobs: frozenset[str] = frozenset({"sequence_parallel"})
+    # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py), mlp_tiles
+    # too (tests/test_tiled_mlp_train.py), sequence_parallel on ZeRO-3 (tests/test_sequence_parallel.py); not
+    # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
+    # embedding is a parameter of its flat groups) (knobs.py). fused_kernels as under DDP.
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles", "sequence_parallel"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return sharding.zero_stage == 3  # ZeRO-1/2 replicate parameters, partitioning states only
@@ -98,6 +100,8 @@ class DeepSpeedBackend:
         import deepspeed
         import torch
 
+        from orchestrate.loading.tiled_mlp import tile_mlps
+
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
         config = engine_config(plan)  # refuses a plan without a deepspeed strategy
         strategy = plan.chosen.strategy
@@ -112,6 +116,8 @@ class DeepSpeedBackend:
             "engine", rank.device, rank.rank, model_dir, getattr(torch, _LOAD_DTYPES[strategy.precision]),
             zero_init=config if strategy.zero_stage == 3 else None))
         model, hf_ds_config = built.model, built.keep_alive
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpointing and deepspeed.initialize
+        tile_mlps(model, strategy.mlp_tiles)  # after: the slices run the fused MLP's forward
         if strategy.activation_checkpointing and plan.shape.block_classes:  # your module's blocks, as under DDP/FSDP2
             from orchestrate.backends.hf_io import checkpoint_blocks
 
@@ -154,6 +160,7 @@ class DeepSpeedTrainEngine:
         self.model = engine  # an nn.Module: forward returns the HF output with .loss
         self._rank, self._model_dir = rank, model_dir
         self._zero3 = strategy.zero_stage == 3
+        self._activation_offload = strategy.activation_offload
         self._accumulation = plan.chosen.gradient_accumulation
         # Only ZeRO and the bf16/fp16 optimizers record the norm DeepSpeed computed for clipping
         # (engine._take_model_step reads optimizer._global_grad_norm); plain fp32 without ZeRO does not.
@@ -174,7 +181,14 @@ class DeepSpeedTrainEngine:
         return {k: v.to(self._rank.device, dtype=dtype if v.is_floating_point() else None) for k, v in batch.items()}
 
     def _loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return self.objective.loss(self.engine, self._inputs(batch))
+        if not self._activation_offload:
+            return self.objective.loss(self.engine, self._inputs(batch))
+        import torch
+
+        # As the torch engines' _forward_loss (backends/torch_engine.py): what the forward saves for
+        # backward outside the recomputed blocks waits in host memory, pinned where there is a GPU.
+        with torch.autograd.graph.save_on_cpu(pin_memory=self._rank.device.type == "cuda"):
+            return self.objective.loss(self.engine, self._inputs(batch))
 
     def train_step(self, micro_batches: list[dict[str, torch.Tensor]]) -> StepResult:
         import torch

@@ -24,6 +24,7 @@ from orchestrate.backends.torch_engine import (
     adamw_settings,
     check_world_size,
     chosen_for,
+    mlp_tiles_step,
     read_client_state,
     run_settings,
     schedule_settings,
@@ -34,6 +35,7 @@ from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapte
 from orchestrate.methods.registry import base_runtime
 from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
+from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
@@ -81,6 +83,7 @@ def fsdp_settings(plan: RunPlan) -> dict[str, Any]:
         "loss_scaling": "dynamic" if s.precision == "fp16" else None,
         "optimizer": adamw_settings(train, fused=hw.has_gpu and s.offload_params == "none"),
         "activation_offload": s.activation_offload,
+        "mlp_tiles": s.mlp_tiles,
         "sequence_parallel": s.sequence_parallel,  # the mesh still spans every rank: ZeRO shards over all
         "schedule": schedule_settings(train),
         "seed": train.seed,
@@ -95,6 +98,8 @@ def _describe(st: dict[str, Any]) -> list[str]:
     mesh = st["mesh"]
     mp = st["mixed_precision"]
     steps = ["build the model on the meta device from model_dir/config.json (no memory)"]
+    if st["mlp_tiles"]:
+        steps.append(mlp_tiles_step(st["mlp_tiles"], "DeepSpeed's TiledMLP"))
     if st["activation_checkpointing"]:
         steps.append(f"wrap each {blocks} in checkpoint_wrapper (non-reentrant): recompute activations in backward")
     policy = (f"mesh {mesh['shape']} {mesh['dim_names']}, reshard_after_forward={st['fully_shard']['reshard_after_forward']}, "
@@ -240,9 +245,9 @@ class FSDPBackend:
     zero_stages = (2, 3)
     preference = 1
     priced_as = "fsdp"
-    # tests/test_memory_knobs_train.py, tests/test_sequence_parallel.py; adamw8bit gets DTensor parameters here
-    # (bench/verify_knob_combos.py)
-    knobs = frozenset({"loss_chunks", "activation_offload", "sequence_parallel"})
+    # tests/test_memory_knobs_train.py, tests/test_tiled_mlp_train.py, tests/test_sequence_parallel.py; adamw8bit
+    # gets DTensor parameters here (bench/verify_knob_combos.py); fused_kernels as under DDP
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles", "sequence_parallel"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return True  # both stages shard the parameters (DTensor); shard-grad-op only keeps them gathered
@@ -305,6 +310,7 @@ class FSDPBackend:
         from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
         from orchestrate.backends import hf_io
+        from orchestrate.loading.tiled_mlp import tile_mlps
 
         st = fsdp_settings(plan)
         check_device(st, rank.device)
@@ -319,6 +325,8 @@ class FSDPBackend:
         built = base_runtime(plan.config).build_model(plan, ModelRequest(
             "sharded", rank.device, rank.rank, model_dir, cpu_offload=st["cpu_offload"]))
         model, hf_config, layout = built.model, built.config, built.layout
+        apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers and fully_shard
+        tile_mlps(model, st["mlp_tiles"])
         # A module of yours names its blocks in its shape (detected or strategy.wrap); without any it is one
         # FSDP unit (the root). A Hugging Face model's come from its family or its _no_split_modules.
         classes = st["fully_shard"]["block_classes"] or ([] if plan.shape.task == "custom" else

@@ -12,6 +12,7 @@ built-in one.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from typing import TYPE_CHECKING
 
@@ -38,6 +39,11 @@ def register(backend: Backend) -> Backend:
     return backend
 
 
+@functools.cache  # the planner asks per candidate; import_module's lookup dominated a plan's time
+def _builtin(name: str) -> Backend:
+    return importlib.import_module(_BUILTIN[name]).BACKEND
+
+
 def backend_names() -> list[str]:
     """Every backend, built-in ones first in the planner's order."""
     return [*_BUILTIN, *_REGISTRY]
@@ -45,7 +51,7 @@ def backend_names() -> list[str]:
 
 def get_backend(name: str) -> Backend:
     if name in _BUILTIN:
-        return importlib.import_module(_BUILTIN[name]).BACKEND
+        return _builtin(name)
     try:
         return _REGISTRY[name]
     except KeyError:

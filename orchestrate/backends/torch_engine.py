@@ -50,6 +50,13 @@ def adamw_settings(train: TrainSection, fused: bool, name: str = "adamw") -> dic
             "weight_decay": opt.weight_decay, "fused": fused}
 
 
+def mlp_tiles_step(tiles: int, how: str) -> str:
+    """The settings' `steps` line of a plan with `Strategy.mlp_tiles` on (loading/tiled_mlp.py); `how`:
+    what recomputes the slices."""
+    return (f"run each block's MLP over {tiles} slices of the sequence, each recomputed in backward ({how}): "
+            "one slice's intermediate-sized activations at a time")
+
+
 def make_optimizer(params: list, opt: dict[str, Any], on_gpu: bool) -> torch.optim.Optimizer:
     """torch AdamW (fused on GPU), or bitsandbytes AdamW8bit: block-wise 8-bit m and v; bitsandbytes
     keeps 32-bit state for tensors under 4096 values (`min_8bit_size`), a rounding error in the plan."""

@@ -1,7 +1,7 @@
 """The optional libraries a config needs, checked when it is validated (plan time), so a missing one
 is one clear message with the install command before any worker starts, not a traceback in rank 0
-mid-launch: the training method's (`train.method: lora | qlora`), the 8-bit optimizer's and the
-experiment trackers' (`train.report_to`).
+mid-launch: the training method's (`train.method: lora | qlora`), the 8-bit optimizer's, the fused
+kernels' (`train.fused_kernels: true`) and the experiment trackers' (`train.report_to`).
 
 Nothing is imported here: `importlib.util.find_spec` only looks the package up.
 """
@@ -13,6 +13,7 @@ import importlib.util
 # method -> the import names it needs (installed by `pip install 'orchestrate[lora]'`)
 METHOD_LIBRARIES = {"full": (), "lora": ("peft",), "qlora": ("peft", "bitsandbytes"), "auto": ()}
 OPTIMIZER_LIBRARIES = {"adamw": (), "auto": (), "adamw8bit": ("bitsandbytes",)}
+FUSED_KERNEL_LIBRARIES = ("liger_kernel", "triton")  # train.fused_kernels (orchestrate/model/fused_kernels.py)
 # report_to name -> (import name, pip extra of orchestrate that installs it)
 TRACKER_LIBRARIES = {
     "tensorboard": ("tensorboard", "tensorboard"),
@@ -42,6 +43,16 @@ def check_optimizer_library(name: str) -> str:
         raise ValueError(f"optimizer {name} needs bitsandbytes, not installed: run `pip install 'orchestrate[lora]'` "
                          "or use name: adamw")
     return name
+
+
+def check_fused_kernels_library(value: bool | str) -> bool | str:
+    """Return train.fused_kernels unchanged, or raise ValueError when pinned true without liger-kernel and
+    Triton (auto leaves them off there)."""
+    missing = [name for name in FUSED_KERNEL_LIBRARIES if importlib.util.find_spec(name) is None]
+    if value is True and missing:
+        raise ValueError(f"fused_kernels: true needs {' and '.join(missing)}, not installed: run "
+                         "`pip install 'orchestrate[gpu]'` (liger-kernel, with Triton) or use fused_kernels: auto")
+    return value
 
 
 def check_trackers(names: list[str]) -> list[str]:

@@ -8,7 +8,12 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
-from orchestrate.config.requirements import check_method_libraries, check_optimizer_library, check_trackers
+from orchestrate.config.requirements import (
+    check_fused_kernels_library,
+    check_method_libraries,
+    check_optimizer_library,
+    check_trackers,
+)
 from orchestrate.config.section import MAX_COUNT, Auto, Section
 from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 
@@ -107,6 +112,11 @@ class TrainSection(Section):
     fused_kernels: bool | Auto = "auto"
     """GPU, Llama-style families: Liger-Kernel's fused RMSNorm, RoPE and SwiGLU (Triton), which save less for
     backward than the eager ones; "auto": on where a GPU and liger-kernel are there (docs/long-context.md)."""
+
+    @field_validator("fused_kernels")
+    @classmethod
+    def _fused_kernels_library(cls, v: bool | str) -> bool | str:
+        return check_fused_kernels_library(v)
 
     embedding_offload: bool | Auto = "auto"
     """GPU, DDP, method lora/qlora, untied embedding: keep the frozen input embedding in host memory (its

@@ -13,7 +13,7 @@ import importlib.metadata
 from pydantic import BaseModel, ConfigDict
 
 _DISTRIBUTIONS = {"torch": "torch", "transformers": "transformers", "peft": "peft",
-                  "bitsandbytes": "bitsandbytes", "deepspeed": "deepspeed"}
+                  "bitsandbytes": "bitsandbytes", "deepspeed": "deepspeed", "liger_kernel": "liger-kernel"}
 
 
 class SoftwareStack(BaseModel):
@@ -28,6 +28,8 @@ class SoftwareStack(BaseModel):
     peft: str | None = None
     bitsandbytes: str | None = None
     deepspeed: str | None = None
+    liger_kernel: str | None = None
+    """liger-kernel's version where it is installed (the fused kernels the planner may choose)."""
 
 
 def cuda_of_torch(version: str | None) -> str | None:

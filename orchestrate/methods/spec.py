@@ -143,6 +143,12 @@ class MethodTerms:
         """Host-to-device seconds per step of its frozen weights, beyond the trained states' offload."""
         return 0.0
 
+    def compute_seconds(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
+                        accumulation: int) -> float:
+        """Device seconds per step its layers take beyond the model's FLOPs at the GPU's rate (QLoRA's
+        4-bit linears: planner/constants.py QUANTIZED_LINEAR_SECONDS)."""
+        return 0.0
+
 
 @dataclass(frozen=True)
 class Alternative:

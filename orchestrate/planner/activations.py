@@ -88,8 +88,35 @@ FALLBACK_BYTES_PER_TOKEN_HIDDEN_16BIT = 62
 the families above), as a conservative default."""
 
 
-def norm_bytes(norm: str, hidden: int, c: int) -> int:
-    """Bytes per token one norm saves."""
+@dataclass(frozen=True)
+class BlockCompute:
+    """How the blocks compute, where that changes what they keep for backward (planner/long_context.py)."""
+
+    fused: bool = False
+    """Liger-Kernel's RMSNorm and SwiGLU (liger_kernel/ops/rms_norm.py LigerRMSNormFunction saves its input
+    X and an fp32 RSTD per row; ops/swiglu.py LigerSiLUMulFunction saves a and b and recomputes SiLU in
+    backward): each norm keeps c·h + 4 per token, a gated MLP 3 intermediate-sized tensors (gate, up and
+    the product down_proj saves) instead of 4."""
+    mlp_tiles: int = 0
+    """The MLP runs as DeepSpeed's TiledMLP (deepspeed/runtime/sequence_parallel/ulysses_sp.py): forward
+    over `mlp_tiles` slices under no_grad, saving only the MLP's input; backward recomputes one slice at a
+    time with grad and accumulates the input gradient into one full-size buffer (`x_grad`). 0: one pass."""
+    slice_gradients: int = 2
+    """Hidden-sized tensors per token a tiled MLP's backward holds beside one slice's working set: 2 for
+    DeepSpeed's TiledMLP (its full-size `x_grad` and the incoming gradient), more where the slices are
+    torch checkpoints (planner/constants.py CHECKPOINTED_SLICE_GRADIENTS)."""
+    sequence_parallel: int = 1
+    """Ulysses: attention's backward exchanges the q, k, v gradients back over all-to-all, so a second copy
+    of them exists while it runs (deepspeed/runtime/sequence_parallel/ulysses_sp.py _SeqAllToAll)."""
+
+
+PLAIN = BlockCompute()
+
+
+def norm_bytes(norm: str, hidden: int, c: int, fused: bool = False) -> int:
+    """Bytes per token one norm saves; `fused`: Liger's RMSNorm (the input and an fp32 rstd)."""
+    if fused and norm != "layernorm":
+        return c * hidden + FP32
     if norm == "layernorm":
         return c * hidden + 2 * FP32  # input + fp32 mean, rstd
     if norm == "rmsnorm":
@@ -119,16 +146,24 @@ def eager_attention_bytes(attn: EagerAttention, heads: int, c: int) -> int:
     return heads * attn.seq_len * (attn.softmax_bytes + probs)
 
 
-def layer_bytes_per_token(shape: ModelShape, c: int, eager: EagerAttention | None = None) -> float:
+def mlp_saved(shape: ModelShape, compute: BlockCompute = PLAIN) -> int:
+    """Intermediate-sized tensors the MLP saves (fused: Liger's SwiGLU keeps one fewer)."""
+    block = FAMILY_BLOCKS[shape.model_type]
+    return block.mlp_saved - 1 if compute.fused and block.mlp_saved == 4 else block.mlp_saved
+
+
+def layer_bytes_per_token(shape: ModelShape, c: int, eager: EagerAttention | None = None,
+                          compute: BlockCompute = PLAIN) -> float:
     """Bytes one block saves for backward per token, compute dtype of c bytes (no recomputation);
-    `eager`: the scores are materialised (no SDPA logsumexp then)."""
+    `eager`: the scores are materialised (no SDPA logsumexp then); `compute`: fused kernels, a tiled MLP
+    (which keeps only its input: the slices' intermediates are `tile_bytes`)."""
     block = FAMILY_BLOCKS.get(shape.model_type)
     h = shape.hidden_size
     if block is None:
         return FALLBACK_BYTES_PER_TOKEN_HIDDEN_16BIT * h * c / 2
     q = shape.num_heads * shape.head_dim
     kv = shape.num_kv_heads * shape.head_dim
-    norms = 2 * norm_bytes(block.norm, h, c)
+    norms = 2 * norm_bytes(block.norm, h, c, compute.fused)
     attn_in = c * h  # shared input of the q/k/v projections
     if block.fused_qkv:
         qkv = c * (q + 2 * kv) + (c * (q + kv) if block.rope else 0)  # whole storage + rotated q, k
@@ -136,18 +171,18 @@ def layer_bytes_per_token(shape: ModelShape, c: int, eager: EagerAttention | Non
         qkv = c * (q + 2 * kv)  # q, k (rotated or not: one tensor each) and v
     scores = eager_attention_bytes(eager, shape.num_heads, c) if eager else LSE * shape.num_heads
     attn = attn_in + qkv + c * q + scores  # + the attention output (= o_proj input)
-    mlp = c * h + block.mlp_saved * c * shape.intermediate_size  # MLP input + intermediates
+    mlp = c * h + (0 if compute.mlp_tiles else mlp_saved(shape, compute) * c * shape.intermediate_size)
     return norms + attn + mlp + MASK * h * block.dropout_masks
 
 
-def outside_bytes_per_token(shape: ModelShape, c: int) -> float:
+def outside_bytes_per_token(shape: ModelShape, c: int, compute: BlockCompute = PLAIN) -> float:
     """Saved per token outside the blocks: embedding dropout mask, the final norm (pre-norm families)
     and the LM head's input. Measured: GPT-2 5·h, Llama 8·h per token (simulation, bf16)."""
     block = FAMILY_BLOCKS.get(shape.model_type)
     h = shape.hidden_size
     if block is None:
         return 0
-    final_norm = 0 if block.post_norm else norm_bytes(block.norm, h, c)
+    final_norm = 0 if block.post_norm else norm_bytes(block.norm, h, c, compute.fused)
     return MASK * h * block.embedding_dropout + final_norm + c * h
 
 
@@ -166,12 +201,42 @@ def backward_transient_bytes_per_token(shape: ModelShape, c: int) -> float:
     return c * shape.hidden_size + MLP_BACKWARD_GRADIENTS * c * shape.intermediate_size
 
 
+def tile_bytes(shape: ModelShape, c: int, tokens: int, compute: BlockCompute) -> float:
+    """A tiled MLP's backward working set: one slice's recomputed intermediates and their gradients
+    (TiledMLP.backward runs forward and backward of one `ceil(tokens / tiles)`-token slice at a time)."""
+    if shape.model_type not in FAMILY_BLOCKS:
+        return 0.0
+    slice_tokens = -(-tokens // compute.mlp_tiles)
+    return (mlp_saved(shape, compute) + MLP_BACKWARD_GRADIENTS) * c * shape.intermediate_size * slice_tokens
+
+
+def attention_gradient_bytes_per_token(shape: ModelShape, c: int, compute: BlockCompute = PLAIN) -> float:
+    """What a block's attention backward holds beside what it saved: the block output's gradient, the
+    attention output's and the q, k, v gradients (with sequence parallelism twice: before and after the
+    exchange). Below the MLP's (`backward_transient_bytes_per_token`) unless the MLP is tiled."""
+    q = shape.num_heads * shape.head_dim
+    qkv = c * (q + 2 * shape.num_kv_heads * shape.head_dim)
+    return c * shape.hidden_size + c * q + (2 if compute.sequence_parallel > 1 else 1) * qkv
+
+
+def backward_transient_bytes(shape: ModelShape, c: int, tokens: int, compute: BlockCompute = PLAIN) -> float:
+    """Gradients a block's backward holds beside what it saved, for a micro-batch of `tokens`: the larger of
+    its MLP's phase (`backward_transient_bytes_per_token`; a tiled MLP instead its full-size input gradients,
+    `slice_gradients` x c·h per token, and one slice's working set, `tile_bytes`) and its attention's phase."""
+    if shape.model_type not in FAMILY_BLOCKS:
+        return backward_transient_bytes_per_token(shape, c) * tokens
+    mlp = (compute.slice_gradients * c * shape.hidden_size * tokens + tile_bytes(shape, c, tokens, compute)
+           if compute.mlp_tiles
+           else backward_transient_bytes_per_token(shape, c) * tokens)
+    return max(mlp, attention_gradient_bytes_per_token(shape, c, compute) * tokens)
+
+
 def last_block_bytes(shape: ModelShape, c: int, tokens: int, eager: EagerAttention | None = None,
-                     layer_delta_per_token: float = 0.0) -> int:
+                     layer_delta_per_token: float = 0.0, compute: BlockCompute = PLAIN) -> int:
     """What the first block's backward (the last of the pass) holds while nearly every gradient
     exists: its saved (or, checkpointed, recomputed) activations and its backward's gradients."""
-    layer = layer_bytes_per_token(shape, c, eager) + layer_delta_per_token
-    return int((layer + backward_transient_bytes_per_token(shape, c)) * tokens)
+    layer = layer_bytes_per_token(shape, c, eager, compute) + layer_delta_per_token
+    return int(layer * tokens + backward_transient_bytes(shape, c, tokens, compute))
 
 
 def checkpointed_bytes_per_token(shape: ModelShape, c: int) -> float:
@@ -182,17 +247,18 @@ def checkpointed_bytes_per_token(shape: ModelShape, c: int) -> float:
 
 def activation_bytes(shape: ModelShape, c: int, tokens: int, checkpointing: bool, logits: int,
                      stored_layers: int | None = None, eager: EagerAttention | None = None,
-                     layer_delta_per_token: float = 0.0) -> int:
+                     layer_delta_per_token: float = 0.0, compute: BlockCompute = PLAIN) -> int:
     """Saved activations of a micro-batch of `tokens` tokens at the backward-start peak;
     `stored_layers`: how many checkpointed block inputs are on the device (all, unless offloaded);
-    `layer_delta_per_token`: what adapters change in each block (adapter_memory.adapter_saved_delta).
+    `layer_delta_per_token`: what adapters change in each block (adapter_memory.adapter_saved_delta);
+    `compute`: fused kernels, a tiled MLP (BlockCompute).
 
     The last block's backward runs only after the LM head and loss have been differentiated and their
     `logits` bytes freed, so what it adds (its gradients; with checkpointing, also the block's
     recomputed activations) raises the peak only by what it exceeds them."""
-    outside = outside_bytes_per_token(shape, c) * tokens
-    layer = (layer_bytes_per_token(shape, c, eager) + layer_delta_per_token) * tokens
-    transient = backward_transient_bytes_per_token(shape, c) * tokens
+    outside = outside_bytes_per_token(shape, c, compute) * tokens
+    layer = (layer_bytes_per_token(shape, c, eager, compute) + layer_delta_per_token) * tokens
+    transient = backward_transient_bytes(shape, c, tokens, compute)
     if not checkpointing:
         return int(outside + shape.num_layers * layer + max(0.0, transient - logits))
     stored = (shape.num_layers if stored_layers is None else stored_layers) * checkpointed_bytes_per_token(shape, c) * tokens

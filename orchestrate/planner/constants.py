@@ -29,6 +29,14 @@ LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 = 16
 """fp32 training: the 16-bit copies of the measured 12 become 4-byte ones (extrapolated; to be
 calibrated)."""
 
+CHECKPOINTED_SLICE_GRADIENTS = 5
+"""Hidden-sized tensors per token the backward of an MLP tiled with a torch checkpoint per slice (the DDP
+engine's, loading/tiled_mlp.py) holds beside one slice's working set: the slices' input gradients wait for
+the split's backward to join them, then the joined gradient and the incoming one (DeepSpeed's TiledMLP
+holds 2). Simulated (fake tensors, `orchestrate plan --simulate`): a 2-block Llama shape of hidden 256 and
+intermediate 3584 at seq 16,384 in 16 slices, bf16, peaked 3 x c·h per token above the TiledMLP count under
+DDP, and below it under FSDP2 (tests/test_long_context_simulation.py)."""
+
 # --------------------------------------------------------------------------------------------------
 # What a simulation cannot see (GPU only): margins, to be calibrated on a real 8 GB GPU
 # --------------------------------------------------------------------------------------------------
@@ -40,6 +48,15 @@ CUBLAS_WORKSPACE_BYTES = 64 * MiB
 SDPA kernel scratch; rounded up. To be calibrated."""
 
 # NCCL's own device buffers per communicator are in planner/nccl_buffers.py.
+
+QUANTIZED_LINEAR_SECONDS = 1.3e-3
+"""Device seconds one bitsandbytes NF4 linear with its LoRA adapter takes per micro-batch (forward and
+backward) beyond its FLOPs at the modelled rate (methods/lora/speed.py). Measured on an H200
+(bench/results/h200-2026-12-04, gpu_check.json, a 0.89B Llama shape, 16 blocks x 7 quantized linears,
+micro-batch 2 x 1,024 tokens, 4 micro-batches a step, no recompute): predicted 61,777 and 63,232 tokens/s,
+measured 12,586 (DDP) and 11,680 (FSDP2): 0.52 and 0.57 s a step beyond the prediction, 1.16 and 1.28 ms per
+linear and micro-batch; the higher, rounded up. Measured at one micro-batch size only: whether it grows
+with the tokens of a micro-batch is not known."""
 
 # --------------------------------------------------------------------------------------------------
 # Host memory per node

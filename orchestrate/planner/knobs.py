@@ -48,8 +48,9 @@ ADAMW_STATE_BYTES_PER_PARAM = 8
 ADAM8BIT_BYTES_PER_PARAM = k.ADAM_BYTES_PER_PARAM - 12
 """One 8-bit AdamW update reads and writes m and v as 1 byte each instead of 4: 16 + 12 + 2 B less 12."""
 
-# Where each knob runs is each backend's `knobs` (backends/registry.py runs_knob): loss_chunks under DeepSpeed is
-# not run (ZeRO-3 releases the LM head after the forward; the chunks call it after). adamw8bit: under FSDP2
+# Where each knob runs is each backend's `knobs` (backends/registry.py runs_knob): loss_chunks and activation_offload
+# run under every backend (under ZeRO-3 the chunks run as one call of the LM head module, whose hooks gather it:
+# worker/chunked_loss.py). adamw8bit: under FSDP2
 # bitsandbytes gets DTensor parameters (verified to fail, bench/verify_knob_combos.py); DeepSpeed builds its
 # own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired. embedding_offload:
 # under FSDP2 and ZeRO-3 the embedding is a sharded parameter the engine gathers onto the GPU, under ZeRO-1/2 a

@@ -36,7 +36,7 @@ from orchestrate.hardware.software import SoftwareStack
 from orchestrate.methods import auxiliary
 from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner import activations, ds_buckets, knobs, software_terms
+from orchestrate.planner import activations, ds_buckets, knobs, long_context, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.allocator_reserve import allocator_reserve, state_bytes
 from orchestrate.planner.estimate import CORRECTION_KEY, MemoryEstimate
@@ -78,10 +78,13 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: So
         return int(fp32 * compute_bytes(strategy) / 4)
     tokens, c = strategy.micro_batch_size * seq_len, compute_bytes(strategy)
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
+    # what adapters save beyond the formula; under a tiled MLP their MLP part lies in the slice, so this
+    # over-counts (only with lora.dropout > 0: the delta is 0 otherwise)
     delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
     return activations.activation_bytes(shape, c, tokens, strategy.activation_checkpointing,
                                         logits_bytes(shape, strategy, seq_len, sw), stored_layers,
-                                        _eager_attention(shape, strategy, seq_len, sw), delta)
+                                        _eager_attention(shape, strategy, seq_len, sw), delta,
+                                        long_context.block_compute(strategy))
 
 
 def _eager_attention(shape: ModelShape, strategy: Strategy, seq_len: int,
@@ -104,7 +107,8 @@ def last_block_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: So
     c = compute_bytes(strategy)
     delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
     return activations.last_block_bytes(shape, c, strategy.micro_batch_size * seq_len,
-                                        _eager_attention(shape, strategy, seq_len, sw), delta)
+                                        _eager_attention(shape, strategy, seq_len, sw), delta,
+                                        long_context.block_compute(strategy))
 
 
 def logits_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT) -> int:
@@ -391,11 +395,12 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         own.cpu += mine.cpu
     _add(gpu, own.gpu)
     sw = hw.software
-    rows, rows_seq = forward_rows(methods, strategy, seq_len)
+    rows, full_seq = forward_rows(methods, strategy, seq_len)
+    rows_seq = long_context.local_seq_len(rows, full_seq)  # a rank's slice of each sample (sequence parallel)
     gpu["activations"] = activation_bytes(shape, rows, rows_seq, sw, methods)
     gpu["logits"] = logits_bytes(shape, rows, rows_seq, sw)
     if packing is not None:  # chat / instruction samples packed apart (planner/packing.py)
-        gpu["attention_mask"] = float(mask_bytes(packing, shape, rows, rows_seq, c))
+        gpu["attention_mask"] = float(mask_bytes(packing, shape, rows, full_seq, c))  # attention spans the sample
     gpu["optimizer_states"] *= knobs.optimizer_state_factor(strategy)  # adamw8bit: 8-bit m, v
     # see "Peak model" above; with accumulation (or torch < 2.0's zero_grad) the gradients persist
     if gradient_accumulation == 1 and not software_terms.gradients_persist(sw):

@@ -115,14 +115,17 @@ def _remedies(plan: Refusal, limits: Limits) -> list[Problem]:
 
 
 def _knob_remedies(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> list[Problem]:
-    """The memory knobs (planner/knobs.py) pinned off that would make a plan fit, set to auto."""
+    """The memory knobs (planner/knobs.py, long_context.py) pinned off that would make a plan fit, set to auto."""
     train, out = config.train, []
     for where, pinned_off, update in (
             ("train.optimizer.name", train.optimizer.name == "adamw",
              {"optimizer": train.optimizer.model_copy(update={"name": "auto"})}),
             ("train.loss_chunks", train.loss_chunks == 0, {"loss_chunks": "auto"}),
             ("train.activation_offload", train.activation_offload is False, {"activation_offload": "auto"}),
-            ("train.embedding_offload", train.embedding_offload is False, {"embedding_offload": "auto"})):
+            ("train.embedding_offload", train.embedding_offload is False, {"embedding_offload": "auto"}),
+            ("train.mlp_tiles", train.mlp_tiles == 0, {"mlp_tiles": "auto"}),
+            ("train.fused_kernels", train.fused_kernels is False, {"fused_kernels": "auto"}),
+            ("train.sequence_parallel", train.sequence_parallel == 1, {"sequence_parallel": "auto"})):
         if pinned_off:
             changed = config.model_copy(update={"train": train.model_copy(update=update)})
             if (c := _replan(changed, hw, shape)) is not None:

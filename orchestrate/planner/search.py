@@ -24,10 +24,11 @@ so each row shows the knobs its strategy needs.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import product
 
-from orchestrate.backends.registry import backend_names, get_backend, preference
+from orchestrate.backends.registry import backend_names, get_backend, preference, runs_knob
 from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
@@ -50,11 +51,20 @@ from orchestrate.planner.knobs import (
     knob_options,
     knob_problems,
 )
+from orchestrate.planner.long_context import (
+    auto_mlp_tiles,
+    fuses,
+    local_seq_len,
+    long_context_note,
+    long_context_problems,
+    sequence_parallel_degrees,
+    tiles_mlp,
+)
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.packing import SamplePacking, sample_packing
 from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.speed import estimate_speed
-from orchestrate.planner.strategy import Sharding, Strategy
+from orchestrate.planner.strategy import Sharding, Strategy, data_parallel_size
 
 _OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),
              ("cpu", "nvme"), ("nvme", "nvme"))
@@ -214,15 +224,18 @@ def resolve_precision(config: RunConfig, hw: HardwareProfile) -> str:
     return "bf16" if hw.gpu.supports_bf16 else "fp16"
 
 
-def _micro_batches(config: RunConfig, hw: HardwareProfile) -> list[int]:
-    world, global_batch = hw.world_size, config.train.global_batch_size
+def _micro_batches(config: RunConfig, hw: HardwareProfile, data_parallel: int | None = None) -> list[int]:
+    """The micro-batches that divide each data-parallel rank's share of the global batch (`data_parallel`:
+    ranks reading different samples, the world size unless sequence parallelism groups them)."""
+    world, global_batch = data_parallel or hw.world_size, config.train.global_batch_size
     if global_batch % world:
         lower, upper = global_batch - global_batch % world, global_batch + world - global_batch % world
         examples = " or ".join(str(v) for v in (lower, upper) if v > 0)
         raise UserError("Cannot plan this run", [Problem(
             "train.global_batch_size",
             f"{global_batch} is not divisible by the world size {world} "
-            f"({hw.nodes} node(s) x {hw.ranks_per_node} rank(s))",
+            f"({hw.nodes} node(s) x {hw.ranks_per_node} rank(s))" if world == hw.world_size else
+            f"{global_batch} is not divisible by the {world} data-parallel ranks",
             f"use a multiple of {world} (e.g. {examples}), or change --gpus")])
     per_rank = global_batch // world
     divisors = [m for m in range(1, per_rank + 1) if per_rank % m == 0]
@@ -272,32 +285,62 @@ def overflow_score(candidate: Candidate, plan_limits: Limits, hw: HardwareProfil
     return sum((need - have) / max(have, 1) for _, need, have, _ in plan_limits.overflows(candidate.memory, hw))
 
 
+def _knobs_on(s: Strategy) -> frozenset[str]:
+    """The memory knobs a strategy turns on. Each trades speed (or, for 8-bit states and fused kernels,
+    rank: see `_rank_key`) for memory, so a strategy with a superset of a fitting one's is never chosen."""
+    return frozenset(name for name, on in (
+        ("loss_chunks", s.loss_chunks > 0), ("activation_offload", s.activation_offload),
+        ("adamw8bit", s.optimizer != "adamw"), ("embedding_offload", s.embedding_offload),
+        ("mlp_tiles", s.mlp_tiles > 0), ("fused_kernels", s.fused_kernels)) if on)
+
+
 def _rank_key(c: Candidate) -> tuple:
     s = c.strategy
     offloads = (s.offload_optimizer != "none") + (s.offload_params != "none")
-    knobs = (s.loss_chunks > 0) + s.activation_offload + (s.optimizer != "adamw") + s.embedding_offload
+    knobs = len(_knobs_on(s))
     # fp32 Adam states before speed (8-bit states change the numerics: optimizer.name auto takes them only
     # where nothing with fp32 states fits); then no activation offload before speed (no GPU has run it
-    # yet: taken only where nothing fits without it), then likewise no embedding offload; ties: fewer
-    # offloads, fewer memory knobs, simpler backend, lower stage, no recompute, larger micro-batch (fewer
-    # steps of Python overhead, which the speed model does not see)
-    return (s.optimizer != "adamw", s.activation_offload, s.embedding_offload, -c.speed.tokens_per_s, offloads, knobs,
-            preference(s.backend), s.zero_stage, s.activation_checkpointing, -s.micro_batch_size)
+    # yet: taken only where nothing fits without it), then likewise no embedding offload and no sequence
+    # parallelism (the sequence split only where one rank cannot hold it); ties: fewer offloads, fewer
+    # memory knobs, simpler backend, lower stage, no recompute, larger micro-batch (fewer steps of Python
+    # overhead, which the speed model does not see)
+    return (s.optimizer != "adamw", s.activation_offload, s.embedding_offload, s.sequence_parallel,
+            -c.speed.tokens_per_s, offloads, knobs, preference(s.backend), s.zero_stage, s.activation_checkpointing,
+            -s.micro_batch_size)
 
 
-def _knob_combos(config: RunConfig, hw: HardwareProfile, backend: str, checkpointing: bool,
-                 has_8bit_optimizer: bool, embedding_offloadable: bool, chunkable: bool) -> list[tuple]:
-    """(loss_chunks, activation_offload, optimizer, embedding_offload) settings to try: the pins, or for "auto"
-    off and on where the knob can run (planner/knobs.py); `has_8bit_optimizer`: bitsandbytes is installed;
-    `chunkable`: the methods' objective can take the loss in chunks."""
+def _knob_combos(config: RunConfig, hw: HardwareProfile, shape: ModelShape, backend: str, checkpointing: bool,
+                 has_8bit_optimizer: bool, embedding_offloadable: bool, chunkable: bool,
+                 sequence_parallel: int, seq_len: int | None = None) -> list[tuple]:
+    """(loss_chunks, activation_offload, optimizer, embedding_offload, mlp_tiles, fused_kernels) settings to
+    try: the pins, or for "auto" off and on where the knob can run (planner/knobs.py, long_context.py);
+    `has_8bit_optimizer`: bitsandbytes is installed; `chunkable`: the methods' objective can take the loss in
+    chunks; `sequence_parallel`: the degree tried (the chunks and tiles count a rank's slice); `seq_len`:
+    another length than train.seq_len's."""
     t = config.train
+    local = local_seq_len(Strategy(backend, 0, "none", "none", "fp32", False, 1,
+                                   sequence_parallel=sequence_parallel), seq_len or t.seq_len)
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks", config.model.task == "causal-lm" and chunkable,
-                          (0, auto_loss_chunks(t.seq_len)))
+                          (0, auto_loss_chunks(local)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
                            (False, True))
     optimizer = knob_options(t.optimizer.name, backend, "adamw8bit", has_8bit_optimizer, ("adamw", "adamw8bit"))
     embedding = knob_options(t.embedding_offload, backend, "embedding_offload", embedding_offloadable, (False, True))
-    return [(c, o, n, e) for c in chunks for o in offload for n in optimizer for e in embedding]
+    auto_tiles = auto_mlp_tiles(local)
+    tiles = knob_options(t.mlp_tiles, backend, "mlp_tiles", tiles_mlp(shape) and auto_tiles > 0, (0, auto_tiles))
+    fused = knob_options(t.fused_kernels, backend, "fused_kernels",
+                         hw.has_gpu and hw.software.liger_kernel is not None and fuses(shape), (False, True))
+    return [(c, o, n, e, m, f) for c in chunks for o in offload for n in optimizer for e in embedding
+            for m in tiles for f in fused]
+
+
+def _sequence_parallel_options(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> list[int]:
+    """Degrees to try: the pin, or (auto) 1 and every degree the world, heads and sequence allow where a
+    backend runs it (long_context.py)."""
+    pinned = config.train.sequence_parallel
+    if pinned != "auto":
+        return [pinned]
+    return [1, *sequence_parallel_degrees(shape, hw.world_size, config.train.seq_len)]
 
 
 def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
@@ -336,8 +379,18 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
     precision = resolve_precision(config, hw)
-    micros = _micro_batches(config, hw)
-    per_rank = config.train.global_batch_size // hw.world_size
+    degrees = _sequence_parallel_options(config, hw, shape)
+    # the micro-batches of each degree's data-parallel ranks; an indivisible batch is an error only where
+    # no degree divides it (a batch of 1 on 2 cards trains with both on one sample's halves)
+    micros, indivisible = {}, None
+    for degree in degrees:
+        try:
+            micros[degree] = _micro_batches(config, hw, hw.world_size // degree if hw.world_size % degree == 0
+                                            else hw.world_size)
+        except UserError as err:
+            indivisible = indivisible or err
+    if not micros:
+        raise indivisible
     ac = config.train.activation_checkpointing
     ac_options = [False, True] if ac == "auto" else [ac]
     for method in methods:  # your own module without repeated blocks has nothing to recompute
@@ -361,27 +414,63 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     seq_len, packing = config.train.seq_len, sample_packing(config, hw, shape)
     kept: list[Candidate] = []
     refused: list[Problem] = []
-    for base in bases:
-        for checkpointing in ac_options:
-            combos = _knob_combos(config, hw, base.backend, checkpointing, has_8bit_optimizer,
-                                  not embedding_offload_problems(frozen, tied, hw.has_gpu), chunkable)
-            strategies = [Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
-                                   precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt, emb)
-                          for micro in micros for chunks, offload, opt, emb in combos]
-            runnable = []
-            for strategy in strategies:
-                found = knob_problems(strategy, hw.has_gpu, frozen, tied)  # a pinned knob where it cannot run
-                refused += [p for p in found if p not in refused]
-                if not found:
-                    runnable.append(strategy)
-            if not runnable:
-                continue
-            tried = [_candidate(shape, hw, s, seq_len, per_rank // s.micro_batch_size, limits, methods, packing)
-                     for s in runnable]
-            fit = [c for c in tried if c.fits]
-            kept.append(min(fit, key=_rank_key) if fit
-                        else min(tried, key=lambda c: overflow_score(c, limits, hw)))
+    fused_library = hw.software.liger_kernel is not None
 
+    def weigh(base: Sharding, checkpointing: bool, degree: int) -> Candidate | None:
+        """The kept candidate of one sharding, recompute setting and sequence-parallel degree: the best
+        fitting knob combination, else the closest to fitting; None where no combination can run."""
+        if degree > 1 and config.train.sequence_parallel == "auto" and not runs_knob(base.backend, "sequence_parallel"):
+            return None  # auto tries the split only where the backend runs it
+        combos = _knob_combos(config, hw, shape, base.backend, checkpointing, has_8bit_optimizer,
+                              not embedding_offload_problems(frozen, tied, hw.has_gpu), chunkable, degree)
+        runnable = []
+        for strategy in (Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
+                                  precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt, emb,
+                                  tiles, degree, fused)
+                         for micro in micros[degree] for chunks, offload, opt, emb, tiles, fused in combos):
+            found = (knob_problems(strategy, hw.has_gpu, frozen, tied)  # a pinned knob where it cannot run
+                     + long_context_problems(strategy, shape, hw.has_gpu, fused_library, hw.world_size, seq_len))
+            refused.extend(p for p in found if p not in refused)
+            if not found:
+                runnable.append(strategy)
+        if not runnable:
+            return None
+        per_rank = config.train.global_batch_size // data_parallel_size(runnable[0], hw.world_size)
+
+        def evaluate(strategies: list[Strategy]) -> list[Candidate]:
+            tried, fitting_knobs = [], []
+            for strategy in sorted(strategies, key=lambda s: len(_knobs_on(s))):
+                on = (strategy.micro_batch_size, _knobs_on(strategy))
+                if any(micro == on[0] and knobs <= on[1] for micro, knobs in fitting_knobs):
+                    continue  # more knobs on than a combination that fits: slower or equal, and ranked after it
+                tried.append(_candidate(shape, hw, strategy, seq_len, per_rank // strategy.micro_batch_size, limits,
+                                        methods, packing))
+                if tried[-1].fits:
+                    fitting_knobs.append(on)
+            return tried
+
+        # The long-context knobs (long_context.py) only where nothing fits without them, and the rest of
+        # their combinations only where the one that saves the most fits: the tiled MLP costs a forward of
+        # every MLP, more than any other knob, and fused kernels are not priced as faster.
+        plain = [s for s in runnable if not s.mlp_tiles and not s.fused_kernels]
+        later = [s for s in runnable if s.mlp_tiles or s.fused_kernels]
+        tried = evaluate(plain)
+        if later and not any(c.fits for c in tried):
+            most = min(later, key=lambda s: (-len(_knobs_on(s)), s.micro_batch_size))
+            first = _candidate(shape, hw, most, seq_len, per_rank // most.micro_batch_size, limits, methods, packing)
+            tried += evaluate(later) if first.fits else [first]
+        fit = [c for c in tried if c.fits]
+        return (min(fit, key=_rank_key) if fit
+                else min(tried, key=lambda c: overflow_score(c, limits, hw)))
+
+    # sequence parallelism only where no single rank holds the sequence (it ranks after every plan without)
+    for degree in micros:
+        kept += [c for base in bases for checkpointing in ac_options if (c := weigh(base, checkpointing, degree))]
+        if any(c.fits for c in kept):
+            break
+
+    if not kept and not refused and indivisible:  # the batch divides only by degrees no backend runs
+        raise indivisible
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     # a method may rank a fitting candidate after the others (LoRA's offload: no GPU has run it)
@@ -390,32 +479,45 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
     if any(method.names_longest_seq_len for method in methods):
-        auto_chunks = config.train.loss_chunks == "auto"
-        longest, on = max(_longest_seq_len(shape, hw, c, limits, methods, packing, auto_chunks)
+        def most_knobs(strategy: Strategy, seq: int) -> Strategy:
+            """`strategy` at `seq` with every knob auto may turn on there, at micro-batch 1 where auto."""
+            combos = _knob_combos(config, hw, shape, strategy.backend, strategy.activation_checkpointing,
+                                  has_8bit_optimizer, not embedding_offload_problems(frozen, tied, hw.has_gpu),
+                                  chunkable, strategy.sequence_parallel, seq)
+            chunks, offload, opt, emb, tiles, fused = combos[-1]  # each knob's options end with its "on"
+            most = replace(strategy, loss_chunks=chunks, activation_offload=offload, optimizer=opt,
+                           embedding_offload=emb, mlp_tiles=tiles, fused_kernels=fused,
+                           micro_batch_size=1 if config.train.micro_batch_size == "auto" else strategy.micro_batch_size)
+            runs = not (knob_problems(most, hw.has_gpu, frozen, tied)
+                        or long_context_problems(most, shape, hw.has_gpu, fused_library, hw.world_size, seq))
+            return most if runs else strategy
+
+        longest, on = max(_longest_seq_len(shape, hw, c, limits, methods, packing, most_knobs)
                           for c in fitting + rest)
         notes.append("the longest train.seq_len that fits: " + (f"{longest} ({on})" if longest else "none (not even 64)"))
     if not fitting:
         return Refusal(config=config, hardware=hw, shape=shape, candidates=rest, notes=notes)
+    if (chosen := long_context_note(fitting[0].strategy, config)) is not None:
+        notes.append(chosen)
     return RunPlan(config=config, hardware=hw, shape=shape, candidates=fitting + rest, chosen=fitting[0], notes=notes)
 
 
 def _longest_seq_len(shape: ModelShape, hw: HardwareProfile, best: Candidate, limits: Limits,
                      methods: list[MethodTerms], packing: SamplePacking | None,
-                     auto_chunks: bool) -> tuple[int, str]:
-    """(the longest seq_len, a multiple of 64 up to the model's positions, at which `best`'s strategy
-    fits with the configured placements (auto: chosen again per length) and, where auto chunks the
-    loss (`auto_chunks`), the chunk count auto takes at that length; 0: not even 64, the strategy's
-    name there). Memory grows with seq_len, so a bisection."""
-    def strategy_at(seq: int) -> Strategy:
-        if auto_chunks and best.strategy.loss_chunks:
-            return replace(best.strategy, loss_chunks=auto_loss_chunks(seq))
-        return best.strategy
+                     strategy_at: Callable[[Strategy, int], Strategy]) -> tuple[int, str]:
+    """(the longest seq_len, a multiple of 64 up to the model's positions, at which `best`'s sharding fits
+    with the configured placements (auto: chosen again per length) and the strategy `strategy_at` gives
+    it at that length (every memory knob auto may turn on); 0: not even 64, the strategy's name there). The
+    same samples per step. Memory grows with seq_len, so a bisection."""
+    samples = best.strategy.micro_batch_size * best.gradient_accumulation
 
     def fits(seq: int) -> bool:
-        return _candidate(shape, hw, strategy_at(seq), seq, best.gradient_accumulation, limits, methods, packing).fits
+        strategy = strategy_at(best.strategy, seq)
+        return _candidate(shape, hw, strategy, seq, samples // strategy.micro_batch_size, limits, methods,
+                          packing).fits
 
     low, high = 0, max(1, shape.max_position_embeddings // 64)  # in units of 64 tokens
     while low < high:
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(64 * middle) else (low, middle - 1)
-    return 64 * low, strategy_at(64 * max(low, 1)).name
+    return 64 * low, strategy_at(best.strategy, 64 * max(low, 1)).name

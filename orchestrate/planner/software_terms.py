@@ -6,10 +6,13 @@ A version that is not known is taken to be a current release (what constraints-c
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from orchestrate.hardware.software import SoftwareStack
 from orchestrate.hardware.units import MiB
 
 
+@lru_cache(maxsize=64)  # the planner asks per candidate, thousands of times a plan, for a few versions
 def _release(version: str | None) -> tuple[int, ...] | None:
     """(major, minor, patch) of "2.13.0+cu130", "0.19.2.dev0", "4.16.0.dev0"; None when unknown."""
     if not version:

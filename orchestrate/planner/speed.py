@@ -8,8 +8,10 @@ Components (seconds per step, before overlap; `SpeedEstimate.breakdown`):
   12·layers·seq·hidden per token (Narayanan et al. 2021, "Efficient Large-Scale Language Model
   Training on GPU Clusters Using Megatron-LM", eq. 3), at peak x GPU_MFU x a micro-batch saturation.
 - recompute: full activation checkpointing reruns the forward: one third of the above; a chunked
-  loss reruns the LM head (planner/knobs.py).
+  loss reruns the LM head (planner/knobs.py), a tiled MLP its MLP (planner/long_context.py).
 - communication: ring collectives over the slowest link of the group (see `_collectives`).
+- all_to_all: sequence parallelism's head exchanges around attention (`_all_to_all`); attention waits
+  for them, so they are not overlapped.
 - offload_transfer: host<->device copies over PCIe (offloaded states; offloaded activations, knobs.py).
 - optimizer: Adam on the GPU (memory-bound).
 - cpu_optimizer: Adam on the CPU for offloaded optimizers (and on CPU-only profiles).
@@ -18,6 +20,7 @@ Components (seconds per step, before overlap; `SpeedEstimate.breakdown`):
 Overlap model: step = compute + recompute
                       + max(0, communication - COMM_OVERLAP_FRACTION x (compute + recompute))
                       + max(0, offload_transfer - OFFLOAD_OVERLAP_FRACTION x (compute + recompute))
+                      + all_to_all
                       + optimizer + cpu_optimizer + nvme_io x (1 - NVME_OVERLAP_FRACTION).
 The optimizer phases run after the last backward (ZeRO-Offload's delayed parameter update is off), so
 they are not hidden.
@@ -33,7 +36,7 @@ from orchestrate.methods import auxiliary
 from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
-from orchestrate.planner import knobs
+from orchestrate.planner import knobs, long_context
 from orchestrate.planner.estimate import SpeedEstimate
 from orchestrate.planner.memory import compute_bytes, forward_rows, shard_group_size, trained_shape
 from orchestrate.planner.strategy import Strategy, tokens_per_step
@@ -105,6 +108,21 @@ def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     return accumulation * (inside + across) + latency
 
 
+def _all_to_all(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int) -> float:
+    """Seconds of Ulysses' all-to-alls per step (long_context.all_to_all_bytes) over the group's slowest
+    link, one latency per exchange; not overlapped with compute (attention waits for them), so counted
+    beside it: see estimate_speed."""
+    if strategy.sequence_parallel == 1:
+        return 0.0
+    group_spans_nodes = strategy.sequence_parallel > hw.ranks_per_node
+    intra = _intra_node_bandwidth(hw)
+    link = min(intra, hw.inter_node_bandwidth) if group_spans_nodes else intra
+    passes = 2 if strategy.activation_checkpointing else 1
+    volume = long_context.all_to_all_bytes(shape, strategy, seq_len, compute_bytes(strategy), passes)
+    latency = 2 * (passes + 1) * shape.num_layers * k.COLLECTIVE_LATENCY_S
+    return accumulation * (volume / link + latency)
+
+
 def _cpu_adam_seconds(params_per_rank: float, hw: HardwareProfile, slowdown: float) -> float:
     """Adam on the CPU for one rank's parameters, with its share of the node's cores, bounded by the
     node's memory bandwidth that all its ranks share."""
@@ -164,7 +182,8 @@ def _offload(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
 
 def _compute_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
                      accumulation: int) -> tuple[float, float]:
-    tokens = strategy.micro_batch_size * seq_len
+    # a rank computes its slice of each sample; its attention spans the whole sequence (for 1/N of the heads)
+    tokens = strategy.micro_batch_size * long_context.local_seq_len(strategy, seq_len)
     flops, recompute = training_flops_per_token(shape, seq_len)
     if hw.has_gpu:
         gpu = hw.gpu
@@ -176,6 +195,7 @@ def _compute_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     steps_tokens = accumulation * tokens
     rec = steps_tokens * recompute / rate if strategy.activation_checkpointing else 0.0
     rec += steps_tokens * knobs.recompute_flops_per_token(shape, strategy) / rate  # chunked loss: LM head again
+    rec += steps_tokens * long_context.mlp_recompute_flops_per_token(shape, strategy) / rate  # tiled MLP
     return steps_tokens * flops / rate, rec
 
 
@@ -201,19 +221,22 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     strategy, seq_len = forward_rows(methods, strategy, seq_len)
     compute, recompute = _compute_seconds(shape, hw, strategy, seq_len, gradient_accumulation)
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
+    exchange = _all_to_all(shape, hw, strategy, seq_len, gradient_accumulation)
     transfer, cpu_opt, nvme = (_offload(trained_shape(shape, methods), hw, strategy, gradient_accumulation)
                                if hw.has_gpu else (0.0, 0.0, 0.0))
     for method in methods:
         transfer += method.transfer_seconds(shape, hw, strategy, gradient_accumulation)
+        compute += method.compute_seconds(shape, hw, strategy, gradient_accumulation)
+    local = long_context.local_seq_len(strategy, seq_len)  # what one rank holds of each sample
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
-        transfer += knobs.offload_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
+        transfer += knobs.offload_transfer_bytes(shape, strategy, local, compute_bytes(strategy),
                                                  gradient_accumulation) / hw.gpu.pcie_bandwidth
     # Embedding offload: the looked-up rows up to the GPU each micro-batch over the same one-direction PCIe
     # bandwidth (hardware/profile.py GPUSpec.pcie_bandwidth: 0.8 of the link rate). The first block waits for
     # them, so the copy is not overlapped. The CPU lookup reads and writes the same b·s·h·c bytes at host
     # memory bandwidth (tens of GB/s: a few ms for the 32 MiB of seq 4096, h 4096, bf16) against seconds of
     # 6·P FLOPs per token on the GPU: not counted.
-    embedding_copy = (knobs.embedding_transfer_bytes(shape, strategy, seq_len, compute_bytes(strategy),
+    embedding_copy = (knobs.embedding_transfer_bytes(shape, strategy, local, compute_bytes(strategy),
                                                      gradient_accumulation) / hw.gpu.pcie_bandwidth
                       if hw.has_gpu else 0.0)
     extra: dict[str, float] = {}
@@ -234,10 +257,10 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     step = (busy
             + max(0.0, comm - k.COMM_OVERLAP_FRACTION * busy)
             + max(0.0, transfer - k.OFFLOAD_OVERLAP_FRACTION * busy)
-            + embedding_copy
+            + embedding_copy + exchange
             + device_opt + cpu_opt + nvme * (1 - k.NVME_OVERLAP_FRACTION))
     tokens = tokens_per_step(strategy, gradient_accumulation, hw.world_size, seq_len)
-    breakdown = {"compute": compute, "recompute": recompute, "communication": comm,
+    breakdown = {"compute": compute, "recompute": recompute, "communication": comm, "all_to_all": exchange,
                  "offload_transfer": transfer + embedding_copy, "optimizer": device_opt, "cpu_optimizer": cpu_opt,
                  "nvme_io": nvme, **extra}
     return SpeedEstimate(step_time_s=step, tokens_per_s=tokens / step if step > 0 else 0.0,

@@ -78,6 +78,7 @@ class Trainer:
         from transformers import AutoModelForCausalLM
 
         from orchestrate.backends.hf_io import checkpoint_blocks, find_blocks, model_block_class_names
+        from orchestrate.loading.tiled_mlp import tile_mlps
 
         self.spec, self.counter = spec, counter
         s = spec.strategy_obj
@@ -91,6 +92,7 @@ class Trainer:
         self.hf_model = model
         self._install_phase_hooks(model)
         model = self._apply_adapters(model, spec)
+        tile_mlps(model, s.mlp_tiles, repeated_accumulation=s.backend != "ddp")  # as the backends do
         classes = list(spec.block_classes or model_block_class_names(model, self.cfg.model_type))
         self.optimizer: Any = None
         self.engine: Any = None

@@ -12,10 +12,29 @@ CEWithChunkedOutputLoss and Liger's fused linear cross-entropy compute it.
 `final_hidden_states` and `over_chunks` are that machinery for any per-chunk function of the logits
 (preference tuning's answer log-probabilities: methods/preference/objective.py); under no_grad (a
 reference's forward, evaluation) the chunks run without checkpoint, nothing being recomputed.
+
+All chunks run as one call of the LM head module (`over_chunks` makes the loop its forward for that
+call), so the hooks an engine puts on the module wrap them. Under DeepSpeed ZeRO-3 those hooks gather
+the head's partitioned parameters before the call and release them after, and around its backward
+gather them again (on the outputs' gradient, before any chunk recomputes) until the hidden states'
+gradient is complete; inside, each chunk calls the head's own forward, hook-free. Calling the head
+module once per chunk instead fails for a frozen head (LoRA, QLoRA): the chunk's recompute in backward
+gathers the weight, checkpoint keeps the parameter itself (it detaches only tensors that require
+grad), and the head's post-forward hook empties it before the matmul's backward reads it (torch's
+CheckpointError: recomputed [0] vs saved [V, h]). DeepSpeed's own tiled blocks did not fit:
+`TiledFusedLogitsLoss` runs each chunk's backward inside the forward with a unit incoming gradient, so a
+trained head's weight gradient misses engine.backward's 1/gradient_accumulation and fp16 loss scale (it
+scales only the hidden states' gradient), and it yields only a scalar (preference tuning needs
+per-token values); `SequenceTiledCompute` recomputes through the head module once per chunk in
+backward (two gathers per chunk: its call, then its pre-backward hook) and runs a nested backward per
+chunk, so a trained head's weight gradient lands once per chunk and needs DeepSpeed's
+`ds_grad_is_ready` flags to be reduced once; here autograd sums the chunks' weight gradients into one
+accumulation, as for any parameter used several times, and the same code runs under DDP and FSDP2.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -36,21 +55,36 @@ def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Ten
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum")
 
 
-def _head_then(fn: ChunkFunction, hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module) -> torch.Tensor:
-    return fn(head(hidden), targets)
+def _head_then(fn: ChunkFunction, hidden: torch.Tensor, targets: torch.Tensor,
+               project: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    return fn(project(hidden), targets)
 
 
-def over_chunks(fn: ChunkFunction, hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
-                chunks: int) -> list[torch.Tensor]:
-    """`fn(head(h), y)` for each of `chunks` chunks of positions (dim 1) of `hidden` and `targets`: with
-    autograd on, each under non-reentrant checkpoint (backward recomputes the chunk's logits)."""
+def _each_chunk(fn: ChunkFunction, project: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor,
+                targets: torch.Tensor, chunks: int) -> list[torch.Tensor]:
     import torch
     from torch.utils.checkpoint import checkpoint
 
     pieces = zip(hidden.chunk(chunks, dim=1), targets.chunk(chunks, dim=1), strict=True)
     if not torch.is_grad_enabled():
-        return [_head_then(fn, h, y, head) for h, y in pieces]
-    return [checkpoint(_head_then, fn, h, y, head, use_reentrant=False) for h, y in pieces]
+        return [_head_then(fn, h, y, project) for h, y in pieces]
+    return [checkpoint(_head_then, fn, h, y, project, use_reentrant=False) for h, y in pieces]
+
+
+def over_chunks(fn: ChunkFunction, hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor,
+                chunks: int) -> list[torch.Tensor]:
+    """`fn(head(h), y)` for each of `chunks` chunks of positions (dim 1) of `hidden` and `targets`: with
+    autograd on, each under non-reentrant checkpoint (backward recomputes the chunk's logits). One call
+    of `head`, the loop as its forward, so the module's hooks wrap every chunk (module doc)."""
+    own = head.__dict__.get("forward")  # a forward set on the instance (a library's wrapper) comes back
+    head.forward = functools.partial(_each_chunk, fn, head.forward)
+    try:
+        return head(hidden, targets, chunks)
+    finally:
+        if own is None:
+            del head.forward
+        else:
+            head.forward = own
 
 
 def chunked_cross_entropy(hidden: torch.Tensor, head: torch.nn.Module, labels: torch.Tensor, chunks: int,

@@ -23,6 +23,7 @@ from orchestrate.methods.lora.memory import (
     trainable_shape,
 )
 from orchestrate.methods.lora.offload import base_h2d_bytes
+from orchestrate.methods.lora.speed import quantized_linear_seconds
 from orchestrate.methods.spec import Alternative, Method, MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import software_terms
@@ -84,6 +85,12 @@ class AdapterTerms(MethodTerms):
             return 0.0
         return base_h2d_bytes(shape, strategy, shard_group_size(hw, strategy), self.adapters,
                               compute_bytes(strategy), accumulation) / hw.gpu.pcie_bandwidth
+
+    def compute_seconds(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
+                        accumulation: int) -> float:
+        if not hw.has_gpu or not self.adapters.quantized:
+            return 0.0
+        return accumulation * quantized_linear_seconds(shape, strategy)
 
 
 class Lora(Method):

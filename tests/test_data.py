@@ -41,14 +41,9 @@ def _plan(config, files: RunFiles | None = None):
     class _Plan:  # build_data reads only these attributes
         pass
 
-    from types import SimpleNamespace
-
-    from orchestrate.planner.strategy import Strategy
-
     plan = _Plan()
     plan.config, plan.files = config, files or RunFiles()
     plan.shape = shape_from_config(load_model_config(config))
-    plan.chosen = SimpleNamespace(strategy=Strategy("ddp", 0, "none", "none", "fp32", False, 1))  # no sequence split
     return plan
 
 

@@ -177,14 +177,14 @@ def test_sharding_backends_train_with_sequence_parallelism_as_one_rank_does(tmp_
     assert records[4]["eval_loss"] == pytest.approx(one_rank[4]["eval_loss"], abs=TOLERANCE)
 
 
-def test_a_plan_whose_sequence_or_heads_do_not_divide_is_refused_before_anything_is_built():
+def test_sequence_parallelism_of_a_model_that_is_no_causal_lm_is_refused_before_anything_is_built():
     from orchestrate.backends.sequence_parallel import sequence_parallel_problems
 
-    uneven = replace(SP_DDP, sequence_parallel=3)  # 4 heads, 2 kv heads, 16,384 tokens: none divides by 3
-    assert [p.where for p in sequence_parallel_problems(sp_plan(uneven, ranks=3))] == ["train.seq_len"] + [
-        "train.sequence_parallel"] * 2
-    # 2 kv heads over 4 ranks: each replicated on two
-    assert sequence_parallel_problems(sp_plan(replace(SP_DDP, sequence_parallel=4), ranks=4)) == []
+    assert sequence_parallel_problems(sp_plan()) == []
+    bert = make_plan(SP_DDP, config={"model": {"task": "masked-lm", "architecture": {
+        "model_type": "bert", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "intermediate_size": 128, "vocab_size": 300}}, "train": {"seq_len": 64}})
+    assert [p.where for p in sequence_parallel_problems(bert)] == ["train.sequence_parallel"]
 
 
 def test_the_rendered_steps_say_how_sequences_are_split():

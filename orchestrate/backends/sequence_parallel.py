@@ -54,22 +54,13 @@ def sequence_parallel_step(size: int) -> str:
 
 
 def sequence_parallel_problems(plan: RunPlan) -> list[Problem]:
-    """Why the plan's sequence parallelism cannot run on its model and data (empty: it can). Pure."""
-    n, shape, config = plan.chosen.strategy.sequence_parallel, plan.shape, plan.config
-    problems = []
-    if config.train.seq_len % n:
-        problems.append(Problem("train.seq_len", f"{config.train.seq_len} does not divide into {n} equal slices",
-                                f"use a multiple of {n}"))
-    if shape.num_heads % n:
-        problems.append(Problem("train.sequence_parallel", f"the model's {shape.num_heads} attention heads do not "
-                                f"divide over {n} ranks", "use a sequence_parallel that divides the head count"))
-    if shape.num_kv_heads % n and n % shape.num_kv_heads:  # fewer kv heads than ranks: each is replicated
-        problems.append(Problem("train.sequence_parallel", f"the model's {shape.num_kv_heads} key/value heads and "
-                                f"{n} ranks: neither divides the other", "use a sequence_parallel that does"))
+    """Why the plan's sequence parallelism cannot run on its model (empty: it can). Pure. The planner
+    guarantees the rest (planner/long_context.py: the degree divides the world, seq_len and the heads)."""
+    config = plan.config
     if config.model.task != "causal-lm" or config.model.module is not None:
-        problems.append(Problem("train.sequence_parallel", "sequence parallelism trains causal LMs of Hugging Face "
-                                "models (their attention is swapped for the all-to-all one)", "set it to 1"))
-    return problems
+        return [Problem("train.sequence_parallel", "sequence parallelism trains causal LMs of Hugging Face "
+                        "models (their attention is swapped for the all-to-all one)", "set it to 1")]
+    return []
 
 
 def start_sequence_parallel(plan: RunPlan, rank: int, world_size: int) -> SequenceParallel | None:
@@ -79,9 +70,6 @@ def start_sequence_parallel(plan: RunPlan, rank: int, world_size: int) -> Sequen
     if n == 1:
         return None
     problems = sequence_parallel_problems(plan)
-    if world_size % n:
-        problems.append(Problem("train.sequence_parallel", f"{world_size} ranks do not form groups of {n}",
-                                "use a sequence_parallel that divides the rank count"))
     if problems:
         raise UserError("the plan's sequence parallelism cannot run", problems)
     import torch.distributed as dist

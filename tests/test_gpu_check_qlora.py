@@ -74,8 +74,10 @@ def test_the_8b_entry_takes_the_longest_seq_len_that_fits(tmp_path):
     assert cfg["train"]["method"] == "qlora" and cfg["strategy"] == {"gpu_memory_headroom": 0.9}
     p = gpu_check.predict(cfg, hw)
     assert p["feasible"] and p["seq_len"] == 4096
-    assert p["strategy"] == "ddp-bf16-ac-actoff-embcpu-ce16-mlp4-mb1"
-    assert 6.5 * GiB < p["gpu_bytes"] <= 0.9 * 8 * GiB  # 7.15 GiB of the usable 7.2 at the default headroom
+    # with liger-kernel installed (the gpu extra) its fused norms too: the DDP engine's tiles hold 5 hidden-sized
+    # gradients per token (planner/constants.py CHECKPOINTED_SLICE_GRADIENTS)
+    assert p["strategy"] in ("ddp-bf16-ac-actoff-embcpu-ce16-mlp4-mb1", "ddp-bf16-ac-actoff-embcpu-ce16-mlp4-liger-mb1")
+    assert 6.5 * GiB < p["gpu_bytes"] <= 0.9 * 8 * GiB
     arch = json.loads((tmp_path / "base-llama3-8b" / "config.json").read_text())
     assert (arch["hidden_size"], arch["num_hidden_layers"], arch["num_key_value_heads"], arch["vocab_size"]) == (
         4096, 32, 8, 128256)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from orchestrate.config.requirements import (
     check_fused_kernels_library,
@@ -64,6 +64,11 @@ class ScheduleSection(Section):
 
     min_lr_ratio: float = Field(default=0.1, ge=0.0, le=1.0)
     """Cosine decay ends at `lr * min_lr_ratio` on the last step."""
+
+
+_COUNT_RANGES = {"micro_batch_size": (1, ""), "loss_chunks": (0, "0 (no chunking), "),
+                 "mlp_tiles": (0, "0 (one pass), "), "sequence_parallel": (1, "1 (off), ")}
+"""The integer-or-auto counts of `train`: (lowest value, what the lowest means where it switches the knob off)."""
 
 
 class TrainSection(Section):
@@ -155,32 +160,12 @@ class TrainSection(Section):
     next to the example); a relative path you write is relative to the YAML file's directory, as
     every path in it is."""
 
-    @field_validator("micro_batch_size")
+    @field_validator("micro_batch_size", "loss_chunks", "mlp_tiles", "sequence_parallel")
     @classmethod
-    def _positive_micro_batch(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not 0 < v <= MAX_COUNT:
-            raise ValueError("micro_batch_size must be a positive integer or auto")
-        return v
-
-    @field_validator("loss_chunks")
-    @classmethod
-    def _loss_chunks_range(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
-            raise ValueError("loss_chunks must be 0 (no chunking), a positive integer or auto")
-        return v
-
-    @field_validator("mlp_tiles")
-    @classmethod
-    def _mlp_tiles_range(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not 0 <= v <= MAX_COUNT:
-            raise ValueError("mlp_tiles must be 0 (one pass), a positive integer or auto")
-        return v
-
-    @field_validator("sequence_parallel")
-    @classmethod
-    def _sequence_parallel_range(cls, v: int | str) -> int | str:
-        if isinstance(v, int) and not 1 <= v <= MAX_COUNT:
-            raise ValueError("sequence_parallel must be 1 (off), a positive integer or auto")
+    def _count_range(cls, v: int | str, info: ValidationInfo) -> int | str:
+        lowest, off = _COUNT_RANGES[info.field_name]
+        if isinstance(v, int) and not lowest <= v <= MAX_COUNT:
+            raise ValueError(f"{info.field_name} must be {off}a positive integer or auto")
         return v
 
     @field_validator("method")

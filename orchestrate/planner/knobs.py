@@ -81,10 +81,14 @@ def block_input_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: in
 
 
 def offloaded_activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, c: int) -> float:
-    """Host bytes of the offloaded block inputs (every layer's); 0 without activation offload."""
+    """Host bytes of the offloaded block inputs (every layer's); 0 without activation offload. With the
+    chunked loss also the LM head's weight: the model's own one-position projection (`logits_to_keep=1`,
+    worker/chunked_loss.py) saves it, and save_on_cpu moves what is saved outside the recomputed blocks
+    (its backward never runs, so it is not brought back; counted in the transfer both ways, on the safe side)."""
     if not strategy.activation_offload:
         return 0.0
-    return shape.num_layers * block_input_bytes(shape, strategy, seq_len, c)
+    head = shape.logits_width * shape.hidden_size * c if strategy.loss_chunks else 0
+    return shape.num_layers * block_input_bytes(shape, strategy, seq_len, c) + head
 
 
 def optimizer_state_factor(strategy: Strategy) -> float:

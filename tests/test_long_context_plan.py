@@ -50,3 +50,24 @@ def test_two_cards_hold_at_least_1_8_times_one_cards_length():
     one, _ = bench.longest("qlora", [], bench.hardware(1, 8, 64))
     two, _ = bench.longest("qlora", [], bench.hardware(2, 8, 64))
     assert two >= 1.8 * one
+
+
+def test_runs_whose_samples_cannot_be_split_are_never_split():
+    """Preference pairs, known chat records packed together and other tasks' models: auto keeps each sample
+    on one rank, a pin > 1 is one error naming why (the worker would refuse them at start-up)."""
+    from orchestrate import api
+    from orchestrate.errors import UserError
+    from orchestrate.planning import plan_for
+
+    hw = bench.hardware(2, 8, 64)
+    base = ["train.method=qlora", "train.seq_len=4096", "train.global_batch_size=2", *bench.SETTINGS[:1]]
+    for extra, why in ((["preference.loss=dpo"], "reads whole sequences"),
+                       (["data.record_format=chat"], "attend to each other")):
+        plan = plan_for(api.load_config(bench.CONFIG, [*base, *extra]), hw)
+        assert all(c.strategy.sequence_parallel == 1 for c in plan.candidates)
+        with pytest.raises(UserError) as err:
+            plan_for(api.load_config(bench.CONFIG, [*base, *extra, "train.sequence_parallel=2"]), hw)
+        assert any(why in p.message and p.where == "train.sequence_parallel" for p in err.value.problems)
+    # plain text splits where one rank cannot hold the sample
+    split = plan_for(api.load_config(bench.CONFIG, ["train.method=qlora", "train.seq_len=65536", *bench.SETTINGS]), hw)
+    assert split.chosen.strategy.sequence_parallel == 2

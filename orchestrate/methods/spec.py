@@ -75,6 +75,9 @@ class MethodTerms:
     chunks_loss: bool = True
     """Its objective can take the causal-LM loss in chunks (planner/knobs.py); False where it needs the
     whole logits."""
+    splits_sequence: bool = True
+    """Its objective takes one rank's slice of each sequence (sequence parallelism, planner/long_context.py);
+    False where it brings its own objective over whole sequences."""
     names_longest_seq_len: bool = False
     """The plan's notes name the longest train.seq_len that fits (the search bisects it)."""
 

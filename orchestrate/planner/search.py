@@ -334,12 +334,33 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, shape: ModelShape, back
             for m in tiles for f in fused]
 
 
-def _sequence_parallel_options(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> list[int]:
+def _sequence_split_problems(config: RunConfig, methods: list[MethodTerms], packing: SamplePacking | None) -> list[Problem]:
+    """Why no sample of this run can be split over ranks (the worker's objective and data refuse these)."""
+    where, off = "train.sequence_parallel", "set sequence_parallel: 1 (or auto)"
+    out = []
+    if config.model.task != "causal-lm" or config.model.module is not None or config.data.module is not None:
+        out.append(Problem(where, "splits a Hugging Face causal LM's next-token loss; this model or its data "
+                           "is another kind", off))
+    if not all(method.splits_sequence for method in methods):
+        out.append(Problem(where, "the training method's objective reads whole sequences", off))
+    if packing is not None and packing.certain:
+        out.append(Problem(where, "packed chat or instruction samples would attend to each other across the "
+                           "split", "set data.packing: false, or sequence_parallel: 1 (or auto)"))
+    return out
+
+
+def _sequence_parallel_options(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
+                               unsplittable: list[Problem]) -> list[int]:
     """Degrees to try: the pin, or (auto) 1 and every degree the world, heads and sequence allow where a
-    backend runs it (long_context.py)."""
+    backend runs it (long_context.py); `unsplittable`: why this run cannot split its samples (a pin > 1 is
+    then an error)."""
     pinned = config.train.sequence_parallel
     if pinned != "auto":
+        if pinned > 1 and unsplittable:
+            raise UserError("Cannot plan this run: its samples cannot be split over ranks", unsplittable)
         return [pinned]
+    if unsplittable:
+        return [1]
     return [1, *sequence_parallel_degrees(shape, hw.world_size, config.train.seq_len)]
 
 
@@ -381,7 +402,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
     precision = resolve_precision(config, hw)
-    degrees = _sequence_parallel_options(config, hw, shape)
+    seq_len, packing = config.train.seq_len, sample_packing(config, hw, shape)
+    degrees = _sequence_parallel_options(config, hw, shape, _sequence_split_problems(config, methods, packing))
     # the micro-batches of each degree's data-parallel ranks; an indivisible batch is an error only where
     # no degree divides it (a batch of 1 on 2 cards trains with both on one sample's halves)
     micros, indivisible = {}, None
@@ -413,7 +435,6 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     # what embedding offload needs (knobs.py): a frozen embedding not tied to the head
     frozen, tied = any(method.freezes_base for method in methods), shape.tied_embeddings
     chunkable = all(method.chunks_loss for method in methods)
-    seq_len, packing = config.train.seq_len, sample_packing(config, hw, shape)
     kept: list[Candidate] = []
     refused: list[Problem] = []
     fused_library = hw.software.liger_kernel is not None

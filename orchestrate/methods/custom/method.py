@@ -21,6 +21,7 @@ class ModuleTerms(MethodTerms):
     """Your own module: its loss is its own (never chunked); without repeated block classes there is
     nothing to recompute."""
 
+    splits_sequence = False  # its objective reads whole sequences (the worker refuses a sequence split)
     chunks_loss = False
 
     def __init__(self, shape: ModelShape) -> None:

@@ -26,6 +26,7 @@ class DistillTerms(MethodTerms):
     """A distillation plan: the teacher as an auxiliary model; the KL needs the student's whole logits,
     so the loss is never chunked."""
 
+    splits_sequence = False  # its objective reads whole sequences (the worker refuses a sequence split)
     chunks_loss = False
 
     def __init__(self, teacher: AuxiliaryModel | None) -> None:

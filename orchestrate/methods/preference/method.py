@@ -41,6 +41,7 @@ class PreferenceTerms(MethodTerms):
     reference's log-probabilities are computed one chunk of positions at a time (objective.py), so
     the planner's logits term and the reference's forward price one chunk's logits."""
 
+    splits_sequence = False  # its objective reads whole sequences (the worker refuses a sequence split)
     chunks_loss = True
     names_longest_seq_len = True
 

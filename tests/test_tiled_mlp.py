@@ -56,6 +56,7 @@ def untiled() -> dict[str, tuple]:
     return {method: _loss_and_grads(_llama(method)) for method in ("full", "lora")}
 
 
+@pytest.mark.slow  # 16,384 tokens of attention on CPU: about a minute and a half for the four passes
 @pytest.mark.parametrize(("method", "tiles", "implementation"),
                          [("full", 4, "deepspeed"), ("full", 3, "checkpoint"), ("lora", 3, "deepspeed")])
 def test_tiled_mlps_give_the_untiled_loss_and_gradients(untiled, method, tiles, implementation):

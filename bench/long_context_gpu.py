@@ -354,7 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     args.cap_bytes = hw.gpu.memory_bytes
     no_gpu = "needs a CUDA GPU (" + ("--dry-run" if args.dry_run else "torch.cuda.is_available() is False") + ")"
 
-    length, plan = planned_longest(base, hw, args.steps, work, args.max_seq)
+    # orchestrate's own bound is the base's positions (its plan reaches past the peers' --max-seq on 8 GiB)
+    length, plan = planned_longest(base, hw, args.steps, work, architecture()["max_position_embeddings"])
     mine: dict = {"method": "orchestrate", "longest_seq_len": length}
     optim = "adamw_torch"
     if plan is not None:

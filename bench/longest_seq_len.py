@@ -9,8 +9,9 @@ Unsloth: docs "Unsloth benchmarks", context-length table (Llama-3.1-8B Instruct,
 gate, up, down, r=32, batch 1). ALST (arXiv 2506.13996, ArcticTraining projects/sequence-parallelism): full
 fine-tuning of Llama-3.1-8B, ZeRO-3 with CPU offload, 500,000 tokens on one H100 80 GB, 1,200,000 on one
 H200. Positions are raised to 2^21 for planning: RoPE takes any position, as ALST's runs past Llama-3.1's
-131,072 did. Each profile plans for a GPU machine with liger-kernel installed (orchestrate's `gpu` extra).
-`--short`: the 8 GiB and 2 x 8 GiB rows only (CI).
+131,072 did. Each profile plans for a GPU machine with liger-kernel installed (orchestrate's `gpu` extra);
+"no Liger" is the longest without its fused kernels (their numerics have not run on a GPU here yet).
+`--short`: the 8 GiB rows only (CI: tests/test_long_context_plan.py).
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ TARGETS = {(1, 8): 8_192, (1, 24): 150_000, (1, 80): 500_000}
 TWO_CARD_FACTOR = 1.8
 
 
-def hardware(cards: int, gpu_gib: int, cpu_gib: int):
+def hardware(cards: int, gpu_gib: int, cpu_gib: int, liger: str | None = LIGER):
+    """The profile of the row, with liger-kernel installed (or not: `liger` None)."""
     hw = HardwareFlags(gpus=cards, gpu_mem=f"{gpu_gib}GiB", cpu_mem=f"{cpu_gib}GiB", calibration=False).resolve()
-    return hw.model_copy(update={"software": hw.software.model_copy(update={"liger_kernel": LIGER})})
+    return hw.model_copy(update={"software": hw.software.model_copy(update={"liger_kernel": liger})})
 
 
 def longest(method: str, extra: list[str], hw) -> tuple[int, object]:
@@ -66,19 +68,20 @@ def main() -> None:
     args = parser.parse_args()
     extra = ["preference.loss=dpo"] if args.dpo else []
     rows = [r for r in ROWS if r[1] == 8] if args.short else ROWS
-    print(f"{'cards':>9} {'RAM':>7} {'longest':>9} {'tokens/s':>9} {'Unsloth':>8} {'ratio':>6} {'GPU/rank':>9} "
-          f"{'host':>8}  plan")
+    print(f"{'cards':>9} {'RAM':>7} {'longest':>9} {'tokens/s':>9} {'no Liger':>9} {'Unsloth':>8} {'ratio':>6} "
+          f"{'GPU/rank':>9} {'host':>8}  plan")
     found: dict[tuple[int, int], int] = {}
     start = time.perf_counter()
     for cards, gpu_gib, cpu_gib in rows:
         seq, best = longest(args.method, extra, hardware(cards, gpu_gib, cpu_gib))
+        unfused, _ = longest(args.method, extra, hardware(cards, gpu_gib, cpu_gib, liger=None))
         found[(cards, gpu_gib)] = seq
         unsloth = UNSLOTH.get(gpu_gib) if cards == 1 else None
         ratio = f"{seq / unsloth:.2f}" if unsloth else "-"
         speed = f"{best.speed.tokens_per_s:,.0f}" if best else "-"
         gpu = f"{best.memory.gpu_total / 2**30:.1f} GiB" if best else "-"
         host = f"{best.memory.cpu_total / 2**30:.0f} GiB" if best else "-"
-        print(f"{cards:>2} x {gpu_gib:>2}GiB {cpu_gib:>4}GiB {seq:>9,} {speed:>9} "
+        print(f"{cards:>2} x {gpu_gib:>2}GiB {cpu_gib:>4}GiB {seq:>9,} {speed:>9} {unfused:>9,} "
               f"{f'{unsloth:,}' if unsloth else '-':>8} {ratio:>6} {gpu:>9} {host:>8}  {best.name if best else 'none'}")
     print(f"({time.perf_counter() - start:.1f} s; ALST's published full fine-tuning point: "
           + ", ".join(f"{v:,} tokens on 1 x {k} GB" for k, v in ALST_FULL.items()) + ")")

@@ -25,7 +25,7 @@ EXPECTED = {
     "zero3-parameter-offload": "deepspeed-z3-offload_opt_cpu-offload_param_cpu",
     "qlora-ddp-chunked-loss": "ddp-bf16",  # with the pinned 8 loss chunks (CHUNKED)
     "qlora-fsdp2-full-shard": "fsdp-full-bf16",
-    "qlora-llama3-8b": "deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-ce",  # --qlora-8b: 8B on 8 GiB at 4096
+    "qlora-llama3-8b": "ddp-bf16-ac-actoff-embcpu-ce16-mlp4",  # --qlora-8b: 8B on 8 GiB at 4096
 }
 CHUNKED = "-ce8-"
 """The QLoRA entry's pinned loss chunks; its micro-batch and recompute are the planner's (on the H200 one

@@ -79,12 +79,13 @@ def test_sequence_parallelism_adds_the_exchanged_qkv_gradients_to_attention_back
 def test_a_rank_holds_its_slice_of_the_sequence(llama8b):
     from orchestrate.planner.memory import activation_bytes, logits_bytes
 
-    s = plain(sequence_parallel=4, loss_chunks=64, mlp_tiles=64)
+    s = plain(backend="fsdp", zero_stage=3, sequence_parallel=4, loss_chunks=64, mlp_tiles=64)
     assert lc.local_seq_len(s, 32_768) == 8_192
     alone = replace(s, sequence_parallel=1)
     # a rank's logits are its slice's: the same as one rank's at a quarter of the length
     assert logits_bytes(llama8b, s, 8_192) == logits_bytes(llama8b, alone, 8_192)
-    # with the MLP tiled, attention's backward is the larger phase: its exchanged gradients count
+    # with the MLP tiled by DeepSpeed's TiledMLP, attention's backward is the larger phase: its exchanged
+    # gradients count
     assert activation_bytes(llama8b, s, 8_192) > activation_bytes(llama8b, alone, 8_192)
 
 

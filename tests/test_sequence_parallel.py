@@ -23,8 +23,8 @@ SP_DDP = replace(Strategy("ddp", 0, "none", "none", "fp32", False, 1), sequence_
 TOLERANCE = 1e-5
 
 
-def sp_plan(strategy: Strategy = SP_DDP, seq_len: int = LONG, **train):
-    return make_plan(strategy, config={"model": {"architecture": dict(LLAMA)},
+def sp_plan(strategy: Strategy = SP_DDP, seq_len: int = LONG, ranks: int = 2, **train):
+    return make_plan(strategy, ranks, config={"model": {"architecture": dict(LLAMA)},
                                        "train": {"seq_len": seq_len, "global_batch_size": 1, **train}})
 
 
@@ -94,35 +94,22 @@ def test_ddp_sequence_parallel_loss_and_gradients_equal_one_rank_on_the_whole_se
             torch.testing.assert_close(grads[name], g, atol=TOLERANCE, rtol=0, msg=name)
 
 
-def worker_plan(sequence_parallel: int, ranks: int):
-    """A run of the real worker: demo corpus, the loss in chunks, a checkpoint every 2 steps."""
-    strategy = replace(Strategy("ddp", 0, "none", "none", "fp32", False, 1), loss_chunks=2,
+def worker_plan(sequence_parallel: int, ranks: int, backend: str = "ddp", stage: int = 0, loss_chunks: int = 2):
+    """A run of the real worker: demo corpus, the loss in chunks, a checkpoint every 2 steps; one key/value
+    head, which 2 sequence-parallel ranks each hold a copy of."""
+    strategy = replace(Strategy(backend, stage, "none", "none", "fp32", False, 1), loss_chunks=loss_chunks,
                        sequence_parallel=sequence_parallel)
     return make_plan(strategy, ranks, config={
-        "model": {"architecture": dict(LLAMA)}, "data": {"generate_demo_corpus": True},
+        "model": {"architecture": {**LLAMA, "num_key_value_heads": 1}}, "data": {"generate_demo_corpus": True},
         "train": {"seq_len": 512, "global_batch_size": 2, "max_steps": 4, "checkpoint_every": 2, "eval_batches": 2,
                   "optimizer": {"lr": 1e-2}, "schedule": {"warmup_steps": 1}, "report_to": ["none"]}})
 
 
-def _run_worker(plan_path: str, resume_at: int = 0) -> int:
-    """The worker on these ranks (`orchestrate.worker.main.train`); with `resume_at`, once more after rank 0
-    dropped every checkpoint past that step, so it resumes from it."""
-    import os
-    import shutil
-
-    from orchestrate.run.checkpoints import checkpoint_root, step_dir_name
+def _run_worker(plan_path: str) -> int:
+    """The worker on these ranks (`orchestrate.worker.main.train`), as torchrun starts it."""
     from orchestrate.worker.main import train
     from orchestrate.worker.signals import StopRequest
 
-    code = train(Path(plan_path), StopRequest())
-    if not resume_at:
-        return code
-    root = checkpoint_root(Path(plan_path).parent)
-    if os.environ["RANK"] == "0":  # the process group is gone: train() ended it
-        shutil.copy(root.parent / "metrics.jsonl", root.parent / "metrics-first.jsonl")
-        for ckpt in root.glob("step-*"):
-            if ckpt.name > step_dir_name(resume_at):
-                shutil.rmtree(ckpt)
     return train(Path(plan_path), StopRequest())
 
 
@@ -132,20 +119,34 @@ def _records(path: Path) -> dict[int, dict]:
     return {r["step"]: r for r in map(json.loads, path.read_text().splitlines())}
 
 
-@pytest.mark.slow
-def test_the_worker_trains_and_resumes_with_sequence_parallelism_as_one_rank_does(tmp_path):
-    """2 ranks, one sequence-parallel group, through the worker's stages (data, engine, loop, evaluation,
-    checkpoints): every step's loss and the eval loss equal a 1-rank run's on the same samples; resumed
-    from step 2, steps 3 and 4 repeat bit for bit."""
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory) -> dict[int, dict]:
+    """The metrics of the worker's plain run on one rank (the reference of the sequence-parallel runs)."""
     from orchestrate.launch.rundir import prepare_run
 
-    sp_dir, plain_dir = tmp_path / "sp", tmp_path / "plain"
+    run_dir = tmp_path_factory.mktemp("plain")
+    prepare_run(worker_plan(1, 1), run_dir)
+    assert run_on_ranks(_run_worker, 1, str(run_dir / "plan.json")) == {0: 0}
+    return _records(run_dir / "metrics.jsonl")
+
+
+@pytest.mark.slow
+def test_the_worker_trains_and_resumes_with_sequence_parallelism_as_one_rank_does(tmp_path, one_rank):
+    """DDP, 2 ranks, one sequence-parallel group, through the worker's stages (data, engine, loop,
+    evaluation, checkpoints): every step's loss and the eval loss equal a 1-rank run's on the same
+    samples; resumed from step 2, steps 3 and 4 repeat bit for bit."""
+    import shutil
+
+    from orchestrate.launch.rundir import prepare_run
+    from orchestrate.run.checkpoints import checkpoint_root, step_dir_name
+
+    sp_dir = tmp_path / "sp"
     prepare_run(worker_plan(2, 2), sp_dir)
-    prepare_run(worker_plan(1, 1), plain_dir)
-    assert run_on_ranks(_run_worker, 2, str(sp_dir / "plan.json"), 2) == {0: 0, 1: 0}
-    assert run_on_ranks(_run_worker, 1, str(plain_dir / "plan.json")) == {0: 0}
-    first, resumed, plain = (_records(p) for p in (sp_dir / "metrics-first.jsonl", sp_dir / "metrics.jsonl",
-                                                   plain_dir / "metrics.jsonl"))
+    assert run_on_ranks(_run_worker, 2, str(sp_dir / "plan.json")) == {0: 0, 1: 0}
+    first = _records(sp_dir / "metrics.jsonl")
+    shutil.rmtree(checkpoint_root(sp_dir) / step_dir_name(4))  # the newest left is step 2's: resumed from it
+    assert run_on_ranks(_run_worker, 2, str(sp_dir / "plan.json")) == {0: 0, 1: 0}
+    resumed, plain = _records(sp_dir / "metrics.jsonl"), one_rank
     for step in range(1, 5):
         print(f"step {step}: sequence-parallel {first[step]['loss']:.6f}, resumed {resumed[step]['loss']:.6f}, "
               f"1 rank {plain[step]['loss']:.6f}")
@@ -154,3 +155,41 @@ def test_the_worker_trains_and_resumes_with_sequence_parallelism_as_one_rank_doe
         assert resumed[step]["loss"] == first[step]["loss"]  # bit for bit, steps 3 and 4 recomputed
     assert first[4]["eval_loss"] == pytest.approx(plain[4]["eval_loss"], abs=TOLERANCE)
     assert resumed[4]["eval_loss"] == first[4]["eval_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("backend", "stage", "loss_chunks"), [("fsdp", 3, 2), ("deepspeed", 3, 0)])
+def test_sharding_backends_train_with_sequence_parallelism_as_one_rank_does(tmp_path, one_rank, backend, stage,
+                                                                           loss_chunks):
+    """FSDP2 and DeepSpeed ZeRO-3 shard over both ranks of the sequence-parallel group: the worker's
+    losses and eval loss equal the 1-rank run's (the chunked loss equals the whole one: test_chunked_loss)."""
+    from orchestrate.launch.rundir import prepare_run
+
+    prepare_run(worker_plan(2, 2, backend, stage, loss_chunks), tmp_path)
+    assert run_on_ranks(_run_worker, 2, str(tmp_path / "plan.json")) == {0: 0, 1: 0}
+    records = _records(tmp_path / "metrics.jsonl")
+    for step in range(1, 5):
+        print(f"step {step}: {backend} sequence-parallel {records[step]['loss']:.6f}, 1 rank {one_rank[step]['loss']:.6f}")
+        assert records[step]["loss"] == pytest.approx(one_rank[step]["loss"], abs=TOLERANCE)
+    assert records[4]["eval_loss"] == pytest.approx(one_rank[4]["eval_loss"], abs=TOLERANCE)
+
+
+def test_a_plan_whose_sequence_or_heads_do_not_divide_is_refused_before_anything_is_built():
+    from orchestrate.backends.sequence_parallel import sequence_parallel_problems
+
+    uneven = replace(SP_DDP, sequence_parallel=3)  # 4 heads, 2 kv heads, 16,384 tokens: none divides by 3
+    assert [p.where for p in sequence_parallel_problems(sp_plan(uneven, ranks=3))] == ["train.seq_len"] + [
+        "train.sequence_parallel"] * 2
+    # 2 kv heads over 4 ranks: each replicated on two
+    assert sequence_parallel_problems(sp_plan(replace(SP_DDP, sequence_parallel=4), ranks=4)) == []
+
+
+def test_the_rendered_steps_say_how_sequences_are_split():
+    from orchestrate.backends.ddp import ddp_settings
+    from orchestrate.backends.fsdp import fsdp_settings
+
+    for settings in (ddp_settings(sp_plan(seq_len=64)),
+                     fsdp_settings(sp_plan(replace(SP_DDP, backend="fsdp", zero_stage=3), seq_len=64))):
+        assert any("sequence parallelism over groups of 2" in step for step in settings["steps"])
+    plain = ddp_settings(sp_plan(replace(SP_DDP, sequence_parallel=1), seq_len=64))
+    assert not any("sequence parallelism" in step for step in plain["steps"])

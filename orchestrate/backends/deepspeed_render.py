@@ -65,7 +65,10 @@ def render_config(plan: RunPlan) -> dict[str, Any]:
     micro = strategy.micro_batch_size
     accumulation = plan.chosen.gradient_accumulation
     cfg: dict[str, Any] = {
-        # DeepSpeed asserts train = micro x accumulation x world (runtime/config.py, _batch_assertion).
+        # DeepSpeed asserts train = micro x accumulation x world (runtime/config.py, _batch_assertion). Under
+        # sequence parallelism it is given no groups (no mpu, no sequence_parallel_size): it takes every rank
+        # for data parallel, shards and averages gradients over all, which the loss's reduction expects
+        # (backends/sequence_parallel.py); its batch count then counts each sample once per slice.
         "train_batch_size": micro * accumulation * plan.world_size,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accumulation,

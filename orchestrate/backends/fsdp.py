@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.backends.base import device_process_group, require_runnable
 from orchestrate.backends.safe_load import weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
+from orchestrate.backends.sequence_parallel import sequence_parallel_step
 from orchestrate.backends.torch_engine import (
     DTYPES,
     TorchEngine,
@@ -83,6 +84,7 @@ def fsdp_settings(plan: RunPlan) -> dict[str, Any]:
         "optimizer": adamw_settings(train, fused=hw.has_gpu and s.offload_params == "none"),
         "activation_offload": s.activation_offload,
         "mlp_tiles": s.mlp_tiles,
+        "sequence_parallel": s.sequence_parallel,  # the mesh still spans every rank: ZeRO shards over all
         "schedule": schedule_settings(train),
         "seed": train.seed,
     }
@@ -113,6 +115,7 @@ def _describe(st: dict[str, Any]) -> list[str]:
         f"each step: {st['gradient_accumulation']} micro-batch(es) of {st['micro_batch_size']}, gradient reduce-scatter "
         f"on {st['gradient_sync'].replace('_', ' ')}, clip global norm to {st['grad_clip'] or 'off'}"
         + (", dynamic fp16 loss scaling (ShardedGradScaler)" if st["loss_scaling"] else ""),
+        *([sequence_parallel_step(st["sequence_parallel"])] if st["sequence_parallel"] > 1 else []),
     ]
     return steps
 
@@ -242,9 +245,9 @@ class FSDPBackend:
     zero_stages = (2, 3)
     preference = 1
     priced_as = "fsdp"
-    # tests/test_memory_knobs_train.py, tests/test_tiled_mlp_train.py; adamw8bit gets DTensor parameters here
-    # (bench/verify_knob_combos.py); fused_kernels as under DDP
-    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles"})
+    # tests/test_memory_knobs_train.py, tests/test_tiled_mlp_train.py, tests/test_sequence_parallel.py; adamw8bit
+    # gets DTensor parameters here (bench/verify_knob_combos.py); fused_kernels as under DDP
+    knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles", "sequence_parallel"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:
         return True  # both stages shard the parameters (DTensor); shard-grad-op only keeps them gathered

@@ -101,6 +101,10 @@ class BlockCompute:
     """The MLP runs as DeepSpeed's TiledMLP (deepspeed/runtime/sequence_parallel/ulysses_sp.py): forward
     over `mlp_tiles` slices under no_grad, saving only the MLP's input; backward recomputes one slice at a
     time with grad and accumulates the input gradient into one full-size buffer (`x_grad`). 0: one pass."""
+    slice_gradients: int = 2
+    """Hidden-sized tensors per token a tiled MLP's backward holds beside one slice's working set: 2 for
+    DeepSpeed's TiledMLP (its full-size `x_grad` and the incoming gradient), more where the slices are
+    torch checkpoints (planner/constants.py CHECKPOINTED_SLICE_GRADIENTS)."""
     sequence_parallel: int = 1
     """Ulysses: attention's backward exchanges the q, k, v gradients back over all-to-all, so a second copy
     of them exists while it runs (deepspeed/runtime/sequence_parallel/ulysses_sp.py _SeqAllToAll)."""
@@ -217,11 +221,12 @@ def attention_gradient_bytes_per_token(shape: ModelShape, c: int, compute: Block
 
 def backward_transient_bytes(shape: ModelShape, c: int, tokens: int, compute: BlockCompute = PLAIN) -> float:
     """Gradients a block's backward holds beside what it saved, for a micro-batch of `tokens`: the larger of
-    its MLP's phase (`backward_transient_bytes_per_token`; a tiled MLP instead its full-size input gradient
-    `x_grad`, c·h per token, and one slice's working set, `tile_bytes`) and its attention's phase."""
+    its MLP's phase (`backward_transient_bytes_per_token`; a tiled MLP instead its full-size input gradients,
+    `slice_gradients` x c·h per token, and one slice's working set, `tile_bytes`) and its attention's phase."""
     if shape.model_type not in FAMILY_BLOCKS:
         return backward_transient_bytes_per_token(shape, c) * tokens
-    mlp = (2 * c * shape.hidden_size * tokens + tile_bytes(shape, c, tokens, compute) if compute.mlp_tiles
+    mlp = (compute.slice_gradients * c * shape.hidden_size * tokens + tile_bytes(shape, c, tokens, compute)
+           if compute.mlp_tiles
            else backward_transient_bytes_per_token(shape, c) * tokens)
     return max(mlp, attention_gradient_bytes_per_token(shape, c, compute) * tokens)
 

@@ -29,6 +29,14 @@ LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 = 16
 """fp32 training: the 16-bit copies of the measured 12 become 4-byte ones (extrapolated; to be
 calibrated)."""
 
+CHECKPOINTED_SLICE_GRADIENTS = 5
+"""Hidden-sized tensors per token the backward of an MLP tiled with a torch checkpoint per slice (the DDP
+engine's, loading/tiled_mlp.py) holds beside one slice's working set: the slices' input gradients wait for
+the split's backward to join them, then the joined gradient and the incoming one (DeepSpeed's TiledMLP
+holds 2). Simulated (fake tensors, `orchestrate plan --simulate`): a 2-block Llama shape of hidden 256 and
+intermediate 3584 at seq 16,384 in 16 slices, bf16, peaked 3 x c·h per token above the TiledMLP count under
+DDP, and below it under FSDP2 (tests/test_long_context_simulation.py)."""
+
 # --------------------------------------------------------------------------------------------------
 # What a simulation cannot see (GPU only): margins, to be calibrated on a real 8 GB GPU
 # --------------------------------------------------------------------------------------------------

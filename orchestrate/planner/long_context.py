@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.backends.registry import runs_knob
+from orchestrate.backends.registry import priced_as, runs_knob
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner import constants as k
 from orchestrate.planner.activations import FAMILY_BLOCKS, BlockCompute
 from orchestrate.planner.strategy import Strategy
 
@@ -42,7 +43,11 @@ FUSED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "phi3", "gemma"})
 
 
 def block_compute(strategy: Strategy) -> BlockCompute:
+    # the DDP engine tiles with a torch checkpoint per slice, the sharding engines with DeepSpeed's TiledMLP
+    # (loading/tiled_mlp.py)
+    checkpointed = priced_as(strategy.backend) == "ddp"
     return BlockCompute(fused=strategy.fused_kernels, mlp_tiles=strategy.mlp_tiles,
+                        slice_gradients=k.CHECKPOINTED_SLICE_GRADIENTS if checkpointed else 2,
                         sequence_parallel=strategy.sequence_parallel)
 
 

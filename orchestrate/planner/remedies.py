@@ -28,7 +28,7 @@ def _replan(config: RunConfig, hw: HardwareProfile, shape: ModelShape) -> Candid
         config = config.model_copy(update={"train": config.train.model_copy(
             update={"global_batch_size": -(-batch // world) * world})})
     try:
-        plan = make_plan(config, hw, shape)
+        plan = make_plan(config, hw, shape, fitting_only=True)
     except UserError:
         return None
     return plan.chosen if isinstance(plan, RunPlan) else None

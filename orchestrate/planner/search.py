@@ -367,11 +367,13 @@ def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
 
 
 def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
-              auxiliary: dict[str, ModelShape] | None = None) -> RunPlan | Refusal:
+              auxiliary: dict[str, ModelShape] | None = None, fitting_only: bool = False) -> RunPlan | Refusal:
     """Every candidate, best first: a RunPlan whose `chosen` is the fastest fitting one, or a Refusal
     when none fits (see module doc);
     `auxiliary`: the shapes of the methods' auxiliary models (the distillation teacher's), counted in
-    every candidate."""
+    every candidate; `fitting_only`: what fits is all the caller asks (the remedies' variations): a
+    sharding whose every knob on still overflows the GPU is not weighed further, no closest candidate is
+    kept for it, and no longest length is bisected."""
     if is_auto(config):
         return _method_plan(config, hw, shape, auxiliary)
     methods = method_terms(config, shape, auxiliary)  # a UserError for method settings that do not fit the model
@@ -454,6 +456,13 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
         # every MLP, more than any other knob, and fused kernels are not priced as faster.
         plain = [s for s in runnable if not s.mlp_tiles and not s.fused_kernels]
         later = [s for s in runnable if s.mlp_tiles or s.fused_kernels]
+        if (fitting_only or degree > 1) and limits.gpu is not None:
+            # every knob on at the smallest micro-batch holds the least on the GPU: over there, nothing fits
+            # (a sequence split that cannot fit is left out of the table too: it ranks after the rest)
+            least = min(runnable, key=lambda s: (-len(_knobs_on(s)), s.micro_batch_size))
+            if _candidate(shape, hw, least, seq_len, per_rank // least.micro_batch_size, limits, methods,
+                          packing).memory.gpu_total > limits.gpu:
+                return None
         tried = evaluate(plain)
         if later and not any(c.fits for c in tried):
             most = min(later, key=lambda s: (-len(_knobs_on(s)), s.micro_batch_size))
@@ -471,6 +480,8 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
 
     if not kept and not refused and indivisible:  # the batch divides only by degrees no backend runs
         raise indivisible
+    if not kept and fitting_only:
+        return Refusal(config=config, hardware=hw, shape=shape, candidates=[], notes=[])
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     # a method may rank a fitting candidate after the others (LoRA's offload: no GPU has run it)
@@ -478,7 +489,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
                      key=lambda c: (any(m.ranks_last(c.strategy) for m in methods), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
-    if any(method.names_longest_seq_len for method in methods):
+    if any(method.names_longest_seq_len for method in methods) and not fitting_only:
         def most_knobs(strategy: Strategy, seq: int) -> Strategy:
             """`strategy` at `seq` with every knob auto may turn on there, at micro-batch 1 where auto."""
             combos = _knob_combos(config, hw, shape, strategy.backend, strategy.activation_checkpointing,

@@ -51,9 +51,14 @@ def block_compute(strategy: Strategy) -> BlockCompute:
                         sequence_parallel=strategy.sequence_parallel)
 
 
+def slice_length(seq_len: int, degree: int) -> int:
+    """Tokens of each sample one rank holds when `degree` ranks split it."""
+    return math.ceil(seq_len / degree)
+
+
 def local_seq_len(strategy: Strategy, seq_len: int) -> int:
     """Tokens of each sample one rank holds (the whole sequence without sequence parallelism)."""
-    return math.ceil(seq_len / strategy.sequence_parallel)
+    return slice_length(seq_len, strategy.sequence_parallel)
 
 
 def auto_mlp_tiles(tokens: int) -> int:

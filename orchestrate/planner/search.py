@@ -54,10 +54,10 @@ from orchestrate.planner.knobs import (
 from orchestrate.planner.long_context import (
     auto_mlp_tiles,
     fuses,
-    local_seq_len,
     long_context_note,
     long_context_problems,
     sequence_parallel_degrees,
+    slice_length,
     tiles_mlp,
 )
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
@@ -318,8 +318,7 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, shape: ModelShape, back
     chunks; `sequence_parallel`: the degree tried (the chunks and tiles count a rank's slice); `seq_len`:
     another length than train.seq_len's."""
     t = config.train
-    local = local_seq_len(Strategy(backend, 0, "none", "none", "fp32", False, 1,
-                                   sequence_parallel=sequence_parallel), seq_len or t.seq_len)
+    local = slice_length(seq_len or t.seq_len, sequence_parallel)
     chunks = knob_options(t.loss_chunks, backend, "loss_chunks", config.model.task == "causal-lm" and chunkable,
                           (0, auto_loss_chunks(local)))
     offload = knob_options(t.activation_offload, backend, "activation_offload", hw.has_gpu and checkpointing,
@@ -438,21 +437,29 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     kept: list[Candidate] = []
     refused: list[Problem] = []
     fused_library = hw.software.liger_kernel is not None
+    embedding_offloadable = not embedding_offload_problems(frozen, tied, hw.has_gpu)
+
+    def cannot_run(strategy: Strategy, seq: int) -> list[Problem]:
+        """A pinned knob where it cannot run (knobs.py, long_context.py)."""
+        return (knob_problems(strategy, hw.has_gpu, frozen, tied)
+                + long_context_problems(strategy, shape, hw.has_gpu, fused_library, hw.world_size, seq))
+
+    def combos_of(backend: str, checkpointing: bool, degree: int, seq: int | None = None) -> list[tuple]:
+        return _knob_combos(config, hw, shape, backend, checkpointing, has_8bit_optimizer, embedding_offloadable,
+                            chunkable, degree, seq)
 
     def weigh(base: Sharding, checkpointing: bool, degree: int) -> Candidate | None:
         """The kept candidate of one sharding, recompute setting and sequence-parallel degree: the best
         fitting knob combination, else the closest to fitting; None where no combination can run."""
         if degree > 1 and config.train.sequence_parallel == "auto" and not runs_knob(base.backend, "sequence_parallel"):
             return None  # auto tries the split only where the backend runs it
-        combos = _knob_combos(config, hw, shape, base.backend, checkpointing, has_8bit_optimizer,
-                              not embedding_offload_problems(frozen, tied, hw.has_gpu), chunkable, degree)
+        combos = combos_of(base.backend, checkpointing, degree)
         runnable = []
         for strategy in (Strategy(base.backend, base.zero_stage, base.offload_optimizer, base.offload_params,
                                   precision, checkpointing, micro, base.hybrid_shard, chunks, offload, opt, emb,
                                   tiles, degree, fused)
                          for micro in micros[degree] for chunks, offload, opt, emb, tiles, fused in combos):
-            found = (knob_problems(strategy, hw.has_gpu, frozen, tied)  # a pinned knob where it cannot run
-                     + long_context_problems(strategy, shape, hw.has_gpu, fused_library, hw.world_size, seq_len))
+            found = cannot_run(strategy, seq_len)
             refused.extend(p for p in found if p not in refused)
             if not found:
                 runnable.append(strategy)
@@ -513,16 +520,12 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     if any(method.names_longest_seq_len for method in methods) and not fitting_only:
         def most_knobs(strategy: Strategy, seq: int) -> Strategy:
             """`strategy` at `seq` with every knob auto may turn on there, at micro-batch 1 where auto."""
-            combos = _knob_combos(config, hw, shape, strategy.backend, strategy.activation_checkpointing,
-                                  has_8bit_optimizer, not embedding_offload_problems(frozen, tied, hw.has_gpu),
-                                  chunkable, strategy.sequence_parallel, seq)
+            combos = combos_of(strategy.backend, strategy.activation_checkpointing, strategy.sequence_parallel, seq)
             chunks, offload, opt, emb, tiles, fused = combos[-1]  # each knob's options end with its "on"
             most = replace(strategy, loss_chunks=chunks, activation_offload=offload, optimizer=opt,
                            embedding_offload=emb, mlp_tiles=tiles, fused_kernels=fused,
                            micro_batch_size=1 if config.train.micro_batch_size == "auto" else strategy.micro_batch_size)
-            runs = not (knob_problems(most, hw.has_gpu, frozen, tied)
-                        or long_context_problems(most, shape, hw.has_gpu, fused_library, hw.world_size, seq))
-            return most if runs else strategy
+            return strategy if cannot_run(most, seq) else most
 
         longest, on = max(_longest_seq_len(shape, hw, c, limits, methods, packing, most_knobs)
                           for c in fitting + rest)

@@ -2,10 +2,10 @@
 
 bitsandbytes runs each NF4 linear as a dequantization of the whole weight to the compute dtype followed
 by a 16-bit GEMM (bitsandbytes/autograd/_functions.py MatMul4Bit: forward, and again in backward for the
-input gradient), and peft adds the adapter's small matmuls beside it. The model's FLOPs at the GPU's rate
-(planner/speed.py) priced the H200 session's QLoRA runs at 62k tokens/s where they ran at 12-13k: the rest
-is a time per quantized linear and micro-batch (planner/constants.py QUANTIZED_LINEAR_SECONDS) that does
-not shrink with fewer tokens, so it ranks QLoRA candidates with more micro-batches or recompute as slower.
+input gradient), and peft adds the adapter's small matmuls beside it. Beyond the model's FLOPs at the GPU's
+rate (planner/speed.py) each quantized linear takes a time per call that does not shrink with fewer tokens
+(planner/constants.py QUANTIZED_LINEAR_SECONDS, where its measurement is), so QLoRA candidates with more
+micro-batches, recompute or MLP slices rank as slower.
 """
 
 from __future__ import annotations

@@ -125,6 +125,36 @@ def test_cli_imports_only_the_api_and_the_errors():
     assert GRAPH["orchestrate.cli"] <= {"orchestrate.api", "orchestrate.errors"}
 
 
+LAYERS = ("errors", "ports", "library_messages", "run", "config", "hardware", "model", "planner", "data",
+          "loading", "backends", "methods", "simulate", "worker", "report", "planning", "launch", "transports",
+          "agent", "loop_api", "export", "chat", "presets", "api", "cli", "__main__", "__init__")
+"""The packages (and top-level modules) from the lowest to the highest: a package builds on the ones
+before it. The data flow (config -> hardware -> model -> plan -> backend -> worker) reads left to right;
+methods/ sits above what it hands values to (planner, data, backends) and below the worker that runs it."""
+
+CLIMB_BUDGET = 82
+"""Imports from a lower package into a higher one today: the count may fall, never rise."""
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYERS.index(parts[1] if len(parts) > 1 else "__init__")
+
+
+def climbing_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    return sorted((m, t) for m, targets in graph.items() for t in targets if _layer(m) < _layer(t))
+
+
+def test_every_package_has_a_layer():
+    assert {m.split(".")[1] for m in SOURCES if "." in m} <= set(LAYERS)
+
+
+def test_imports_that_climb_from_a_lower_package_into_a_higher_one_stay_within_the_budget():
+    climbs = climbing_imports(GRAPH)
+    print(f"{len(climbs)} climbing imports:", *(f"{m} -> {t}" for m, t in climbs), sep="\n  ")
+    assert len(climbs) <= CLIMB_BUDGET
+
+
 def _string_constants(tree: ast.Module) -> list[tuple[str, int]]:
     docstrings = {id(n.body[0].value) for n in ast.walk(tree)
                   if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))

@@ -63,3 +63,14 @@ def test_tiled_mlp_speed_runs_its_short_mode(capsys):
     assert [row[:24].strip() for row in rows] == ["untiled", "4 tiles, deepspeed", "4 tiles, checkpoint"]
     peaks = [float(row.split()[-1]) for row in rows]
     assert max(peaks[1:]) < peaks[0]
+
+
+def test_fits_8gb_runs_its_short_mode_and_prints_the_readme_s_rows(capsys):
+    """bench/fits_8gb.py --short: the README's "what fits on 8 GiB" rows, each of them in the README."""
+    from bench.fits_8gb import main
+
+    assert main(["--short"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    assert len(rows) == 9
+    readme = (BENCH.parent / "README.md").read_text()
+    assert [row for row in rows if row not in readme] == []

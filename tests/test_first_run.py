@@ -1,11 +1,15 @@
 """What a newcomer's first run shows: `make demo` (examples/tiny-gpt2.yaml on 2 CPU ranks) prints rank
 0's progress plainly, ends with a memory verdict that compares like with like (the live-tensor peak
 against the tensor prediction, within its tolerance, no warning), carries no library line a user
-cannot act on, and writes its run under ./runs of the working directory, not beside the example.
+cannot act on, and writes its run under ./runs of the working directory, not beside the example; its losses and saved bytes
+are the recorded ones (tests/golden/demo_4_steps.json).
 Also the live-tensor counter itself (orchestrate/worker/tensor_peak.py) on known allocations."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 from pathlib import Path
 
@@ -65,3 +69,18 @@ def test_the_demo_shows_plain_progress_a_verdict_within_tolerance_and_no_library
     assert tolerance and verdict, out
     assert 0.9 <= float(verdict.group(1)) <= 1 + int(tolerance.group(1)) / 100, out
     assert "CPU worker RSS peak per rank" in out and "shown, not compared" in out, out
+    _same_losses_and_bytes_as_recorded(run_dir)
+
+
+DEMO_RECORDING = ROOT / "tests" / "golden" / "demo_4_steps.json"
+"""The 4-step demo's losses and its saved model's sha256: a refactor leaves them equal (the run is
+deterministic on CPU). A change meant to move them re-records: ORCHESTRATE_RECORD_DEMO=1."""
+
+
+def _same_losses_and_bytes_as_recorded(run_dir: Path) -> None:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    found = {"losses": [[r["step"], r[key]] for r in records for key in ("loss", "eval_loss") if key in r],
+             "model.safetensors": hashlib.sha256((run_dir / "model" / "model.safetensors").read_bytes()).hexdigest()}
+    if os.environ.get("ORCHESTRATE_RECORD_DEMO"):
+        DEMO_RECORDING.write_text(json.dumps(found, indent=1) + "\n")
+    assert found == json.loads(DEMO_RECORDING.read_text())

@@ -4,9 +4,9 @@ it imports what every worker needs (torch, torchrun, the worker's code, the mode
 code); then it runs the launcher's torchrun argument list with the workers forked from it
 (torchrun's `start_method="fork"`), so no worker imports any of that again.
 
-Why: on the demo (2 CPU ranks) `import torch` plus transformers' GPT-2 code is about 3 s of the
-5 s to step 1, and a spawned torchrun worker pays it again after the launcher paid for torch;
-started this way the chain is one import, overlapped with planning (bench/startup_stages.py).
+Why: `import torch` plus the model's transformers code is most of a small run's time to step 1, and
+a spawned torchrun worker pays it again after the launcher paid for torch; started this way the
+chain is one import, overlapped with planning (docs/measurements.md#agentprocesspy).
 Why a process and not the launcher itself: a forked worker inherits its parent's state, and the
 launcher has threads (progress bar, output pumps) and may have asked CUDA whether a GPU is there
 (`LocalTorchrun.check`); the agent has done neither when it forks (it never calls CUDA).
@@ -103,8 +103,8 @@ def main(reply_fd: int) -> int:
     first = _read_message()
     if first is None:
         return 0
-    # No cyclic garbage collection while some 3,000 modules import (it finds next to nothing there;
-    # about 0.5 s of 3.1 s in a one-off timing of import_worker_code with and without it). Then the
+    # No cyclic garbage collection while the workers' modules import (it finds next to nothing there
+    # and costs a sizeable share of the import: docs/measurements.md#agentprocesspy). Then the
     # imported objects are frozen out of the collector's view, so the forked ranks neither scan them
     # nor copy their pages by touching them (gc.freeze's purpose).
     gc.disable()

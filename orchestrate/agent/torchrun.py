@@ -123,8 +123,8 @@ def _kill_untracked_ranks() -> None:
     """Ranks forked by torchrun that it lost track of: a stop signal while torchrun forks the ranks
     raises before LocalElasticAgent keeps their process context (`self._pcontext = start_processes(...)`),
     so its shutdown closes nothing, and multiprocessing's exit handler would then wait for these
-    non-daemonic ranks, which never got the signal: the agent, and the launcher with it, hang (seen
-    under load by tests/test_run_orphans.py). Still starting, they have no step to checkpoint. After
+    non-daemonic ranks, which never got the signal: the agent, and the launcher with it, hang
+    (docs/measurements.md#agenttorchrunpy). Still starting, they have no step to checkpoint. After
     a normal end torchrun has joined every rank and there is none."""
     for rank in multiprocessing.active_children():
         rank.kill()

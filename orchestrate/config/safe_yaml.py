@@ -4,7 +4,8 @@ PyYAML's `safe_load` is safe from code execution, not from resource exhaustion:
 - aliases are shared nodes, so ten levels of nine aliases ("billion laughs") compose instantly but
   expand to 9**10 nodes for anything that walks the tree (our line index, pydantic);
 - the composer recurses once per nesting level, so `[[[[...` 20,000 deep is a RecursionError;
-- a 50 MB file takes minutes in the pure-Python parser before any error.
+- a file of tens of MB keeps the pure-Python parser busy for minutes before any error
+  (docs/measurements.md#configsafe_yamlpy).
 So the file size is capped before parsing, and while composing we count the expanded size of every
 node and the nesting depth and refuse, with the line, past the limits. Duplicate keys, where YAML
 1.1 lets the last silently win, are refused too.
@@ -26,7 +27,8 @@ import yaml
 from orchestrate.errors import Problem, UserError
 
 MAX_BYTES = 1 << 20
-"""A config is a few KiB; 1 MiB leaves room for long inline lists and parses in about a second."""
+"""A config is a few KiB; 1 MiB leaves room for long inline lists and bounds the parse time
+(docs/measurements.md#configsafe_yamlpy)."""
 MAX_NODES = 100_000
 """Nodes after alias expansion: far above any real config, far below what exhausts memory."""
 MAX_DEPTH = 64

@@ -51,7 +51,7 @@ class GPUSpec(_Spec):
     @property
     def pcie_bandwidth(self) -> float:
         """Usable one-direction host<->device bandwidth, bytes/s: ~0.8 of the raw link rate
-        (PCIe 3.0 x16 ~ 12-13 GB/s measured by bandwidthTest, out of 15.75 GB/s raw)."""
+        (why: docs/measurements.md#hardwareprofilepy)."""
         per_lane_gbps = {3: 0.985e9, 4: 1.969e9, 5: 3.938e9}.get(self.pcie_gen, 0.985e9)
         return 0.8 * per_lane_gbps * self.pcie_lanes
 

@@ -6,14 +6,9 @@ Like with like, against the prediction without the measured corrections it may a
   allocated peak (torch.cuda.max_memory_allocated, max over ranks) plus the allocator reserve the
   planner adds to that many bytes plus what lies outside the allocator as planned (context, NCCL).
   Not the reserved peak: on a card with room the allocator keeps freed segments cached instead of
-  giving them back, so max_memory_reserved says what it held, not what it needed. Over the five runs
-  of the H200 session of 2026-12-04 (8 GiB cap; `python bench/gpu_results.py
-  bench/results/h200-2026-12-04`) the ratio from the allocated peak is within 2 % of the one from
-  each run's need (the least memory its recorded allocation history runs in), 0.94-1.04 beside
-  0.94-1.03 (and 4.26 / 4.19 for the ZeRO-3 run of a since fixed bug); from the reserved peak the
-  ZeRO-2 run gave 1.33, which would have raised every later ZeRO-2 plan on that machine by a third.
-  What the allocator needs beyond the planned reserve on a full card ends in an out-of-memory error,
-  recorded below;
+  giving them back, so max_memory_reserved says what it held, not what it needed; the allocated peak
+  tracks each run's need (why: docs/measurements.md#launchcalibratepy). What the allocator needs
+  beyond the planned reserve on a full card ends in an out-of-memory error, recorded below;
 - an out-of-memory error: its measured need (a lower bound, worker/oom.py).
 CPU runs have no allocator peak and record nothing.
 """

@@ -160,7 +160,7 @@ def launch_env(plan: RunPlan) -> dict[str, str]:
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: by default the workers' process group shares torchrun's
     rendezvous TCPStore, whose keys outlive a restart, so after `--max-restarts` kicks in the new
     group can read the dead group's addresses and fail ("Gloo connectFullMesh ... connection
-    refused") or hang in init_process_group (pytorch/pytorch#135712; seen here with torch 2.13).
+    refused") or hang in init_process_group (pytorch/pytorch#135712; docs/measurements.md#launchsessionpy).
     With it, each attempt's rank 0 hosts a fresh store."""
     return {**(plan.run.env if plan.run else {}),
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(plan.config.train.preemption_grace_s),

@@ -35,7 +35,7 @@ class LaunchOptions:
     node_rank: int | None = None
     """Static (master-addr) rendezvous across nodes only."""
     worker_module: str = WORKER_MODULE
-    """What torchrun runs with `-m`: the worker, or a wrapper that ends in it (bench/gpu_worker.py)."""
+    """What torchrun runs with `-m`: the worker, or a wrapper that ends in it (a benchmark's, say)."""
     program: tuple[str, ...] = ()
     """The user's own training program (`launch -- python train.py ARGS`, normalised by
     `launch.user_program`), run under the plan instead of the worker; () runs the worker."""
@@ -53,9 +53,9 @@ def torchrun_argv(plan: RunPlan, plan_path: Path, options: LaunchOptions, log_di
         # One node, no restarts: torchrun's static rendezvous, its store on a free local port (concurrent
         # runs never collide on 29500). Not c10d: its dynamic rendezvous waits a random 0-0.3 s before
         # joining and walks the stack with inspect.stack() for every event it records (torch/distributed/
-        # elastic/rendezvous/dynamic_rendezvous.py), 0.2-0.6 s of the start-up here. With --max-restarts,
+        # elastic/rendezvous/dynamic_rendezvous.py), a visible share of the start-up. With --max-restarts,
         # c10d: after a restart under the static one the new group met the old group's store and gloo
-        # could not connect (tests/test_fault_tolerance.py, torch 2.13), as pytorch/pytorch#135712.
+        # could not connect, as pytorch/pytorch#135712 (why: docs/measurements.md#launchtorchrun_argspy).
         # --local-addr: where rank 0 hosts the workers' store (launch_env), not the FQDN.
         port = options.master_port or free_port()
         argv += ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port),

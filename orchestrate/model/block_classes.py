@@ -1,8 +1,8 @@
 """The transformer-block classes of a model type: what FSDP2 shards one by one and activation
 checkpointing wraps (the model's `_no_split_modules`, the list accelerate and HF's device_map use
 for the same purpose). Known families come from a table, so rendering a plan imports neither torch
-nor transformers; others are looked up in transformers (tests/test_model_block_classes.py keeps
-the table equal to transformers' own lists; for encoders, to those lists without the embeddings)."""
+nor transformers; others are looked up in transformers. The table equals transformers' own lists
+(for encoders, those lists without the embeddings; docs/measurements.md#modelblock_classespy)."""
 
 from __future__ import annotations
 

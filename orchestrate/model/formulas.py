@@ -2,10 +2,10 @@
 
 `orchestrate.model.meta` builds the model on the meta device and counts, which is exact but imports
 torch and transformers (seconds). For the families below the same numbers follow from the block
-structure of transformers' modeling code, cited per family; `tests/test_model_formulas.py` checks
-every field against the meta-device build. `shape_from_dict` returns None whenever it cannot be sure
-(unknown family, custom code, a value of the wrong type, a layout option not modelled here): the
-caller then builds on the meta device, which also produces transformers' own error messages.
+structure of transformers' modeling code, cited per family, and agree with the meta-device build
+field by field (docs/measurements.md#modelformulaspy). `shape_from_dict` returns None whenever it
+cannot be sure (unknown family, custom code, a value of the wrong type, a layout option not modelled
+here): the caller then builds on the meta device, which also produces transformers' own error messages.
 
 Each module contributes the parameters it holds directly (DeepSpeed's `largest_layer_params` is the
 largest of these, see `meta.shape_from_config`); tied weights are counted once.
@@ -141,8 +141,8 @@ def _bert(c: dict, d: Dims) -> Layout:
 
 
 # Defaults: the dataclass fields of each transformers 5 config class
-# (transformers/models/<family>/configuration_<family>.py), checked by tests/test_model_formulas.py
-# against AutoConfig.for_model(model_type).
+# (transformers/models/<family>/configuration_<family>.py), equal to AutoConfig.for_model(model_type)'s
+# (docs/measurements.md#modelformulaspy).
 _DECODER = {"num_key_value_heads": None, "head_dim": None}
 FAMILIES: dict[str, Family] = {
     "gpt2": Family(

@@ -113,8 +113,8 @@ def build_meta_model(hf_config: PretrainedConfig, *, task: str = "causal-lm",
                      trust_remote_code: bool = False) -> nn.Module:
     """The model `task` builds for `hf_config` (orchestrate.model.tasks) with every tensor on the
     meta device (no memory, no init)."""
-    # Not accelerate's `init_empty_weights`: under transformers 5 it breaks weight tying (GPT-2
-    # counts 163,037,184 parameters instead of 124,439,808, lm_head no longer *is* wte); the
+    # Not accelerate's `init_empty_weights`: under transformers 5 it breaks weight tying (lm_head no
+    # longer *is* wte, so a tied head is counted twice: docs/measurements.md#modelmetapy); the
     # torch.device("meta") context keeps tied parameters one object.
     import torch
 

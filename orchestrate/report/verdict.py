@@ -21,9 +21,8 @@ if TYPE_CHECKING:
 
 TOLERANCE = 0.05
 """How far a measured peak may exceed its prediction before the verdict warns. The analytical model
-is meant to predict high; over bench/memory_accuracy.py's zoo the analytical peaks are 0.963-1.041x the
-simulated ones (README, "How the plan is made"; the simulation matches real CPU runs to the byte,
-tests/test_simulate.py), so a measured peak is at most 1/0.963 - 1 = 3.8% above its prediction."""
+is meant to predict high, and against the simulation (which matches real CPU runs) it under-predicts
+by less than this (why: docs/measurements.md#reportverdictpy)."""
 
 RSS_INFO = ("the RSS also holds the Python interpreter and every library (torch alone maps several hundred "
             "MiB), so it is shown, not compared; the tensor peak above is the plan's counterpart")

@@ -21,8 +21,8 @@ A checkpoint's completeness manifest: `manifest.json`, written last into the che
 other file with its size and checksum. A checkpoint without one was written before manifests
 existed ("unverified"); one whose files differ from it is damaged.
 
-Checksum: xxHash's XXH3-128 (the `xxhash` package, a dependency: 16 GB/s on one core of the CI
-machine, against 1 GB/s for hashlib's sha256: `python bench/manifest_cost.py`); a manifest naming
+Checksum: xxHash's XXH3-128 (the `xxhash` package, a dependency: an order of magnitude faster than
+hashlib's sha256, docs/measurements.md#runcheckpointspy); a manifest naming
 another hashlib algorithm is verified with it. It guards against truncation, partial overwrites and
 bit rot, not against tampering.
 """

@@ -78,7 +78,7 @@ RUN_DIR/plan.json -- train.py ARGS` (the plan path is its argument; the script g
 
 def worker_program(plan_path: Path, module: str = WORKER_MODULE, program: tuple[str, ...] = ()) -> tuple[str, ...]:
     """torchrun's program arguments for the workers of `plan_path` (`module`: a wrapper that ends in
-    `orchestrate.worker.main.main`, e.g. bench/gpu_worker.py). With the user's own `program`
+    `orchestrate.worker.main.main`, e.g. a benchmark's). With the user's own `program`
     (`SCRIPT ARGS` or `-m MODULE ARGS`), that program under the plan instead (docs/own-loop.md)."""
     if program:
         return ("-m", USER_PROGRAM_MODULE, str(plan_path), "--", *program)

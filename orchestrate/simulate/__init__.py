@@ -1,6 +1,6 @@
 """Memory simulation: the real HF model and the real FSDP2 / DDP / DeepSpeed wrappers run a few
 training steps on fake tensors with a fake process group, while a dispatch mode counts the bytes of
-live tensor storages. Per-rank peaks match real CPU runs to the byte (tests/test_simulate.py).
+live tensor storages. Per-rank peaks match real CPU runs to the byte (docs/measurements.md#simulate).
 
 - `simulate(plan)` or `simulate(hf_config, strategy, seq_len, world_size)` -> `SimulationResult`;
   `simulate_all([plan or RunSpec, ...])` runs several at once

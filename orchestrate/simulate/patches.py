@@ -1,7 +1,7 @@
 """Patches the simulation harness (`orchestrate.simulate.harness`) runs under, each keeping the
 memory behaviour of a real CUDA run.
 
-CUDA-like choices on CPU (measured on this project's machines):
+CUDA-like choices on CPU (why: docs/measurements.md#simulatepatchespy):
 - attention dropout is set to 0: CPU SDPA with dropout falls back to the math kernel, which keeps
   the b*a*s^2 attention matrix; CUDA's flash / memory-efficient kernels regenerate the mask instead;
 - other dropouts go through `torch.native_dropout`, which keeps a 1-byte bool mask as CUDA does;

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
 
 AGENT_PROGRAM = ("-m", "orchestrate.agent")
-"""What the agent runs as, after the interpreter (bench/startup_stages.py puts a timed wrapper here)."""
+"""What the agent runs as, after the interpreter (a constant, so that a benchmark can put a timed
+wrapper here)."""
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Transport: torchrun on this machine, the very argument list that launch.sh shows. orchestrate's
 own worker runs under torchrun's agent in a process started before planning, which imports the
 workers' code meanwhile and forks them (orchestrate.agent.process); a program of the user's (or a
-wrapper module, bench/gpu_worker.py) runs through torchrun's own launcher in this process
+wrapper module around the worker, as a benchmark's) runs through torchrun's own launcher in this process
 (`torch.distributed.run.run`)."""
 
 from __future__ import annotations

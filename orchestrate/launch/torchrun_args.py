@@ -20,7 +20,7 @@ _DEFAULT_MULTINODE_RDZV_ID = "orchestrate"
 
 
 HAND_MADE_RENDEZVOUS = ("master_addr", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank")
-"""The rendezvous options beyond the port: given, the user launches across nodes by hand."""
+"""The rendezvous options beyond the port: any of them given, the user launches across nodes by hand."""
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ steps' reserved peak alone (replayed from the run's allocation history: between 
 step markers, or, in a history without them, from the cache release before step 1 to the last 5 % of
 events), and the device memory it held outside the caching allocator (bench/cuda_trace.py), which the
 plan's `cuda_context` term stands for. Then what each run would add to the machine's calibration file
-(orchestrate/launch/calibrate.py), measured / planned device memory per rank: from the reserved peak
+(orchestrate/launch/calibration_record.py), measured / planned device memory per rank: from the reserved peak
 (how it was recorded until 2026-12-05), from the allocated peak (how it is now: the plan with the
 measured tensors in place of the predicted ones) and from the need of the run's allocation history
 (what a perfect calibration would record, outside the allocator as planned). Then every allocation
@@ -51,7 +51,7 @@ def replanned(results: Path, name: str, hw, work: Path):
 def calibration_ratios(plan, measured: dict, needed: int) -> tuple[float, float, float]:
     """measured / planned per rank from the reserved peak (until 2026-12-05), the allocated peak (now)
     and the run's need (the allocation history's), each with what lies outside the allocator as planned."""
-    from orchestrate.launch.calibrate import analytical_bytes, measured_need
+    from orchestrate.launch.calibration_record import analytical_bytes, measured_need
 
     planned = analytical_bytes(plan)
     outside = plan.chosen.memory.gpu_outside_allocator

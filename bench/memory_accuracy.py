@@ -46,9 +46,9 @@ from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
 from orchestrate.planner.allocator_reserve import RESERVE, reserve_bytes, state_bytes  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
-from orchestrate.simulate.api import make_spec, simulate  # noqa: E402
+from orchestrate.simulate.in_subprocess import make_spec, simulate  # noqa: E402
 from orchestrate.simulate.result import SimulationResult  # noqa: E402
-from orchestrate.simulate.spec import plan_from_parts  # noqa: E402
+from orchestrate.simulate.run_spec import plan_from_parts  # noqa: E402
 from orchestrate.simulate.verify import _unseen, allocator_setting  # noqa: E402
 
 CACHE = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"

@@ -27,7 +27,7 @@ from bench.memory_accuracy import CACHE, FAMILIES, LORA, Cache, MiB, Point, comp
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
 from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
-from orchestrate.simulate.spec import plan_from_parts  # noqa: E402
+from orchestrate.simulate.run_spec import plan_from_parts  # noqa: E402
 
 QLORA = {**LORA, "method": "qlora"}
 C = 2  # bf16 compute dtype

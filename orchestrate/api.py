@@ -7,15 +7,14 @@ each function imports the package's modules it needs (one command does not load 
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.run.exits import EX_TEMPFAIL
-from orchestrate.run.layout import LOG_DIR, PLAN_FILE
+from orchestrate.run.layout import PLAN_FILE
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -23,13 +22,14 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.launch.session import LaunchRequest, LaunchResult, Transport
+    from orchestrate.launch.torchrun_args import LaunchOptions
     from orchestrate.planner.plan import Refusal, RunPlan
     from orchestrate.transports.slurm.transport import PreparedJob, SlurmOptions
     from orchestrate.transports.ssh.hosts import SshOptions
 
-__all__ = ["CONFIG_TARGETS", "EX_TEMPFAIL", "LOG_DIR", "PLAN_FILE", "HardwareFlags", "Rendezvous", "chat_model", "chat_reply",
+__all__ = ["CONFIG_TARGETS", "HardwareFlags", "chat_model", "chat_reply",
            "choose_transport", "describe_schema", "export", "hardware_presets", "is_runnable",
-           "launch", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
+           "launch", "launch_options", "launch_request", "load_config", "plan_for", "plan_from_file", "prepare", "prepare_slurm",
            "profile", "profile_table", "profile_yaml", "render_plan", "report", "require_feasible", "slurm_options",
            "slurm_submit", "slurm_test_only", "ssh_options", "train_tokenizer", "verify", "write_config", "write_plan", "write_profile"]
 
@@ -156,21 +156,12 @@ def train_tokenizer(config: RunConfig, vocab_size: int, out: Path) -> tuple[Path
 # --- launch --------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Rendezvous:
-    """torchrun's rendezvous flags for a hand-made multi-node launch; None: orchestrate's default."""
+def launch_options(**kwargs: Any) -> LaunchOptions:
+    """torchrun's rendezvous and restart options (`launch`'s --master-addr, --master-port, --rdzv-*,
+    --node-rank), as keywords; each left out is orchestrate's default."""
+    from orchestrate.launch.torchrun_args import LaunchOptions
 
-    master_addr: str | None = None
-    master_port: int | None = None
-    rdzv_backend: str | None = None
-    rdzv_endpoint: str | None = None
-    rdzv_id: str | None = None
-    node_rank: int | None = None
-
-    @property
-    def explicit(self) -> bool:
-        """A rendezvous was given beyond the port (a hand-made multi-node launch)."""
-        return any(v is not None for k, v in self.__dict__.items() if k != "master_port")
+    return LaunchOptions(**kwargs)
 
 
 def ssh_options(**kwargs: Any) -> SshOptions:
@@ -180,44 +171,43 @@ def ssh_options(**kwargs: Any) -> SshOptions:
 
 
 def choose_transport(*, hosts: Path | None = None, ssh: SshOptions | None = None,
-                     rendezvous: Rendezvous = Rendezvous(), python: str | None = None,
+                     options: LaunchOptions | None = None, python: str | None = None,
                      name: str = "orchestrate", program: Sequence[str] = ()) -> Transport:
     """Where the workers start: over SSH on the hostfile's hosts; else with srun inside a SLURM
-    allocation (unless a rendezvous was given, or this is already a job step); else here.
-    `program`: the user's own training program (`launch -- python train.py ARGS`), torchrun here only."""
+    allocation (unless `options` give a hand-made rendezvous, or this is already a job step); else
+    here. `program`: the user's own training program (`launch -- python train.py ARGS`), torchrun here only."""
     python = python or sys.executable
+    options = options or launch_options()
     if program:
-        return _own_program_transport(tuple(program), hosts, rendezvous)
+        return _own_program_transport(tuple(program), hosts, options)
     if hosts is not None:
         from orchestrate.transports.ssh.hosts import load_hostfile
         from orchestrate.transports.ssh.transport import SshHosts, reject_with_hosts
 
-        reject_with_hosts(**{k: v for k, v in rendezvous.__dict__.items() if k != "master_port"})
-        return SshHosts(load_hostfile(Path(hosts)), ssh or ssh_options(), python, rendezvous.master_port)
+        reject_with_hosts(options)
+        return SshHosts(load_hostfile(Path(hosts)), ssh or ssh_options(), python, options.master_port)
     from orchestrate.transports.slurm.transport import SrunInAllocation, allocation_to_use
 
-    alloc = allocation_to_use(explicit_rendezvous=rendezvous.explicit)
+    alloc = allocation_to_use(explicit_rendezvous=bool(options.hand_made_rendezvous))
     if alloc is not None:
         return SrunInAllocation(alloc, python, name)
-    from orchestrate.launch.torchrun_args import LaunchOptions
     from orchestrate.transports.local.transport import LocalTorchrun
 
-    return LocalTorchrun(LaunchOptions(**rendezvous.__dict__))
+    return LocalTorchrun(options)
 
 
-def _own_program_transport(program: tuple[str, ...], hosts: Path | None, rendezvous: Rendezvous) -> Transport:
+def _own_program_transport(program: tuple[str, ...], hosts: Path | None, options: LaunchOptions) -> Transport:
     from orchestrate.errors import Problem, UserError
-    from orchestrate.launch.torchrun_args import LaunchOptions
     from orchestrate.launch.user_program import user_program
     from orchestrate.transports.local.transport import LocalTorchrun
     from orchestrate.transports.slurm.transport import allocation_to_use
 
-    if hosts is not None or allocation_to_use(explicit_rendezvous=rendezvous.explicit) is not None:
+    if hosts is not None or allocation_to_use(explicit_rendezvous=bool(options.hand_made_rendezvous)) is not None:
         raise UserError("your own training program runs with torchrun on this machine only (for now)", [Problem(
             "--hosts" if hosts is not None else "SLURM allocation", "`-- PROGRAM` is not passed to srun or SSH yet",
             "start `orchestrate launch ... --rdzv-endpoint HOST:PORT -- PROGRAM` on each node by hand "
             "(or --master-addr with --node-rank), or run it outside the allocation")])
-    return LocalTorchrun(LaunchOptions(**rendezvous.__dict__, program=user_program(program)))
+    return LocalTorchrun(dataclasses.replace(options, program=user_program(program)))
 
 
 def launch(request: LaunchRequest, transport: Transport | None = None, console: Console | None = None

@@ -15,8 +15,10 @@ import click
 from rich.console import Console
 
 from orchestrate import api
-from orchestrate.api import EX_TEMPFAIL, LOG_DIR, PLAN_FILE, HardwareFlags
+from orchestrate.api import HardwareFlags
 from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.run.exits import EX_TEMPFAIL
+from orchestrate.run.layout import LOG_DIR, PLAN_FILE
 
 # Candidate names are long; never wrap them on narrow terminals or pipes.
 console = Console(width=max(160, Console().width))
@@ -179,8 +181,8 @@ def launch(config_path, program, overrides, run_dir, dry_run, max_restarts, mast
     name = Path(config_path).stem
     transport = api.choose_transport(
         hosts=Path(hosts) if hosts else None, ssh=_ssh_options(kwargs), python=python, name=name, program=program,
-        rendezvous=api.Rendezvous(master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
-                                  rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank))
+        options=api.launch_options(master_addr=master_addr, master_port=master_port, rdzv_backend=rdzv_backend,
+                                   rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id, node_rank=node_rank))
     request = api.launch_request(config, _flags(kwargs), name=name, run_dir=Path(run_dir) if run_dir else None,
                                  dry_run=dry_run, max_restarts=max_restarts, resume=resume, force=force,
                                  program=tuple(program))

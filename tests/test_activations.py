@@ -42,7 +42,7 @@ def test_every_family_has_its_own_block_structure(name):
 
 
 def test_the_formula_reproduces_the_simulated_per_layer_bytes():
-    # orchestrate.simulate.calibrate (1- and 2-block builds, FSDP2 full shard, bf16, seq 512, mb 1):
+    # orchestrate.simulate.activation_fit (1- and 2-block builds, FSDP2 full shard, bf16, seq 512, mb 1):
     # GPT-2 58.07 and TinyLlama-1.1B widths 42.57 bytes per layer per (token x hidden).
     for name, simulated in (("gpt2", 58.07), ("llama", 42.57)):
         s = shape(name)

@@ -121,8 +121,11 @@ def test_the_agent_never_imports_the_launcher():
                    if m.startswith(LAUNCHER) for t in targets)
 
 
-def test_cli_imports_only_the_api_and_the_errors():
-    assert GRAPH["orchestrate.cli"] <= {"orchestrate.api", "orchestrate.errors"}
+def test_cli_imports_only_the_api_the_errors_and_the_run_contract():
+    """The run contract (exit codes, run-directory names) is what the CLI tells the user about; it
+    reads them from their one definition, not through api.py."""
+    assert GRAPH["orchestrate.cli"] <= {"orchestrate.api", "orchestrate.errors", "orchestrate.run.exits",
+                                        "orchestrate.run.layout"}
 
 
 LAYERS = ("errors", "ports", "library_messages", "run", "config", "hardware", "model", "planner", "data",
@@ -184,6 +187,57 @@ def test_every_exit_code_is_defined_once():
                 if isinstance(target, ast.Name) and target.id in EXIT_CODE_NAMES:
                     defined.append((target.id, str(path.relative_to(PACKAGE))))
     assert sorted(defined) == [("EXIT_USER_ERROR", "run/exits.py"), ("EX_TEMPFAIL", "run/exits.py")]
+
+
+METHOD_FOLDERS = "methods"
+"""A method's folder (methods/lora/) is laid out like every other one and like a plug-in method's
+package (method.py, runtime.py, config.py), and names its other files after the concept it adds its
+part to (lora/memory.py: LoRA's part of planner/memory.py; distill/objective.py: of worker/objective.py)."""
+
+PARALLEL_PACKAGES = ("transports",)
+"""Packages whose subpackages are alike (one transport each) and name a file after its role in it."""
+
+SHARED_BASENAMES = {
+    "auxiliary.py": "one concept's two halves: methods/ prices and shapes an auxiliary model, loading/ builds it",
+    "base.py": "the base class of a kind of plug-in, in the package that runs it: backends/, worker/callbacks/",
+    "describe.py": "the human-readable view of the package it sits in: config/ the schema, hardware/ a profile",
+    "packing.py": "data/ packs samples into blocks, planner/ prices the attention that keeps them apart",
+    "presets.py": "hardware/ names the hardware presets, orchestrate/presets.py writes launch_configs/ from them",
+    "registry.py": "the registry of a kind of plug-in, in its package: backends/, methods/",
+    "session.py": "a launch's session on each side of it: launch/ the launcher's, loop_api/ the user loop's",
+    "strategy.py": "config/ the `strategy:` section, planner/ the Strategy it is resolved into",
+}
+"""Basenames two modules may share, and why: the same concept, each seen from its own package."""
+
+
+def _basename_owners(paths: list[Path]) -> dict[str, set[str]]:
+    """Each basename (`__init__.py`, `__main__.py` and METHOD_FOLDERS' files aside) -> where it lives:
+    its folder, or for a file inside one of PARALLEL_PACKAGES' subpackages, that package with a
+    wildcard (`transports/*`)."""
+    owners: dict[str, set[str]] = {}
+    for path in paths:
+        folder = path.parent.relative_to(PACKAGE.parent)
+        if path.name in ("__init__.py", "__main__.py") or (len(folder.parts) > 2 and folder.parts[1] == METHOD_FOLDERS):
+            continue
+        if len(folder.parts) > 2 and folder.parts[1] in PARALLEL_PACKAGES:
+            folder = Path(*folder.parts[:2], "*")
+        owners.setdefault(path.name, set()).add(str(folder))
+    return owners
+
+
+def test_the_basename_checker_finds_a_shared_name():
+    paths = [PACKAGE / p for p in ("a/oom.py", "b/oom.py", "transports/x/transport.py",
+                                   "transports/y/transport.py", "methods/x/oom.py", "a/__init__.py", "b/__init__.py")]
+    assert {n: o for n, o in _basename_owners(paths).items() if len(o) > 1} == {"oom.py": {"orchestrate/a",
+                                                                                          "orchestrate/b"}}
+
+
+def test_no_two_modules_of_the_package_share_a_basename():
+    """A file's name says what it holds: two files named alike for different things (oom.py for the
+    worker's record and for the launcher's re-plan) send a reader to the wrong one."""
+    shared = {name for name, owners in _basename_owners([p for p, _ in SOURCES.values()]).items() if len(owners) > 1}
+    assert shared - set(SHARED_BASENAMES) == set()
+    assert set(SHARED_BASENAMES) - shared == set(), "no longer shared: take it off SHARED_BASENAMES"
 
 
 FILE_LINES, FUNCTION_LINES = 600, 80

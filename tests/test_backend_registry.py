@@ -1,13 +1,16 @@
 """The backend registry and the parts of the Backend protocol every backend shares: one rule set
-for the planner and the renderers, the process group each plan needs, duplicate names refused."""
+for the planner and the renderers, the process group each plan needs, a plug-in backend (an
+`orchestrate.backends` entry point) planned like a built-in one and duplicate names refused."""
 
 from __future__ import annotations
 
 import dataclasses
+from importlib.metadata import EntryPoint
 
 import pytest
 
-from orchestrate.backends.registry import backend_names, get_backend, register
+from orchestrate.backends import registry
+from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.planner.search import make_plan
@@ -20,8 +23,6 @@ def test_builtin_backends_in_planner_order_and_a_taken_name_is_refused():
     assert backend_names()[:3] == ["ddp", "deepspeed", "fsdp"]
     for name in backend_names():
         assert get_backend(name).name == name
-    with pytest.raises(ValueError, match="registered already"):
-        register(get_backend("ddp"))
     with pytest.raises(KeyError, match="unknown backend"):
         get_backend("megatron")
 
@@ -68,22 +69,43 @@ def test_renderers_refuse_with_the_backends_own_problems():
 
 
 class _Twin:
-    """A registered backend that runs what FSDP2 runs: priced by FSDP2's terms, preferred after it."""
+    """A plug-in backend that runs what FSDP2 runs: priced by FSDP2's terms, preferred after it."""
 
-    def __init__(self, priced_as: str = "fsdp") -> None:
+    def __init__(self, priced_as: str = "fsdp", name: str = "fsdp-twin") -> None:
         fsdp = get_backend("fsdp")
-        self.name, self.zero_stages, self.preference, self.priced_as = "fsdp-twin", fsdp.zero_stages, 9, priced_as
+        self.name, self.zero_stages, self.preference, self.priced_as = name, fsdp.zero_stages, 9, priced_as
         self.knobs = fsdp.knobs
         self.shards_parameters, self.problems = fsdp.shards_parameters, fsdp.problems
 
 
-def test_a_registered_backend_is_searched_ranked_and_priced_like_a_built_in_one(monkeypatch):
-    from orchestrate.backends import registry
+TWIN, PRICED_AS_MEGATRON, NAMED_DDP = _Twin(), _Twin("megatron", "megatron-twin"), _Twin(name="ddp")
 
-    monkeypatch.setattr(registry, "_REGISTRY", {})
-    with pytest.raises(ValueError, match="priced as 'megatron'"):
-        register(_Twin("megatron"))
-    register(_Twin())
+
+@pytest.fixture
+def installed(monkeypatch):
+    """Install the backends named (`name = tests.test_backend_registry:OBJECT`) as entry points."""
+
+    def install(**points: str) -> None:
+        found = [EntryPoint(name, f"{__name__}:{target}", registry.PLUGIN_GROUP) for name, target in points.items()]
+        monkeypatch.setattr(registry, "entry_points", lambda group: found if group == registry.PLUGIN_GROUP else [])
+        registry._plugins.cache_clear()
+
+    yield install
+    registry._plugins.cache_clear()
+
+
+def test_a_plug_in_backend_with_a_taken_name_or_an_unpriced_one_is_one_message(installed):
+    installed(ddp="NAMED_DDP", megatron="PRICED_AS_MEGATRON")
+    with pytest.raises(UserError) as err:
+        backend_names()
+    assert [p.message for p in err.value.problems] == [
+        "names its backend 'ddp', as another backend does",
+        "is priced as 'megatron'; the memory and speed models price ddp, deepspeed, fsdp"]
+
+
+def test_a_plug_in_backend_is_searched_ranked_and_priced_like_a_built_in_one(installed):
+    installed(twin="TWIN")
+    assert backend_names() == ["ddp", "deepspeed", "fsdp", "fsdp-twin"] and get_backend("fsdp-twin") is TWIN
     plan = make_plan(config(), gpu_hw(2), gpt2_xl())
     def key(c):
         return dataclasses.replace(c.strategy, backend="")

@@ -15,7 +15,12 @@ from orchestrate.hardware import calibration as cal
 from orchestrate.hardware.presets import load_preset
 from orchestrate.hardware.resolve import resolve_hardware
 from orchestrate.hardware.software import SoftwareStack
-from orchestrate.launch.calibrate import analytical_bytes, measured_need, record_verdict, verdict_ratio
+from orchestrate.launch.calibration_record import (
+    analytical_bytes,
+    measured_need,
+    record_verdict,
+    verdict_ratio,
+)
 from orchestrate.planning import plan_for
 from orchestrate.worker import stages
 from orchestrate.worker.rank import Rank
@@ -82,7 +87,7 @@ def test_a_verdict_raises_the_next_plan_on_this_machine_and_the_plan_says_from_w
 
 @pytest.mark.parametrize("gpus", [1, 2])
 def test_the_measured_need_of_the_planned_tensors_is_the_plan(tmp_path, gpus):
-    # calibrate.py rebuilds the allocator reserve and what lies outside the allocator as memory.py
+    # calibration_record.py rebuilds the allocator reserve and what lies outside the allocator as memory.py
     # plans them (two ranks: NCCL's buffers too), so the plan's own tensors give back the plan.
     plan = plan_for(_config(tmp_path), _detected().model_copy(update={"gpus_per_node": gpus}))
     memory = plan.chosen.memory
@@ -163,7 +168,7 @@ def test_the_file_is_never_written_through_a_link(tmp_path):
 
 
 def test_a_gpu_oom_is_recorded_against_the_analytical_prediction_a_cpu_one_is_not(tmp_path):
-    from orchestrate.launch.calibrate import record_oom_ratio
+    from orchestrate.launch.calibration_record import record_oom_ratio
 
     path = tmp_path / "calibration.json"
     plan = plan_for(_config(tmp_path), _detected())

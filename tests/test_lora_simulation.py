@@ -12,7 +12,7 @@ def test_lora_zoo_points_are_within_five_percent_of_the_simulation():
     # block linear): DDP on Llama widths, FSDP2 full shard with checkpointing on Qwen2 widths (tied 152k
     # vocabulary), ZeRO-3 on Mistral widths. Simulated here, not read from the cache.
     from bench.memory_accuracy import LORA, Point, compare, strategy
-    from orchestrate.simulate.api import make_spec, simulate_all
+    from orchestrate.simulate.in_subprocess import make_spec, simulate_all
 
     points = [Point("llama", strategy("ddp", 0, 1, False), 512, LORA),
               Point("qwen2", strategy("fsdp", 3, 1, True), 512, LORA),

@@ -34,7 +34,7 @@ def test_the_key_holds_the_rendered_zero3_settings():
     import dataclasses
 
     from bench.memory_accuracy import Point, spec_key, strategy
-    from orchestrate.simulate.api import make_spec
+    from orchestrate.simulate.in_subprocess import make_spec
 
     spec = make_spec(Point("llama", strategy("deepspeed", 3, 1, False), 512).plan())
     zero = spec.deepspeed_config["zero_optimization"]

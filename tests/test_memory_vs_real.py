@@ -24,7 +24,7 @@ import math
 import pytest
 
 from orchestrate.planner.strategy import Strategy
-from orchestrate.simulate.spec import RunSpec, spec_from_plan
+from orchestrate.simulate.run_spec import RunSpec, spec_from_plan
 from tests.helpers.plans import make_plan
 
 WORLD = 2

@@ -17,7 +17,7 @@ from orchestrate.api import plan_for
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import MemoryCorrection
-from orchestrate.launch.oom import OutOfMemory, recover
+from orchestrate.launch.oom_replan import OutOfMemory, recover
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import read_oom_records, write_oom_record

@@ -11,11 +11,11 @@ from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.strategy import Strategy
+from orchestrate.report.memory_verdict import NO_TENSOR_PEAK, RESERVED_NOTE, TOLERANCE, memory_verdict
 from orchestrate.report.mfu import utilisation
 from orchestrate.report.plots import GIB, loss_figure, memory_figure, optimizer_figure, throughput_figure
 from orchestrate.report.runs import load_run
 from orchestrate.report.summary import write_report
-from orchestrate.report.verdict import NO_TENSOR_PEAK, RESERVED_NOTE, TOLERANCE, memory_verdict
 from tests.helpers.plans import TINY_GPT2, make_plan
 
 DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)

@@ -21,7 +21,7 @@ import torch
 from orchestrate.planner.strategy import Strategy
 from orchestrate.simulate import simulate_all
 from orchestrate.simulate.counter import LiveStorageCounter
-from orchestrate.simulate.spec import OFFLOAD_NOTE, RunSpec, spec_from_plan
+from orchestrate.simulate.run_spec import OFFLOAD_NOTE, RunSpec, spec_from_plan
 from tests.helpers.plans import make_plan
 
 GLOO_COPY_OPS = {"split.Tensor"}

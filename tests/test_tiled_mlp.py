@@ -142,7 +142,7 @@ def test_the_simulation_measures_the_tiled_model():
     """Untiled, each Llama MLP saves 4 intermediate-sized tensors for backward (gate, up, activation,
     product); tiled, it saves its input only, so the simulated activations stay under one per block."""
     from orchestrate.simulate import simulate_all
-    from orchestrate.simulate.spec import spec_from_plan
+    from orchestrate.simulate.run_spec import spec_from_plan
 
     layers, seq, intermediate = 2, 512, 1408
     llama = {**WIDE_LLAMA, "model_type": "llama", "intermediate_size": intermediate, "max_position_embeddings": seq}

@@ -3,18 +3,21 @@
 The built-in backends are named here and imported on first use (deepspeed's engine is heavy and
 optional; the modules themselves import nothing heavy at import time). The backend modules do not
 import this one: each defines `BACKEND`, so the registry depends on them and never the reverse.
-`register` adds another backend; a name taken twice is refused, as torchtitan's
-`register_train_spec` does. The planner asks backends through here what it needs of them (their
-rules, their tie-break preference, which memory and speed terms price them, the knobs their engines
-run, whether they shard parameters), so a registered backend is searched, ranked and priced like a
-built-in one.
+An installed package adds its own through the entry-point group `orchestrate.backends`
+(PLUGIN_GROUP), read on first use by the launcher and every worker alike; a name taken twice is
+refused. The planner asks backends through here what it needs of them (their rules, their tie-break
+preference, which memory and speed terms price them, the knobs their engines run, whether they shard
+parameters), so a plug-in backend is searched, ranked and priced like a built-in one.
 """
 
 from __future__ import annotations
 
 import functools
 import importlib
+from importlib.metadata import entry_points
 from typing import TYPE_CHECKING
+
+from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import Backend
@@ -25,18 +28,31 @@ _BUILTIN = {  # planner search order: simpler first
     "deepspeed": "orchestrate.backends.deepspeed_backend",
     "fsdp": "orchestrate.backends.fsdp",
 }
-_REGISTRY: dict[str, Backend] = {}
+PLUGIN_GROUP = "orchestrate.backends"
+"""The entry-point group of backends other packages add: each entry point names a `Backend` that
+names the built-in backend whose memory and speed terms price it (`priced_as`)."""
 
 
-def register(backend: Backend) -> Backend:
-    """Add a backend; it names the built-in backend whose memory and speed terms price it (`priced_as`)."""
-    if backend.name in _REGISTRY or backend.name in _BUILTIN:
-        raise ValueError(f"a backend named {backend.name!r} is registered already")
-    if backend.priced_as not in _BUILTIN:
-        raise ValueError(f"backend {backend.name!r} is priced as {backend.priced_as!r}; the memory and speed "
-                         f"models price {', '.join(_BUILTIN)}")
-    _REGISTRY[backend.name] = backend
-    return backend
+@functools.cache
+def _plugins() -> dict[str, Backend]:
+    """The backends installed packages add (PLUGIN_GROUP), by name (after the built-in ones in the
+    planner's order); UserError listing every entry point
+    whose backend takes a name another has, or is priced as no built-in backend."""
+    found: dict[str, Backend] = {}
+    problems = []
+    for point in entry_points(group=PLUGIN_GROUP):
+        backend, where = point.load(), f"{PLUGIN_GROUP} entry point {point.name} = {point.value}"
+        if backend.name in _BUILTIN or backend.name in found:
+            problems.append(Problem(where, f"names its backend {backend.name!r}, as another backend does",
+                                    "rename one of them, or uninstall the package you do not use"))
+        elif backend.priced_as not in _BUILTIN:
+            problems.append(Problem(where, f"is priced as {backend.priced_as!r}; the memory and speed models "
+                                           f"price {', '.join(_BUILTIN)}", "price it as one of them"))
+        else:
+            found[backend.name] = backend
+    if problems:
+        raise UserError("two backends share a name, or a plug-in backend is priced as no built-in one", problems)
+    return dict(sorted(found.items()))
 
 
 @functools.cache  # the planner asks per candidate; import_module's lookup dominated a plan's time
@@ -46,14 +62,14 @@ def _builtin(name: str) -> Backend:
 
 def backend_names() -> list[str]:
     """Every backend, built-in ones first in the planner's order."""
-    return [*_BUILTIN, *_REGISTRY]
+    return [*_BUILTIN, *_plugins()]
 
 
 def get_backend(name: str) -> Backend:
     if name in _BUILTIN:
         return _builtin(name)
     try:
-        return _REGISTRY[name]
+        return _plugins()[name]
     except KeyError:
         raise KeyError(f"unknown backend {name!r}; known: {backend_names()}") from None
 

@@ -5,7 +5,7 @@ $XDG_CACHE_HOME/orchestrate/calibration.json (default ~/.cache/orchestrate/calib
 one entry per key — GPU model, driver, CUDA runtime, torch version, strategy family
 (`Strategy.family`) — with the last `KEPT_RATIOS` ratios measured / analytical prediction
 (a finished run's allocated peak with the reserve and context planned for it; an OOM's lower
-bound of the need: launch/calibrate.py).
+bound of the need: launch/calibration_record.py).
 
 Applied, a matching entry becomes a `MemoryCorrection` of its family with the largest kept ratio,
 and only when it is above 1: a plan on this machine is never predicted lower than the analytical

@@ -58,7 +58,7 @@ class GPUSpec(_Spec):
 
 class MemoryCorrection(_Spec):
     """A measured correction of the per-rank memory prediction on this machine: an out-of-memory
-    error's shortfall (launch/oom.py) or a calibration entry (hardware/calibration.py). The planner
+    error's shortfall (launch/oom_replan.py) or a calibration entry (hardware/calibration.py). The planner
     adds `(ratio - 1) x` the analytical per-rank total as the breakdown's `measured_correction`."""
 
     ratio: float = Field(ge=1.0)

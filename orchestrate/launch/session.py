@@ -4,7 +4,7 @@
     the run directory -> the workers' environment ->
     launch.sh -> tokenise the data once into the shared cache -> clear REQUEUE -> run -> exit code
     (EX_TEMPFAIL when the workers checkpointed on a stop signal; EX_OUT_OF_MEMORY when one ran out
-    of device memory: re-plan with the shortfall and run again, `launch/oom.py`).
+    of device memory: re-plan with the shortfall and run again, `launch/oom_replan.py`).
 
 A `Transport` supplies only what differs between starting torchrun here, with srun inside a SLURM
 allocation, or over SSH on the hosts of a hostfile: the hardware shape it gives the plan, a check
@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Protocol
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.launch.calibrate import record_verdict
-from orchestrate.launch.oom import recover
+from orchestrate.launch.calibration_record import record_verdict
+from orchestrate.launch.oom_replan import recover
 from orchestrate.launch.resume import failure_notice, resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
 from orchestrate.planner.plan import RunPlan

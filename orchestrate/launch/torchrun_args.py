@@ -19,9 +19,14 @@ from orchestrate.run.layout import LOG_DIR, WORKER_MODULE, worker_program
 _DEFAULT_MULTINODE_RDZV_ID = "orchestrate"
 
 
+HAND_MADE_RENDEZVOUS = ("master_addr", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "node_rank")
+"""The rendezvous options beyond the port: any of them given, the user launches across nodes by hand."""
+
+
 @dataclass(frozen=True)
 class LaunchOptions:
-    """torchrun's rendezvous and restart options (passed through); None means orchestrate's default."""
+    """torchrun's rendezvous and restart options (`orchestrate launch`'s flags, passed through) and
+    what it runs; None means orchestrate's default."""
 
     max_restarts: int = 0
     master_addr: str | None = None
@@ -39,6 +44,12 @@ class LaunchOptions:
     program: tuple[str, ...] = ()
     """The user's own training program (`launch -- python train.py ARGS`, normalised by
     `launch.user_program`), run under the plan instead of the worker; () runs the worker."""
+
+    @property
+    def hand_made_rendezvous(self) -> dict[str, object]:
+        """The HAND_MADE_RENDEZVOUS options given, by field name: none for a launch orchestrate places
+        (here, over SSH, in a SLURM allocation)."""
+        return {k: v for k in HAND_MADE_RENDEZVOUS if (v := getattr(self, k)) is not None}
 
 
 def torchrun_argv(plan: RunPlan, plan_path: Path, options: LaunchOptions, log_dir: Path) -> list[str]:

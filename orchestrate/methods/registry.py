@@ -1,14 +1,17 @@
 """Which training methods exist, which of them a config asks for, and their worker halves.
 
 The built-in methods are named here in the order their hooks run (orchestrate/methods/spec.py
-states the composition rule). `register` adds another one, before the custom module's, as
-torchtitan's `register_train_spec` does; a name taken twice is refused. The worker halves
-(`Method.runtime`, torch inside) are imported on first use, on the worker only.
+states the composition rule). An installed package adds its own through the entry-point group
+`orchestrate.methods` (PLUGIN_GROUP), read when this module is imported, so the launcher and every
+worker find the same methods; they run after the built-in ones and before the custom module's, by
+name. A name taken twice is refused. The worker halves (`Method.runtime`, torch inside) are imported
+on first use, on the worker only.
 """
 
 from __future__ import annotations
 
 import importlib
+from importlib.metadata import entry_points
 from typing import Any
 
 from orchestrate.config.requirements import METHOD_LIBRARIES, installed
@@ -27,19 +30,38 @@ from orchestrate.methods.spec import Method, MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.model.tasks import name_the_causal_lm_loss
 
-_METHODS: list[Method] = [FULL, LORA, DISTILL, PREFERENCE, PRUNE, CUSTOM]
+PLUGIN_GROUP = "orchestrate.methods"
+"""The entry-point group of training methods other packages add: each entry point names a `Method`
+instance (`stepmark = stepmark:METHOD`)."""
+
+
+def _plugin_methods(builtin: list[Method]) -> list[Method]:
+    """The methods installed packages add (PLUGIN_GROUP), by name; UserError listing every entry point
+    that names no Method or takes a name another method has."""
+    taken = {m.name: "orchestrate's own" for m in builtin}
+    found, problems = [], []
+    for point in entry_points(group=PLUGIN_GROUP):
+        method, where = point.load(), f"{PLUGIN_GROUP} entry point {point.name} = {point.value}"
+        if not isinstance(method, Method):
+            problems.append(Problem(where, f"names a value of type {type(method).__name__}, not a Method instance",
+                                    "point it at an instance of an orchestrate.methods.spec.Method subclass"))
+        elif method.name in taken:
+            problems.append(Problem(where, f"names its method {method.name!r}, as {taken[method.name]} does",
+                                    "rename one of them, or uninstall the package you do not use"))
+        else:
+            taken[method.name] = point.value
+            found.append(method)
+    if problems:
+        raise UserError("two training methods share a name, or a plug-in names no method", problems)
+    return sorted(found, key=lambda m: m.name)
+
+
+_METHODS: list[Method] = [FULL, LORA, DISTILL, PREFERENCE, PRUNE,
+                          *_plugin_methods([FULL, LORA, DISTILL, PREFERENCE, PRUNE, CUSTOM]), CUSTOM]
 
 AUTO_METHODS = ("full", "lora", "qlora")
 """train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in
 the training precision; the same on a base rounded to 4-bit NF4."""
-
-
-def register(method: Method) -> Method:
-    """Add a method (before the custom module's, whose hooks run last)."""
-    if any(m.name == method.name for m in _METHODS):
-        raise ValueError(f"a training method named {method.name!r} is registered already")
-    _METHODS.insert(len(_METHODS) - 1, method)
-    return method
 
 
 def methods() -> list[Method]:

@@ -23,7 +23,7 @@ torch's autograd formulas (`tools/autograd/derivatives.yaml`: what each op saves
   tanh(.), 0.5·x and 1+tanh(.) besides the output; SwiGLU (SiLU(gate)·up) keeps gate, SiLU(gate),
   up and the product; a single-op GELU keeps its input and output.
 
-Checked against fake-tensor simulations of the real models (`orchestrate.simulate.calibrate`, per-
+Checked against fake-tensor simulations of the real models (`orchestrate.simulate.activation_fit`, per-
 layer bytes from 1- and 2-layer builds, bf16): GPT-2 58.07·s·b·h per layer (this formula: 58.08),
 TinyLlama widths 42.57 (42.57). See docs/memory-model.md.
 """

@@ -83,7 +83,7 @@ def optimizer_figure(runs: list[Run]) -> Figure:
 
 
 def measured_key(run: Run) -> str:
-    """The per-rank measurement that corresponds to the per-rank prediction (see verdict.py)."""
+    """The per-rank measurement that corresponds to the per-rank prediction (see memory_verdict.py)."""
     keys = {k for r in run.records for k in r}
     for key in ("gpu_max_reserved_bytes", "cpu_tensor_peak_bytes"):
         if key in keys:
@@ -96,7 +96,7 @@ def memory_figure(runs: list[Run]) -> Figure:
     for run in runs:
         key = measured_key(run)
         if key == "gpu_max_reserved_bytes":
-            # Like with like (verdict.py): torch's peaks see neither the CUDA context nor NCCL's buffers.
+            # Like with like (memory_verdict.py): torch's peaks see neither the CUDA context nor NCCL's buffers.
             memory = run.plan.chosen.memory
             for peak, predicted, what in (("gpu_max_reserved_bytes", memory.gpu_allocator, "tensors + allocator reserve"),
                                           ("gpu_max_allocated_bytes", memory.gpu_tensors, "tensors")):

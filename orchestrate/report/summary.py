@@ -9,9 +9,9 @@ from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.registry import active_methods
+from orchestrate.report.memory_verdict import memory_verdict
 from orchestrate.report.plots import FIGURES
 from orchestrate.report.runs import Run, load_run
-from orchestrate.report.verdict import memory_verdict
 from orchestrate.run.layout import (
     REPORT_DIR,
     REPORT_MARKER_FILE,

@@ -18,7 +18,7 @@ stopped first); not this rank's fault, so the launcher blames another (orchestra
 EX_OUT_OF_MEMORY = 71
 """sysexits.h EX_OSERR (a system resource ran out): a worker's device ran out of memory; it wrote
 RUN_DIR/oom/rank-<N>.json (the peak it reached, the step, the phase, the prediction). The launcher
-re-plans with the shortfall added and resumes (launch/oom.py); `orchestrate launch` itself exits
+re-plans with the shortfall added and resumes (launch/oom_replan.py); `orchestrate launch` itself exits
 with it when it could not recover."""
 
 

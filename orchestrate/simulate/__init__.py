@@ -15,19 +15,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrate.simulate.api import simulate, simulate_all
-    from orchestrate.simulate.calibrate import Calibration, calibrate
+    from orchestrate.simulate.activation_fit import Calibration, calibrate
+    from orchestrate.simulate.in_subprocess import simulate, simulate_all
     from orchestrate.simulate.result import SimulationResult
-    from orchestrate.simulate.spec import RunSpec
+    from orchestrate.simulate.run_spec import RunSpec
     from orchestrate.simulate.verify import VerificationReport, verify_plan
 
 _EXPORTS = {
-    "simulate": "orchestrate.simulate.api",
-    "simulate_all": "orchestrate.simulate.api",
-    "calibrate": "orchestrate.simulate.calibrate",
-    "Calibration": "orchestrate.simulate.calibrate",
+    "simulate": "orchestrate.simulate.in_subprocess",
+    "simulate_all": "orchestrate.simulate.in_subprocess",
+    "calibrate": "orchestrate.simulate.activation_fit",
+    "Calibration": "orchestrate.simulate.activation_fit",
     "SimulationResult": "orchestrate.simulate.result",
-    "RunSpec": "orchestrate.simulate.spec",
+    "RunSpec": "orchestrate.simulate.run_spec",
     "verify_plan": "orchestrate.simulate.verify",
     "VerificationReport": "orchestrate.simulate.verify",
 }

@@ -23,7 +23,7 @@ from torch._guards import active_fake_mode
 from orchestrate.methods.registry import apply_transforms
 from orchestrate.simulate.counter import LiveStorageCounter
 from orchestrate.simulate.patches import cuda_like_dropout, fsdp_comm_phase, hf_config_for_simulation
-from orchestrate.simulate.spec import RunSpec, plan_from_parts
+from orchestrate.simulate.run_spec import RunSpec, plan_from_parts
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 # DeepSpeed optimizer attributes (deepspeed 0.19: runtime/zero/stage_1_and_2.py, stage3.py) and what

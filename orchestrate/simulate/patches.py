@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from orchestrate.simulate.counter import LiveStorageCounter
-from orchestrate.simulate.spec import RunSpec
+from orchestrate.simulate.run_spec import RunSpec
 
 _ATTENTION_DROPOUT_KEYS = ("attn_pdrop", "attention_dropout", "attention_probs_dropout_prob")
 

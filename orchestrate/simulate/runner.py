@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from orchestrate.simulate.result import SimulationResult, summarize
-from orchestrate.simulate.spec import RunSpec
+from orchestrate.simulate.run_spec import RunSpec
 
 
 def simulate_in_process(spec: RunSpec) -> SimulationResult:

@@ -17,9 +17,9 @@ from orchestrate.hardware.units import format_bytes
 from orchestrate.methods.registry import active_methods
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
-from orchestrate.simulate.api import simulate
+from orchestrate.simulate.in_subprocess import simulate
 from orchestrate.simulate.result import SimulationResult
-from orchestrate.simulate.spec import OFFLOAD_NOTE
+from orchestrate.simulate.run_spec import OFFLOAD_NOTE
 
 
 @dataclass(frozen=True)

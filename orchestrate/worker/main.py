@@ -61,7 +61,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
         stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from), tensors)
     except StepOutOfMemory as oom:
         # No barrier, no destroy_process_group: a peer may be gone or stuck in a collective; torchrun
-        # stops the others. The launcher reads the record and re-plans (launch/oom.py).
+        # stops the others. The launcher reads the record and re-plans (launch/oom_replan.py).
         record_oom(plan, rank, run.path, oom.step, oom.phase, oom.__cause__ or oom)
         return EX_OUT_OF_MEMORY
     if not stopped:

@@ -3,7 +3,7 @@
 The step loop turns a `torch.OutOfMemoryError` into `StepOutOfMemory` (the step and the phase the
 engine was in: forward, backward, optimizer); the worker's recipe writes this rank's record,
 RUN_DIR/oom/rank-<N>.json, and exits EX_OUT_OF_MEMORY without another collective (a peer may be
-gone or stuck). The launcher reads it and re-plans (launch/oom.py).
+gone or stuck). The launcher reads it and re-plans (launch/oom_replan.py).
 
 What the record calls the peak: at an OOM the caching allocator could not hand out the request on
 top of what it had reserved (it frees its cache and retries before raising), so the rank needed at

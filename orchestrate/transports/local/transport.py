@@ -22,7 +22,7 @@ from orchestrate.launch.torchrun_args import LaunchOptions, format_command, torc
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE, WORKER_MODULE
 from orchestrate.transports.local.agent import WarmAgent
-from orchestrate.transports.local.progress import follow_metrics
+from orchestrate.transports.local.metrics_progress import follow_metrics
 
 if TYPE_CHECKING:
     from collections.abc import Callable

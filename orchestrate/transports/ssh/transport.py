@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, TextIO
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.session import Prepared, describe
-from orchestrate.launch.torchrun_args import worker_torchrun_args
+from orchestrate.launch.torchrun_args import LaunchOptions, worker_torchrun_args
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import LAUNCH_SCRIPT, PLAN_FILE, worker_program
 from orchestrate.transports.slurm.transport import STOP_MARGIN_S
@@ -52,9 +52,9 @@ def hardware_for_hosts(flags: HardwareFlags, hosts: Sequence[Host]) -> HardwareF
     return dataclasses.replace(flags, nodes=len(hosts), gpus=slots[0])
 
 
-def reject_with_hosts(**given: object) -> None:
+def reject_with_hosts(options: LaunchOptions) -> None:
     """UserError for rendezvous flags that make no sense with --hosts (it chooses the rendezvous)."""
-    clash = [flag for flag, value in given.items() if value is not None]
+    clash = list(options.hand_made_rendezvous)
     if clash:
         raise UserError("--hosts chooses the rendezvous itself", [Problem(
             f"--{flag.replace('_', '-')}", "cannot be combined with --hosts",

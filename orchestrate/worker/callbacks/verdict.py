@@ -1,10 +1,10 @@
-"""Prints the memory verdict (`orchestrate/report/verdict.py`) at the end of a run, on rank 0."""
+"""Prints the memory verdict (`orchestrate/report/memory_verdict.py`) at the end of a run, on rank 0."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from orchestrate.report.verdict import memory_verdict
+from orchestrate.report.memory_verdict import memory_verdict
 from orchestrate.worker.callbacks.base import Callback, StepEnd, Training
 
 

@@ -15,7 +15,7 @@ from typing import Any
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.simulate.result import SimulationResult
-from orchestrate.simulate.spec import RunSpec, plan_from_parts, spec_from_plan
+from orchestrate.simulate.run_spec import RunSpec, plan_from_parts, spec_from_plan
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from typing import Any
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import MemoryCorrection
 from orchestrate.hardware.units import format_bytes
-from orchestrate.launch.calibrate import record_oom_ratio
+from orchestrate.launch.calibration_record import record_oom_ratio
 from orchestrate.launch.resume import pinned_config
 from orchestrate.launch.rundir import prepare_run
 from orchestrate.planner.plan import RunPlan

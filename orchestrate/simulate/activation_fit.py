@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
-from orchestrate.simulate.api import make_spec, simulate_all
+from orchestrate.simulate.in_subprocess import make_spec, simulate_all
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ RESERVED_NOTE = ("GPU run: the plan predicts the memory the CUDA caching allocat
                  "and retries when a request fails (docs/memory-model.md); max_memory_reserved also counts the "
                  "segments it keeps for reuse while the device has room to spare, so a reserved peak above the "
                  "prediction with the allocated peak within it is that cache, not an under-prediction (the "
-                 "calibration file takes the allocated peak for this reason: launch/calibrate.py).")
+                 "calibration file takes the allocated peak for this reason: launch/calibration_record.py).")
 
 
 @dataclass(frozen=True)

@@ -55,7 +55,7 @@ def test_the_script_prints_a_row_per_case_and_the_summary(capsys):
                    "docs' 70B CPU-offload nvidia-smi row 0.77, Answer.AI's 7B QLoRA at seq 512 0.87, whose reserved peak is "
                    "that of seq 2048, untraced) and torchtitan's FSDP2 reserved peak on a card with room (0.87: cache "
                    "beyond the need the reserve predicts); on cards more than 80 % full only the PEFT 70B offload row is below "
-                   "0.95; README, Known gaps")
+                   "0.95; docs/known-gaps.md")
 def test_issue_bounds(rows):
     bench, evaluated = rows
     counted = [r for r in evaluated if not r["left_out"]]

@@ -7,7 +7,7 @@ Like with like, against the prediction without the measured corrections it may a
   planner adds to that many bytes plus what lies outside the allocator as planned (context, NCCL).
   Not the reserved peak: on a card with room the allocator keeps freed segments cached instead of
   giving them back, so max_memory_reserved says what it held, not what it needed; the allocated peak
-  tracks each run's need (why: docs/measurements.md#launchcalibratepy). What the allocator needs
+  tracks each run's need (why: docs/measurements.md#launchcalibration_recordpy). What the allocator needs
   beyond the planned reserve on a full card ends in an out-of-memory error, recorded below;
 - an out-of-memory error: its measured need (a lower bound, worker/oom.py).
 CPU runs have no allocator peak and record nothing.

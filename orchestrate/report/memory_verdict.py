@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 TOLERANCE = 0.05
 """How far a measured peak may exceed its prediction before the verdict warns. The analytical model
 is meant to predict high, and against the simulation (which matches real CPU runs) it under-predicts
-by less than this (why: docs/measurements.md#reportverdictpy)."""
+by less than this (why: docs/measurements.md#reportmemory_verdictpy)."""
 
 RSS_INFO = ("the RSS also holds the Python interpreter and every library (torch alone maps several hundred "
             "MiB), so it is shown, not compared; the tensor peak above is the plan's counterpart")

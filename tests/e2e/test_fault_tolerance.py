@@ -23,7 +23,7 @@ import yaml
 
 from tests.helpers.plans import TINY_GPT2
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 24
 STRATEGIES = {"fsdp": {"backend": "fsdp", "zero_stage": 3}, "deepspeed": {"backend": "deepspeed", "zero_stage": 2},
               "ddp": {"backend": "ddp", "zero_stage": 0}}

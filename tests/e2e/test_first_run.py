@@ -14,7 +14,7 @@ import torch
 
 from tests.helpers.cli import invoke
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "examples" / "tiny-gpt2.yaml"
 LIBRARY_NOISE = ("Setting accelerator to CPU",  # DeepSpeed without DS_ACCELERATOR on a CPU machine
                  "loss_type=None",  # transformers, a causal LM whose class names no loss

@@ -39,7 +39,7 @@ from orchestrate.transports.ssh.remote import SshOptions
 from orchestrate.transports.ssh.transport import SshHosts, hardware_for_hosts
 from tests.daemons import require_slurm, require_sshd, wait_job
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 # Small enough for 4 gloo processes on 2 shared cores; global batch 8 divides by 2 and 4 ranks.
 SHORT = ("train.eval_every=0", "train.seq_len=64", "train.global_batch_size=8")

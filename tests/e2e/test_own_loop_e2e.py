@@ -19,7 +19,7 @@ from orchestrate.errors import UserError
 from orchestrate.run.checkpoints import LATEST_FILE, checkpoint_root, read_meta, step_dir_name
 from tests.helpers.plans import cpu_hardware
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own_loop"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "own_loop"
 ARGS = ("--epochs", "2", "--samples", "256")  # 256 samples / 32 per step: 8 optimizer steps an epoch
 
 

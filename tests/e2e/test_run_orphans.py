@@ -1,4 +1,4 @@
-"""Workers never outlive their launcher (issue 10): SIGKILL of a real `orchestrate launch` leaves
+"""Workers never outlive their launcher: SIGKILL of a real `orchestrate launch` leaves
 no worker behind (orchestrate.worker.orphans); SIGTERM before step 1 is a checkpoint and exit 75
 like any other stop signal. Slow: 2 gloo ranks of the tiny demo."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 
 

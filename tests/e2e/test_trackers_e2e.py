@@ -12,7 +12,7 @@ from orchestrate.config.load import load_config
 from orchestrate.report.summary import write_report
 from tests.helpers.plans import cpu_hardware
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

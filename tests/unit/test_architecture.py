@@ -12,7 +12,7 @@ from pathlib import Path
 
 import tomllib
 
-PACKAGE = Path(__file__).resolve().parents[1] / "orchestrate"
+PACKAGE = Path(__file__).resolve().parents[2] / "orchestrate"
 RUN_DIR_NAMES = {"plan.json", "config.yaml", "metrics.jsonl", "launch.sh", "job.sbatch", "accelerate.yaml",
                  "REQUEUE", "init_model", "data/demo_corpus.txt", "orchestrate.worker", "checkpoints",
                  ".orchestrate-run", ".lock", ".orchestrate-export"}

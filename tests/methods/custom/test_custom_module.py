@@ -1,6 +1,6 @@
 """Your own nn.Module (`model.module`, `data.module`): config validation, the meta-device shape,
 the measured activations and their cache, the objective, and the memory model against a real
-CPU step (issue 12 part 2)."""
+CPU step."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from orchestrate.methods.custom.module import shape_of_module
 from orchestrate.model.meta import shape_for
 from orchestrate.planner.plan import RunPlan
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "cnn"
 HELPERS = "tests.helpers.custom_modules"
 
 
@@ -27,7 +27,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 
 def _config(model: dict, data: dict | None = None, train: dict | None = None, **sections):
-    model = {"trust_remote_code": True, **model}  # the opt-in to run model.module (tests/test_code_opt_in.py)
+    model = {"trust_remote_code": True, **model}  # the opt-in to run model.module (tests/unit/config/test_code_opt_in.py)
     return config_from_dict({"model": model, "data": data or {},
                              "train": {"seq_len": 1, "global_batch_size": 8, **(train or {})}, **sections}, EXAMPLE)
 

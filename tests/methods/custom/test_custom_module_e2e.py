@@ -1,4 +1,4 @@
-"""Done-when of issue 12 part 2 on 2 gloo ranks: the example CNN (examples/cnn/cnn.yaml, the same
+"""Your own nn.Module trains on 2 gloo ranks: the example CNN (examples/cnn/cnn.yaml, the same
 YAML that runs on GPUs) trains from its own nn.Module and dataset factory to >= 0.9 validation
 accuracy under DDP, FSDP2 and DeepSpeed ZeRO-2, and the saved state dict loads into the module."""
 
@@ -19,7 +19,7 @@ from orchestrate.planner.search import make_plan
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import cpu_hardware
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cnn"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "cnn"
 # Fewer samples and steps than the example, to stay well under a minute per run on 2 busy cores.
 SMALL = ["data.kwargs.size=800", "train.max_steps=30", "train.eval_batches=3"]
 
@@ -96,7 +96,7 @@ def test_a_resumed_custom_module_run_continues_exactly(tmp_path: Path):
     import os
 
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH", "")])}
     _launch(tmp_path / "resumed", "--set", "train.max_steps=6", env=env)
     _launch(tmp_path / "resumed", "--resume", "--set", "train.max_steps=9", env=env)
     _launch(tmp_path / "straight", "--set", "train.max_steps=9", env=env)

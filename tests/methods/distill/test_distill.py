@@ -37,7 +37,7 @@ from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.worker.objective import CausalLMObjective
 from tests.helpers.word_tokenizers import word_tokenizer
-from tests.test_memory_model import cpu_hw, gpu_hw, strat
+from tests.unit.planner.test_memory_model import cpu_hw, gpu_hw, strat
 
 GPT2 = {"model_type": "gpt2", "n_embd": 96, "n_layer": 3, "n_head": 4, "n_positions": 64, "vocab_size": 257}
 STUDENT = {**GPT2, "n_embd": 32, "n_layer": 1, "n_head": 2}

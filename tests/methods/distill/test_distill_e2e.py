@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from tests.test_fault_tolerance import _launch, _metrics, _roll_back, _weights
+from tests.e2e.test_fault_tolerance import _launch, _metrics, _roll_back, _weights
 
 STEPS = 16
 TEACHER = {"model_type": "gpt2", "n_embd": 96, "n_layer": 3, "n_head": 4, "n_positions": 64, "vocab_size": 257,

@@ -10,8 +10,8 @@ import torch
 
 from tests.helpers.dist import init_gloo, run_on_ranks
 from tests.helpers.plans import make_plan
-from tests.test_distill import GPT2
-from tests.test_memory_model import strat
+from tests.methods.distill.test_distill import GPT2
+from tests.unit.planner.test_memory_model import strat
 
 
 def _plan(teacher: str):

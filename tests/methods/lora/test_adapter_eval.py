@@ -22,7 +22,7 @@ from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
 from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_lora_backends import BACKENDS, FAMILIES, SEQ
+from tests.methods.lora.test_lora_backends import BACKENDS, FAMILIES, SEQ
 
 STRATEGIES = {**BACKENDS, "ddp": Strategy("ddp", 0, "none", "none", "fp32", False, 2)}
 EVAL_AFTER = (3, 8)

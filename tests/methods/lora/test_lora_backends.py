@@ -33,7 +33,7 @@ FAMILIES = {
 BACKENDS = {"fsdp": Strategy("fsdp", 3, "none", "none", "fp32", False, 2),
             "zero2": Strategy("deepspeed", 2, "none", "none", "fp32", False, 2),
             "zero3": Strategy("deepspeed", 3, "none", "none", "fp32", False, 2),
-            # tests/test_lora_offload.py: the adapters' optimizer in host memory (offload_optimizer: cpu), and
+            # tests/methods/lora/test_lora_offload.py: the adapters' optimizer in host memory (offload_optimizer: cpu), and
             # the frozen base's partitions with it (offload_param: cpu)
             "zero2_offload_opt": Strategy("deepspeed", 2, "cpu", "none", "fp32", False, 2),
             "zero3_offload_opt": Strategy("deepspeed", 3, "cpu", "none", "fp32", False, 2),
@@ -43,7 +43,7 @@ CASES = [("fsdp", "lora", "llama"), ("fsdp", "qlora", "qwen2"), ("zero2", "lora"
 MERGE_TOLERANCE = {"lora": 1e-4, "qlora": 1e-2}
 """Max |logit difference|, merged fp32 model vs the trained PEFT model. lora: the same fp32 sums in
 another order. qlora: bitsandbytes' CPU 4-bit matmul rounds its dequantized weight to bf16 after the
-first forward (tests/test_lora_train.py measured 2.4e-3 under DDP), the merged model is exact fp32."""
+first forward (tests/methods/lora/test_lora_train.py measured 2.4e-3 under DDP), the merged model is exact fp32."""
 
 
 def _plan(backend: str, method: str, family: str):
@@ -88,7 +88,7 @@ def _train(backend: str, method: str, family: str, model_dir: str, run_dir: str)
     engine = setup_engine(impl, plan, cpu_rank(rank, world), model_dir)
     module = getattr(engine.model, "module", engine.model)
     frozen = _frozen_bytes(module)
-    # DeepSpeed only: the offload blocks the engine runs with (tests/test_lora_offload.py asserts them)
+    # DeepSpeed only: the offload blocks the engine runs with (tests/methods/lora/test_lora_offload.py asserts them)
     offload = [getattr(f(), "device", None) for f in (getattr(engine.model, "zero_offload_optimizer", None),
                                                       getattr(engine.model, "zero_offload_param", None)) if f]
     losses = [engine.train_step(_batches(rank)).loss for _ in range(4)]

@@ -11,7 +11,7 @@ from orchestrate.backends.ddp import DDPBackend
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_lora_train import SEQ, TINY_LLAMA
+from tests.methods.lora.test_lora_train import SEQ, TINY_LLAMA
 
 
 def _plan(dtype: str):

@@ -14,7 +14,7 @@ from orchestrate import api
 from orchestrate.cli import cli
 from orchestrate.config.load import config_from_dict
 from tests.helpers.plans import cpu_hardware
-from tests.test_lora_backends import FAMILIES, VOCAB
+from tests.methods.lora.test_lora_backends import FAMILIES, VOCAB
 
 MERGE_TOLERANCE = 1e-4
 """Max |logit difference| between fp32 models that hold the same weights summed in another order."""

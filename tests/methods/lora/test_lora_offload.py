@@ -1,7 +1,7 @@
 """LoRA and QLoRA (NF4) under DeepSpeed with offload, on 2 gloo ranks: ZeRO-2/3 with the adapters'
 optimizer in host memory (`offload_optimizer: {device: cpu}`), and ZeRO-3 with the frozen base's
 partitions there too (`offload_param: {device: cpu}`, fsdp_qlora's layout). The same
-combined run as tests/test_lora_backends.py (loss falls, base bytes identical, adapters-only
+combined run as tests/methods/lora/test_lora_backends.py (loss falls, base bytes identical, adapters-only
 checkpoint resumed bit-exactly, RUN_DIR/adapter loads with peft, RUN_DIR/model merged).
 
 On CPU "offloaded to cpu" moves nothing, so this checks DeepSpeed's offload code path (the partitions
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.dist import run_on_ranks
-from tests.test_lora_backends import _train, check_adapter_run, model_dirs  # noqa: F401 (a fixture)
+from tests.methods.lora.test_lora_backends import _train, check_adapter_run, model_dirs  # noqa: F401 (a fixture)
 
 # Each offload setup with both families and both methods over the cases; the optimizer-only setups once
 # each (their offloaded optimizer holds only the adapters: the same code for either method; the other two

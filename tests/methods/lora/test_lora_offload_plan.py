@@ -17,8 +17,8 @@ from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding
-from tests.test_lora_plan import TINY, config
-from tests.test_memory_model import gpu_hw, strat
+from tests.methods.lora.test_lora_plan import TINY, config
+from tests.unit.planner.test_memory_model import gpu_hw, strat
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
@@ -86,7 +86,7 @@ def test_the_offloaded_base_crosses_pcie_before_every_forward_and_backward_gathe
 
 def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_fits():
     from orchestrate.hardware.flags import HardwareFlags
-    from tests.test_lora_plan import LLAMA3_8B
+    from tests.methods.lora.test_lora_plan import LLAMA3_8B
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     cfg = config_from_dict({"model": {"architecture": dict(LLAMA3_8B)},
@@ -125,7 +125,7 @@ def test_llama2_70b_qlora_on_2x8gib_is_planned_with_the_base_offloaded(seq_len):
     from orchestrate.hardware.flags import HardwareFlags
     from orchestrate.planning import plan_for
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "llama2-70b.yaml"
+    example = Path(__file__).resolve().parents[3] / "examples" / "llama2-70b.yaml"
     cfg = load_config(example, [f"train.seq_len={seq_len}", "train.method=qlora", "train.optimizer.name=auto"])
     hw = HardwareFlags(gpus=2, gpu_mem="8GiB", cpu_mem="128GiB").resolve()
     plan = plan_for(cfg, hw)
@@ -138,7 +138,7 @@ def test_llama2_70b_qlora_on_2x8gib_is_planned_with_the_base_offloaded(seq_len):
 
 
 def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_offload():
-    """DeepSpeed runs activation offload (tests/test_memory_knobs_train.py): the 80 checkpointed block inputs
+    """DeepSpeed runs activation offload (tests/unit/backends/test_memory_knobs_train.py): the 80 checkpointed block inputs
     wait in host memory, and the offloaded ZeRO-3 plan fits at 2048 tokens with 0.34 GiB to spare. Pinned
     off it is refused, 37 MiB over with every other knob on (the MLP in 2 tiles among them), with a shorter
     length and the knob to try."""
@@ -150,7 +150,7 @@ def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_off
     from orchestrate.planner.remedies import infeasible_error
     from orchestrate.planning import plan_for
 
-    example = Path(__file__).resolve().parents[1] / "examples" / "llama2-70b.yaml"
+    example = Path(__file__).resolve().parents[3] / "examples" / "llama2-70b.yaml"
     overrides = ["train.seq_len=2048", "train.method=qlora", "train.optimizer.name=auto"]
     hw = HardwareFlags(gpus=2, gpu_mem="8GiB", cpu_mem="128GiB").resolve()
     cfg = load_config(example, overrides)

@@ -15,7 +15,7 @@ from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import Refusal
 from orchestrate.planner.remedies import infeasible_error
 from orchestrate.planner.search import make_plan
-from tests.test_memory_model import cpu_hw, gpu_hw, strat
+from tests.unit.planner.test_memory_model import cpu_hw, gpu_hw, strat
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
         "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100}

@@ -15,7 +15,7 @@ from orchestrate.methods.lora.transform import add_adapters, compute_dtype, quan
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
-from tests.test_quantized_loading import ARCHS, BIG
+from tests.methods.lora.test_quantized_loading import ARCHS, BIG
 
 SHARDING = {"fsdp": Strategy("fsdp", 3, "none", "none", "fp32", False, 2),
             "zero2": Strategy("deepspeed", 2, "none", "none", "fp32", False, 2),
@@ -185,9 +185,9 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
     from orchestrate.methods.lora.method import AdapterTerms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
-    from tests.test_lora_plan import LLAMA3_8B
-    from tests.test_memory_knobs import cfg
-    from tests.test_memory_model import gpu_hw, strat
+    from tests.methods.lora.test_lora_plan import LLAMA3_8B
+    from tests.unit.planner.test_memory_knobs import cfg
+    from tests.unit.planner.test_memory_model import gpu_hw, strat
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
@@ -206,9 +206,9 @@ def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_un
     from orchestrate.methods.lora.method import AdapterTerms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
-    from tests.test_lora_plan import LLAMA3_8B
-    from tests.test_memory_knobs import cfg
-    from tests.test_memory_model import gpu_hw, strat
+    from tests.methods.lora.test_lora_plan import LLAMA3_8B
+    from tests.unit.planner.test_memory_knobs import cfg
+    from tests.unit.planner.test_memory_model import gpu_hw, strat
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     a = adapters_for(cfg(LLAMA3_8B, method="lora"), shape)

@@ -21,7 +21,7 @@ from orchestrate.methods.preference.cache import (
     write_reference_logps,
 )
 from orchestrate.methods.preference.objective import answer_logps
-from tests.test_preference_objective import _model, _views
+from tests.methods.preference.test_preference_objective import _model, _views
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_a_complete_pass_is_reused_and_a_changed_input_redoes_it(setup):
 @pytest.mark.parametrize("packing", [True, False], ids=["packed", "padded"])
 def test_a_run_shorter_than_an_epoch_computes_the_records_of_its_samples_only(tmp_path, packing):
     from orchestrate.config.load import config_from_dict
-    from tests.test_preference_objective import _pairs
+    from tests.methods.preference.test_preference_objective import _pairs
 
     reference_dir, run_dir = tmp_path / "reference", tmp_path / "run"
     _model("llama", 3).save_pretrained(reference_dir)

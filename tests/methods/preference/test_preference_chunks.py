@@ -12,7 +12,7 @@ from orchestrate.methods.preference.config import PreferenceSection
 from orchestrate.methods.preference.objective import PreferenceObjective, answer_logps
 from orchestrate.methods.preference.reference import adapter_reference, module_reference
 from orchestrate.simulate.counter import LiveStorageCounter
-from tests.test_preference_objective import _model, _views
+from tests.methods.preference.test_preference_objective import _model, _views
 
 CHUNKS = 3  # uneven: 16 positions (32 packed) in chunks of 6, 6, 4 (11, 11, 10)
 TOLERANCE = {"rtol": 1e-6, "atol": 1e-6}

@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.e2e.test_fault_tolerance import _launch, _metrics, _roll_back, _weights
 from tests.helpers.preference import PreferenceRuns
-from tests.test_fault_tolerance import _launch, _metrics, _roll_back, _weights
 
 pytestmark = pytest.mark.slow
 PLACEMENT_STEPS = 8
@@ -51,7 +51,7 @@ def test_chunked_log_probabilities_learn_with_the_unchunked_run_s_losses(runs):
     """LoRA with train.loss_chunks pinned to 2: the model's log-probabilities under checkpoint and the
     adapter reference's under no_grad, chunk by chunk. The frozen LM head has no gradient to sum over
     chunks, and each position's logits and hidden-state gradient are the same rows of the same matmul,
-    so the run is the unchunked one's bit for bit (tests/test_preference_chunks.py: 1e-6 on a step)."""
+    so the run is the unchunked one's bit for bit (tests/methods/preference/test_preference_chunks.py: 1e-6 on a step)."""
     whole, chunked = runs("lora", "lora"), runs("lora-chunked", "lora", train={"loss_chunks": 2})
     for run_dir, chunks in ((whole, 0), (chunked, 2)):
         plan = json.loads((run_dir / "plan.json").read_text())

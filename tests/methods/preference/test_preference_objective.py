@@ -16,7 +16,7 @@ from orchestrate.methods.preference.config import PreferenceSection
 from orchestrate.methods.preference.losses import pair_loss
 from orchestrate.methods.preference.objective import PreferenceObjective, answer_logps, step_metrics
 from orchestrate.methods.preference.reference import adapter_reference, module_reference
-from tests.test_sft_packing import FAMILIES as SFT_FAMILIES
+from tests.unit.data.test_sft_packing import FAMILIES as SFT_FAMILIES
 
 FAMILIES = {name: SFT_FAMILIES[name] for name in ("gpt2", "llama", "qwen2")}  # tiny configs of the packing tests
 

@@ -25,10 +25,10 @@ from orchestrate.planner.search import Limits, _candidate, make_plan
 from orchestrate.planning import plan_for
 from tests.helpers.cli import assert_one_message, invoke
 from tests.helpers.plans import TINY_GPT2, cpu_hardware
-from tests.test_lora_plan import LLAMA3_8B
-from tests.test_memory_model import strat
+from tests.methods.lora.test_lora_plan import LLAMA3_8B
+from tests.unit.planner.test_memory_model import strat
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 GPU_8GIB = HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB")
 
 

@@ -16,7 +16,7 @@ from orchestrate.planner.report import plan_json
 from orchestrate.planner.strategy import Strategy
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
-from tests.test_prune_train import TINY_LLAMA
+from tests.methods.prune.test_prune_train import TINY_LLAMA
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""Pruning's config, schedule, checks and planner terms (issue 13 part 2), without torch."""
+"""Pruning's config, its sparsity schedule, the plan-time checks and the planner's mask and saved-size
+terms, without torch."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Pruning on 2 gloo ranks (issue 13 part 2): under DDP, FSDP2, ZeRO-2 and ZeRO-3 the pruned weights
+"""Pruning on 2 gloo ranks: under DDP, FSDP2, ZeRO-2 and ZeRO-3 the pruned weights
 stay zero after every optimizer step (in the fp32 master copy too), masks only grow, the saved model
 has the target sparsity, the loss recovers after the schedule, resuming mid-schedule is bit-exact;
 structured pruning saves a smaller model whose parameter count is the plan's prediction."""

@@ -1,5 +1,5 @@
 """The BERT examples: the labelled-CSV generator follows its rule, and both YAMLs plan as written
-(their runs are measured in docs/tasks.md; the training itself is tests/test_tasks_sharded.py)."""
+(their runs are measured in docs/tasks.md; the training itself is tests/methods/tasks/test_tasks_sharded.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from orchestrate.api import plan_from_file
 from orchestrate.hardware.presets import load_preset
 from orchestrate.planner.plan import RunPlan
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def test_the_generated_csv_has_one_keyword_of_its_label_per_row(tmp_path):

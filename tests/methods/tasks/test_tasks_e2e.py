@@ -1,5 +1,6 @@
-"""Done-when runs of issue 12 part 1 on 2 gloo ranks (DDP): a tiny BERT classifier on a generated
-CSV with a learnable rule, and a tiny BERT masked LM."""
+"""The model.task heads train on 2 gloo ranks (DDP): a tiny BERT classifier on a generated CSV
+with a learnable rule reaches 0.9 accuracy and saves its labels, and a tiny BERT masked LM lowers
+its loss and loads as a masked LM."""
 
 from __future__ import annotations
 

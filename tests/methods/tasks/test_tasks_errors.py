@@ -13,9 +13,9 @@ import yaml
 
 from orchestrate.config.load import load_config
 from orchestrate.errors import UserError
-from tests.test_tasks import BERT
+from tests.methods.tasks.test_task_config import BERT
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _csv(path: Path, header: list[str], rows: list[list[str]]) -> str:

@@ -18,7 +18,7 @@ from orchestrate.planner import constants as k
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.report import memory_table
 from tests.helpers.plans import TINY_GPT2
-from tests.test_tasks import BERT
+from tests.methods.tasks.test_task_config import BERT
 
 MODELS = {"causal-lm": TINY_GPT2, "masked-lm": BERT, "sequence-classification": BERT}
 SEQ = 64

@@ -1,5 +1,5 @@
-"""Issue 12 part 1 under the sharded backends, 2 gloo ranks: the tiny BERT classifier and masked
-LM of tests/test_tasks_e2e.py under FSDP2 (full shard) and DeepSpeed ZeRO-2 / ZeRO-3, and a
+"""The model.task heads under the sharded backends, 2 gloo ranks: the tiny BERT classifier and masked
+LM of tests/methods/tasks/test_tasks_e2e.py under FSDP2 (full shard) and DeepSpeed ZeRO-2 / ZeRO-3, and a
 masked-LM run resumed from a checkpoint that repeats the uninterrupted run bit for bit."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from orchestrate.launch.session import start
 from orchestrate.planner.strategy import Strategy
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
-from tests.test_tasks_e2e import TINY_BERT, write_labelled_csv
+from tests.methods.tasks.test_tasks_e2e import TINY_BERT, write_labelled_csv
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SHARDED = {"fsdp-full": Strategy("fsdp", 3, "none", "none", "fp32", False, 4),
            "deepspeed-z2": Strategy("deepspeed", 2, "none", "none", "fp32", False, 4),
            "deepspeed-z3": Strategy("deepspeed", 3, "none", "none", "fp32", False, 4)}

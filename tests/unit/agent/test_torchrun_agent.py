@@ -15,7 +15,7 @@ import pytest
 
 from orchestrate.config.load import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _config():

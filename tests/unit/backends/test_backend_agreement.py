@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.test_worker import DEEPSPEED, FSDP, _run
+from tests.unit.worker.test_worker_pinned_plan import DEEPSPEED, FSDP, _run
 
 # fp32 on CPU; the two backends reduce gradients in different orders (DeepSpeed: flat buckets,
 # FSDP2: per-parameter reduce-scatter) and DeepSpeed steps AdamW on a flat fp32 partition, so bitwise

@@ -2,7 +2,7 @@
 files; 2-rank gloo training with ZeRO-2 and ZeRO-3 CPU offload on the tiny GPT-2.
 
 Regenerate the golden files after an intended change of the rendering, then review the diff:
-    .venv/bin/python -m tests.test_backend_deepspeed --regen
+    .venv/bin/python -m tests.unit.backends.test_backend_deepspeed --regen
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import TINY_GPT2, make_plan
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "deepspeed"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "deepspeed"
 NVME = "/mnt/nvme/offload"
 
 
@@ -195,9 +195,9 @@ def test_another_backends_strategy_is_a_programming_error():
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_rendering_matches_golden_file(name):
     golden = GOLDEN_DIR / f"{name}.json"
-    assert golden.is_file(), "run: .venv/bin/python -m tests.test_backend_deepspeed --regen"
+    assert golden.is_file(), "run: .venv/bin/python -m tests.unit.backends.test_backend_deepspeed --regen"
     assert render(GOLDEN[name]())[CONFIG_FILE] == golden.read_text(), (
-        "rendering changed; if intended run `.venv/bin/python -m tests.test_backend_deepspeed --regen` "
+        "rendering changed; if intended run `.venv/bin/python -m tests.unit.backends.test_backend_deepspeed --regen` "
         "and review the diff")
 
 
@@ -435,4 +435,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["--regen"]:
         regen()
     else:
-        sys.exit("usage: python -m tests.test_backend_deepspeed --regen")
+        sys.exit("usage: python -m tests.unit.backends.test_backend_deepspeed --regen")

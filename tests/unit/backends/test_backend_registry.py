@@ -13,7 +13,7 @@ from orchestrate.hardware.profile import GPUSpec, HardwareProfile
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import make_plan as pinned_plan
-from tests.test_planner import config, gpt2_xl, gpu_hw
+from tests.unit.planner.test_planner import config, gpt2_xl, gpu_hw
 
 
 def test_builtin_backends_in_planner_order_and_a_taken_name_is_refused():

@@ -26,7 +26,7 @@ from orchestrate.planner.strategy import Strategy
 from orchestrate.ports import free_port
 from tests.helpers.plans import make_plan
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "tests" / "helpers" / "hf_trainer_script.py"
 TRAIN = {"max_steps": 8, "schedule": {"warmup_steps": 3, "min_lr_ratio": 0.1}, "optimizer": {"lr": 2e-3}}
 

@@ -2,7 +2,7 @@
 in chunks, full fine-tuning and QLoRA (whose base is quantized as it loads); under FSDP2 the chunked
 loss equals the whole one; under DeepSpeed ZeRO-2 / ZeRO-3 (QLoRA also with parameters and optimizer
 offloaded) the chunked loss and activation offload each give the plain run's losses. Activation
-offload's pinning needs a GPU: the planner refuses it on CPU (tests/test_memory_knobs.py), so here it
+offload's pinning needs a GPU: the planner refuses it on CPU (tests/unit/planner/test_memory_knobs.py), so here it
 runs unpinned, which checks the wiring and the numbers, not the memory."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from orchestrate.backends.ddp import DDPBackend
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.dist import init_gloo, run_on_ranks
 from tests.helpers.plans import make_plan
-from tests.test_lora_train import TINY_LLAMA, _batches
+from tests.methods.lora.test_lora_train import TINY_LLAMA, _batches
 
 STRATEGY = replace(Strategy("ddp", 0, "none", "none", "fp32", False, 2), loss_chunks=4, optimizer="adamw8bit")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "bench"
+BENCH = Path(__file__).resolve().parents[3] / "bench"
 
 
 def _imports(path: Path) -> list[tuple[str, str]]:

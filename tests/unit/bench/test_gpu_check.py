@@ -15,7 +15,7 @@ import pytest
 from bench import gpu_check
 from bench.gpu_worker import cap_fraction
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[3]
 GiB = 2**30
 
 # zoo entry -> what the planned strategy's name must contain (the pins were honoured)

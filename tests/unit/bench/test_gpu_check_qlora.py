@@ -29,7 +29,7 @@ def test_random_base_loads_as_written_and_quantizes_as_it_loads(tmp_path, monkey
     from transformers import AutoModelForCausalLM
 
     from orchestrate.methods.lora.quantized_loading import load_quantized
-    from tests.test_quantized_loading import qlora_plan
+    from tests.methods.lora.test_quantized_loading import qlora_plan
 
     monkeypatch.setattr(random_base, "SHARD_BYTES", 64 * 1024)  # several shards for a 0.1M-param model
     out = random_base.write_config(TINY, tmp_path / "base")

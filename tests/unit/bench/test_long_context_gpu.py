@@ -15,7 +15,7 @@ import pytest
 
 from bench.long_context_gpu import longest
 
-ROOT = Path(__file__).parents[1]
+ROOT = Path(__file__).parents[3]
 
 
 @pytest.mark.parametrize(("limit", "step", "expected"), [(1000, 64, 960), (1000, 256, 768), (10, 64, 0), (10**6, 64, 4096)])

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from orchestrate.cli import cli
 
-EXAMPLES = __import__("pathlib").Path(__file__).parents[1] / "examples"
+EXAMPLES = __import__("pathlib").Path(__file__).parents[3] / "examples"
 
 
 @pytest.fixture

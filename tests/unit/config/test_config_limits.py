@@ -1,4 +1,5 @@
-"""Bad model.yaml input is refused with one UserError and bounded time/memory (issue 10, case 1-2)."""
+"""Hostile or malformed model.yaml files (alias bombs, deep nesting, huge files, duplicate keys, bad
+bytes, syntax errors) are refused with one UserError naming the line, in bounded time and memory."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Strict types and valid ranges for model.yaml fields; every problem has a fix line (issue 10, cases 2-3)."""
+"""Strict types and valid ranges for model.yaml fields and --set overrides; every problem has a fix line."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Data inputs refused with one UserError before work starts (issue 10: cache_dir, num_proc, 0
-blocks, vocab size, seq_len past the model's positions on `plan`)."""
+"""Data inputs refused with one UserError before work starts: a cache_dir that cannot be written,
+num_proc above the cores, 0 training blocks, a vocabulary larger than the corpus gives, seq_len past
+the model's positions on `plan`."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from orchestrate.data import checks
 from orchestrate.errors import UserError
 from orchestrate.planner.plan import RunPlan
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = """\
 model:
   architecture: {model_type: gpt2, n_embd: 32, n_layer: 1, n_head: 2, n_positions: 256, vocab_size: 257}

@@ -1,5 +1,5 @@
 """The byte tokenizer saved as a Hugging Face tokenizer round-trips through AutoTokenizer and
-pipeline("text-generation"); a model directory's own tokenizer is used by default (issue 10 item 10)."""
+pipeline("text-generation"); a model directory's own tokenizer is used by default."""
 
 from __future__ import annotations
 

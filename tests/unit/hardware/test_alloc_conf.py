@@ -14,8 +14,8 @@ from orchestrate.planner.allocator_reserve import reserve_bytes, state_bytes
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE
-from tests.test_launch import _dry_run
-from tests.test_memory_model import strat
+from tests.unit.launch.test_launch import _dry_run
+from tests.unit.planner.test_memory_model import strat
 
 GPU = {"profile": "generic-8gb", "gpus": 2}
 
@@ -46,7 +46,7 @@ def test_the_conf_string_is_read_as_torch_parses_it():
 
 def test_the_plan_reserve_follows_the_setting():
     from orchestrate.model.formulas import shape_from_dict
-    from tests.test_lora_plan import LLAMA3_8B
+    from tests.methods.lora.test_lora_plan import LLAMA3_8B
 
     shape, s = shape_from_dict(dict(LLAMA3_8B)), strat("fsdp", 3, ac=True)
     reserves = {}
@@ -65,7 +65,7 @@ def test_without_expandable_segments_the_reserve_follows_the_transient_bytes():
     small fraction (planner/allocator_reserve.py)."""
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.allocator_reserve import RESERVE
-    from tests.test_lora_plan import LLAMA3_8B
+    from tests.methods.lora.test_lora_plan import LLAMA3_8B
 
     shape, s = shape_from_dict(dict(LLAMA3_8B)), strat("fsdp", 3, ac=True)
     hw = resolve_hardware(**GPU, environ={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"})

@@ -13,7 +13,7 @@ import pytest
 from bench import cuda_trace, gpu_results
 from orchestrate.hardware.profile import HardwareProfile
 
-RESULTS = Path(__file__).resolve().parents[1] / "bench/results/h200-2026-12-04"
+RESULTS = Path(__file__).resolve().parents[3] / "bench/results/h200-2026-12-04"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE
 from tests.helpers.plans import cpu_hardware
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 
 

@@ -1,4 +1,4 @@
-"""What the launcher says when workers fail or it is stopped (issue 10 item 7): the rank that
+"""What the launcher says when workers fail or it is stopped: the rank that
 failed on its own is blamed, its output path is a real path, a stop signal means exit 75."""
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def test_the_worker_installs_its_guards_before_torch_is_imported(module: str):
 
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+                         cwd=Path(__file__).resolve().parents[3])
     assert out.stdout.strip() == "False"
 
 
@@ -130,7 +130,7 @@ def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path
         def run(self, *args, **kwargs):
             raise AssertionError("the workers must not start")
 
-    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt2.yaml",
+    config = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny-gpt2.yaml",
                          [f"train.output_dir={tmp_path}"])
     written = api.launch(api.launch_request(config, cpu_hardware(2), run_dir=tmp_path / "run", dry_run=True))
     monkeypatch.setattr(pipeline, "prepare_for_plan", tokenising)
@@ -163,7 +163,7 @@ def test_data_progress_bars_show_on_a_terminal_only(monkeypatch, tmp_path: Path)
         def run(self, *args, **kwargs):
             return 0
 
-    config = load_config(Path(__file__).resolve().parents[1] / "examples" / "tiny-gpt2.yaml",
+    config = load_config(Path(__file__).resolve().parents[3] / "examples" / "tiny-gpt2.yaml",
                          [f"train.output_dir={tmp_path}"])
     monkeypatch.setattr(pipeline, "prepare_for_plan", tokenising)
     for name, console in (("pipe", Console(file=io.StringIO())), ("tty", Console(file=io.StringIO(), force_terminal=True))):

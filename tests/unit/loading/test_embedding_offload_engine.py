@@ -15,9 +15,9 @@ import torch
 
 from orchestrate.loading.host_embedding import allocate, route_lookups, to_device_keeping_embedding
 from orchestrate.planner.strategy import Strategy
-from tests.test_lora_train import TINY_LLAMA, _batches
-from tests.test_memory_knobs_train import STRATEGY as KNOB_STRATEGY
-from tests.test_memory_knobs_train import knob_plan
+from tests.methods.lora.test_lora_train import TINY_LLAMA, _batches
+from tests.unit.backends.test_memory_knobs_train import STRATEGY as KNOB_STRATEGY
+from tests.unit.backends.test_memory_knobs_train import knob_plan
 
 META = torch.device("meta")
 

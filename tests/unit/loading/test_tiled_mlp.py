@@ -60,7 +60,7 @@ def untiled() -> dict[str, tuple]:
 @pytest.mark.parametrize(("method", "tiles", "implementation"),
                          [("full", 4, "deepspeed"), ("full", 3, "checkpoint"), ("lora", 3, "deepspeed")])
 def test_tiled_mlps_give_the_untiled_loss_and_gradients(untiled, method, tiles, implementation):
-    """LoRA through the checkpointed slices trains under DDP in tests/test_tiled_mlp_train.py (the 16k-token
+    """LoRA through the checkpointed slices trains under DDP in tests/unit/loading/test_tiled_mlp_train.py (the 16k-token
     steps here are a few seconds each: attention's, not the MLP's)."""
     model = _llama(method)
     assert tile_mlps(model, tiles, repeated_accumulation=IMPLEMENTATIONS[implementation]) == 2

@@ -20,7 +20,7 @@ from orchestrate.launch.user_program import user_program
 from orchestrate.loop_api import launch_state
 from tests.helpers.plans import cpu_hardware
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE = ROOT / "examples" / "own_loop"
 SCRIPT = EXAMPLE / "train.py"
 

@@ -1,4 +1,4 @@
-"""Your own loop planned from your own module (issue 12 part 3): `model.module` + `model.example_input`
+"""Your own loop planned from your own nn.Module: `model.module` + `model.example_input`
 without data.module, the activations measured on fake inputs of those shapes, and `prepare`
 refusing a module that is not the planned one. The 2-rank runs are in test_own_loop_e2e.py."""
 
@@ -18,7 +18,7 @@ from orchestrate.model.meta import shape_for
 from orchestrate.planner.plan import RunPlan
 from tests.helpers.plans import cpu_hardware
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own_loop"
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "own_loop"
 HELPERS = "tests.helpers.custom_modules"
 LABELS = {"shape": [], "dtype": "int64"}
 
@@ -29,7 +29,7 @@ def _own_cache(tmp_path, monkeypatch):
 
 
 def _config(model: dict, data: dict | None = None, **train):
-    model = {"trust_remote_code": True, **model}  # the opt-in to run model.module (tests/test_code_opt_in.py)
+    model = {"trust_remote_code": True, **model}  # the opt-in to run model.module (tests/unit/config/test_code_opt_in.py)
     return config_from_dict({"model": model, "data": data or {},
                              "train": {"seq_len": 1, "global_batch_size": 8, **train}}, EXAMPLE)
 

@@ -18,7 +18,7 @@ from orchestrate.config.load import config_from_dict, load_config
 from orchestrate.errors import UserError
 from orchestrate.model.meta import build_meta_model, load_model_config, shape_for
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 TRAIN = {"seq_len": 128, "global_batch_size": 8}
 
 # Public config.json hyper-parameters (Hub repo in each comment).

@@ -21,8 +21,8 @@ from orchestrate.planner.search import Limits, make_plan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.plans import TINY_GPT2
-from tests.test_lora_plan import LLAMA3_8B, TINY
-from tests.test_memory_model import cpu_hw, strat
+from tests.methods.lora.test_lora_plan import LLAMA3_8B, TINY
+from tests.unit.planner.test_memory_model import cpu_hw, strat
 
 GiB = 2**30
 TABLE = 128256 * 4096 * 2  # Llama-3-8B's input embedding in bf16

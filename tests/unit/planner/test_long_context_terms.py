@@ -17,7 +17,7 @@ from orchestrate.planner import activations as act
 from orchestrate.planner import long_context as lc
 from orchestrate.planner.strategy import Strategy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

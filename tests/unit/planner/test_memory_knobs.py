@@ -20,8 +20,8 @@ from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import Refusal, RunPlan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed
-from tests.test_lora_plan import LLAMA3_8B, TINY
-from tests.test_memory_model import cpu_hw, gpu_hw, strat
+from tests.methods.lora.test_lora_plan import LLAMA3_8B, TINY
+from tests.unit.planner.test_memory_model import cpu_hw, gpu_hw, strat
 
 GiB = 2**30
 
@@ -81,7 +81,7 @@ def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
     assert tight.loss_chunks == knobs.auto_loss_chunks(4096) and tight.activation_checkpointing
     assert tight.optimizer == "adamw"  # 0.3 GiB of fp32 Adam states fit: the 8-bit optimizer is not needed
     # the 128k-vocabulary logits do not fit unchunked (but with the base offloaded to the host, ZeRO-3 fits
-    # them: tests/test_lora_offload_plan.py)
+    # them: tests/methods/lora/test_lora_offload_plan.py)
     whole = make_plan(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}, loss_chunks=0),
                       hw, shape_from_dict(dict(LLAMA3_8B)))
     unchunked = [c for c in whole.candidates if c.strategy.offload_params == "none"]
@@ -115,7 +115,7 @@ def test_pinned_knobs_that_cannot_run_get_one_error_naming_what_works(pins, wher
 
 
 def test_loss_chunks_and_activation_offload_pinned_under_deepspeed_are_planned_there():
-    # DeepSpeed runs both since tests/test_memory_knobs_train.py trained with each on ZeRO-2 and ZeRO-3
+    # DeepSpeed runs both since tests/unit/backends/test_memory_knobs_train.py trained with each on ZeRO-2 and ZeRO-3
     data = {"model": {"architecture": dict(TINY)}, "strategy": {"backend": "deepspeed"},
             "train": {"seq_len": 32, "global_batch_size": 2, "loss_chunks": 4, "activation_offload": True}}
     plan = make_plan(config_from_dict(data), gpu_hw(2), shape_from_dict(dict(TINY)))

@@ -134,7 +134,7 @@ def test_zero2_matches_deepspeed(ds_zero2, shape, gpn, nodes, precision):
     # No offload: GPU 2P + 18P/N ("2_grads_16bit + 4_grads_32bit + 4_params_32bit + 8_optimizer_states"),
     # plus one known difference: the 16-bit gradient partition holds the whole parameters overlapping
     # the rank's partition, up to one more parameter, which ours bounds by the largest layer (measured
-    # in tests/test_memory_vs_real.py; the estimator leaves it out).
+    # in tests/unit/planner/test_memory_vs_real.py; the estimator leaves it out).
     _, ds_gpu = ds_zero2(p, gpn, nodes, cpu_offload=False, additional_buffer_factor=1.0)
     # Two micro-batches: the gradient partitions persist, as the estimator counts them (with one, they
     # exist only in backward and the step and overlap the activations: memory.py _backward_only).

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrate.planner.memory import _placement, estimate_memory
-from tests.test_memory_model import FAMILIES, gpt2_xl, gpu_hw, llama2_7b, strat
+from tests.unit.planner.test_memory_model import FAMILIES, gpt2_xl, gpu_hw, llama2_7b, strat
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f[2] == "none" and f[3] == "none"],

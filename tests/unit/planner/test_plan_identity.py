@@ -2,7 +2,7 @@
 (candidates with their memory and speed breakdowns, the choice, the notes, the limits) equals the
 recording in tests/golden/plans/. A change that is meant to move a plan re-records them:
 
-    ORCHESTRATE_RECORD_PLANS=1 .venv/bin/python -m pytest tests/test_plan_identity.py
+    ORCHESTRATE_RECORD_PLANS=1 .venv/bin/python -m pytest tests/unit/planner/test_plan_identity.py
 
 and the diff of tests/golden/plans/ is reviewed with the change."""
 
@@ -18,7 +18,7 @@ from orchestrate import api
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = ROOT / "tests" / "golden" / "plans"
 TEACHER = GOLDEN / "teacher"
 """A distillation teacher's config.json (a wider tiny GPT-2) and the byte tokenizer's files: plans read

@@ -23,7 +23,7 @@ from orchestrate.planner.report import plan_json, print_plan
 from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.planner.strategy import Strategy
-from tests.test_memory_model import (
+from tests.unit.planner.test_memory_model import (
     RTX2070,
     RTX3070,
     cpu_hw,

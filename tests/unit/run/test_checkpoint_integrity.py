@@ -1,4 +1,4 @@
-"""Checkpoints are never lost and never a traceback (issue 10): discovery without `latest`, the
+"""Checkpoints are never lost and never a traceback: discovery without `latest`, the
 completeness manifest, the fallback past damaged checkpoints (truncated engine file or rank file,
 bad meta.json), pruning that keeps the newest intact one, a full disk during a write, and a
 checkpoint that passes its checks but fails to load. One process, no process group, except the

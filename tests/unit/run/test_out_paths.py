@@ -16,7 +16,7 @@ import pytest
 from tests.helpers.cli import assert_one_message, invoke
 from tests.helpers.fake_runs import fake_run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 
 

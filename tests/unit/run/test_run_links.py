@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from orchestrate.cli import cli
 from orchestrate.errors import UserError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 PRECIOUS = "a user's file: must survive\n"
 

@@ -1,4 +1,4 @@
-"""The run directory's lock (issue 10): one launch at a time per run directory, on every
+"""The run directory's lock: one launch at a time per run directory, on every
 transport; the holder is named; a dead holder's lock is free; workers refuse a foreign launch's
 run directory; a refused launch or resume leaves the run untouched."""
 
@@ -22,7 +22,7 @@ from orchestrate.run.layout import LOCK_FILE
 from orchestrate.run.lock import RunLock, check_worker_may_run, foreign_holder, read_holder
 from tests.helpers.plans import cpu_hardware
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 
 

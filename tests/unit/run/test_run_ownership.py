@@ -1,4 +1,4 @@
-"""Run directories are orchestrate's (issue 10): a user's files are never replaced by a launch, a
+"""Run directories are orchestrate's: a user's files are never replaced by a launch, a
 dry run, `config --out` or `export --out`; OS errors on those paths are one message, exit 2; the
 model files follow the user's umask."""
 
@@ -14,7 +14,7 @@ from click.testing import CliRunner
 
 from orchestrate.cli import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 TINY = ROOT / "examples" / "tiny-gpt2.yaml"
 
 

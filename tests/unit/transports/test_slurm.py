@@ -3,7 +3,7 @@ two-node job (two slurmd on loopback) running a gloo all_reduce through the rend
 the USR1 -> checkpoint -> requeue -> resume path.
 
 Regenerate the golden files after an intended change of the rendering, then review the diff:
-    .venv/bin/python -m tests.test_slurm --regen
+    .venv/bin/python -m tests.unit.transports.test_slurm --regen
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from orchestrate.transports.slurm.job import (
 from orchestrate.transports.slurm.transport import _run_srun
 from tests.daemons import require_slurm, wait_job
 
-GOLDEN_DIR = Path(__file__).parent / "golden" / "slurm"
+GOLDEN_DIR = Path(__file__).resolve().parents[2] / "golden" / "slurm"
 PYTHON = "/opt/venv/bin/python"
 
 GOLDEN = {
@@ -64,9 +64,9 @@ def regen() -> None:
 @pytest.mark.parametrize("name", sorted(GOLDEN))
 def test_rendering_matches_golden_file(name):
     golden = GOLDEN_DIR / f"{name}.sbatch"
-    assert golden.is_file(), "run: .venv/bin/python -m tests.test_slurm --regen"
+    assert golden.is_file(), "run: .venv/bin/python -m tests.unit.transports.test_slurm --regen"
     assert render_sbatch(GOLDEN[name]) == golden.read_text(), (
-        "rendering changed; if intended run `.venv/bin/python -m tests.test_slurm --regen` and review the diff")
+        "rendering changed; if intended run `.venv/bin/python -m tests.unit.transports.test_slurm --regen` and review the diff")
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -239,7 +239,7 @@ def test_sbatch_rejects_an_impossible_job(cluster, tmp_path):
     assert "node" in str(e.value).lower()
 
 
-REPO = str(Path(__file__).resolve().parents[1])
+REPO = str(Path(__file__).resolve().parents[3])
 ALLREDUCE = """\
 import json, os, sys
 sys.path.insert(0, {repo!r})  # orchestrate itself, also where it is not pip-installed

@@ -269,7 +269,7 @@ def test_ctrl_c_stops_every_host(sshd, tmp_path, marker):
     script = tmp_path / "launch.py"
     script.write_text(f"""\
 import sys
-sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})
+sys.path.insert(0, {str(Path(__file__).resolve().parents[3])!r})
 from orchestrate.transports.ssh.remote import SshOptions, run_on_hosts
 from orchestrate.transports.ssh.hosts import NodeCommand
 cmds = [NodeCommand(h, r, tuple(a)) for h, r, a in {[(c.host, c.rank, list(c.argv)) for c in cmds]!r}]

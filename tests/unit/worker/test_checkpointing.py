@@ -143,7 +143,7 @@ def test_missing_checkpoints_are_clear_errors(single, tmp_path):
     _save(checkpointer, engine, 2)
     with pytest.raises(UserError, match="steps: 2"):
         rc.find_checkpoint(run_dir, step=3)
-    # A dangling `latest` is only a hint gone stale: discovery still finds step 2 (issue 10).
+    # A dangling `latest` is only a hint gone stale: discovery still finds step 2.
     (run_dir / "checkpoints" / "latest").write_text("step-00000009\n")
     assert rc.latest_checkpoint(run_dir) is None
     assert rc.find_checkpoint(run_dir).chosen.path.name == "step-00000002"

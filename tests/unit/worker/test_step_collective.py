@@ -1,6 +1,6 @@
 """One collective per step: the stop flag rides on the step stats' all-gather (worker/loop.py).
 
-The two-rank agreement itself is exercised end to end by tests/test_fault_tolerance.py (a SIGTERM
+The two-rank agreement itself is exercised end to end by tests/e2e/test_fault_tolerance.py (a SIGTERM
 to one rank checkpoints every rank at the same step); here the single-process pieces.
 """
 

@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast demo chat-sft chat-dpo preference bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
+.PHONY: install test test-fast test-unit test-methods test-e2e demo chat-sft chat-dpo preference bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,17 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow and not daemons" tests
+
+# One folder of tests/ each (unit/<package>, methods/<method>, e2e), every tier; test-e2e with the
+# daemons its multi-node runs need (test-unit's SLURM and SSH daemon tests skip without them).
+test-unit: install
+	$(PY) -m pytest -q --durations=15 tests/unit
+
+test-methods: install
+	$(PY) -m pytest -q --durations=15 tests/methods
+
+test-e2e: install
+	bash .ci/services/with-daemons.sh $(PY) -m pytest -q --durations=15 tests/e2e
 
 demo: install
 	$(ORCH) launch --gpus $(GPUS) $(CONFIG) $(ARGS)

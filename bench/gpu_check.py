@@ -19,7 +19,7 @@ On one CUDA GPU:
 
 `--dry-run` (any machine, CPU is enough): imports everything the real run needs, plans every zoo
 entry (for `--profile`, default rtx3070, when there is no GPU) and prints the predictions, running
-no steps. tests/test_gpu_check.py runs it in CI. `--only NAME ...` runs some entries (a short GPU
+no steps. tests/unit/bench/test_gpu_check.py runs it in CI. `--only NAME ...` runs some entries (a short GPU
 session: `--skip-gpu-tests --only qlora-ddp-chunked-loss --qlora-8b`).
 
 A bare GPU machine (PyTorch with CUDA, transformers, accelerate, ...; no network) lacks some

@@ -18,7 +18,7 @@ sequence each trains, its tokens/s and peak memory, one table and one JSON (< 10
    torch.OutOfMemoryError caught, until the deadline (then the row says its longest is a lower bound). The
    optimizer is the one orchestrate's plan chose (adamw8bit -> TRL's adamw_8bit), gradient checkpointing on.
 
-`--dry-run` (any machine; CI: tests/test_long_context_gpu.py): plans orchestrate's longest sequence, and where
+`--dry-run` (any machine; CI: tests/unit/bench/test_long_context_gpu.py): plans orchestrate's longest sequence, and where
 TRL imports runs its trainer for a few steps on a tiny Llama on the CPU (the same code path, no memory search);
 everything needing CUDA is skipped with the reason in the table and the JSON.
 
@@ -26,12 +26,12 @@ Prepared device command (the session's checkout must hold this file: merge branc
 from the repository root, once: `PEERS=1 bash ../shared/gpu/fetch-wheels.sh .whl` (the wheels the image
 lacks plus TRL 1.16 and Liger 0.8.5 in .whl/peers, ~51 MB; /.whl/ is in .git/info/exclude). Then `run` with
 carry [".whl"], timeout_s 600 (DeepSpeed's CPU Adam, which the planned ZeRO-3 offload plan needs, JIT-builds
-in the background meanwhile; the fused-kernel GPU tests, tests/test_fused_kernels.py, run first, 60 s at most):
+in the background meanwhile; the fused-kernel GPU tests, tests/unit/model/test_fused_kernels.py, run first, 60 s at most):
 
     python3 -m pip install -q --no-index --no-deps --no-compile --target .site .whl/*.whl .whl/peers/*.whl \
       && export PYTHONPATH=$PWD/.site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 \
       && (python3 -m orchestrate.backends.prebuild > $OUT/prebuild.log 2>&1 &) \
-      && (timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_fused_kernels.py 2>&1 | tail -8) \
+      && (timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu tests/unit/model/test_fused_kernels.py 2>&1 | tail -8) \
       ; python3 bench/long_context_gpu.py --out $OUT --budget-s 480
 
 Unsloth is skipped there (printed reason: not importable): its wheels (`UNSLOTH=1`, 31.5 MB) and their own

@@ -11,7 +11,7 @@ fine-tuning of Llama-3.1-8B, ZeRO-3 with CPU offload, 500,000 tokens on one H100
 H200. Positions are raised to 2^21 for planning: RoPE takes any position, as ALST's runs past Llama-3.1's
 131,072 did. Each profile plans for a GPU machine with liger-kernel installed (orchestrate's `gpu` extra);
 "no Liger" is the longest without its fused kernels (their numerics have not run on a GPU here yet).
-`--short`: the 8 GiB rows only (CI: tests/test_long_context_plan.py).
+`--short`: the 8 GiB rows only (CI: tests/unit/planner/test_long_context_plan.py).
 """
 
 from __future__ import annotations

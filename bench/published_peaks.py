@@ -10,7 +10,7 @@ pinned to each source's stated settings (hardware, library versions, strategy), 
 Pure and fast (no GPU, no download): `python bench/published_peaks.py [--json FILE]` prints one row per
 case, the median and worst ratio predicted / published per metric kind, and each case's residual in a
 line. Cases whose settings cannot be reproduced by a plan are listed with the reason and not counted.
-The cases, their sources and settings: bench/published_cases.py. tests/test_published_peaks.py runs it.
+The cases, their sources and settings: bench/published_cases.py. tests/unit/planner/test_published_peaks.py runs it.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The examples/chat-sft workspace built in a directory, and its runs, through the real launcher on 2 CPU
-ranks (shared by tests/test_sft_e2e.py and bench/sft_learning.py): generated chats and base text, the
+ranks (shared by tests/e2e/test_sft_e2e.py and bench/sft_learning.py): generated chats and base text, the
 ChatML tokenizer `orchestrate tokenizer train` makes, the tiny base pre-trained by base.yaml, then
 chat fine-tuning with model.yaml (the built-in worker) or with examples/chat-sft/own_loop.py."""
 

@@ -1,5 +1,5 @@
 """Test-only fault injection: orchestrate's worker with a CUDA-style out-of-memory error raised in
-the backward of one step, for tests/test_oom_recovery.py (a CPU machine has no allocator to exhaust).
+the backward of one step, for tests/unit/launch/test_oom_recovery.py (a CPU machine has no allocator to exhaust).
 
 `python -m tests.helpers.oom_worker RUN_DIR/plan.json`, with (set only by that test):
 - ORCHESTRATE_TEST_INJECT_OOM_AT_STEP: the optimizer step whose first backward raises;

@@ -1,5 +1,5 @@
 """examples/preference's generated pairs and its runs through the real launcher on 2 CPU ranks
-(shared by tests/test_preference_e2e.py and bench/preference_learning.py)."""
+(shared by tests/methods/preference/test_preference_e2e.py and bench/preference_learning.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.test_fault_tolerance import _launch
+from tests.e2e.test_fault_tolerance import _launch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "preference"
 

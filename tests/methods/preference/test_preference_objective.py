@@ -1,0 +1,118 @@
+"""The preference objective on real tiny models, in one process: a packed batch gives every answer the
+log-probability it has padded alone (attention stays within each sequence, for every family packing
+is planned for), the objective's loss is the loss of the log-probabilities computed apart, the
+adapter placement's reference is the base model, and the logged metrics are TRL's means."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from orchestrate.config.load import config_from_dict
+from orchestrate.data.pipeline import prepare_data, samples_for
+from orchestrate.methods.preference.config import PreferenceSection
+from orchestrate.methods.preference.losses import pair_loss
+from orchestrate.methods.preference.objective import PreferenceObjective, answer_logps, step_metrics
+from orchestrate.methods.preference.reference import adapter_reference, module_reference
+from tests.unit.data.test_sft_packing import FAMILIES as SFT_FAMILIES
+
+FAMILIES = {name: SFT_FAMILIES[name] for name in ("gpt2", "llama", "qwen2")}  # tiny configs of the packing tests
+
+
+def _pairs(n: int) -> list[dict]:
+    return [{"prompt": f"Q{i}:", "chosen": "yes" * (1 + i % 3), "rejected": "no" * (1 + i % 4)} for i in range(n)]
+
+
+def _views(tmp_path, packing: bool, loss: str = "dpo", rows: list[dict] | None = None):
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows or _pairs(6)))
+    config = config_from_dict({"model": {"architecture": {"model_type": "gpt2", "n_embd": 32, "n_layer": 1,
+                                                         "n_head": 2, "vocab_size": 257}},
+                               "train": {"seq_len": 16, "global_batch_size": 2}, "preference": {"loss": loss},
+                               "data": {"train_files": ["p.jsonl"], "packing": packing, "num_proc": 1,
+                                        "validation_ratio": 0.0, "cache_dir": str(tmp_path / "cache")}}, tmp_path)
+    return samples_for(prepare_data(config), config)[0]
+
+
+def _model(family: str, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model(family, vocab_size=257, **FAMILIES[family])
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+def _by_record(batch, logps) -> dict[int, tuple[float, float]]:
+    n = batch["record_index"].numel()
+    return {int(doc): (float(logps.logps[j]), float(logps.logps[n + j])) for j, doc in enumerate(batch["record_index"])}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_packed_answers_have_the_log_probabilities_they_have_padded(tmp_path, family):
+    model = _model(family)
+    padded, packed = _views(tmp_path / "a", False), _views(tmp_path / "b", True)
+    with torch.no_grad():
+        alone = {}
+        for k in range(padded.samples):
+            batch = padded.batch([k])
+            alone.update(_by_record(batch, answer_logps(model, batch)))
+        batch = packed.batch(list(range(len(packed))))
+        together = _by_record(batch, answer_logps(model, batch))
+        leaked = answer_logps(model, {**batch, "position_ids": torch.arange(batch["input_ids"].shape[1]).expand_as(
+            batch["input_ids"])})  # one stream: every sequence sees the ones before it
+    assert len(packed) < padded.samples  # records did share blocks
+    assert together.keys() == alone.keys()
+    assert max(abs(a - b) for k in alone for a, b in zip(alone[k], together[k], strict=True)) < 1e-5
+    assert max(abs(a - b) for k in alone for a, b in zip(alone[k], _by_record(batch, leaked)[k], strict=True)) > 1e-3
+
+
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "robust", "orpo"])
+def test_the_objective_is_the_loss_of_the_log_probabilities_computed_apart(tmp_path, loss):
+    settings = PreferenceSection(loss=loss, **({"label_smoothing": 0.1} if loss == "robust" else {}))
+    model, reference = _model("llama", 0), _model("llama", 1)
+    batch = _views(tmp_path, False).batch([0, 1, 2])
+    objective = PreferenceObjective(settings, None if loss == "orpo" else module_reference(reference))
+    got = objective.loss(model, batch)
+    with torch.no_grad():
+        ref = None if loss == "orpo" else answer_logps(reference, batch)
+    expected = pair_loss(settings, answer_logps(model, batch), ref)
+    assert float(got.detach()) == pytest.approx(float(expected.loss), abs=1e-6)
+    got.backward()  # the gradient reaches the model, not the reference
+    assert next(model.parameters()).grad is not None and next(reference.parameters()).grad is None
+    metrics = step_metrics({k: float(v) for k, v in objective.take_sums().items()}, loss)
+    margins = expected.chosen_rewards - expected.rejected_rewards
+    assert metrics["rewards/margins"] == pytest.approx(float(margins.mean()), abs=1e-6)
+    assert metrics["rewards/accuracies"] == pytest.approx(float((margins > 0).float().mean()))
+    assert objective.take_sums() == {}
+
+
+def test_the_adapter_placement_is_the_base_model(tmp_path):
+    import peft
+
+    base = _model("llama", 0)
+    policy = peft.get_peft_model(_model("llama", 0), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_()  # a trained adapter: the policy differs from its base
+    policy.train()
+    batch = _views(tmp_path, True).batch([0, 1])
+    with torch.no_grad():
+        disabled = adapter_reference()(policy, batch)
+        assert policy.training  # back to training after the reference's forward
+        enabled = answer_logps(policy.eval(), batch)
+        expected = answer_logps(base, batch)
+    assert torch.allclose(disabled.logps, expected.logps, atol=1e-6)
+    assert not torch.allclose(enabled.logps, expected.logps, atol=1e-3)
+
+
+def test_kto_metrics_split_desirable_and_undesirable_answers(tmp_path):
+    rows = [{"prompt": f"Q{i}:", "completion": "ab" * (1 + i), "label": i % 2 == 0} for i in range(4)]
+    batch = _views(tmp_path, False, "kto", rows).batch([0, 1, 2, 3])
+    objective = PreferenceObjective(PreferenceSection(loss="kto"), module_reference(_model("llama", 1)))
+    loss = objective.loss(_model("llama", 0), batch)
+    metrics = step_metrics({k: float(v) for k, v in objective.take_sums().items()}, "kto")
+    assert torch.isfinite(loss) and metrics["kl"] >= 0
+    assert metrics["rewards/margins"] == pytest.approx(metrics["rewards/chosen"] - metrics["rewards/rejected"])

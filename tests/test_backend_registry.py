@@ -72,7 +72,7 @@ class _Twin:
 
     def __init__(self, priced_as: str = "fsdp") -> None:
         fsdp = get_backend("fsdp")
-        self.name, self.zero_stages, self.preference, self.priced_as = "fsdp-twin", fsdp.zero_stages, 9, priced_as
+        self.name, self.zero_stages, self.tie_break, self.priced_as = "fsdp-twin", fsdp.zero_stages, 9, priced_as
         self.knobs = fsdp.knobs
         self.shards_parameters, self.problems = fsdp.shards_parameters, fsdp.problems
 
@@ -93,5 +93,5 @@ def test_a_registered_backend_is_searched_ranked_and_priced_like_a_built_in_one(
     assert twins and twins.keys() == fsdp.keys()
     for name, twin in twins.items():  # the same terms: the same memory and speed
         assert (twin.memory, twin.speed) == (fsdp[name].memory, fsdp[name].speed)
-        # equally fast, so the tie-break puts the twin (preference 9) after FSDP2
+        # equally fast, so the tie-break puts the twin (tie_break 9) after FSDP2
         assert plan.candidates.index(twin) > plan.candidates.index(fsdp[name])

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from itertools import product
 
-from orchestrate.backends.registry import backend_names, get_backend, preference, runs_knob
+from orchestrate.backends.registry import backend_names, get_backend, runs_knob, tie_break
 from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
@@ -305,7 +305,7 @@ def _rank_key(c: Candidate) -> tuple:
     # memory knobs, simpler backend, lower stage, no recompute, larger micro-batch (fewer steps of Python
     # overhead, which the speed model does not see)
     return (s.optimizer != "adamw", s.activation_offload, s.embedding_offload, s.sequence_parallel,
-            -c.speed.tokens_per_s, offloads, knobs, preference(s.backend), s.zero_stage, s.activation_checkpointing,
+            -c.speed.tokens_per_s, offloads, knobs, tie_break(s.backend), s.zero_stage, s.activation_checkpointing,
             -s.micro_batch_size)
 
 

@@ -10,8 +10,8 @@ import pytest
 from orchestrate.backends.registry import backend_names, get_backend, register
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import weigh
 from tests.helpers.plans import make_plan as pinned_plan
 from tests.test_planner import config, gpt2_xl, gpu_hw
 
@@ -28,7 +28,7 @@ def test_builtin_backends_in_planner_order_and_a_taken_name_is_refused():
 
 @pytest.mark.parametrize("hw", [gpu_hw(1), gpu_hw(2), gpu_hw(2, nodes=2)], ids=["1gpu", "2gpu", "2x2gpu"])
 def test_every_candidate_the_planner_weighs_is_one_its_backend_renders(hw):
-    plan = make_plan(config(), hw, gpt2_xl())
+    plan = weigh(config(), hw, gpt2_xl())
     assert len(plan.candidates) > 5
     for candidate in plan.candidates:
         backend = get_backend(candidate.strategy.backend)
@@ -84,7 +84,7 @@ def test_a_registered_backend_is_searched_ranked_and_priced_like_a_built_in_one(
     with pytest.raises(ValueError, match="priced as 'megatron'"):
         register(_Twin("megatron"))
     register(_Twin())
-    plan = make_plan(config(), gpu_hw(2), gpt2_xl())
+    plan = weigh(config(), gpu_hw(2), gpt2_xl())
     def key(c):
         return dataclasses.replace(c.strategy, backend="")
 

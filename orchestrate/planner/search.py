@@ -487,11 +487,11 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, methods
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     # a method may rank a fitting candidate after the others (LoRA's offload: no GPU has run it)
-    offload_last = any(method.offload_ranks_last for method in methods)
-    fitting = sorted((c for c in kept if c.fits), key=lambda c: (offload_last and _offloads(c.strategy), _rank_key(c)))
+    offloaded_last = any(method.offloaded_last for method in methods)
+    fitting = sorted((c for c in kept if c.fits), key=lambda c: (offloaded_last and _offloads(c.strategy), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
-    if any(method.notes_longest_seq_len for method in methods) and not fitting_only:
+    if any(method.find_longest_seq_len for method in methods) and not fitting_only:
         def most_knobs(strategy: Strategy, seq: int) -> Strategy:
             """`strategy` at `seq` with every knob auto may turn on there, at micro-batch 1 where auto."""
             combos = combos_of(strategy.backend, strategy.activation_checkpointing, strategy.sequence_parallel, seq)

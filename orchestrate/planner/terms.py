@@ -72,8 +72,9 @@ class PricedTerms:
 
 Pricing = Callable[["MethodTerms", HardwareProfile, Strategy, int, int], PricedTerms]
 """(the terms, hardware, strategy, seq_len, gradient accumulation) -> the terms of that candidate, where
-(strategy, seq_len) is the micro-batch the trained model's forward sees (`forward_rows`). It receives the
-terms themselves because a search replaces their auxiliary models' placements (`with_auxiliary`)."""
+(strategy, seq_len) is the micro-batch the trained model's forward sees (memory.forward_rows). It receives
+the terms themselves: the search prices them with each placement of their auxiliary models in turn
+(`auxiliary` replaced, search._with_models)."""
 
 
 def _adds_nothing(terms: MethodTerms, hw: HardwareProfile, strategy: Strategy, seq_len: int,
@@ -97,17 +98,17 @@ class MethodTerms:
     splits_sequence: bool = True
     """Its objective takes one rank's slice of each sequence (sequence parallelism, planner/long_context.py);
     False where it brings its own objective over whole sequences."""
-    notes_longest_seq_len: bool = False
-    """The plan's notes name the longest train.seq_len that fits (the search bisects it)."""
+    find_longest_seq_len: bool = False
+    """The search bisects the longest train.seq_len that fits, and the plan's notes name it."""
     sample_rows: int = 1
     """Sequences one sample is (a preference record: its two); the activations, logits and compute are
-    those of the micro-batch the trained model's forward sees (`forward_rows`)."""
+    those of the micro-batch the trained model's forward sees (memory.forward_rows)."""
     packed_rows: bool = False
     """A sample's sequences share one row of sample_rows x seq_len (packed), else sample_rows rows each."""
     shardings: frozenset[tuple[str, int, str, str]] | None = None
     """(backend, zero_stage, offload_optimizer, offload_params) it is verified to train under (the others
     are not planned); None: every one."""
-    offload_ranks_last: bool = False
+    offloaded_last: bool = False
     """A fitting candidate that offloads states ranks after every fitting one that does not (not yet run
     on a GPU)."""
     no_recompute: Problem | None = None
@@ -119,6 +120,7 @@ class MethodTerms:
     """Device terms of its own that it adds to the breakdown (`PricedTerms.own`, `before_activations`),
     besides its auxiliary models'."""
     cpu_keys: tuple[str, ...] = ()
+    """Host terms of its own (`PricedTerms.own`), besides its auxiliary models'."""
     problems: tuple[Problem, ...] = ()
     """Its settings this hardware cannot run (a placement that needs several ranks, or a GPU), reported
     with the strategy pins' contradictions."""

@@ -56,7 +56,7 @@ def adapter_terms(adapters: Adapters, shape: ModelShape) -> MethodTerms:
                              if hw.has_gpu and adapters.quantized else 0.0))
 
     return MethodTerms(trained=trainable_shape(shape, adapters), freezes_base=True,
-                       shardings=verified_shardings(adapters.method), offload_ranks_last=True, priced=priced)
+                       shardings=verified_shardings(adapters.method), offloaded_last=True, priced=priced)
 
 
 def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adapters: Adapters) -> float | None:

@@ -46,7 +46,7 @@ def preference_terms(reference: AuxiliaryModel | None, packed: bool, problems: t
     are computed one chunk of positions at a time (objective.py), so the planner's logits term and the
     reference's forward price one chunk's logits. Its objective reads whole sequences (the worker refuses
     a sequence split); the plan's notes name the longest seq_len that fits."""
-    return MethodTerms(chunks_loss=True, splits_sequence=False, notes_longest_seq_len=True,
+    return MethodTerms(chunks_loss=True, splits_sequence=False, find_longest_seq_len=True,
                        sample_rows=SEQUENCES_PER_RECORD, packed_rows=packed,
                        auxiliary=(reference,) if reference is not None else (),
                        gpu_keys=("reference_forward",) if reference is not None else (), problems=problems,

@@ -28,7 +28,7 @@ from orchestrate.model.shape import ModelShape
 from orchestrate.planner import search
 from orchestrate.planner.plan import PlanResult, Refusal, RunPlan
 from orchestrate.planner.remedies import infeasible_error
-from orchestrate.planner.report import MethodReport
+from orchestrate.planner.terms import MethodReport
 
 
 def plan_for(config: RunConfig, hardware: HardwareProfile) -> RunPlan | Refusal:

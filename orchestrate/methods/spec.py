@@ -32,7 +32,7 @@ from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.plan import PlanResult
-from orchestrate.planner.terms import Alternative, MethodTerms
+from orchestrate.planner.terms import Alternative, MethodReport, MethodTerms
 
 
 class Method:
@@ -85,7 +85,7 @@ class Method:
         a written plan, which holds no terms."""
         return None
 
-    def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
+    def report(self, plan: PlanResult) -> MethodReport:
         """What `orchestrate plan` prints about it (lines) and adds to --json (keys)."""
         return [], {}
 

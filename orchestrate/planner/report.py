@@ -1,7 +1,7 @@
 """Human and machine views of a plan: rich tables for `orchestrate plan`, a dict for `--json`.
 
 Schema of `plan_json` is documented in docs/plan-json.md. What the plan's training methods say about
-themselves comes in as values (`MethodReport`, from orchestrate/planning.py).
+themselves comes in as values (planner/terms.py `MethodReport`, from orchestrate/planning.py).
 """
 
 from __future__ import annotations
@@ -17,10 +17,7 @@ from orchestrate.hardware.units import gib, parameter_count
 from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import Candidate, PlanResult, RunPlan
 from orchestrate.planner.search import Limits, describe_hardware
-
-MethodReport = tuple[list[str], dict[str, Any]]
-"""What one training method says about a plan (Method.report): lines `orchestrate plan` prints, keys
-`--json` adds."""
+from orchestrate.planner.terms import MethodReport
 
 
 def _size(n: int) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
@@ -132,6 +133,11 @@ def trains_under(method: MethodTerms, sharding: Sharding) -> bool:
     """Whether the method is verified to train under `sharding` (`MethodTerms.shardings`)."""
     return method.shardings is None or (sharding.backend, sharding.zero_stage, sharding.offload_optimizer,
                                         sharding.offload_params) in method.shardings
+
+
+MethodReport = tuple[list[str], dict[str, Any]]
+"""What one training method says about a plan (Method.report): the lines `orchestrate plan` prints, the
+keys `--json` adds (planner/report.py)."""
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 pydantic models with one serialisation (plan.json, `orchestrate plan --json`).
 
 `make_plan` returns a `RunPlan` (its `chosen` is never None: a runnable plan) or a `Refusal`
-(nothing fits: the table still prints, and `planner.remedies.require_feasible` turns it into the
+(nothing fits: the table still prints, and `orchestrate.planning.require_feasible` turns it into the
 error with the closest candidates and the remedies). plan.json is the only channel from the
 launcher to the workers, and holds a RunPlan only: the worker rebuilds everything (config,
 hardware, model shape, strategy, batch arithmetic, file locations) from it.
@@ -207,7 +207,7 @@ class PlanResult(BaseModel):
 
 
 class Refusal(PlanResult):
-    """Nothing fits: every candidate, closest to fitting first (`remedies.require_feasible` words why
+    """Nothing fits: every candidate, closest to fitting first (`orchestrate.planning.require_feasible` words why
     and what would fit)."""
 
 

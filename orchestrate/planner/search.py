@@ -255,6 +255,7 @@ def _with_models(methods: Sequence[MethodTerms], chosen: tuple) -> list[MethodTe
 
 
 def _offloads(strategy: Strategy) -> bool:
+    """Whether the strategy keeps optimizer states or parameters off the device."""
     return strategy.offload_optimizer != "none" or strategy.offload_params != "none"
 
 

@@ -5,7 +5,7 @@ planner an `AuxiliaryModel` in its terms (planner/terms.py).
 
 An auxiliary model is frozen: no gradients, no optimizer state, no master copy; it runs forward
 only, under `torch.no_grad`, so its activations are freed block by block and only its outputs stay
-for the loss. What it costs depends on where it lives (`Placement`), the same for every method:
+for the loss. What it costs depends on where it lives (its placement), the same for every method:
 - replicated: every rank holds the whole model in the compute dtype;
 - sharded: FSDP2 `fully_shard(reshard_after_forward=True)` per block: 1/n of it per rank plus the
   gathered root and two blocks (the one running and the prefetched next; as the student's FSDP term);
@@ -27,14 +27,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Literal
 
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.strategy import Strategy
-
-Placement = Literal["replicated", "sharded", "offload", "precomputed", "adapter"]
-PLACEMENTS: tuple[Placement, ...] = ("replicated", "sharded", "offload", "precomputed", "adapter")
 
 
 @dataclass(frozen=True)

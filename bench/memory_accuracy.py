@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
-from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
+from orchestrate.methods.lora.method import adapter_terms  # noqa: E402
 from orchestrate.planner.allocator_reserve import RESERVE, reserve_bytes, state_bytes  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.planner.strategy import Strategy  # noqa: E402
@@ -170,7 +170,7 @@ def analytical(point: Point, plan) -> dict[str, float]:
     """The planner's per-rank device terms for the point (`plan`: point.plan())."""
     adapters = adapters_for(plan.config, plan.shape)
     return estimate_memory(plan.shape, plan.hardware, point.strategy, point.seq_len,
-                           methods=[AdapterTerms(adapters)] if adapters else []).gpu
+                           methods=[adapter_terms(adapters, plan.shape)] if adapters else []).gpu
 
 
 def compare(point: Point, sim: SimulationResult) -> dict:

@@ -4,7 +4,7 @@
 
 Shapes come from `orchestrate.model.meta.shape_for` on inline Llama configs (the family formulas;
 shape time and the meta-device build's are shown separately: they are not planning). Each model is planned on two profiles, one RTX 3070 with 64 GiB
-RAM, and 2 nodes x 4 RTX 3070 with NVMe, and `make_plan` + `require_feasible` are timed (the
+RAM, and 2 nodes x 4 RTX 3070 with NVMe, and `weigh` + `require_feasible` are timed (the
 remedies of an infeasible plan re-plan variations, so they count). Target: a 70B plan in under 0.5 s.
 
 The second table times whole `orchestrate plan` calls, each in a fresh interpreter (what a user
@@ -40,8 +40,7 @@ from orchestrate.hardware.presets import load_preset  # noqa: E402
 from orchestrate.hardware.profile import HardwareProfile  # noqa: E402
 from orchestrate.model.meta import load_model_config, shape_for, shape_from_config  # noqa: E402
 from orchestrate.model.shape import ModelShape  # noqa: E402
-from orchestrate.planner.remedies import require_feasible
-from orchestrate.planner.search import make_plan  # noqa: E402
+from orchestrate.planning import require_feasible, weigh  # noqa: E402
 
 TARGET_S = 0.5
 TARGET_MODEL = "70B"
@@ -97,7 +96,7 @@ def shapes() -> dict[str, tuple[ModelShape, float, float]]:
 
 def plan_once(config, hw: HardwareProfile, shape: ModelShape) -> tuple[str, int]:
     """(chosen name or "infeasible", number of candidates)."""
-    plan = make_plan(config, hw, shape)
+    plan = weigh(config, hw, shape)
     try:
         return require_feasible(plan).chosen.name, len(plan.candidates)
     except UserError:

@@ -62,7 +62,8 @@ def comparable_bytes(memory: MemoryEstimate, case: Case) -> float:
 def _inputs(case: Case) -> tuple:
     config = _config(case)
     shape = shape_for(config)
-    return shape, _hardware(case), case.strategy, case.train["seq_len"], case.accumulation, method_terms(config, shape, None)
+    hardware = _hardware(case)
+    return shape, hardware, case.strategy, case.train["seq_len"], case.accumulation, method_terms(config, shape, hardware)
 
 
 def evaluate(case: Case) -> dict:

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.memory_accuracy import CACHE, FAMILIES, LORA, Cache, MiB, Point, compare, strategy  # noqa: E402
 from orchestrate.methods.lora.adapters import adapters_for  # noqa: E402
-from orchestrate.methods.lora.method import AdapterTerms  # noqa: E402
+from orchestrate.methods.lora.method import adapter_terms  # noqa: E402
 from orchestrate.planner.memory import estimate_memory  # noqa: E402
 from orchestrate.simulate.run_spec import plan_from_parts  # noqa: E402
 
@@ -76,7 +76,7 @@ def rest(family: str, backend: str, stage: int, ac: bool, measured_nf4: int, cac
     # The LoRA run holds the block linears' weights in bf16; QLoRA holds the measured NF4 bytes instead,
     # plus one dequantized linear (bitsandbytes MatMul4Bit), as the planner counts it.
     swapped = lora["simulated"] - C * adapters.quantized + measured_nf4 + C * adapters.largest_linear
-    est = estimate_memory(plan.shape, plan.hardware, point.strategy, 512, methods=[AdapterTerms(adapters)] if adapters else []).gpu
+    est = estimate_memory(plan.shape, plan.hardware, point.strategy, 512, methods=[adapter_terms(adapters, plan.shape)] if adapters else []).gpu
     return {"family": family, "strategy": point.strategy.name, "ac": ac, "analytical": sum(est.values()),
             "swapped": swapped, "ratio": sum(est.values()) / swapped}
 

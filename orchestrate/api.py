@@ -56,8 +56,7 @@ def plan_from_file(config_path: str | Path, overrides: Sequence[str] = (),
     """`orchestrate plan` without the printing: load + override + validate, resolve hardware, plan."""
     from orchestrate.hardware.profile import HardwareProfile
     from orchestrate.model.meta import shape_for
-    from orchestrate.planner.context import check_seq_len
-    from orchestrate.planning import plan_with_shape
+    from orchestrate.planning import check_seq_len, plan_with_shape
 
     config = load_config(config_path, overrides)
     profile = hardware if isinstance(hardware, HardwareProfile) else hardware.resolve()
@@ -84,7 +83,7 @@ def write_plan(plan: RunPlan | Refusal, out: Path) -> Path:
 
 def require_feasible(plan: RunPlan | Refusal) -> None:
     """UserError (what does not fit, by how much, what would) unless the plan chose a strategy."""
-    from orchestrate.planner.remedies import require_feasible as require
+    from orchestrate.planning import require_feasible as require
 
     require(plan)
 
@@ -92,10 +91,12 @@ def require_feasible(plan: RunPlan | Refusal) -> None:
 def render_plan(plan: RunPlan | Refusal, console: Console | None = None) -> dict[str, Any]:
     """The plan as plan.json's public JSON (docs/plan-json.md); with `console`, also printed as tables."""
     from orchestrate.planner.report import plan_json, print_plan
+    from orchestrate.planning import method_reports
 
+    reports = method_reports(plan)
     if console is not None:
-        print_plan(plan, console)
-    return plan_json(plan)
+        print_plan(plan, console, reports)
+    return plan_json(plan, reports)
 
 
 def verify(plan: RunPlan) -> str:

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import yaml
 
-from orchestrate.api import plan_for
 from orchestrate.backends.accelerate_export import render_accelerate_config
 from orchestrate.backends.registry import get_backend
 from orchestrate.config.load import load_config
 from orchestrate.hardware.resolve import resolve_hardware
 from orchestrate.hardware.units import GiB, format_bytes
-from orchestrate.planner.remedies import require_feasible
+from orchestrate.planning import feasible_plan
 from orchestrate.run.layout import ACCELERATE_FILE
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +59,7 @@ def render_preset(preset: Preset, out_dir_for_links: str) -> dict[str, str]:
     config = load_config(REPO / "examples" / preset.example, overrides)
     # The allocator setting orchestrate launches with, whatever this shell's PYTORCH_*ALLOC_CONF says.
     hardware = resolve_hardware(profile=preset.profile, gpus=preset.gpus, environ={})
-    plan = require_feasible(plan_for(config, hardware))
+    plan = feasible_plan(config, hardware)
     chosen = plan.chosen
     files = dict(get_backend(chosen.strategy.backend).render(plan))
     files[ACCELERATE_FILE] = render_accelerate_config(plan, out_dir_for_links)

@@ -109,7 +109,7 @@ class Backend(Protocol):
     name: str
     zero_stages: tuple[int, ...]
     """The ZeRO-style stages it implements, in the planner's search order."""
-    preference: int
+    tie_break: int
     """Tie-break between equally fast candidates, lower first: simpler to run and debug."""
     priced_as: str
     """The built-in backend whose memory and speed terms describe it (planner/memory.py, speed.py):

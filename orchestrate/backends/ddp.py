@@ -172,7 +172,7 @@ class DDPEngine(TorchEngine):
 class DDPBackend:
     name = "ddp"
     zero_stages = (0,)
-    preference = 0
+    tie_break = 0
     priced_as = "ddp"
     # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py, tests/test_sequence_parallel.py,
     # tests/test_tiled_mlp_train.py; fused_kernels applied between build and wrap (tests/test_fused_kernels.py;

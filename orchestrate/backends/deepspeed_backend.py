@@ -53,7 +53,7 @@ _CLIENT_KEY = "orchestrate"
 class DeepSpeedBackend:
     name = "deepspeed"
     zero_stages = (1, 2, 3)
-    preference = 2
+    tie_break = 2
     priced_as = "deepspeed"
     # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py), mlp_tiles
     # too (tests/test_tiled_mlp_train.py), sequence_parallel on ZeRO-3 (tests/test_sequence_parallel.py); not

@@ -243,7 +243,7 @@ def check_device(settings: dict[str, Any], device: torch.device) -> None:
 class FSDPBackend:
     name = "fsdp"
     zero_stages = (2, 3)
-    preference = 1
+    tie_break = 1
     priced_as = "fsdp"
     # tests/test_memory_knobs_train.py, tests/test_tiled_mlp_train.py, tests/test_sequence_parallel.py; adamw8bit
     # gets DTensor parameters here (bench/verify_knob_combos.py); fused_kernels as under DDP

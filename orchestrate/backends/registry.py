@@ -5,8 +5,8 @@ optional; the modules themselves import nothing heavy at import time). The backe
 import this one: each defines `BACKEND`, so the registry depends on them and never the reverse.
 An installed package adds its own through the entry-point group `orchestrate.backends`
 (PLUGIN_GROUP), read on first use by the launcher and every worker alike; a name taken twice is
-refused. The planner asks backends through here what it needs of them (their rules, their tie-break
-preference, which memory and speed terms price them, the knobs their engines run, whether they shard
+refused. The planner asks backends through here what it needs of them (their rules, their
+tie-break, which memory and speed terms price them, the knobs their engines run, whether they shard
 parameters), so a plug-in backend is searched, ranked and priced like a built-in one.
 """
 
@@ -74,9 +74,9 @@ def get_backend(name: str) -> Backend:
         raise KeyError(f"unknown backend {name!r}; known: {backend_names()}") from None
 
 
-def preference(name: str) -> int:
+def tie_break(name: str) -> int:
     """The tie-break between equally fast candidates: lower is simpler to run and debug."""
-    return get_backend(name).preference
+    return get_backend(name).tie_break
 
 
 def priced_as(name: str) -> str:
@@ -97,4 +97,4 @@ def runs_knob(name: str, knob: str) -> bool:
 
 def knob_backends(knob: str) -> list[str]:
     """The backends verified to run `knob`, most preferred first (what an error message offers)."""
-    return sorted((n for n in backend_names() if runs_knob(n, knob)), key=preference)
+    return sorted((n for n in backend_names() if runs_knob(n, knob)), key=tie_break)

@@ -1,6 +1,6 @@
 """Build a frozen auxiliary model on a worker (a distillation teacher; a preference method's reference
 model), placed as the plan's chosen candidate says (`Candidate.placements`, searched by the planner:
-orchestrate/methods/auxiliary.py). The same builder serves every backend: it runs before the
+orchestrate/planner/auxiliary.py). The same builder serves every backend: it runs before the
 backend's `setup`, so no `HfDeepSpeedConfig` of a ZeRO-3 model is alive yet (while one is,
 transformers builds every model inside `deepspeed.zero.Init`: the auxiliary model would come out
 partitioned, with nothing to gather it for its forward).
@@ -25,7 +25,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from orchestrate.backends import hf_io
 from orchestrate.loading.weights import cast_floating_parameters, load_replicated, load_sharded, meta_model
-from orchestrate.methods.auxiliary import resolve_placement
+from orchestrate.planner.auxiliary import resolve_placement
 from orchestrate.planner.plan import RunPlan
 
 _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -42,7 +42,7 @@ def placement_on(plan: RunPlan, name: str, configured: str, device: torch.device
 
 def lean_placement(device: torch.device, world_size: int) -> str:
     """Where a precomputing first pass holds the model: as little of it per device as there is, its
-    shards offloaded to the CPU (GPUs), or sharded over the ranks (methods/auxiliary.py first_pass_bytes)."""
+    shards offloaded to the CPU (GPUs), or sharded over the ranks (planner/auxiliary.py first_pass_bytes)."""
     return "offload" if device.type == "cuda" else "sharded" if world_size > 1 else "replicated"
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from orchestrate.config.requirements import METHOD_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
+from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.loading.packed_attention import packed_attention
 from orchestrate.methods.custom.method import CUSTOM
 from orchestrate.methods.distill.method import DISTILL
@@ -26,9 +27,10 @@ from orchestrate.methods.lora.method import LORA
 from orchestrate.methods.preference.method import PREFERENCE
 from orchestrate.methods.prune.method import PRUNE
 from orchestrate.methods.runtime import MethodRuntime
-from orchestrate.methods.spec import Method, MethodTerms
+from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
 from orchestrate.model.tasks import name_the_causal_lm_loss
+from orchestrate.planner.terms import MethodTerms
 
 PLUGIN_GROUP = "orchestrate.methods"
 """The entry-point group of training methods other packages add: each entry point names a `Method`
@@ -113,12 +115,11 @@ def auxiliary_shapes(config: RunConfig, shape: ModelShape) -> dict[str, ModelSha
     return {name: s for m in active_methods(config) for name, s in m.auxiliary_shapes(config, shape).items()}
 
 
-def method_terms(config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape] | None) -> list[MethodTerms]:
-    """Every active method's checks (UserError), then its terms for the memory and speed models."""
-    active = active_methods(config)
-    for method in active:
-        method.check(config, shape)
-    return [m.terms(config, shape, auxiliary or {}) for m in active]
+def method_terms(config: RunConfig, shape: ModelShape, hw: HardwareProfile,
+                 auxiliary: dict[str, ModelShape] | None = None) -> list[MethodTerms]:
+    """Every active method's terms for the planner, in hook order (a UserError for settings that do not
+    fit the model); `auxiliary`: the shapes `auxiliary_shapes` read (None: none read)."""
+    return [m.terms(config, shape, hw, auxiliary or {}) for m in active_methods(config)]
 
 
 def auto_variants(config: RunConfig) -> tuple[list[tuple[str, RunConfig]], list[str]]:

@@ -29,20 +29,20 @@ process's RAM) with no CUDA context, workspace or allocator reserve; callers com
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from orchestrate.backends.registry import priced_as
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.software import SoftwareStack
-from orchestrate.methods import auxiliary
-from orchestrate.methods.spec import MethodTerms, PlacedBytes
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner import activations, ds_buckets, knobs, long_context, software_terms
+from orchestrate.planner import activations, auxiliary, ds_buckets, knobs, long_context, software_terms
 from orchestrate.planner import constants as k
 from orchestrate.planner.allocator_reserve import allocator_reserve, state_bytes
 from orchestrate.planner.estimate import CORRECTION_KEY, MemoryEstimate
 from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.packing import SamplePacking, mask_bytes
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.terms import MethodTerms
 
 # The breakdown of every plan holds these keys, then its methods' own: `breakdown_keys`, from which
 # estimate_memory starts.
@@ -66,11 +66,11 @@ def shard_group_size(hw: HardwareProfile, strategy: Strategy) -> int:
 
 
 def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT,
-                     methods: Sequence[MethodTerms] = ()) -> int:
+                     saved: float = 0.0) -> int:
     """Saved activations of one micro-batch at the backward-start peak, from the family's block
     structure (planner/activations.py) and what the library versions `sw` save (software_terms.py);
-    offloaded, two block inputs stay on the device (knobs.py); `methods`: what they save per block beyond
-    the formula (MethodTerms.saved_bytes: LoRA's adapter inputs)."""
+    offloaded, two block inputs stay on the device (knobs.py); `saved`: what the methods save per token
+    and block beyond the formula (PricedTerms.saved_bytes: LoRA's adapter inputs)."""
     if shape.task == "custom":
         # Your own module: no formula; measured on fake tensors at plan time, fp32, fixed + per
         # sample (orchestrate/methods/custom/activations.py), loss temporaries included.
@@ -78,12 +78,11 @@ def activation_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: So
         return int(fp32 * compute_bytes(strategy) / 4)
     tokens, c = strategy.micro_batch_size * seq_len, compute_bytes(strategy)
     stored_layers = 2 if strategy.activation_checkpointing and strategy.activation_offload else None
-    # what adapters save beyond the formula; under a tiled MLP their MLP part lies in the slice, so this
-    # over-counts (only with lora.dropout > 0: the delta is 0 otherwise)
-    delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
+    # `saved`: what adapters save beyond the formula; under a tiled MLP their MLP part lies in the slice, so
+    # this over-counts (only with lora.dropout > 0: it is 0 otherwise)
     return activations.activation_bytes(shape, c, tokens, strategy.activation_checkpointing,
                                         logits_bytes(shape, strategy, seq_len, sw), stored_layers,
-                                        _eager_attention(shape, strategy, seq_len, sw), delta,
+                                        _eager_attention(shape, strategy, seq_len, sw), saved,
                                         long_context.block_compute(strategy))
 
 
@@ -99,15 +98,15 @@ def _eager_attention(shape: ModelShape, strategy: Strategy, seq_len: int,
 
 
 def last_block_bytes(shape: ModelShape, strategy: Strategy, seq_len: int, sw: SoftwareStack = _CURRENT,
-                     methods: Sequence[MethodTerms] = ()) -> int:
+                     saved: float = 0.0) -> int:
     """What the last block backward differentiates holds while the gradients are nearly complete
-    (activations.last_block_bytes), so the gradients cannot take its bytes' place."""
+    (activations.last_block_bytes), so the gradients cannot take its bytes' place; `saved` as for
+    `activation_bytes`."""
     if shape.task == "custom":
         return 0  # in the measured activations
     c = compute_bytes(strategy)
-    delta = sum((method.saved_bytes(shape, c, sw) for method in methods), 0.0)
     return activations.last_block_bytes(shape, c, strategy.micro_batch_size * seq_len,
-                                        _eager_attention(shape, strategy, seq_len, sw), delta,
+                                        _eager_attention(shape, strategy, seq_len, sw), saved,
                                         long_context.block_compute(strategy))
 
 
@@ -294,7 +293,7 @@ def _backward_only(gpu: dict, shape: ModelShape, strategy: Strategy, n: int) -> 
 
 def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> float:
     """Host bytes one node holds while the weights load, as the backends load them (a method that loads
-    its own way says so: MethodTerms.load_bytes)."""
+    its own way says so: PricedTerms.load_bytes)."""
     p, backend = shape.parameters, priced_as(strategy.backend)
     if backend == "fsdp":
         # Meta-device build, then rank 0 alone reads the full state dict and broadcasts it shard by
@@ -337,22 +336,28 @@ def _add(into: dict, additions: list[tuple[str, float]], scale: float = 1) -> No
 def trained_shape(shape: ModelShape, methods: Sequence[MethodTerms]) -> ModelShape:
     """The model whose weights train (LoRA: the adapters), after every method's say."""
     for method in methods:
-        shape = method.trained_shape(shape)
+        shape = method.trained or shape
     return shape
 
 
 def forward_rows(methods: Sequence[MethodTerms], strategy: Strategy, seq_len: int) -> tuple[Strategy, int]:
     """(strategy, seq_len) of the micro-batch the trained model's forward sees, after every method's say
-    (MethodTerms.forward_rows: a preference record is two sequences)."""
+    (MethodTerms.sample_rows: a preference record is two sequences, two rows or one packed row); the
+    activations, logits and compute are those of it."""
     for method in methods:
-        strategy, seq_len = method.forward_rows(strategy, seq_len)
+        if method.sample_rows == 1:
+            continue
+        if method.packed_rows:  # their attention, eager or the block mask, is quadratic in the row
+            seq_len = method.sample_rows * seq_len
+        else:
+            strategy = replace(strategy, micro_batch_size=method.sample_rows * strategy.micro_batch_size)
     return strategy, seq_len
 
 
 def breakdown_keys(methods: Sequence[MethodTerms], corrected: bool = False) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(device keys, host keys) the breakdown of a plan with these methods holds, in order;
     `corrected`: a measured correction applies (CORRECTION_KEY last)."""
-    models = [m for method in methods for m in method.auxiliary()]
+    models = [m for method in methods for m in method.auxiliary]
     gpu = (*GPU_KEYS, *(key for m in models for key in m.gpu_keys[:3]), *(key for t in methods for key in t.gpu_keys),
            *(m.gpu_keys[3] for m in models), *((CORRECTION_KEY,) if corrected else ()))
     cpu = (*CPU_KEYS, *(key for m in models for key in m.cpu_keys), *(key for t in methods for key in t.cpu_keys))
@@ -363,41 +368,39 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
                     gradient_accumulation: int = 1, methods: Sequence[MethodTerms] = (),
                     packing: SamplePacking | None = None) -> MemoryEstimate:
     """Per-rank device bytes and per-node host bytes at the peak, by component (see module doc);
-    `methods`: the plan's training methods' terms (orchestrate/methods/spec.py MethodTerms), in order;
-    `packing`: chat / instruction samples packed apart (planner/packing.py: the attention mask)."""
+    `methods`: the plan's training methods' terms (planner/terms.py), in order; `packing`: chat /
+    instruction samples packed apart (planner/packing.py: the attention mask)."""
+    c, sw, rpn = compute_bytes(strategy), hw.software, hw.ranks_per_node
     trained = trained_shape(shape, methods)  # what has gradients and optimizer states
-    c = compute_bytes(strategy)
-    placed = _placement(trained, hw, strategy, gradient_accumulation)
+    rows, full_seq = forward_rows(methods, strategy, seq_len)  # the micro-batch the forward sees
+    rows_seq = long_context.local_seq_len(rows, full_seq)  # a rank's slice of each sample (sequence parallel)
+    priced = [method.priced(method, hw, rows, full_seq, gradient_accumulation) for method in methods]
+    models = [m for method in methods for m in method.auxiliary]
     correction = hw.memory_correction(strategy.family)
-    gpu_keys, cpu_keys = breakdown_keys(methods, correction > 1.0)  # every term, in the breakdown's order, from 0
+
+    # the model states, as the backend places them, every term of the breakdown from 0 in its order
+    placed = _placement(trained, hw, strategy, gradient_accumulation)
+    gpu_keys, cpu_keys = breakdown_keys(methods, correction > 1.0)
     placed.gpu = {key: placed.gpu.get(key, 0) for key in gpu_keys}
     placed.cpu = {key: placed.cpu.get(key, 0) for key in cpu_keys}
-    for method in methods:  # the trained states in another dtype than fp32 (bf16 adapters)
-        for key, factor in method.state_scale(strategy).items():
-            terms = placed.gpu if key in placed.gpu else placed.cpu
-            terms[key] *= factor
-    models = [m for method in methods for m in method.auxiliary()]
-    for method in methods:  # a frozen base beside the trained states (LoRA)
-        frozen = method.frozen_bytes(shape, hw, strategy)
-        _add(placed.gpu, frozen.gpu)
-        _add(placed.cpu, frozen.cpu)
-    for model in models:  # the frozen models a method runs beside (methods/auxiliary.py)
+    for terms in priced:  # the trained states in another dtype than fp32 (bf16 adapters)
+        for key, factor in terms.state_scale.items():
+            (placed.gpu if key in placed.gpu else placed.cpu)[key] *= factor
+    for terms in priced:  # a frozen base beside the trained states (LoRA)
+        _add(placed.gpu, terms.frozen.gpu)
+        _add(placed.cpu, terms.frozen.cpu)
+    for model in models:  # the frozen models a method runs beside (planner/auxiliary.py)
         on_gpu, on_cpu = auxiliary.state_bytes(model, strategy, hw, seq_len, c)
         placed.gpu.update(on_gpu)
         placed.cpu.update(on_cpu)
     gpu = {key: float(v) for key, v in placed.gpu.items()}
     if strategy.embedding_offload:  # the frozen input embedding stays in host memory (knobs.py)
         gpu["weights"] -= knobs.input_embedding_bytes(shape, c)
-    own = PlacedBytes()
-    for method in methods:  # tensors of the methods' own (pruning masks)
-        mine = method.own_bytes(shape, hw, strategy)
-        own.gpu += mine.gpu
-        own.cpu += mine.cpu
-    _add(gpu, own.gpu)
-    sw = hw.software
-    rows, full_seq = forward_rows(methods, strategy, seq_len)
-    rows_seq = long_context.local_seq_len(rows, full_seq)  # a rank's slice of each sample (sequence parallel)
-    gpu["activations"] = activation_bytes(shape, rows, rows_seq, sw, methods)
+    _add(gpu, [added for terms in priced for added in terms.own.gpu])  # the methods' own tensors (pruning masks)
+
+    # one micro-batch's activations and logits
+    saved = sum((terms.saved_bytes for terms in priced), 0.0)  # per block beyond the formula (LoRA's inputs)
+    gpu["activations"] = activation_bytes(shape, rows, rows_seq, sw, saved)
     gpu["logits"] = logits_bytes(shape, rows, rows_seq, sw)
     if packing is not None:  # chat / instruction samples packed apart (planner/packing.py)
         gpu["attention_mask"] = float(mask_bytes(packing, shape, rows, full_seq, c))  # attention spans the sample
@@ -411,7 +414,7 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         # step runs after it is freed too.
         free = gpu["activations"] + gpu["logits"] + gpu.get("attention_mask", 0.0) + gpu["gathered_params"]
         whole_gradients = priced_as(strategy.backend) in ("ddp", "fsdp")
-        last_block = min(free, last_block_bytes(shape, rows, rows_seq, sw, methods)) if whole_gradients else 0.0
+        last_block = min(free, last_block_bytes(shape, rows, rows_seq, sw, saved)) if whole_gradients else 0.0
         free -= last_block
         backward, step = _backward_only(gpu, trained, strategy, shard_group_size(hw, strategy))
         for key, size in backward:
@@ -419,11 +422,16 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
             gpu[key] -= reused
             free -= reused
         gpu["gradients"] += max(0.0, step - free - last_block)  # step temporaries beyond what is still free
-    for method in methods:  # peaks the training peak does not cover (a frozen base's FSDP2 forward start)
-        _add(gpu, list(method.peak_bytes(shape, strategy, seq_len, gpu["activations"] + gpu["logits"]).items()))
+
+    # peaks the training peak does not cover
+    step_outputs = gpu["activations"] + gpu["logits"]
+    for terms in priced:  # before the activations exist (a frozen base's FSDP2 forward start)
+        _add(gpu, [(key, max(0.0, held - step_outputs)) for key, held in terms.before_activations.items()])
     for model in models:  # precomputed: the first pass runs before the trained model exists
         gpu[f"{model.name}_first_pass"] = max(0.0, auxiliary.first_pass_bytes(model, strategy, hw, seq_len, c)
                                                - sum(gpu.values()))
+
+    # what the device itself holds
     if hw.has_gpu:
         gpu["cuda_context"] = software_terms.cuda_context_bytes(sw)
         gpu["workspace"] = k.CUBLAS_WORKSPACE_BYTES
@@ -437,18 +445,15 @@ def estimate_memory(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, 
         # up to what was measured; the terms above stay as the model has them.
         gpu[CORRECTION_KEY] = (correction - 1.0) * sum(v for key, v in gpu.items() if key != CORRECTION_KEY)
 
-    rpn = hw.ranks_per_node
+    # the host, per node
     cpu = {key: rpn * float(v) for key, v in placed.cpu.items()}
-    _add(cpu, own.cpu, rpn)
+    _add(cpu, [added for terms in priced for added in terms.own.cpu], rpn)
     cpu["offloaded_activations"] = rpn * knobs.offloaded_activation_bytes(shape, rows, rows_seq, c)
     # every DDP rank its own copy of the table (each process looks up its own micro-batch)
     cpu["offloaded_embedding"] = rpn * knobs.host_embedding_bytes(shape, rows, rows_seq, c)
     steady = sum(cpu.values()) + (0 if hw.has_gpu else rpn * sum(gpu.values()))
-    load = next((b for method in methods if (b := method.load_bytes(shape, hw, strategy)) is not None),
-                None)
-    if load is None:
-        load = _load_bytes(shape, hw, strategy)
-    cpu["loading_spike"] = max(0.0, load - steady)
+    load = next((terms.load_bytes for terms in priced if terms.load_bytes is not None), None)
+    cpu["loading_spike"] = max(0.0, (_load_bytes(shape, hw, strategy) if load is None else load) - steady)
     cpu["process_runtime"] = rpn * (k.PROCESS_RUNTIME_BYTES_GPU if hw.has_gpu else k.PROCESS_RUNTIME_BYTES_CPU)
     return MemoryEstimate(gpu={key: int(v) for key, v in gpu.items()},
                           cpu={key: int(v) for key, v in cpu.items()},

@@ -2,7 +2,7 @@
 pydantic models with one serialisation (plan.json, `orchestrate plan --json`).
 
 `make_plan` returns a `RunPlan` (its `chosen` is never None: a runnable plan) or a `Refusal`
-(nothing fits: the table still prints, and `planner.remedies.require_feasible` turns it into the
+(nothing fits: the table still prints, and `orchestrate.planning.require_feasible` turns it into the
 error with the closest candidates and the remedies). plan.json is the only channel from the
 launcher to the workers, and holds a RunPlan only: the worker rebuilds everything (config,
 hardware, model shape, strategy, batch arithmetic, file locations) from it.
@@ -41,7 +41,7 @@ class Candidate:
     """Why it was rejected ("" when it fits): which limit it overflows and by how much."""
     placements: dict[str, str] = field(default_factory=dict)
     """Where each auxiliary model of its methods lives in this candidate ({"teacher": "sharded"};
-    orchestrate/methods/auxiliary.py); serialised as `<model>_placement`."""
+    planner/auxiliary.py); serialised as `<model>_placement`."""
     placement_reason: str = ""
     """Auto placements: the cheaper placements it passed over and why ("" when it took the first;
     left out of plan.json then)."""
@@ -142,7 +142,7 @@ class RunFiles(BaseModel):
         return out
 
 
-class Weighed(BaseModel):
+class PlanResult(BaseModel):
     """Every candidate the planner weighed for a config on a hardware profile, best first."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -206,12 +206,12 @@ class Weighed(BaseModel):
         return path
 
 
-class Refusal(Weighed):
-    """Nothing fits: every candidate, closest to fitting first (`remedies.require_feasible` words why
+class Refusal(PlanResult):
+    """Nothing fits: every candidate, closest to fitting first (`orchestrate.planning.require_feasible` words why
     and what would fit)."""
 
 
-class RunPlan(Weighed):
+class RunPlan(PlanResult):
     """A runnable plan: the chosen candidate (never None), and once the launcher wrote its run
     directory the files and the run section."""
 

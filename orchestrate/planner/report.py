@@ -1,10 +1,12 @@
 """Human and machine views of a plan: rich tables for `orchestrate plan`, a dict for `--json`.
 
-Schema of `plan_json` is documented in docs/plan-json.md.
+Schema of `plan_json` is documented in docs/plan-json.md. What the plan's training methods say about
+themselves comes in as values (planner/terms.py `MethodReport`, from orchestrate/planning.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -12,17 +14,17 @@ from rich.table import Table
 
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib, parameter_count
-from orchestrate.methods.registry import active_methods
 from orchestrate.planner.memory import node_host_bytes
-from orchestrate.planner.plan import Candidate, RunPlan, Weighed
+from orchestrate.planner.plan import Candidate, PlanResult, RunPlan
 from orchestrate.planner.search import Limits, describe_hardware
+from orchestrate.planner.terms import MethodReport
 
 
 def _size(n: int) -> str:
     return gib(n) if n else "-"
 
 
-def candidates_table(plan: Weighed) -> Table:
+def candidates_table(plan: PlanResult) -> Table:
     """Every candidate: name, fits, GPU peak per rank, CPU peak per node, tokens/s, reason; chosen
     highlighted. On CPU-only profiles the per-rank column is the rank's RAM and the node column the
     whole node (ranks x rank + host terms)."""
@@ -78,30 +80,30 @@ def speed_table(candidate: Candidate) -> Table:
     return table
 
 
-def render_plan(plan: Weighed) -> Group:
+def render_plan(plan: PlanResult, methods: Sequence[MethodReport] = ()) -> Group:
     """Everything `orchestrate plan` prints: the candidates, then the chosen plan's breakdowns, then
-    what its methods say about themselves (`Method.report`)."""
+    what its methods say about themselves (`methods`, in their order)."""
     parts: list[Any] = [candidates_table(plan), *plan.notes]
     if isinstance(plan, RunPlan):
         parts += [memory_table(plan.chosen, plan.hardware), speed_table(plan.chosen)]
-    for method in active_methods(plan.config):
-        parts += method.report(plan)[0]
+    for lines, _ in methods:
+        parts += lines
     return Group(*parts)
 
 
-def print_plan(plan: Weighed, console: Console | None = None) -> None:
-    (console or Console()).print(render_plan(plan))
+def print_plan(plan: PlanResult, console: Console | None = None, methods: Sequence[MethodReport] = ()) -> None:
+    (console or Console()).print(render_plan(plan, methods))
 
 
-def plan_json(plan: Weighed) -> dict[str, Any]:
+def plan_json(plan: PlanResult, methods: Sequence[MethodReport] = ()) -> dict[str, Any]:
     """`orchestrate plan --json`: `RunPlan.to_dict()` (a Refusal's: chosen null) plus the limits each candidate was checked against,
-    each candidate's whole-node host bytes and what the plan's methods add (see docs/plan-json.md)."""
+    each candidate's whole-node host bytes and what the plan's methods add (`methods`; see docs/plan-json.md)."""
     data = plan.to_dict()
     limits = Limits.of(plan.config, plan.hardware)
     data["limits"] = {"gpu_bytes_usable_per_rank": limits.gpu, "cpu_bytes_usable_per_node": limits.cpu,
                       "nvme_bytes_free_per_node": limits.nvme}
-    for method in active_methods(plan.config):
-        data.update(method.report(plan)[1])
+    for _, keys in methods:
+        data.update(keys)
     for entry, cand in zip(data["candidates"], plan.candidates, strict=True):
         entry["host_bytes_per_node"] = node_host_bytes(cand.memory, plan.hardware)
     return data

@@ -1,11 +1,13 @@
 """The planner: enumerate strategies, estimate each, keep what fits, choose the fastest.
 
 Pure: no I/O, no devices. Two entry points:
-- `make_plan(config, hw, shape) -> RunPlan | Refusal`: every candidate weighed; a Refusal when nothing
-  fits, so `orchestrate plan` can still print the table. Raises `UserError` only for inputs that
-  cannot be planned at all (batch not divisible by the world size, contradictory pins).
-- `planner.remedies.require_feasible(plan) -> RunPlan`: the runnable plan, or a `UserError`
-  (exit 2) listing the closest candidates and remedies computed by re-planning variations.
+- `make_plan(config, hw, shape, methods) -> RunPlan | Refusal`: every candidate weighed, with the
+  training methods' terms (planner/terms.py) the caller computed; a Refusal when nothing fits, so
+  `orchestrate plan` can still print the table. Raises `UserError` only for inputs that cannot be
+  planned at all (batch not divisible by the world size, contradictory pins).
+- `planner.remedies.infeasible_error(plan, ...)`: the `UserError` (exit 2) listing the closest
+  candidates and remedies computed by re-planning variations.
+orchestrate/planning.py puts them together (the methods' terms from the registry, train.method auto).
 
 Search space: backend x ZeRO stage x offload x activation checkpointing x micro-batch, at one
 precision (pinned, or "auto": bf16 where the GPU has it, fp16 on Turing, fp32 on CPU-only), minus
@@ -24,25 +26,16 @@ so each row shows the knobs its strategy needs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import product
 
-from orchestrate.backends.registry import backend_names, get_backend, preference, runs_knob
+from orchestrate.backends.registry import backend_names, get_backend, runs_knob, tie_break
 from orchestrate.config.requirements import OPTIMIZER_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.hardware.units import gib
-from orchestrate.methods.registry import (
-    active_methods,
-    auto_note,
-    auto_variants,
-    is_auto,
-    method_terms,
-    no_auto_method,
-)
-from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.estimate import MemoryEstimate
 from orchestrate.planner.knobs import (
@@ -65,6 +58,7 @@ from orchestrate.planner.packing import SamplePacking, sample_packing
 from orchestrate.planner.plan import Candidate, Refusal, RunPlan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding, Strategy, data_parallel_size
+from orchestrate.planner.terms import MethodTerms, trains_under
 
 _OFFLOADS = (("none", "none"), ("cpu", "none"), ("cpu", "cpu"), ("nvme", "none"), ("nvme", "cpu"),
              ("cpu", "nvme"), ("nvme", "nvme"))
@@ -250,19 +244,24 @@ def _micro_batches(config: RunConfig, hw: HardwareProfile, data_parallel: int | 
     return [pinned]
 
 
-def _with_models(methods: list[MethodTerms], chosen: tuple) -> list[MethodTerms]:
+def _with_models(methods: Sequence[MethodTerms], chosen: tuple) -> list[MethodTerms]:
     """The methods' terms with their auxiliary models at the placements of `chosen` (in their order)."""
     out, i = [], 0
     for method in methods:
-        count = len(method.auxiliary())
-        out.append(method.with_auxiliary(list(chosen[i:i + count])) if count else method)
+        count = len(method.auxiliary)
+        out.append(replace(method, auxiliary=tuple(chosen[i:i + count])) if count else method)
         i += count
     return out
 
 
+def _offloads(strategy: Strategy) -> bool:
+    """Whether the strategy keeps optimizer states or parameters off the device."""
+    return strategy.offload_optimizer != "none" or strategy.offload_params != "none"
+
+
 def _candidate(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int, accumulation: int,
-               limits: Limits, methods: list[MethodTerms], packing: SamplePacking | None = None) -> Candidate:
-    models = [m for method in methods for m in method.auxiliary()]
+               limits: Limits, methods: Sequence[MethodTerms], packing: SamplePacking | None = None) -> Candidate:
+    models = [m for method in methods for m in method.auxiliary]
     if any(m.placement == "auto" for m in models):
         # The first placements that fit, cheapest per step first; precomputed last (a first pass, disk).
         tried = [_candidate(shape, hw, strategy, seq_len, accumulation, limits, _with_models(methods, chosen),
@@ -305,7 +304,7 @@ def _rank_key(c: Candidate) -> tuple:
     # memory knobs, simpler backend, lower stage, no recompute, larger micro-batch (fewer steps of Python
     # overhead, which the speed model does not see)
     return (s.optimizer != "adamw", s.activation_offload, s.embedding_offload, s.sequence_parallel,
-            -c.speed.tokens_per_s, offloads, knobs, preference(s.backend), s.zero_stage, s.activation_checkpointing,
+            -c.speed.tokens_per_s, offloads, knobs, tie_break(s.backend), s.zero_stage, s.activation_checkpointing,
             -s.micro_batch_size)
 
 
@@ -333,7 +332,7 @@ def _knob_combos(config: RunConfig, hw: HardwareProfile, shape: ModelShape, back
             for m in tiles for f in fused]
 
 
-def _sequence_split_problems(config: RunConfig, methods: list[MethodTerms], packing: SamplePacking | None) -> list[Problem]:
+def _sequence_split_problems(config: RunConfig, methods: Sequence[MethodTerms], packing: SamplePacking | None) -> list[Problem]:
     """Why no sample of this run can be split over ranks (the worker's objective and data refuse these)."""
     where, off = "train.sequence_parallel", "set sequence_parallel: 1 (or auto)"
     out = []
@@ -363,41 +362,14 @@ def _sequence_parallel_options(config: RunConfig, hw: HardwareProfile, shape: Mo
     return [1, *sequence_parallel_degrees(shape, hw.world_size, config.train.seq_len)]
 
 
-def _method_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
-                 auxiliary: dict[str, ModelShape] | None) -> RunPlan | Refusal:
-    """The auto method: the plan of the first method in methods/registry.py AUTO_METHODS that fits, with
-    a note saying which and why; if none fits, the last one planned (the closest to fitting)."""
-    variants, why = auto_variants(config)
-    plan = None
-    for method, variant in variants:
-        try:
-            attempt = make_plan(variant, hw, shape, auxiliary)
-        except UserError as err:  # e.g. a family LoRA is not planned for, or pins this method cannot train under
-            why.append(f"{method}: {err.problems[0].message if err.problems else err.headline}")
-            continue
-        plan = attempt
-        if isinstance(plan, RunPlan):
-            plan.notes.append(auto_note(method, why))
-            return plan
-        why.append(f"{method} does not fit (closest: {plan.candidates[0].name}: {plan.candidates[0].reason})")
-    if plan is None:
-        raise no_auto_method(why)
-    plan.notes.append(auto_note(None, why, plan.config))
-    return plan
-
-
-def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
-              auxiliary: dict[str, ModelShape] | None = None, fitting_only: bool = False) -> RunPlan | Refusal:
+def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape, methods: Sequence[MethodTerms],
+              fitting_only: bool = False) -> RunPlan | Refusal:
     """Every candidate, best first: a RunPlan whose `chosen` is the fastest fitting one, or a Refusal
-    when none fits (see module doc);
-    `auxiliary`: the shapes of the methods' auxiliary models (the distillation teacher's), counted in
-    every candidate; `fitting_only`: what fits is all the caller asks (the remedies' variations): a
-    sharding whose every knob on still overflows the GPU is not weighed further, no closest candidate is
-    kept for it, and no longest length is bisected."""
-    if is_auto(config):
-        return _method_plan(config, hw, shape, auxiliary)
-    methods = method_terms(config, shape, auxiliary)  # a UserError for method settings that do not fit the model
-    problems = _pin_problems(config, hw) + [p for m in active_methods(config) for p in m.hardware_problems(config, hw)]
+    when none fits (see module doc); `methods`: the terms of the config's training methods, in order
+    (their auxiliary models counted in every candidate); `fitting_only`: what fits is all the caller
+    asks (the remedies' variations): a sharding whose every knob on still overflows the GPU is not
+    weighed further, no closest candidate is kept for it, and no longest length is bisected."""
+    problems = _pin_problems(config, hw) + [p for method in methods for p in method.problems]
     if problems:
         raise UserError("Cannot plan this run: the strategy pins contradict each other or the hardware", problems)
     precision = resolve_precision(config, hw)
@@ -417,12 +389,15 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     ac = config.train.activation_checkpointing
     ac_options = [False, True] if ac == "auto" else [ac]
     for method in methods:  # your own module without repeated blocks has nothing to recompute
-        ac_options = method.recompute_options(ac) or ac_options
+        if method.no_recompute is not None:
+            if ac is True:
+                raise UserError("Cannot plan this run", [method.no_recompute])
+            ac_options = [False]
     limits = Limits.of(config, hw)
     # ZeRO-1 partitions nothing on one rank and ZeRO-2 covers it there, unless it is pinned.
     zero1 = hw.world_size > 1 or config.strategy.zero_stage == 1
     bases = [b for b in _all_bases(hw, nvme_available(config, hw), zero1) if _matches_pins(b, config)
-             and all(method.trains_under(b) for method in methods)]
+             and all(trains_under(method, b) for method in methods)]
     if not bases:
         pins = {k: v for k, v in config.strategy.model_dump().items()
                 if k in ("backend", "zero_stage", "offload", "offload_params") and v != "auto"}
@@ -513,11 +488,11 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
     if not kept:  # every strategy the pins allow has a knob that cannot run there
         raise UserError("Cannot plan this run: the memory-knob pins cannot run on any strategy allowed", refused)
     # a method may rank a fitting candidate after the others (LoRA's offload: no GPU has run it)
-    fitting = sorted((c for c in kept if c.fits),
-                     key=lambda c: (any(m.ranks_last(c.strategy) for m in methods), _rank_key(c)))
+    offloaded_last = any(method.offloaded_last for method in methods)
+    fitting = sorted((c for c in kept if c.fits), key=lambda c: (offloaded_last and _offloads(c.strategy), _rank_key(c)))
     rest = sorted((c for c in kept if not c.fits), key=lambda c: (overflow_score(c, limits, hw), _rank_key(c)))
     notes = [packing.describe()] if packing else []
-    if any(method.names_longest_seq_len for method in methods) and not fitting_only:
+    if any(method.find_longest_seq_len for method in methods) and not fitting_only:
         def most_knobs(strategy: Strategy, seq: int) -> Strategy:
             """`strategy` at `seq` with every knob auto may turn on there, at micro-batch 1 where auto."""
             combos = combos_of(strategy.backend, strategy.activation_checkpointing, strategy.sequence_parallel, seq)
@@ -538,7 +513,7 @@ def make_plan(config: RunConfig, hw: HardwareProfile, shape: ModelShape,
 
 
 def _longest_seq_len(shape: ModelShape, hw: HardwareProfile, best: Candidate, limits: Limits,
-                     methods: list[MethodTerms], packing: SamplePacking | None,
+                     methods: Sequence[MethodTerms], packing: SamplePacking | None,
                      strategy_at: Callable[[Strategy, int], Strategy]) -> tuple[int, str]:
     """(the longest seq_len, a multiple of 64 up to the model's positions, at which `best`'s sharding fits
     with the configured placements (auto: chosen again per length) and the strategy `strategy_at` gives

@@ -32,14 +32,13 @@ from collections.abc import Sequence
 
 from orchestrate.backends.registry import priced_as
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.methods import auxiliary
-from orchestrate.methods.spec import MethodTerms
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner import auxiliary, knobs, long_context
 from orchestrate.planner import constants as k
-from orchestrate.planner import knobs, long_context
 from orchestrate.planner.estimate import SpeedEstimate
 from orchestrate.planner.memory import compute_bytes, forward_rows, shard_group_size, trained_shape
 from orchestrate.planner.strategy import Strategy, tokens_per_step
+from orchestrate.planner.terms import MethodTerms
 
 
 def training_flops_per_token(shape: ModelShape, seq_len: int) -> tuple[float, float]:
@@ -214,19 +213,20 @@ def _optimizer_seconds(shape: ModelShape, hw: HardwareProfile, strategy: Strateg
 def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, seq_len: int,
                    gradient_accumulation: int, methods: Sequence[MethodTerms] = ()) -> SpeedEstimate:
     """Seconds per optimizer step and job-wide tokens/s (see the module doc for the model); `methods`: the
-    plan's training methods' terms (orchestrate/methods/spec.py): what trains (LoRA: the adapters, whose
-    offloaded states are small), their frozen weights' copies, their auxiliary models' forward, gathers
-    and copies (methods/auxiliary.py). Every term sees the micro-batch the trained model's forward sees
+    plan's training methods' terms (planner/terms.py): what trains (LoRA: the adapters, whose offloaded
+    states are small), their frozen weights' copies, their auxiliary models' forward, gathers and copies
+    (planner/auxiliary.py). Every term sees the micro-batch the trained model's forward sees
     (memory.forward_rows: both sequences of a preference record)."""
     strategy, seq_len = forward_rows(methods, strategy, seq_len)
+    priced = [method.priced(method, hw, strategy, seq_len, gradient_accumulation) for method in methods]
     compute, recompute = _compute_seconds(shape, hw, strategy, seq_len, gradient_accumulation)
     comm = _collectives(shape, hw, strategy, gradient_accumulation)
     exchange = _all_to_all(shape, hw, strategy, seq_len, gradient_accumulation)
     transfer, cpu_opt, nvme = (_offload(trained_shape(shape, methods), hw, strategy, gradient_accumulation)
                                if hw.has_gpu else (0.0, 0.0, 0.0))
-    for method in methods:
-        transfer += method.transfer_seconds(shape, hw, strategy, gradient_accumulation)
-        compute += method.compute_seconds(shape, hw, strategy, gradient_accumulation)
+    for terms in priced:
+        transfer += terms.transfer_seconds
+        compute += terms.compute_seconds
     local = long_context.local_seq_len(strategy, seq_len)  # what one rank holds of each sample
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
         transfer += knobs.offload_transfer_bytes(shape, strategy, local, compute_bytes(strategy),
@@ -240,7 +240,7 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
                                                      gradient_accumulation) / hw.gpu.pcie_bandwidth
                       if hw.has_gpu else 0.0)
     extra: dict[str, float] = {}
-    for model in (m for method in methods for m in method.auxiliary()):
+    for model in (m for method in methods for m in method.auxiliary):
         flop_tokens = gradient_accumulation * strategy.micro_batch_size * seq_len * training_flops_per_token(
             shape, seq_len)[0]
         intra = _intra_node_bandwidth(hw)

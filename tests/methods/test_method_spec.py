@@ -4,6 +4,8 @@ memory breakdown holds exactly the keys `breakdown_keys` names for the plan's me
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrate.config.load import config_from_dict
@@ -12,8 +14,9 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.methods.registry import active_methods, base_method, method_terms, methods
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import breakdown_keys, estimate_memory
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.terms import trains_under
+from orchestrate.planning import weigh
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
          "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 256, "max_position_embeddings": 64}
@@ -49,11 +52,11 @@ def test_an_add_on_plans_with_exactly_the_bases_it_names(base, addon):
     shape = shape_from_dict(dict(LLAMA))
     composes = base_method(config).name in method.bases
     if composes:  # QLoRA + distillation, and every add-on on full fine-tuning
-        plan = make_plan(config, CPU, shape, {"teacher": shape})
+        plan = weigh(config, CPU, shape, {"teacher": shape})
         assert plan.candidates
     else:  # LoRA / QLoRA + pruning: the base is frozen
         with pytest.raises(UserError, match="freezes the weights pruning would zero"):
-            make_plan(config, CPU, shape, {"teacher": shape})
+            weigh(config, CPU, shape, {"teacher": shape})
 
 
 @pytest.mark.parametrize("addon", sorted(ADDONS))
@@ -72,11 +75,11 @@ def test_no_add_on_composes_with_your_own_module(addon):
                               "preference"])
 def test_the_breakdown_holds_the_keys_its_methods_declare(parts):
     config, shape = _config(*parts), shape_from_dict(dict(LLAMA))
-    terms = method_terms(config, shape, {"teacher": shape})
-    terms = [t.with_auxiliary([m.choices(CPU)[0] for m in t.auxiliary()]) for t in terms]  # "auto": a placement
+    terms = method_terms(config, shape, CPU, {"teacher": shape})
+    terms = [replace(t, auxiliary=tuple(m.choices(CPU)[0] for m in t.auxiliary)) for t in terms]  # "auto": a placement
     for strategy in (Strategy("ddp", 0, "none", "none", "fp32", False, 2),
                      Strategy("fsdp", 3, "none", "none", "fp32", True, 1)):
-        if not all(t.trains_under(strategy.sharding) for t in terms):
+        if not all(trains_under(t, strategy.sharding) for t in terms):
             continue
         mem = estimate_memory(shape, CPU, strategy, 32, 1, terms)
         assert (tuple(mem.gpu), tuple(mem.cpu)) == breakdown_keys(terms)

@@ -135,7 +135,7 @@ LAYERS = ("errors", "ports", "library_messages", "run", "config", "hardware", "m
 before it. The data flow (config -> hardware -> model -> plan -> backend -> worker) reads left to right;
 methods/ sits above what it hands values to (planner, data, backends) and below the worker that runs it."""
 
-CLIMB_BUDGET = 82
+CLIMB_BUDGET = 69
 """Imports from a lower package into a higher one today: the count may fall, never rise."""
 
 
@@ -150,6 +150,14 @@ def climbing_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
 
 def test_every_package_has_a_layer():
     assert {m.split(".")[1] for m in SOURCES if "." in m} <= set(LAYERS)
+
+
+def test_the_planner_reads_the_training_methods_as_values():
+    """planner/ imports nothing of orchestrate.methods: a method's part of a plan comes in as a value
+    (planner/terms.py), computed above the planner (orchestrate/planning.py), which never calls a method."""
+    crossing = [(m, t) for m, targets in GRAPH.items() for t in targets
+                if m.startswith("orchestrate.planner") and t.startswith("orchestrate.methods")]
+    assert crossing == []
 
 
 def test_imports_that_climb_from_a_lower_package_into_a_higher_one_stay_within_the_budget():

@@ -12,29 +12,22 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrate.config.schema import RunConfig
-from orchestrate.errors import Problem, UserError
-from orchestrate.methods.spec import Method, MethodTerms
+from orchestrate.errors import Problem
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner.plan import PlanResult
+from orchestrate.planner.terms import MethodTerms
+
+_NO_BLOCKS = Problem("train.activation_checkpointing", "model.module has no repeated block class to recompute",
+                     "name the blocks in strategy.wrap: [ClassName], or set activation_checkpointing: false")
 
 
-class ModuleTerms(MethodTerms):
-    """Your own module: its loss is its own (never chunked); without repeated block classes there is
-    nothing to recompute."""
-
-    splits_sequence = False  # its objective reads whole sequences (the worker refuses a sequence split)
-    chunks_loss = False
-
-    def __init__(self, shape: ModelShape) -> None:
-        self.blocks = bool(shape.block_classes)
-
-    def recompute_options(self, pinned: bool | str) -> list[bool] | None:
-        if self.blocks:
-            return None
-        if pinned is True:
-            raise UserError("Cannot plan this run", [Problem(
-                "train.activation_checkpointing", "model.module has no repeated block class to recompute",
-                "name the blocks in strategy.wrap: [ClassName], or set activation_checkpointing: false")])
-        return [False]
+def module_terms(shape: ModelShape) -> MethodTerms:
+    """Your own module: its loss is its own (never chunked) over whole sequences (the worker refuses a
+    sequence split); without repeated block classes there is nothing to recompute."""
+    return MethodTerms(chunks_loss=False, splits_sequence=False,
+                       no_recompute=None if shape.block_classes else _NO_BLOCKS)
 
 
 class Custom(Method):
@@ -45,10 +38,11 @@ class Custom(Method):
     def active(self, config: RunConfig) -> bool:
         return config.model.module is not None
 
-    def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
-        return ModuleTerms(shape)
+    def terms(self, config: RunConfig, shape: ModelShape, hw: HardwareProfile,
+              auxiliary: dict[str, ModelShape]) -> MethodTerms:
+        return module_terms(shape)
 
-    def report(self, plan: Any) -> tuple[list[str], dict[str, Any]]:
+    def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
         """Where the activation term came from: measured, not a formula."""
         source = "model.example_input" if plan.config.model.example_input is not None else "data.module"
         note = (f"activations of {plan.config.model.module}: measured on fake tensors, one micro-batch of {source} "

@@ -1,7 +1,7 @@
 """What the distillation teacher's outputs take (`distill:`, docs/distillation.md): its logits and the
 soft-target loss's temporaries while training, the top-k cache entries when precomputed. Pure. Its
 weights, gathered blocks, first pass and seconds are an auxiliary model's, priced by placement in
-orchestrate/methods/auxiliary.py.
+orchestrate/planner/auxiliary.py.
 
 Live (replicated, sharded, offload): the teacher's logits in the compute dtype plus the loss's
 full-vocabulary soft-target tensors. Precomputed: only the cached top-k logits of the micro-batch
@@ -12,8 +12,8 @@ compute dtype plus their fp32 copy for `topk`.
 
 from __future__ import annotations
 
-from orchestrate.methods.auxiliary import AuxiliaryModel
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner.auxiliary import AuxiliaryModel
 
 SOFT_TARGET_BYTES_PER_TOKEN_VOCAB = 20
 """Peak of the distillation loss's full-vocabulary temporaries per token (forward and backward of

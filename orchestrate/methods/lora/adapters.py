@@ -13,7 +13,6 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.model.linears import block_linears, linear_families
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.strategy import Sharding
 
 NF4_BITS = 4
 """Bits per weight of 4-bit NormalFloat (Dettmers et al. 2023, "QLoRA", section 3)."""
@@ -47,12 +46,10 @@ _OFFLOADED = (("deepspeed", 2, "cpu", "none"), ("deepspeed", 3, "cpu", "none"), 
 TRAINABLE_OFFLOADED = {"lora": _OFFLOADED, "qlora": _OFFLOADED}
 
 
-def trains(method: str, sharding: Sharding) -> bool:
-    """Whether `method`'s adapters are verified to train under this sharding."""
-    if sharding.offload_optimizer == "none" and sharding.offload_params == "none":
-        return (sharding.backend, sharding.zero_stage) in TRAINABLE_ON[method]
-    return (sharding.backend, sharding.zero_stage, sharding.offload_optimizer,
-            sharding.offload_params) in TRAINABLE_OFFLOADED[method]
+def verified_shardings(method: str) -> frozenset[tuple[str, int, str, str]]:
+    """(backend, zero_stage, offload_optimizer, offload_params) `method`'s adapters are verified to train under."""
+    return frozenset({(backend, stage, "none", "none") for backend, stage in TRAINABLE_ON[method]}
+                     | set(TRAINABLE_OFFLOADED[method]))
 
 
 def _where(method: str) -> str:

@@ -27,11 +27,11 @@ from dataclasses import replace
 
 from orchestrate.backends.registry import shards_parameters
 from orchestrate.methods.lora.adapters import Adapters
-from orchestrate.methods.spec import PlacedBytes
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner import ds_buckets
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.terms import PlacedBytes
 
 
 def trainable_shape(shape: ModelShape, adapters: Adapters) -> ModelShape:
@@ -74,17 +74,16 @@ def frozen_base_bytes(shape: ModelShape, strategy: Strategy, n: int, adapters: A
     return out
 
 
-def fsdp_forward_start_excess(shape: ModelShape, strategy: Strategy, adapters: Adapters, c: int,
-                              activations_and_logits: float) -> float:
-    """What the forward start of a frozen base under FSDP2 full shard holds beyond the backward-start
-    peak counted above: each all-gather's output is copied into the unsharded parameters
-    (_fsdp_collectives.py foreach_all_gather_copy_out), so the root and the prefetched first block exist
-    twice before any activation does. The peak is the larger of the two (simulated: llama widths at
-    512 tokens peak there)."""
+def fsdp_forward_start_bytes(shape: ModelShape, strategy: Strategy, adapters: Adapters, c: int) -> dict[str, float]:
+    """What the forward start of a frozen base under FSDP2 full shard holds before any activation exists:
+    each all-gather's output is copied into the unsharded parameters (_fsdp_collectives.py
+    foreach_all_gather_copy_out), so the root and the prefetched first block exist twice. The memory model
+    adds what exceeds the backward-start peak's activations and logits: the peak is the larger of the two
+    (simulated: llama widths at 512 tokens peak there)."""
     if strategy.backend != "fsdp" or strategy.zero_stage != 3:
-        return 0.0
+        return {}
     _, block, root = base_bytes(shape, adapters, c)
-    return max(0.0, root + block - activations_and_logits)
+    return {"gathered_params": root + block}
 
 
 def zero3_gathered_base(shape: ModelShape, whole: float, c: int) -> float:

@@ -12,85 +12,64 @@ from __future__ import annotations
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.hardware.software import SoftwareStack
-from orchestrate.methods.lora.adapters import Adapters, adapters_for, trains
+from orchestrate.methods.lora.adapters import Adapters, adapters_for, verified_shardings
 from orchestrate.methods.lora.memory import (
     adapter_saved_delta,
     adapter_state_scale,
     frozen_base_bytes,
-    fsdp_forward_start_excess,
+    fsdp_forward_start_bytes,
     quantized_load_bytes,
     trainable_shape,
 )
 from orchestrate.methods.lora.offload import base_h2d_bytes
 from orchestrate.methods.lora.speed import quantized_linear_seconds
-from orchestrate.methods.spec import Alternative, Method, MethodTerms, PlacedBytes
+from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import software_terms
 from orchestrate.planner.memory import compute_bytes, shard_group_size
-from orchestrate.planner.strategy import Sharding, Strategy
+from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.terms import Alternative, MethodTerms, PricedTerms
 from orchestrate.run.layout import ADAPTER_DIR
 
 
-class AdapterTerms(MethodTerms):
-    """A LoRA / QLoRA plan: the adapters' states as a small model of their own (`trained_shape`, in
-    train.lora.dtype: `state_scale`), the frozen base beside them (memory.py), what the adapters save
-    per block (`saved_bytes`), its host-to-device copies when offloaded (offload.py)."""
+def adapter_terms(adapters: Adapters, shape: ModelShape) -> MethodTerms:
+    """A LoRA / QLoRA plan: the adapters' states as a small model of their own (`trained`, in
+    train.lora.dtype: `state_scale`) under the shardings they are verified on, offloaded ones ranked
+    last (verified on CPU only: offload.py); per candidate the frozen base beside them (memory.py), what
+    the adapters save per block, its host-to-device copies when offloaded (offload.py) and QLoRA's 4-bit
+    linears' seconds (speed.py)."""
 
-    freezes_base = True
-
-    def __init__(self, adapters: Adapters) -> None:
-        self.adapters = adapters
-
-    def trains_under(self, sharding: Sharding) -> bool:
-        return trains(self.adapters.method, sharding)
-
-    def ranks_last(self, strategy: Strategy) -> bool:
-        # offloaded adapter runs are verified on CPU only (offload.py)
-        return strategy.offload_optimizer != "none" or strategy.offload_params != "none"
-
-    def trained_shape(self, shape: ModelShape) -> ModelShape:
-        return trainable_shape(shape, self.adapters)
-
-    def state_scale(self, strategy: Strategy) -> dict[str, float]:
-        return adapter_state_scale(strategy, self.adapters)
-
-    def frozen_bytes(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> PlacedBytes:
-        return frozen_base_bytes(shape, strategy, shard_group_size(hw, strategy), self.adapters, compute_bytes(strategy))
-
-    def saved_bytes(self, shape: ModelShape, c: int, sw: SoftwareStack) -> float:
+    def priced(terms: MethodTerms, hw: HardwareProfile, strategy: Strategy, seq_len: int,
+               accumulation: int) -> PricedTerms:
+        c, n = compute_bytes(strategy), shard_group_size(hw, strategy)
         # a QLoRA base of older bitsandbytes keeps each 4-bit linear's input (software_terms.py)
-        base_saves_input = self.adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(sw)
-        return adapter_saved_delta(shape, self.adapters, c, base_saves_input)
+        base_saves_input = adapters.quantized > 0 and software_terms.bnb_saves_4bit_input(hw.software)
+        return PricedTerms(
+            state_scale=adapter_state_scale(strategy, adapters),
+            frozen=frozen_base_bytes(shape, strategy, n, adapters, c),
+            saved_bytes=adapter_saved_delta(shape, adapters, c, base_saves_input),
+            before_activations=fsdp_forward_start_bytes(shape, strategy, adapters, c),
+            load_bytes=_load_bytes(shape, hw, strategy, adapters),
+            transfer_seconds=(base_h2d_bytes(shape, strategy, n, adapters, c, accumulation) / hw.gpu.pcie_bandwidth
+                              if hw.has_gpu else 0.0),
+            compute_seconds=(accumulation * quantized_linear_seconds(shape, strategy)
+                             if hw.has_gpu and adapters.quantized else 0.0))
 
-    def peak_bytes(self, shape: ModelShape, strategy: Strategy, seq_len: int,
-                   activations_and_logits: float) -> dict[str, float]:
-        return {"gathered_params": fsdp_forward_start_excess(shape, strategy, self.adapters, compute_bytes(strategy),
-                                                             activations_and_logits)}
+    return MethodTerms(trained=trainable_shape(shape, adapters), freezes_base=True,
+                       shardings=verified_shardings(adapters.method), offloaded_last=True, priced=priced)
 
-    def load_bytes(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> float | None:
-        c = compute_bytes(strategy)
-        if self.adapters.quantized:
-            return quantized_load_bytes(shape, hw.ranks_per_node, c, strategy, self.adapters)
-        if strategy.backend == "ddp":
-            return None  # loaded as full training loads it, then cast
-        # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
-        # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
-        # DeepSpeed by every rank (loading.py; QLoRA: memory.quantized_load_bytes).
-        return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * c * shape.parameters
 
-    def transfer_seconds(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
-                         accumulation: int) -> float:
-        if not hw.has_gpu:
-            return 0.0
-        return base_h2d_bytes(shape, strategy, shard_group_size(hw, strategy), self.adapters,
-                              compute_bytes(strategy), accumulation) / hw.gpu.pcie_bandwidth
-
-    def compute_seconds(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
-                        accumulation: int) -> float:
-        if not hw.has_gpu or not self.adapters.quantized:
-            return 0.0
-        return accumulation * quantized_linear_seconds(shape, strategy)
+def _load_bytes(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, adapters: Adapters) -> float | None:
+    """Host bytes of a node while the base loads; None: as full training loads it (then cast)."""
+    c = compute_bytes(strategy)
+    if adapters.quantized:
+        return quantized_load_bytes(shape, hw.ranks_per_node, c, strategy, adapters)
+    if strategy.backend == "ddp":
+        return None
+    # A LoRA run's 16-bit base is read whole in the compute dtype and transformed (peft renames the keys
+    # the sharded loaders fill): under FSDP2 by rank 0 alone, which broadcasts it into the shards; under
+    # DeepSpeed by every rank (loading.py; QLoRA: memory.quantized_load_bytes).
+    return (1 if strategy.backend == "fsdp" else hw.ranks_per_node) * c * shape.parameters
 
 
 class Lora(Method):
@@ -103,11 +82,9 @@ class Lora(Method):
     def active(self, config: RunConfig) -> bool:
         return config.train.method in ("lora", "qlora")
 
-    def check(self, config: RunConfig, shape: ModelShape) -> None:
-        adapters_for(config, shape)  # also for the other methods: train.lora set but unused is refused
-
-    def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
-        return AdapterTerms(adapters_for(config, shape))
+    def terms(self, config: RunConfig, shape: ModelShape, hw: HardwareProfile,
+              auxiliary: dict[str, ModelShape]) -> MethodTerms:
+        return adapter_terms(adapters_for(config, shape), shape)  # a UserError for adapters the model cannot take
 
     def alternatives(self, config: RunConfig) -> list[Alternative]:
         if config.train.method != "full":

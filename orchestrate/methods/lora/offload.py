@@ -18,7 +18,7 @@ micro-batch (backward gathers it again for the input gradients), as full trainin
 offload term does (speed._offload), but nothing comes back down: it has no gradient and no update.
 
 Ranking: verified on CPU only (tests/test_lora_offload.py), so the search takes an offloaded adapter
-run only where nothing without offload fits (method.py `AdapterTerms.ranks_last`), as it does for activation offload.
+run only where nothing without offload fits (method.py `adapter_terms`: `offloaded_last`), as it does for activation offload.
 """
 
 from __future__ import annotations

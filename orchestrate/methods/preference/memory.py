@@ -1,16 +1,17 @@
 """What a preference method adds to a step's memory (docs/preference.md). Pure. Where the reference
 lives (its weights, gathered blocks, first pass, forward seconds) is an auxiliary model's placement,
-priced in orchestrate/methods/auxiliary.py; what is the preference method's own is here:
+priced in orchestrate/planner/auxiliary.py; what is the preference method's own is here:
 
 - Two sequences per record (samples.py): the trained model's forward sees 2 x micro_batch_size
-  sequences of seq_len (`PreferenceTerms.forward_rows`, method.py); its answer log-probabilities cost
+  sequences of seq_len (`MethodTerms.sample_rows`, method.py); its answer log-probabilities cost
   what the task's cross-entropy costs (losses.token_logps computes them the same way: measured equal
   with the storage counter, tests/test_preference_memory.py), so the planner's logits term covers them.
 - The reference forward (adapter, replicated, sharded, offload) runs before the model's, under
   no_grad: its logits and their log-softmax, REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB beyond the
   logits, are freed before the model's forward holds any activation, so it adds only what exceeds the
-  training step's activations and logits (`reference_forward_excess`; measured: a step's peak with a
-  live reference is the peak with a precomputed one, tests/test_preference_memory.py). Chunked
+  training step's activations and logits (`chunked_reference_forward_bytes`, the excess the memory
+  model's; measured: a step's peak with a live reference is the peak with a precomputed one,
+  tests/test_preference_memory.py). Chunked
   (train.loss_chunks): one chunk's logits and log-probabilities at a time, plus the final hidden
   states the chunks read (b x s x h in the compute dtype; the unchunked forward frees them early,
   left out there as h / V of the logits).
@@ -22,9 +23,9 @@ from __future__ import annotations
 
 import math
 
-from orchestrate.methods.auxiliary import AuxiliaryModel
 from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner.auxiliary import AuxiliaryModel
 
 REFERENCE = "reference"
 REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB = 8
@@ -50,14 +51,6 @@ def chunked_reference_forward_bytes(shape: ModelShape, rows: int, seq_len: int, 
     return chunk + rows * seq_len * shape.hidden_size * compute_bytes
 
 
-def reference_forward_excess(shape: ModelShape, rows: int, seq_len: int, chunks: int, compute_bytes: int,
-                             activations_and_logits: float) -> float:
-    """What a live reference's forward over the trained model's `rows` of `seq_len` holds beyond the
-    training step's activations and logits, which do not exist yet while it runs (module doc)."""
-    return max(0.0, chunked_reference_forward_bytes(shape, rows, seq_len, chunks, compute_bytes)
-               - activations_and_logits)
-
-
 def reference_model(shape: ModelShape, placement: str, adapter: bool) -> AuxiliaryModel:
     """The reference as an auxiliary model; `adapter`: the run trains LoRA adapters, so the reference
     can be their base with the adapters disabled (auto takes it: no weights at all)."""
@@ -65,7 +58,7 @@ def reference_model(shape: ModelShape, placement: str, adapter: bool) -> Auxilia
 
     def output_bytes(placement: str, tokens: int, c: int) -> float:
         # precomputed: at most a record per position of a row (packed: records of one token per
-        # sequence in blocks of 2 x seq_len); live: its forward is the method's peak_bytes (method.py)
+        # sequence in blocks of 2 x seq_len); live: its forward is the method's own term (method.py)
         return CACHED_BYTES_PER_RECORD * tokens if placement == "precomputed" else 0.0
 
     def first_pass_output_bytes(tokens: int, c: int) -> float:

@@ -7,24 +7,27 @@ data path), losses.py (the losses as functions of answer log-probabilities), mem
 method's own tensors and the reference's outputs take), objective.py, reference.py (where a worker's
 reference log-probabilities come from), cache.py (the precomputed placement's table), callback.py (the
 step's rewards), runtime.py (the worker half). Where the reference lives is priced and built as any
-auxiliary model's placement (orchestrate/methods/auxiliary.py, orchestrate/loading/auxiliary.py), plus
+auxiliary model's placement (orchestrate/planner/auxiliary.py, orchestrate/loading/auxiliary.py), plus
 `adapter` under LoRA: the trained model with its adapters disabled.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.methods.auxiliary import AuxiliaryModel, frozen_model_shape
+from orchestrate.methods.auxiliary import frozen_model_shape
 from orchestrate.methods.preference.config import REFERENCE_FREE, SEQUENCES_PER_RECORD
-from orchestrate.methods.preference.memory import REFERENCE, reference_forward_excess, reference_model
-from orchestrate.methods.spec import Method, MethodTerms
+from orchestrate.methods.preference.memory import REFERENCE, chunked_reference_forward_bytes, reference_model
+from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
+from orchestrate.planner.auxiliary import AuxiliaryModel
+from orchestrate.planner.memory import compute_bytes
+from orchestrate.planner.plan import PlanResult
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.terms import MethodTerms, PricedTerms
 from orchestrate.run.layout import REFERENCE_LOGPS_DIR
 
 _FIX_SAME = ("use a reference trained with the model's tokenizer (its SFT run's RUN_DIR/model), or leave "
@@ -35,45 +38,31 @@ _WHY = {"adapter": "the base with the adapters disabled: no extra weights",
         "precomputed": "a first pass before step 1, nothing of the reference held while training"}
 
 
-class PreferenceTerms(MethodTerms):
-    """A preference plan: both sequences of every record in the trained model's forward, the reference
-    as an auxiliary model and its forward's peak; with train.loss_chunks the model's and a live
-    reference's log-probabilities are computed one chunk of positions at a time (objective.py), so
-    the planner's logits term and the reference's forward price one chunk's logits."""
+def preference_terms(reference: AuxiliaryModel | None, packed: bool, problems: tuple[Problem, ...] = ()) -> MethodTerms:
+    """A preference plan: both sequences of every record in the trained model's forward, 2 x
+    micro_batch_size rows of seq_len or, packed (data.packing: whole records in blocks of 2 x seq_len,
+    samples.py), micro_batch_size rows of 2 x seq_len; the reference as an auxiliary model (None: orpo)
+    and its forward's bytes. With train.loss_chunks the model's and a live reference's log-probabilities
+    are computed one chunk of positions at a time (objective.py), so the planner's logits term and the
+    reference's forward price one chunk's logits. Its objective reads whole sequences (the worker refuses
+    a sequence split); the plan's notes name the longest seq_len that fits."""
+    return MethodTerms(chunks_loss=True, splits_sequence=False, find_longest_seq_len=True,
+                       sample_rows=SEQUENCES_PER_RECORD, packed_rows=packed,
+                       auxiliary=(reference,) if reference is not None else (),
+                       gpu_keys=("reference_forward",) if reference is not None else (), problems=problems,
+                       priced=_reference_forward)
 
-    splits_sequence = False  # its objective reads whole sequences (the worker refuses a sequence split)
-    chunks_loss = True
-    names_longest_seq_len = True
 
-    def __init__(self, reference: AuxiliaryModel | None, packed: bool) -> None:
-        self.reference = reference  # None: orpo
-        self.packed = packed
-        """data.packing: whole records in blocks of 2 x seq_len (samples.py), else 2 padded rows per record."""
-        self.gpu_keys = ("reference_forward",) if reference is not None else ()
-
-    def forward_rows(self, strategy: Strategy, seq_len: int) -> tuple[Strategy, int]:
-        """2 x micro_batch_size rows of seq_len, or micro_batch_size packed blocks of 2 x seq_len (their
-        attention, eager or the block mask, is quadratic in the block)."""
-        if self.packed:
-            return strategy, SEQUENCES_PER_RECORD * seq_len
-        return replace(strategy, micro_batch_size=SEQUENCES_PER_RECORD * strategy.micro_batch_size), seq_len
-
-    def auxiliary(self) -> list[AuxiliaryModel]:
-        return [self.reference] if self.reference is not None else []
-
-    def with_auxiliary(self, models: list[AuxiliaryModel]) -> PreferenceTerms:
-        return PreferenceTerms(models[0], self.packed) if models else self
-
-    def peak_bytes(self, shape: ModelShape, strategy: Strategy, seq_len: int,
-                   activations_and_logits: float) -> dict[str, float]:
-        """A live reference's forward over both sequences, beyond the step's activations and logits
-        (memory.py); a precomputed one has none."""
-        if self.reference is None or self.reference.placement == "precomputed":
-            return {}
-        rows, rows_seq = self.forward_rows(strategy, seq_len)
-        c = 4 if strategy.precision == "fp32" else 2
-        return {"reference_forward": reference_forward_excess(self.reference.shape, rows.micro_batch_size, rows_seq,
-                                                              strategy.loss_chunks, c, activations_and_logits)}
+def _reference_forward(terms: MethodTerms, hw: HardwareProfile, rows: Strategy, seq_len: int,
+                       accumulation: int) -> PricedTerms:
+    """A live reference's forward over the rows of the trained model's forward, before the step's
+    activations and logits exist (memory.py); a precomputed one has none."""
+    if not terms.auxiliary or terms.auxiliary[0].placement == "precomputed":
+        return PricedTerms()
+    reference = terms.auxiliary[0]
+    held = chunked_reference_forward_bytes(reference.shape, rows.micro_batch_size, seq_len, rows.loss_chunks,
+                                           compute_bytes(rows))
+    return PricedTerms(before_activations={"reference_forward": held})
 
 
 _REWARD_KEYS = ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies")
@@ -122,31 +111,18 @@ class Preference(Method):
             raise UserError("Cannot plan this preference run", problems)
         return found
 
-    def check(self, config: RunConfig, shape: ModelShape) -> None:
-        problems = _config_problems(config)
+    def terms(self, config: RunConfig, shape: ModelShape, hw: HardwareProfile,
+              auxiliary: dict[str, ModelShape]) -> MethodTerms:
+        section, problems = config.preference, _config_problems(config)
         if problems:
             raise UserError("Cannot plan this preference run", problems)
-
-    def hardware_problems(self, config: RunConfig, hw: HardwareProfile) -> list[Problem]:
-        placement, problems = config.preference.placement, []
-        if placement == "sharded" and hw.world_size == 1:
-            problems.append(Problem("preference.placement", "sharded splits the reference over the ranks; this plan "
-                                    "has one", "use replicated, offload or precomputed on one rank (or auto)"))
-        if placement == "offload" and not hw.has_gpu:
-            problems.append(Problem("preference.placement", "offload keeps the reference's shards in CPU RAM for a "
-                                    "GPU to gather; these ranks are CPU processes", "use replicated, sharded or "
-                                    "precomputed (or auto)"))
-        return problems
-
-    def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
-        section = config.preference
         reference = None
         if section.loss not in REFERENCE_FREE:
             reference = reference_model(auxiliary.get(REFERENCE, shape), section.placement,
                                         adapter=config.train.method in _LORA and section.reference is None)
-        return PreferenceTerms(reference, packed=config.data.packing)
+        return preference_terms(reference, config.data.packing, _hardware_problems(config, hw))
 
-    def report(self, plan: Any) -> tuple[list[str], dict[str, Any]]:
+    def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
         """Where the reference lives in the chosen plan, and why (auto)."""
         loss = plan.config.preference.loss
         chosen = getattr(plan, "chosen", None)
@@ -160,6 +136,19 @@ class Preference(Method):
             why = "; ".join([*([chosen.placement_reason] if chosen.placement_reason else []),
                              f"{placement}: {_WHY.get(placement, 'the first that fits')}"])
         return [f"preference: {loss}, reference model {placement} ({why})"], {}
+
+
+def _hardware_problems(config: RunConfig, hw: HardwareProfile) -> tuple[Problem, ...]:
+    """Its placement where this hardware cannot run it (one rank to shard over, no GPU to offload to)."""
+    placement, problems = config.preference.placement, []
+    if placement == "sharded" and hw.world_size == 1:
+        problems.append(Problem("preference.placement", "sharded splits the reference over the ranks; this plan "
+                                "has one", "use replicated, offload or precomputed on one rank (or auto)"))
+    if placement == "offload" and not hw.has_gpu:
+        problems.append(Problem("preference.placement", "offload keeps the reference's shards in CPU RAM for a "
+                                "GPU to gather; these ranks are CPU processes", "use replicated, sharded or "
+                                "precomputed (or auto)"))
+    return tuple(problems)
 
 
 def _config_problems(config: RunConfig) -> list[Problem]:

@@ -18,25 +18,25 @@ from orchestrate.hardware.units import parameter_count
 from orchestrate.methods.prune.config import PruneSection
 from orchestrate.methods.prune.memory import mask_memory
 from orchestrate.methods.prune.schedule import check_prune, prune_summary
-from orchestrate.methods.spec import Method, MethodTerms, PlacedBytes
+from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import shard_group_size
+from orchestrate.planner.plan import PlanResult
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planner.terms import MethodTerms, PlacedBytes, PricedTerms
 
 
-class MaskTerms(MethodTerms):
+def mask_terms(prune: PruneSection, shape: ModelShape) -> MethodTerms:
     """A pruning plan: one bool mask per pruned weight as each rank holds it, and a mask update's scratch."""
 
-    gpu_keys = ("prune_masks", "prune_scratch")
+    def priced(terms: MethodTerms, hw: HardwareProfile, strategy: Strategy, seq_len: int,
+               accumulation: int) -> PricedTerms:
+        own = PlacedBytes()
+        for key, value in mask_memory(shape, strategy, shard_group_size(hw, strategy), prune).items():
+            own.on_gpu(key, value)
+        return PricedTerms(own=own)
 
-    def __init__(self, prune: PruneSection) -> None:
-        self.prune = prune
-
-    def own_bytes(self, shape: ModelShape, hw: HardwareProfile, strategy: Strategy) -> PlacedBytes:
-        out = PlacedBytes()
-        for key, value in mask_memory(shape, strategy, shard_group_size(hw, strategy), self.prune).items():
-            out.on_gpu(key, value)
-        return out
+    return MethodTerms(gpu_keys=("prune_masks", "prune_scratch"), priced=priced)
 
 
 class Prune(Method):
@@ -47,13 +47,12 @@ class Prune(Method):
     def active(self, config: RunConfig) -> bool:
         return config.prune is not None
 
-    def check(self, config: RunConfig, shape: ModelShape) -> None:
+    def terms(self, config: RunConfig, shape: ModelShape, hw: HardwareProfile,
+              auxiliary: dict[str, ModelShape]) -> MethodTerms:
         check_prune(config, shape)  # the composition included: a frozen base is refused there
+        return mask_terms(config.prune, shape)
 
-    def terms(self, config: RunConfig, shape: ModelShape, auxiliary: dict[str, ModelShape]) -> MethodTerms:
-        return MaskTerms(config.prune)
-
-    def report(self, plan: Any) -> tuple[list[str], dict[str, Any]]:
+    def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
         p = prune_summary(plan.shape, plan.config.prune)
         line = (f"pruning ({p['method']}, {p['scope']}): {p['target_sparsity']:.0%} of {parameter_count(p['pruned_weights'])} "
                 f"weights; saved model {parameter_count(p['saved_parameters'])} parameters")

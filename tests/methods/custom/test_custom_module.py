@@ -125,19 +125,19 @@ def test_activations_are_measured_once_then_read_from_the_cache(monkeypatch):
 
 def test_the_plan_says_the_activations_were_measured():
     from orchestrate.planner.report import plan_json, render_plan
-    from orchestrate.planner.search import make_plan
+    from orchestrate.planning import method_reports, weigh
     from tests.helpers.plans import cpu_hardware
 
     config = _config({"module": "cnn_example:CNN"}, {"module": "cnn_example:patterns", "kwargs": {"size": 50}})
     shape = shape_for(config)
-    plan = make_plan(config, cpu_hardware(2), shape)
+    plan = weigh(config, cpu_hardware(2), shape)
     assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["activations"] > 0
-    assert "measured on fake tensors" in plan_json(plan)["activations_source"]
+    assert "measured on fake tensors" in plan_json(plan, method_reports(plan))["activations_source"]
     assert not any(c.strategy.activation_checkpointing for c in plan.candidates)  # the CNN has no blocks to recompute
     from rich.console import Console
 
     console = Console(record=True, width=200)
-    console.print(render_plan(plan))
+    console.print(render_plan(plan, method_reports(plan)))
     assert "measured on fake tensors" in console.export_text()
 
 

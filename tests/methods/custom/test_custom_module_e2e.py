@@ -15,7 +15,7 @@ from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.model.meta import shape_for
 from orchestrate.planner.plan import RunPlan
-from orchestrate.planner.search import make_plan
+from orchestrate.planning import weigh
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import cpu_hardware
 
@@ -34,7 +34,7 @@ def test_the_example_cnn_trains_to_ninety_percent_and_its_weights_load(tmp_path:
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config = load_config(EXAMPLE / "cnn.yaml", [*SMALL, *pins, f"train.output_dir={tmp_path}"])
-    plan = make_plan(config, cpu_hardware(2), shape_for(config))
+    plan = weigh(config, cpu_hardware(2), shape_for(config))
     assert isinstance(plan, RunPlan) and plan.chosen.strategy.backend == pins[0].split("=")[1]
     run_dir = tmp_path / "run"
     assert start(prepare_run(plan, run_dir), run_dir.resolve(), LocalTorchrun()).exit_code == 0
@@ -70,7 +70,7 @@ def test_dict_samples_with_the_models_own_loss_train_under_fsdp2_with_detected_b
                   "optimizer": {"lr": 3e-3, "weight_decay": 0.0}, "schedule": {"warmup_steps": 0},
                   "report_to": ["none"], "output_dir": str(tmp_path)},
         "strategy": {"backend": "fsdp", "zero_stage": 3}}, tmp_path)
-    plan = make_plan(config, cpu_hardware(2), shape_for(config))
+    plan = weigh(config, cpu_hardware(2), shape_for(config))
     assert plan.shape.block_classes == ("Block",)
     run_dir = tmp_path / "run"
     assert start(prepare_run(plan, run_dir), run_dir.resolve(), LocalTorchrun()).exit_code == 0

@@ -13,28 +13,28 @@ import torch
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
-from orchestrate.methods.auxiliary import (
-    AuxiliaryModel,
-    auto_placements,
-    first_pass_bytes,
-    forward_flops_per_token,
-    resolve_placement,
-)
 from orchestrate.methods.distill.memory import (
     SOFT_TARGET_BYTES_PER_TOKEN_VOCAB,
     STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB,
     TOPK_BYTES_PER_ENTRY,
     teacher_model,
 )
-from orchestrate.methods.distill.method import DistillTerms
+from orchestrate.methods.distill.method import distill_terms
 from orchestrate.methods.distill.objective import DistillationObjective, soft_target_kl
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.allocator_reserve import RESERVE
+from orchestrate.planner.auxiliary import (
+    AuxiliaryModel,
+    auto_placements,
+    first_pass_bytes,
+    forward_flops_per_token,
+    resolve_placement,
+)
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.nccl_buffers import nccl_buffer_bytes
 from orchestrate.planner.plan import Refusal, RunPlan
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
+from orchestrate.planning import weigh
 from orchestrate.worker.objective import CausalLMObjective
 from tests.helpers.word_tokenizers import word_tokenizer
 from tests.unit.planner.test_memory_model import cpu_hw, gpu_hw, strat
@@ -92,7 +92,7 @@ def test_teacher_memory_per_placement_is_hand_computed(placement):
             "offload": (0, gathered, full_logits, c * p // n),
             "precomputed": (0, 0, MICRO * SEQ * (16 * TOPK_BYTES_PER_ENTRY + v * STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB), 0)
             }[placement]
-    with_teacher = estimate_memory(t.shape, hw, s, SEQ, 1, [DistillTerms(t)])
+    with_teacher = estimate_memory(t.shape, hw, s, SEQ, 1, [distill_terms(t)])
     without = estimate_memory(t.shape, hw, s, SEQ, 1)
     got = (with_teacher.gpu["teacher_weights"], with_teacher.gpu["teacher_gathered"],
            with_teacher.gpu["teacher_logits"], with_teacher.cpu["offloaded_teacher"] // hw.ranks_per_node)
@@ -108,7 +108,7 @@ def test_teacher_memory_per_placement_is_hand_computed(placement):
 
 def test_offload_on_a_cpu_only_machine_counts_the_teacher_in_the_rank_s_memory():
     t, s = _teacher("offload"), strat("fsdp", 3, precision="fp32", micro=MICRO)
-    mem = estimate_memory(t.shape, cpu_hw(2), s, SEQ, 1, [DistillTerms(t)])
+    mem = estimate_memory(t.shape, cpu_hw(2), s, SEQ, 1, [distill_terms(t)])
     assert mem.gpu["teacher_weights"] == 4 * t.shape.parameters and mem.cpu["offloaded_teacher"] == 0
 
 
@@ -116,9 +116,9 @@ def test_speed_adds_the_teacher_forward_and_its_gathers():
     t_shape, hw = shape_from_dict(dict(GPT2)), gpu_hw(2)
     s = strat("fsdp", 3, micro=MICRO)
     base = estimate_speed(t_shape, hw, s, SEQ, 2)
-    replicated = estimate_speed(t_shape, hw, s, SEQ, 2, [DistillTerms(_teacher("replicated"))])
-    sharded = estimate_speed(t_shape, hw, s, SEQ, 2, [DistillTerms(_teacher("sharded"))])
-    precomputed = estimate_speed(t_shape, hw, s, SEQ, 2, [DistillTerms(_teacher("precomputed"))])
+    replicated = estimate_speed(t_shape, hw, s, SEQ, 2, [distill_terms(_teacher("replicated"))])
+    sharded = estimate_speed(t_shape, hw, s, SEQ, 2, [distill_terms(_teacher("sharded"))])
+    precomputed = estimate_speed(t_shape, hw, s, SEQ, 2, [distill_terms(_teacher("precomputed"))])
     # Teacher and student of one shape: its forward is forward/(forward+backward) of the compute.
     ratio = forward_flops_per_token(t_shape, SEQ) / training_flops_per_token(t_shape, SEQ)[0]
     assert ratio == pytest.approx(1 / 3)
@@ -133,9 +133,9 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     student, teacher = shape_from_dict(dict(STUDENT)), shape_from_dict(dict(LLAMA_7B))
     hw = gpu_hw(2)
     for placement in ("replicated", "sharded"):
-        plan = make_plan(_config({"teacher": "t", "placement": placement}), hw, student, {"teacher": teacher})
+        plan = weigh(_config({"teacher": "t", "placement": placement}), hw, student, {"teacher": teacher})
         assert isinstance(plan, Refusal), placement
-    plan = make_plan(_config({"teacher": "t", "placement": "precomputed"}), hw, student, {"teacher": teacher})
+    plan = weigh(_config({"teacher": "t", "placement": "precomputed"}), hw, student, {"teacher": teacher})
     assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["teacher_weights"] == 0
     assert plan.chosen.memory.gpu["teacher_logits"] < 64 * 2**20  # top-k entries + the student's soft targets
     # Its first pass holds the gathered root and two blocks of the offloaded 7B (1.3 GB) before the
@@ -150,13 +150,13 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     # auto: every candidate takes the first placement that fits. With 64 GiB of RAM the offloaded
     # shards (6.7 GB per rank) fit; with 12 GiB (two ranks' 4 GiB runtimes beside them) only the
     # precomputed logits do.
-    assert make_plan(_config({"teacher": "t"}), hw, student, {"teacher": teacher}).chosen.placements["teacher"] == "offload"
-    auto = make_plan(_config({"teacher": "t"}), gpu_hw(2, ram_gib=12), student, {"teacher": teacher})
+    assert weigh(_config({"teacher": "t"}), hw, student, {"teacher": teacher}).chosen.placements["teacher"] == "offload"
+    auto = weigh(_config({"teacher": "t"}), gpu_hw(2, ram_gib=12), student, {"teacher": teacher})
     assert auto.chosen.placements["teacher"] == "precomputed"
     assert auto.chosen.memory.gpu == plan.chosen.memory.gpu
     assert {c.placements["teacher"] for c in auto.candidates} == {"precomputed"}
     # a small teacher fits replicated beside the student: the cheapest placement per step.
-    small = make_plan(_config({"teacher": "t"}), hw, student, {"teacher": shape_from_dict(dict(GPT2))})
+    small = weigh(_config({"teacher": "t"}), hw, student, {"teacher": shape_from_dict(dict(GPT2))})
     assert small.chosen.placements["teacher"] == "replicated"
 
     assert RunPlan.model_validate(small.to_dict()).chosen.placements["teacher"] == "replicated"

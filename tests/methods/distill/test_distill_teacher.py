@@ -42,7 +42,7 @@ def test_sharded_teacher_holds_its_planned_shard_and_matches_the_replicated_one(
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from orchestrate.methods.distill.memory import teacher_model
-    from orchestrate.methods.distill.method import DistillTerms
+    from orchestrate.methods.distill.method import distill_terms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
 
@@ -52,7 +52,7 @@ def test_sharded_teacher_holds_its_planned_shard_and_matches_the_replicated_one(
     plan = _plan(str(tmp_path / "teacher"))
     shape = shape_from_dict(dict(GPT2))
     predicted = estimate_memory(shape, plan.hardware, plan.chosen.strategy, 32, 1,
-                                [DistillTerms(teacher_model(shape, "sharded", 16))]).gpu["teacher_weights"]
+                                [distill_terms(teacher_model(shape, "sharded", 16))]).gpu["teacher_weights"]
     for rank, r in results.items():
         assert r["placement"] == "sharded" and not r["training"] and r["trainable"] == 0, r
         assert r["diff"] < 1e-5, r  # the same fp32 weights, gathered

@@ -9,27 +9,29 @@ import pytest
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
-from orchestrate.methods.lora.adapters import adapters_for, trains
+from orchestrate.methods.lora.adapters import adapters_for, verified_shardings
 from orchestrate.methods.lora.memory import base_bytes
-from orchestrate.methods.lora.method import AdapterTerms
+from orchestrate.methods.lora.method import adapter_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Sharding
+from orchestrate.planner.terms import MethodTerms, trains_under
+from orchestrate.planning import weigh
 from tests.methods.lora.test_lora_plan import TINY, config
 from tests.unit.planner.test_memory_model import gpu_hw, strat
 
 
 @pytest.mark.parametrize("method", ["lora", "qlora"])
 def test_only_zero2_3_with_cpu_optimizer_offload_and_zero3_with_the_base_on_the_cpu_train_with_offload(method):
+    adapters = MethodTerms(shardings=verified_shardings(method))  # as the method's terms state them
     for verified in (Sharding("deepspeed", 3, "cpu", "cpu"), Sharding("deepspeed", 3, "cpu", "none"),
                      Sharding("deepspeed", 2, "cpu", "none")):
-        assert trains(method, verified), verified
+        assert trains_under(adapters, verified), verified
     for refused in (Sharding("deepspeed", 3, "nvme", "nvme"), Sharding("deepspeed", 3, "cpu", "nvme"),
                     Sharding("deepspeed", 3, "nvme", "none"),
                     Sharding("fsdp", 3, "cpu", "cpu"), Sharding("deepspeed", 1, "cpu", "none")):
-        assert not trains(method, refused), refused
+        assert not trains_under(adapters, refused), refused
 
 
 @pytest.mark.parametrize("pins,where", [({"backend": "fsdp", "offload": "cpu"}, "strategy.offload"),
@@ -42,7 +44,7 @@ def test_an_unverified_offload_pin_is_one_error_naming_the_offload_that_works(pi
     cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": pins,
                             "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
     with pytest.raises(UserError) as err:
-        make_plan(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
+        weigh(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
     assert [p.where for p in err.value.problems] == [where]
     assert "deepspeed zero_stage 3 with offload cpu and offload_params cpu" in err.value.problems[0].fix
 
@@ -50,7 +52,7 @@ def test_an_unverified_offload_pin_is_one_error_naming_the_offload_that_works(pi
 def test_pinning_cpu_offload_plans_deepspeed_with_the_verified_offloads():
     cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": {"offload": "cpu"},
                             "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
-    plan = make_plan(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
+    plan = weigh(cfg, gpu_hw(2), shape_from_dict(dict(TINY)))
     assert {(c.strategy.backend, c.strategy.zero_stage, c.strategy.offload_optimizer, c.strategy.offload_params)
             for c in plan.candidates} == {("deepspeed", 3, "cpu", "cpu"), ("deepspeed", 3, "cpu", "none"),
                                           ("deepspeed", 2, "cpu", "none")}
@@ -60,8 +62,8 @@ def test_pinning_cpu_offload_plans_deepspeed_with_the_verified_offloads():
 def test_the_offloaded_base_is_on_the_host_and_zero3_gathers_the_same_as_without_offload(method):
     shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
     a = adapters_for(config(TINY, method=method, lora={"r": 4}), shape)
-    off = estimate_memory(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, 1, [AdapterTerms(a)])
-    on_gpu = estimate_memory(shape, hw, strat("deepspeed", 3), 32, 1, [AdapterTerms(a)])
+    off = estimate_memory(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, 1, [adapter_terms(a, shape)])
+    on_gpu = estimate_memory(shape, hw, strat("deepspeed", 3), 32, 1, [adapter_terms(a, shape)])
     whole, _, _ = base_bytes(shape, a, 2)  # bf16 on a GPU; NF4 block linears for qlora
     # Per rank: the base's partition and the adapters' bf16 partition, times 2 ranks on the node.
     assert off.cpu["offloaded_params"] == int(2 * (whole / 2 + 2 * a.trainable / 2))
@@ -74,7 +76,7 @@ def test_the_offloaded_base_crosses_pcie_before_every_forward_and_backward_gathe
     shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
     a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
     accumulation, c, n, t = 3, 2, 2, a.trainable
-    speed = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation, [AdapterTerms(a)])
+    speed = estimate_speed(shape, hw, strat("deepspeed", 3, "cpu", "cpu"), 32, accumulation, [adapter_terms(a, shape)])
     whole, _, _ = base_bytes(shape, a, c)
     # base: 2 gathers per micro-batch, up only; adapters (ZeRO-Offload): grads down every micro-batch,
     # updated values up once, their own 2 gathers per micro-batch (speed._offload).
@@ -91,7 +93,7 @@ def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_f
     shape = shape_from_dict(dict(LLAMA3_8B))
     cfg = config_from_dict({"model": {"architecture": dict(LLAMA3_8B)},
                             "train": {"seq_len": 4096, "global_batch_size": 8, "method": "qlora"}})
-    plan = make_plan(cfg, HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve(), shape)
+    plan = weigh(cfg, HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve(), shape)
     offloaded = [c for c in plan.candidates if c.fits and c.strategy.offload_params == "cpu"]
     assert offloaded and plan.chosen.strategy.offload_params == "none"  # both fit; the verified-on-GPU-less one waits
 
@@ -100,8 +102,8 @@ def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_f
 def test_optimizer_offload_moves_only_the_adapters_states_and_leaves_the_base_on_the_gpu(stage):
     shape, hw = shape_from_dict(dict(TINY)), gpu_hw(2)
     a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
-    off = estimate_memory(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, [AdapterTerms(a)])
-    on_gpu = estimate_memory(shape, hw, strat("deepspeed", stage), 32, 1, [AdapterTerms(a)])
+    off = estimate_memory(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, [adapter_terms(a, shape)])
+    on_gpu = estimate_memory(shape, hw, strat("deepspeed", stage), 32, 1, [adapter_terms(a, shape)])
     t = a.trainable
     # DeepSpeed's fp32 Adam m, v and master partitions of the adapters, 2 ranks on the node (stage_1_and_2.py /
     # stage3.py with offload_optimizer: the states on the CPU)
@@ -109,7 +111,7 @@ def test_optimizer_offload_moves_only_the_adapters_states_and_leaves_the_base_on
     assert off.gpu["optimizer_states"] == off.gpu["master_weights"] == 0
     assert off.gpu["weights"] == on_gpu.gpu["weights"]  # the frozen base (and 16-bit adapters) stay on the GPU
     assert off.cpu["offloaded_params"] == 0
-    speed = estimate_speed(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, [AdapterTerms(a)])
+    speed = estimate_speed(shape, hw, strat("deepspeed", stage, "cpu"), 32, 1, [adapter_terms(a, shape)])
     moved = 2 * t / 2 + 2 * t / 2  # the adapters' bf16 gradients down, their update up; the base never moves
     assert speed.breakdown["offload_transfer"] == pytest.approx(moved / hw.gpu.pcie_bandwidth)
 
@@ -147,8 +149,7 @@ def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_off
     from orchestrate.config.load import load_config
     from orchestrate.hardware.flags import HardwareFlags
     from orchestrate.planner.plan import Refusal
-    from orchestrate.planner.remedies import infeasible_error
-    from orchestrate.planning import plan_for
+    from orchestrate.planning import plan_for, refusal_error
 
     example = Path(__file__).resolve().parents[3] / "examples" / "llama2-70b.yaml"
     overrides = ["train.seq_len=2048", "train.method=qlora", "train.optimizer.name=auto"]
@@ -167,4 +168,4 @@ def test_llama2_70b_qlora_on_2x8gib_at_2048_tokens_fits_only_with_activation_off
     assert closest.name.startswith("deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-")
     assert closest.name.endswith("-mb1") and not closest.strategy.activation_offload and closest.strategy.mlp_tiles
     assert 0 < closest.memory.gpu_total - usable < 0.1 * 2**30
-    assert {"train.seq_len", "train.activation_offload"} <= {p.where for p in infeasible_error(pinned).problems}
+    assert {"train.seq_len", "train.activation_offload"} <= {p.where for p in refusal_error(pinned).problems}

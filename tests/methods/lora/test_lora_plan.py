@@ -9,12 +9,11 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for, nf4_bits_per_param
-from orchestrate.methods.lora.method import AdapterTerms
+from orchestrate.methods.lora.method import adapter_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import Refusal
-from orchestrate.planner.remedies import infeasible_error
-from orchestrate.planner.search import make_plan
+from orchestrate.planning import refusal_error, weigh
 from tests.unit.planner.test_memory_model import cpu_hw, gpu_hw, strat
 
 TINY = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -55,7 +54,7 @@ def test_nf4_bits_follow_the_qlora_paper():
 def test_lora_states_fp32_adapters_and_frozen_base_without_grads(backend, stage, n):
     shape = shape_from_dict(dict(TINY))
     a = adapters_for(config(TINY, method="lora", lora={"r": 4}), shape)
-    mem = estimate_memory(shape, cpu_hw(2), strat(backend, stage, precision="fp32"), 32, 2, [AdapterTerms(a)])
+    mem = estimate_memory(shape, cpu_hw(2), strat(backend, stage, precision="fp32"), 32, 2, [adapter_terms(a, shape)])
     adapters = 2 * TINY_BLOCK_ADAPTERS
     assert mem.gpu["optimizer_states"] == 8 * adapters // n  # Adam m, v of the adapters only
     assert mem.gpu["gradients"] == 4 * adapters // n  # accumulation 2: gradients counted in full
@@ -65,7 +64,7 @@ def test_lora_states_fp32_adapters_and_frozen_base_without_grads(backend, stage,
 def test_qlora_base_is_nf4_for_block_linears_and_16_bit_elsewhere():
     shape = shape_from_dict(dict(TINY))
     a = adapters_for(config(TINY, method="qlora", lora={"r": 4}), shape)
-    mem = estimate_memory(shape, gpu_hw(1), strat("ddp", 0, precision="bf16"), 32, 1, [AdapterTerms(a)])
+    mem = estimate_memory(shape, gpu_hw(1), strat("ddp", 0, precision="bf16"), 32, 1, [adapter_terms(a, shape)])
     quantized = 2 * TINY_BLOCK_LINEAR_WEIGHTS
     base = (shape.parameters - quantized) * 2 + quantized * nf4_bits_per_param(True) / 8
     assert mem.gpu["weights"] == int(4 * 2 * TINY_BLOCK_ADAPTERS + base)
@@ -96,13 +95,13 @@ def test_an_adapter_pinned_on_an_unverified_backend_is_one_error_naming_what_wor
     cfg = config_from_dict({"model": {"architecture": dict(TINY)}, "strategy": pins,
                             "train": {"seq_len": 32, "global_batch_size": 2, "method": "qlora"}})
     with pytest.raises(UserError) as err:
-        make_plan(cfg, cpu_hw(2), shape_from_dict(dict(TINY)))
+        weigh(cfg, cpu_hw(2), shape_from_dict(dict(TINY)))
     assert [p.where for p in err.value.problems] == [where]
     assert "fsdp (zero_stage 3), deepspeed (zero_stage 2 or 3)" in err.value.problems[0].fix
 
 
 def test_qlora_plans_only_verified_backends():
-    plan = make_plan(config(TINY, method="qlora"), cpu_hw(2), shape_from_dict(dict(TINY)))
+    plan = weigh(config(TINY, method="qlora"), cpu_hw(2), shape_from_dict(dict(TINY)))
     planned = {(c.strategy.backend, c.strategy.zero_stage, c.strategy.offload_optimizer, c.strategy.offload_params)
                for c in plan.candidates}
     assert planned == {("ddp", 0, "none", "none"), ("fsdp", 3, "none", "none"), ("deepspeed", 2, "none", "none"),
@@ -113,7 +112,7 @@ def test_qlora_plans_only_verified_backends():
 def test_lora_under_zero_shards_adapter_states_and_the_base_only_at_stage_3(stage):
     shape = shape_from_dict(dict(TINY))
     a = adapters_for(config(TINY, method="lora", lora={"r": 4}), shape)
-    mem = estimate_memory(shape, cpu_hw(2), strat("deepspeed", stage, precision="fp32"), 32, 1, [AdapterTerms(a)])
+    mem = estimate_memory(shape, cpu_hw(2), strat("deepspeed", stage, precision="fp32"), 32, 1, [adapter_terms(a, shape)])
     adapters = 2 * TINY_BLOCK_ADAPTERS
     # DeepSpeed's fp32 master and Adam m, v partitions of the adapters (stage_1_and_2.py / stage3.py).
     assert mem.gpu["optimizer_states"] == 8 * adapters // 2
@@ -126,13 +125,13 @@ def test_lora_under_zero_shards_adapter_states_and_the_base_only_at_stage_3(stag
 def test_full_training_that_does_not_fit_gets_lora_and_qlora_remedies_with_numbers():
     shape = shape_from_dict(dict(LLAMA3_8B))
     hw = HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB").resolve()
-    plan = make_plan(config_from_dict({"model": {"architecture": dict(LLAMA3_8B)},
-                                       "train": {"seq_len": 4096, "global_batch_size": 8}}), hw, shape)
+    plan = weigh(config_from_dict({"model": {"architecture": dict(LLAMA3_8B)},
+                                   "train": {"seq_len": 4096, "global_batch_size": 8}}), hw, shape)
     assert isinstance(plan, Refusal)
-    remedies = {p.fix.split(",")[0]: p.message for p in infeasible_error(plan).problems if p.where == "train.method"}
+    remedies = {p.fix.split(",")[0]: p.message for p in refusal_error(plan).problems if p.where == "train.method"}
     assert set(remedies) == {"train.method: lora", "train.method: qlora"}
     assert all("GiB" in m for m in remedies.values())
-    assert not any("not supported" in p.fix for p in infeasible_error(plan).problems)
+    assert not any("not supported" in p.fix for p in refusal_error(plan).problems)
 
 
 @pytest.mark.parametrize("arch", [

@@ -182,7 +182,7 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
     """Llama-3-8B shape on 2 GPUs: the host while loading is 2 x (NF4 block linears at 4.127 bits + the rest
     in bf16 + the embedding read in fp32 and cast to bf16), where it was 2 x 2 B x P."""
     from orchestrate.methods.lora.adapters import adapters_for
-    from orchestrate.methods.lora.method import AdapterTerms
+    from orchestrate.methods.lora.method import adapter_terms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
     from tests.methods.lora.test_lora_plan import LLAMA3_8B
@@ -191,7 +191,7 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
-    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, [AdapterTerms(a)])
+    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, [adapter_terms(a, shape)])
     nf4 = a.quantized * 4.127 / 8 + (shape.parameters - a.quantized) * 2
     expected = 2 * (nf4 + (4 + 2) * 128256 * 4096)
     steady = sum(v for key, v in mem.cpu.items() if key not in ("loading_spike", "process_runtime"))
@@ -203,7 +203,7 @@ def test_the_plan_charges_each_rank_the_nf4_base_and_one_tensor_not_the_16bit_ba
 @pytest.mark.parametrize(("backend", "stage", "copies"), [("fsdp", 3, 1), ("deepspeed", 2, 2), ("deepspeed", 3, 2)])
 def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_under_deepspeed(backend, stage, copies):
     from orchestrate.methods.lora.adapters import adapters_for
-    from orchestrate.methods.lora.method import AdapterTerms
+    from orchestrate.methods.lora.method import adapter_terms
     from orchestrate.model.formulas import shape_from_dict
     from orchestrate.planner.memory import estimate_memory
     from tests.methods.lora.test_lora_plan import LLAMA3_8B
@@ -212,6 +212,6 @@ def test_a_lora_base_is_planned_as_one_16bit_copy_under_fsdp_and_one_per_rank_un
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     a = adapters_for(cfg(LLAMA3_8B, method="lora"), shape)
-    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, [AdapterTerms(a)])
+    mem = estimate_memory(shape, gpu_hw(gpus=2, ram_gib=128), strat(backend, stage, ac=True), 4096, 1, [adapter_terms(a, shape)])
     steady = sum(v for key, v in mem.cpu.items() if key not in ("loading_spike", "process_runtime"))
     assert mem.cpu["loading_spike"] == pytest.approx(max(0.0, copies * 2 * shape.parameters - steady), rel=1e-3)

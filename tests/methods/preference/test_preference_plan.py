@@ -16,13 +16,13 @@ from orchestrate.backends.registry import runs_knob
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.preference.memory import REFERENCE, reference_model
-from orchestrate.methods.preference.method import PREFERENCE, PreferenceTerms
+from orchestrate.methods.preference.method import PREFERENCE, preference_terms
 from orchestrate.methods.registry import method_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import Refusal
-from orchestrate.planner.search import Limits, _candidate, make_plan
-from orchestrate.planning import plan_for
+from orchestrate.planner.search import Limits, _candidate
+from orchestrate.planning import plan_for, weigh
 from tests.helpers.cli import assert_one_message, invoke
 from tests.helpers.plans import TINY_GPT2, cpu_hardware
 from tests.methods.lora.test_lora_plan import LLAMA3_8B
@@ -43,7 +43,7 @@ def _config(train: dict, preference: dict | None = None, model: dict | None = No
 def test_a_record_s_two_sequences_are_twice_the_micro_batch_s_activations_and_logits():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), GPU_8GIB.resolve()
     pair, doubled = strat(micro=2), strat(micro=4)
-    terms = PreferenceTerms(reference_model(shape, "precomputed", adapter=False), packed=False)
+    terms = preference_terms(reference_model(shape, "precomputed", adapter=False), packed=False)
     dpo = estimate_memory(shape, hw, pair, 1024, methods=[terms])
     sft = estimate_memory(shape, hw, doubled, 1024)
     assert dpo.gpu["activations"] == sft.gpu["activations"] and dpo.gpu["logits"] == sft.gpu["logits"]
@@ -54,7 +54,7 @@ def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and
     # Llama-3.1's positions: with every knob the planner has, DPO reaches past Llama-3's 8192 on this card
     llama31 = {**LLAMA3_8B, "max_position_embeddings": 131_072}
     shape, hw = shape_from_dict(dict(llama31)), GPU_8GIB.resolve()
-    plan = make_plan(_config({"method": "qlora", "seq_len": 1024}, {"loss": "dpo"}, llama31), hw, shape)
+    plan = weigh(_config({"method": "qlora", "seq_len": 1024}, {"loss": "dpo"}, llama31), hw, shape)
     assert not isinstance(plan, Refusal) and plan.chosen.placements[REFERENCE] == "adapter"
     assert plan.chosen.memory.gpu["reference_weights"] == 0
     chunked = [c for c in plan.candidates if c.strategy.loss_chunks > 0]
@@ -62,13 +62,13 @@ def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and
     note = next(n for n in plan.notes if n.startswith("the longest train.seq_len"))
     found = re.search(r"the longest train.seq_len that fits: (\d+) \((\S+)\)", note)
     longest, name = int(found.group(1)), found.group(2)
-    at = {s: make_plan(_config({"method": "qlora", "seq_len": s}, {"loss": "dpo"}, llama31), hw, shape)
+    at = {s: weigh(_config({"method": "qlora", "seq_len": s}, {"loss": "dpo"}, llama31), hw, shape)
           for s in (longest, longest + 64)}
     assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in at[longest].candidates)
     assert plan.chosen.strategy.loss_chunks > 0  # at 1024 the fastest plan takes the log-probs in chunks
     assert isinstance(at[longest + 64], Refusal)  # no strategy fits 64 tokens more
     assert 8192 < longest < 131_072
-    sft = make_plan(_config({"method": "qlora", "seq_len": longest + 64}, model=llama31), hw, shape)
+    sft = weigh(_config({"method": "qlora", "seq_len": longest + 64}, model=llama31), hw, shape)
     assert not isinstance(sft, Refusal)  # one sequence per sample: SFT fits where DPO no longer does
 
 
@@ -77,14 +77,14 @@ def test_auto_takes_the_first_placement_that_fits_and_says_why():
                 "num_key_value_heads": 4, "intermediate_size": 5632, "vocab_size": 32000,
                 "max_position_embeddings": 2048}
     shape, hw = shape_from_dict(dict(llama_1b)), GPU_8GIB.resolve()
-    plan = make_plan(_config({"method": "full", "seq_len": 512}, {"loss": "dpo"}, llama_1b), hw, shape)
+    plan = weigh(_config({"method": "full", "seq_len": 512}, {"loss": "dpo"}, llama_1b), hw, shape)
     chosen = plan.chosen
     assert chosen.placements[REFERENCE] != "replicated"
     assert "replicated does not fit (GPU" in chosen.placement_reason
     assert "replicated does not fit" in PREFERENCE.report(plan)[0][0]  # what `orchestrate plan` prints
     config = _config({"method": "full", "seq_len": 512}, {"loss": "dpo", "placement": "replicated"}, llama_1b)
     replicated = _candidate(shape, hw, chosen.strategy, 512, chosen.gradient_accumulation, Limits.of(config, hw),
-                            method_terms(config, shape, None))
+                            method_terms(config, shape, hw))
     assert not replicated.fits and replicated.reason in chosen.placement_reason  # what auto said
 
 

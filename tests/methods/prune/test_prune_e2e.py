@@ -14,6 +14,7 @@ from orchestrate.launch.rundir import prepare_run
 from orchestrate.launch.session import start
 from orchestrate.planner.report import plan_json
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import method_reports
 from orchestrate.transports.local.transport import LocalTorchrun
 from tests.helpers.plans import make_plan
 from tests.methods.prune.test_prune_train import TINY_LLAMA
@@ -37,7 +38,7 @@ def test_launch_with_structured_pruning_records_sparsity_and_saves_the_smaller_m
     # 64 of 128 channels and 1 of the 2 query heads per key/value head, from step 4 on
     assert records[0]["sparsity"] == 0.0 and [r["sparsity"] for r in records[3:]] == [0.5] * 3
     model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
-    predicted = plan_json(plan)["prune"]  # what `orchestrate plan --json` says the run saves
+    predicted = plan_json(plan, method_reports(plan))["prune"]  # what `orchestrate plan --json` says the run saves
     assert model.config.intermediate_size == predicted["saved_intermediate_size"] == 64
     assert model.config.num_attention_heads == predicted["saved_num_attention_heads"] == 2
     assert model.num_parameters() == predicted["saved_parameters"] < plan.shape.parameters

@@ -8,7 +8,7 @@ import pytest
 from orchestrate.config.load import config_from_dict, load_config
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.methods.prune.method import MaskTerms
+from orchestrate.methods.prune.method import mask_terms
 from orchestrate.methods.prune.schedule import (
     pruned_count,
     pruned_parameters,
@@ -19,8 +19,8 @@ from orchestrate.methods.prune.schedule import (
 from orchestrate.model.meta import load_model_config, shape_from_config
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import weigh
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
               "num_key_value_heads": 2, "intermediate_size": 128, "vocab_size": 257, "max_position_embeddings": 64}
@@ -80,7 +80,7 @@ def test_bad_values_are_user_errors_with_yaml_paths(tmp_path):
 def test_plan_time_checks_list_every_problem_with_a_fix():
     cfg = _config(_prune(method="structured", scope="global", schedule={"end_step": 30}), arch=TINY_GPT2)
     with pytest.raises(UserError) as err:
-        make_plan(cfg, _cpu(), _shape(cfg))
+        weigh(cfg, _cpu(), _shape(cfg))
     problems = {p.where: p for p in err.value.problems}
     assert set(problems) == {"prune.schedule.end_step", "prune.method", "prune.scope"}, problems
     assert "max_steps (20)" in problems["prune.schedule.end_step"].message
@@ -88,7 +88,7 @@ def test_plan_time_checks_list_every_problem_with_a_fix():
     assert all(p.fix for p in problems.values())
     lora = _config(_prune(), method="lora")
     with pytest.raises(UserError, match="pruning settings") as err:
-        make_plan(lora, _cpu(), _shape(lora))
+        weigh(lora, _cpu(), _shape(lora))
     assert [p.where for p in err.value.problems] == ["train.method"]
 
 
@@ -97,19 +97,19 @@ def test_mask_memory_is_sharded_with_the_parameters():
     shape, prune = _shape(cfg), cfg.prune
     h, i, kv = 64, 128, 2 * 16
     elements = 2 * (h * h + 2 * h * kv + h * h + 3 * h * i)  # q, k, v, o, gate, up, down per block
-    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(prune)])
-    fsdp = estimate_memory(shape, _cpu(), Strategy("fsdp", 3, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(prune)])
+    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [mask_terms(prune, shape)])
+    fsdp = estimate_memory(shape, _cpu(), Strategy("fsdp", 3, "none", "none", "fp32", False, 2), 32, 1, [mask_terms(prune, shape)])
     zero2 = estimate_memory(shape, _cpu(), Strategy("deepspeed", 2, "none", "none", "fp32", False, 2), 32, 1,
-                            [MaskTerms(prune)])
+                            [mask_terms(prune, shape)])
     zero3 = estimate_memory(shape, _cpu(), Strategy("deepspeed", 3, "none", "none", "fp32", False, 2), 32, 1,
-                            [MaskTerms(prune)])
+                            [mask_terms(prune, shape)])
     assert ddp.gpu["prune_masks"] == zero2.gpu["prune_masks"] == elements  # one bool byte each, replicated
     assert fsdp.gpu["prune_masks"] == zero3.gpu["prune_masks"] == elements // 2
     assert ddp.gpu["prune_scratch"] == 5 * h * i
     plain = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32)
     assert ddp.gpu_total - plain.gpu_total == elements + 5 * h * i
     structured = _config(_prune(method="structured", scope="per-layer")).prune
-    s = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(structured)])
+    s = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [mask_terms(structured, shape)])
     assert s.gpu["prune_masks"] == 2 * 3 * h * i
 
 
@@ -119,20 +119,21 @@ def test_structured_prediction_counts_the_removed_channels():
     assert pruned_parameters(shape, cfg.prune) == shape.parameters - 2 * 3 * 64 * 32  # 32 of 128 channels
     magnitude = _config(_prune()).prune
     assert pruned_parameters(shape, magnitude) == shape.parameters
-    plan = make_plan(cfg, _cpu(), shape)
+    plan = weigh(cfg, _cpu(), shape)
     assert isinstance(plan, RunPlan) and plan.chosen.memory.gpu["prune_masks"] > 0
 
 
 def test_plan_report_states_the_saved_size():
     from orchestrate.planner.report import plan_json, render_plan
+    from orchestrate.planning import method_reports
 
     cfg = _config(_prune(method="structured", scope="per-layer", target_sparsity=0.25))
-    plan = make_plan(cfg, _cpu(), _shape(cfg))
-    summary = plan_json(plan)["prune"]
+    plan = weigh(cfg, _cpu(), _shape(cfg))
+    summary = plan_json(plan, method_reports(plan))["prune"]
     assert summary["saved_intermediate_size"] == 96
     assert summary["saved_parameters"] == pruned_parameters(plan.shape, cfg.prune)
     assert summary["pruned_weights"] == 2 * 3 * 64 * 128
-    assert any("pruning (structured, per-layer)" in str(p) for p in render_plan(plan).renderables)
+    assert any("pruning (structured, per-layer)" in str(p) for p in render_plan(plan, method_reports(plan)).renderables)
 
 
 def test_head_pruning_counts_and_checks():
@@ -140,16 +141,16 @@ def test_head_pruning_counts_and_checks():
     shape = _shape(cfg)
     # 64 of 128 channels (3 x 64 weights each) and 1 of 2 query heads per kv group (2 x 64 x 16 each), 2 blocks
     assert pruned_parameters(shape, cfg.prune) == shape.parameters - 2 * (3 * 64 * 64 + 2 * (2 * 64 * 16))
-    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [MaskTerms(cfg.prune)])
+    ddp = estimate_memory(shape, _cpu(), Strategy("ddp", 0, "none", "none", "fp32", False, 2), 32, 1, [mask_terms(cfg.prune, shape)])
     assert ddp.gpu["prune_masks"] == 2 * (3 * 64 * 128 + 2 * 64 * 64)  # the MLP's and q/o_proj's masks
     qwen = _config(_prune(method="structured", scope="per-layer", heads=True), arch={**TINY_LLAMA, "model_type": "qwen2"})
     # qwen2's q_proj has a bias: d more per head
     assert pruned_parameters(_shape(qwen), qwen.prune) == _shape(qwen).parameters - 2 * (3 * 64 * 64 + 2 * (2 * 64 * 16 + 16))
     bad = _config(_prune(heads=True), arch={**TINY_LLAMA, "num_key_value_heads": 4})
     with pytest.raises(UserError) as err:
-        make_plan(bad, _cpu(), _shape(bad))
+        weigh(bad, _cpu(), _shape(bad))
     assert [p.where for p in err.value.problems] == ["prune.heads"] and "structured" in err.value.problems[0].fix
     mha = _config(_prune(method="structured", scope="per-layer", heads=True), arch={**TINY_LLAMA, "num_key_value_heads": 4})
     with pytest.raises(UserError) as err:
-        make_plan(mha, _cpu(), _shape(mha))
+        weigh(mha, _cpu(), _shape(mha))
     assert [p.where for p in err.value.problems] == ["prune.heads"] and "grouped-query" in err.value.problems[0].message

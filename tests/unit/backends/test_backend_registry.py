@@ -13,8 +13,8 @@ from orchestrate.backends import registry
 from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import GPUSpec, HardwareProfile
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import weigh
 from tests.helpers.plans import make_plan as pinned_plan
 from tests.unit.planner.test_planner import config, gpt2_xl, gpu_hw
 
@@ -29,7 +29,7 @@ def test_builtin_backends_in_planner_order_and_a_taken_name_is_refused():
 
 @pytest.mark.parametrize("hw", [gpu_hw(1), gpu_hw(2), gpu_hw(2, nodes=2)], ids=["1gpu", "2gpu", "2x2gpu"])
 def test_every_candidate_the_planner_weighs_is_one_its_backend_renders(hw):
-    plan = make_plan(config(), hw, gpt2_xl())
+    plan = weigh(config(), hw, gpt2_xl())
     assert len(plan.candidates) > 5
     for candidate in plan.candidates:
         backend = get_backend(candidate.strategy.backend)
@@ -73,7 +73,7 @@ class _Twin:
 
     def __init__(self, priced_as: str = "fsdp", name: str = "fsdp-twin") -> None:
         fsdp = get_backend("fsdp")
-        self.name, self.zero_stages, self.preference, self.priced_as = name, fsdp.zero_stages, 9, priced_as
+        self.name, self.zero_stages, self.tie_break, self.priced_as = name, fsdp.zero_stages, 9, priced_as
         self.knobs = fsdp.knobs
         self.shards_parameters, self.problems = fsdp.shards_parameters, fsdp.problems
 
@@ -83,7 +83,7 @@ TWIN, PRICED_AS_MEGATRON, NAMED_DDP = _Twin(), _Twin("megatron", "megatron-twin"
 
 @pytest.fixture
 def installed(monkeypatch):
-    """Install the backends named (`name = tests.test_backend_registry:OBJECT`) as entry points."""
+    """Install the backends named (`name = tests.unit.backends.test_backend_registry:OBJECT`) as entry points."""
 
     def install(**points: str) -> None:
         found = [EntryPoint(name, f"{__name__}:{target}", registry.PLUGIN_GROUP) for name, target in points.items()]
@@ -106,7 +106,7 @@ def test_a_plug_in_backend_with_a_taken_name_or_an_unpriced_one_is_one_message(i
 def test_a_plug_in_backend_is_searched_ranked_and_priced_like_a_built_in_one(installed):
     installed(twin="TWIN")
     assert backend_names() == ["ddp", "deepspeed", "fsdp", "fsdp-twin"] and get_backend("fsdp-twin") is TWIN
-    plan = make_plan(config(), gpu_hw(2), gpt2_xl())
+    plan = weigh(config(), gpu_hw(2), gpt2_xl())
     def key(c):
         return dataclasses.replace(c.strategy, backend="")
 
@@ -115,5 +115,5 @@ def test_a_plug_in_backend_is_searched_ranked_and_priced_like_a_built_in_one(ins
     assert twins and twins.keys() == fsdp.keys()
     for name, twin in twins.items():  # the same terms: the same memory and speed
         assert (twin.memory, twin.speed) == (fsdp[name].memory, fsdp[name].speed)
-        # equally fast, so the tie-break puts the twin (preference 9) after FSDP2
+        # equally fast, so the tie-break puts the twin (tie_break 9) after FSDP2
         assert plan.candidates.index(twin) > plan.candidates.index(fsdp[name])

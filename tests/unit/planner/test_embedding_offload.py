@@ -12,14 +12,15 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for
-from orchestrate.methods.lora.method import AdapterTerms
+from orchestrate.methods.lora.method import adapter_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.allocator_reserve import reserve_bytes
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
-from orchestrate.planner.search import Limits, make_plan
+from orchestrate.planner.search import Limits
 from orchestrate.planner.speed import estimate_speed
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import weigh
 from tests.helpers.plans import TINY_GPT2
 from tests.methods.lora.test_lora_plan import LLAMA3_8B, TINY
 from tests.unit.planner.test_memory_model import cpu_hw, strat
@@ -43,7 +44,7 @@ def test_the_table_leaves_the_gpu_weights_and_each_rank_keeps_a_host_copy():
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
     off = replace(strat("ddp", 0, ac=True), loss_chunks=16)
     on = replace(off, embedding_offload=True)
-    m_off, m_on = estimate_memory(shape, hw, off, 4096, 1, [AdapterTerms(a)]), estimate_memory(shape, hw, on, 4096, 1, [AdapterTerms(a)])
+    m_off, m_on = estimate_memory(shape, hw, off, 4096, 1, [adapter_terms(a, shape)]), estimate_memory(shape, hw, on, 4096, 1, [adapter_terms(a, shape)])
     assert m_off.gpu["weights"] - m_on.gpu["weights"] == TABLE
     # the allocator reserve is a fraction of what is accounted (the table is a state), so it shrinks with the table
     reserve = reserve_bytes("ddp", hw.expandable_segments, TABLE, TABLE) - reserve_bytes("ddp", hw.expandable_segments, 0, 0)
@@ -65,7 +66,7 @@ def test_the_rows_cross_pcie_once_per_micro_batch_not_overlapped():
 def test_llama3_8b_qlora_on_one_8gib_card_fits_at_seq_3072_with_the_embedding_in_host_memory():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), gpus()
     config = cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"})
-    plan = make_plan(config, hw, shape)
+    plan = weigh(config, hw, shape)
     assert isinstance(plan, RunPlan)
     chosen = plan.chosen
     assert chosen.name == "ddp-bf16-ac-actoff-embcpu-ce12-adamw8bit-mb1"
@@ -77,8 +78,8 @@ def test_llama3_8b_qlora_on_one_8gib_card_fits_at_seq_3072_with_the_embedding_in
     # pinned off, ZeRO-3 with the NF4 base and the adapters' optimizer on the host fits once DeepSpeed chunks
     # the loss (it was 0.33 GiB over unchunked); ranked after the DDP plan above where both fit (no GPU has
     # run the offload)
-    pinned = make_plan(cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"}, embedding_offload=False),
-                       hw, shape)
+    pinned = weigh(cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"}, embedding_offload=False),
+                   hw, shape)
     assert isinstance(pinned, RunPlan)
     assert pinned.chosen.name == "deepspeed-z3-offload_opt_cpu-offload_param_cpu-bf16-ac-ce12-mb2"
     assert usable - pinned.chosen.memory.gpu_total == 1_499_818_607
@@ -86,21 +87,21 @@ def test_llama3_8b_qlora_on_one_8gib_card_fits_at_seq_3072_with_the_embedding_in
 
 def test_taken_only_where_nothing_fits_without_it():
     shape = shape_from_dict(dict(LLAMA3_8B))
-    roomy = make_plan(cfg(LLAMA3_8B, method="qlora"), gpus("24GiB"), shape).chosen.strategy
+    roomy = weigh(cfg(LLAMA3_8B, method="qlora"), gpus("24GiB"), shape).chosen.strategy
     assert not roomy.embedding_offload and not roomy.activation_offload
-    tight = make_plan(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape).chosen.strategy
+    tight = weigh(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape).chosen.strategy
     assert tight.embedding_offload and tight.backend == "ddp"
     # full fine-tuning trains the embedding: never offloaded, whatever fits
-    full = make_plan(cfg(LLAMA3_8B, seq=512), gpus("80GiB"), shape)
+    full = weigh(cfg(LLAMA3_8B, seq=512), gpus("80GiB"), shape)
     assert not any(c.strategy.embedding_offload for c in full.candidates)
 
 
 def test_never_tried_where_it_cannot_run():
     tied = {**TINY_GPT2}
     for arch, hw, method in ((tied, gpus(), "lora"), (TINY, cpu_hw(2), "qlora")):
-        plan = make_plan(cfg(arch, seq=32, batch=2, method=method), hw, shape_from_dict(dict(arch)))
+        plan = weigh(cfg(arch, seq=32, batch=2, method=method), hw, shape_from_dict(dict(arch)))
         assert not any(c.strategy.embedding_offload for c in plan.candidates)
-    plan = make_plan(cfg(LLAMA3_8B, method="qlora"), gpus(), shape_from_dict(dict(LLAMA3_8B)))
+    plan = weigh(cfg(LLAMA3_8B, method="qlora"), gpus(), shape_from_dict(dict(LLAMA3_8B)))
     assert {c.strategy.backend for c in plan.candidates if c.strategy.embedding_offload} == {"ddp"}
 
 
@@ -114,17 +115,17 @@ def test_pinned_where_it_cannot_run_is_one_error_naming_what_works(arch, method,
     data = {"model": {"architecture": dict(arch)},
             "train": {"seq_len": 32, "global_batch_size": 2, "method": method, "embedding_offload": True}, **extra}
     with pytest.raises(UserError) as err:
-        make_plan(config_from_dict(data), gpus() if hw == "gpu" else cpu_hw(2), shape_from_dict(dict(arch)))
+        weigh(config_from_dict(data), gpus() if hw == "gpu" else cpu_hw(2), shape_from_dict(dict(arch)))
     found = [p for p in err.value.problems if p.where == "train.embedding_offload"]
     assert len(found) == 1 and message in found[0].message and fix in found[0].fix, err.value.problems
 
 
 def test_pinned_off_where_it_would_fit_is_a_remedy():
-    from orchestrate.planner.remedies import infeasible_error
+    from orchestrate.planning import refusal_error
 
-    plan = make_plan(cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"}, embedding_offload=False),
-                     gpus(), shape_from_dict(dict(LLAMA3_8B)))
-    remedies = {p.where: p for p in infeasible_error(plan).problems}
+    plan = weigh(cfg(LLAMA3_8B, seq=3072, method="qlora", optimizer={"name": "auto"}, embedding_offload=False),
+                 gpus(), shape_from_dict(dict(LLAMA3_8B)))
+    remedies = {p.where: p for p in refusal_error(plan).problems}
     assert remedies["train.embedding_offload"].fix == "train.embedding_offload: auto"
     assert "-embcpu-" in remedies["train.embedding_offload"].message
 
@@ -140,7 +141,7 @@ def test_the_strategy_round_trips_through_plan_json_and_older_plans_read_as_off(
 def test_ddp_json_says_so():
     from orchestrate.backends.ddp import ddp_settings
 
-    plan = make_plan(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape_from_dict(dict(LLAMA3_8B)))
+    plan = weigh(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape_from_dict(dict(LLAMA3_8B)))
     settings = ddp_settings(plan)
     assert settings["embedding_offload"] is True
     assert any("input embedding" in step for step in settings["steps"])

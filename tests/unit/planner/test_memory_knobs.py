@@ -12,14 +12,14 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.lora.adapters import adapters_for
-from orchestrate.methods.lora.method import AdapterTerms
+from orchestrate.methods.lora.method import adapter_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import constants as k
 from orchestrate.planner import knobs
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import Refusal, RunPlan
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed
+from orchestrate.planning import weigh
 from tests.methods.lora.test_lora_plan import LLAMA3_8B, TINY
 from tests.unit.planner.test_memory_model import cpu_hw, gpu_hw, strat
 
@@ -72,18 +72,18 @@ def test_adamw8bit_states_are_about_2_bytes_per_parameter():
 
 def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
     shape = shape_from_dict(dict(TINY))
-    roomy = make_plan(cfg(TINY, optimizer={"name": "auto"}), cpu_hw(2, ram_gib=16), shape).chosen.strategy
+    roomy = weigh(cfg(TINY, optimizer={"name": "auto"}), cpu_hw(2, ram_gib=16), shape).chosen.strategy
     assert (roomy.loss_chunks, roomy.activation_offload, roomy.optimizer) == (0, False, "adamw")
     hw = HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve()
-    plan = make_plan(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}), hw,
-                     shape_from_dict(dict(LLAMA3_8B)))
+    plan = weigh(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}), hw,
+                 shape_from_dict(dict(LLAMA3_8B)))
     tight = plan.chosen.strategy
     assert tight.loss_chunks == knobs.auto_loss_chunks(4096) and tight.activation_checkpointing
     assert tight.optimizer == "adamw"  # 0.3 GiB of fp32 Adam states fit: the 8-bit optimizer is not needed
     # the 128k-vocabulary logits do not fit unchunked (but with the base offloaded to the host, ZeRO-3 fits
     # them: tests/methods/lora/test_lora_offload_plan.py)
-    whole = make_plan(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}, loss_chunks=0),
-                      hw, shape_from_dict(dict(LLAMA3_8B)))
+    whole = weigh(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}, loss_chunks=0),
+                  hw, shape_from_dict(dict(LLAMA3_8B)))
     unchunked = [c for c in whole.candidates if c.strategy.offload_params == "none"]
     assert unchunked and all(not c.fits for c in unchunked)
 
@@ -91,7 +91,7 @@ def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
 def test_llama3_8b_qlora_host_load_is_one_tensor_not_the_fp32_model():
     shape, hw = shape_from_dict(dict(LLAMA3_8B)), HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB").resolve()
     a = adapters_for(cfg(LLAMA3_8B, method="qlora"), shape)
-    mem = estimate_memory(shape, hw, replace(strat("ddp", 0, ac=True), loss_chunks=16), 4096, 1, [AdapterTerms(a)])
+    mem = estimate_memory(shape, hw, replace(strat("ddp", 0, ac=True), loss_chunks=16), 4096, 1, [adapter_terms(a, shape)])
     # embedding (128256 x 4096) read in fp32 and cast to bf16: 6 B x 525M = 2.9 GiB, less the steady host bytes
     assert mem.cpu["loading_spike"] <= 6 * 128256 * 4096
     full = estimate_memory(shape, hw, strat("ddp", 0, ac=True), 4096)
@@ -109,7 +109,7 @@ def test_pinned_knobs_that_cannot_run_get_one_error_naming_what_works(pins, wher
     for section, values in pins.items():
         data.setdefault(section, {}).update(values)
     with pytest.raises(UserError) as err:
-        make_plan(config_from_dict(data), cpu_hw(2), shape_from_dict(dict(TINY)))
+        weigh(config_from_dict(data), cpu_hw(2), shape_from_dict(dict(TINY)))
     assert where in [p.where for p in err.value.problems]
     assert any(fix in p.fix for p in err.value.problems if p.where == where)
 
@@ -118,20 +118,20 @@ def test_loss_chunks_and_activation_offload_pinned_under_deepspeed_are_planned_t
     # DeepSpeed runs both since tests/unit/backends/test_memory_knobs_train.py trained with each on ZeRO-2 and ZeRO-3
     data = {"model": {"architecture": dict(TINY)}, "strategy": {"backend": "deepspeed"},
             "train": {"seq_len": 32, "global_batch_size": 2, "loss_chunks": 4, "activation_offload": True}}
-    plan = make_plan(config_from_dict(data), gpu_hw(2), shape_from_dict(dict(TINY)))
+    plan = weigh(config_from_dict(data), gpu_hw(2), shape_from_dict(dict(TINY)))
     assert plan.candidates and all((c.strategy.backend, c.strategy.loss_chunks, c.strategy.activation_offload)
                                    == ("deepspeed", 4, True) for c in plan.candidates)
     assert plan.chosen.fits and {c.strategy.zero_stage for c in plan.candidates} == {1, 2, 3}
 
 
 def test_adamw8bit_pinned_with_backend_auto_plans_ddp_only():
-    plan = make_plan(cfg(TINY, optimizer={"name": "adamw8bit"}), cpu_hw(2), shape_from_dict(dict(TINY)))
+    plan = weigh(cfg(TINY, optimizer={"name": "adamw8bit"}), cpu_hw(2), shape_from_dict(dict(TINY)))
     assert {c.strategy.backend for c in plan.candidates} == {"ddp"}
     assert plan.chosen.strategy.optimizer == "adamw8bit" and plan.chosen.name.endswith("adamw8bit-mb1")
 
 
 def test_method_auto_is_full_when_full_fits_even_with_lora_settings_given():
-    plan = make_plan(cfg(TINY, method="auto", lora={"r": 4}), cpu_hw(2), shape_from_dict(dict(TINY)))
+    plan = weigh(cfg(TINY, method="auto", lora={"r": 4}), cpu_hw(2), shape_from_dict(dict(TINY)))
     assert plan.config.train.method == "full" and isinstance(plan, RunPlan)
     # (a config without data also gets the packing note: its records are detected at launch)
     assert [n for n in plan.notes if n.startswith("train.method auto")] == [
@@ -142,10 +142,10 @@ def test_method_auto_takes_the_first_of_full_lora_qlora_that_fits():
     shape = shape_from_dict(dict(LLAMA3_8B))
     hw = HardwareFlags(gpus=1, gpu_mem="24GiB", cpu_mem="64GiB").resolve()
     base = {"seq": 1024, "batch": 8}
-    fits = {m: isinstance(make_plan(cfg(LLAMA3_8B, **base, method=m), hw, shape), RunPlan)
+    fits = {m: isinstance(weigh(cfg(LLAMA3_8B, **base, method=m), hw, shape), RunPlan)
             for m in ("full", "lora", "qlora")}
     assert fits == {"full": False, "lora": True, "qlora": True}  # 16 GiB bf16 base + adapters fit 24 GiB
-    plan = make_plan(cfg(LLAMA3_8B, **base, method="auto"), hw, shape)
+    plan = weigh(cfg(LLAMA3_8B, **base, method="auto"), hw, shape)
     assert plan.config.train.method == "lora" and isinstance(plan, RunPlan)
     auto = [n for n in plan.notes if n.startswith("train.method auto")]
     assert len(auto) == 1 and auto[0].startswith("train.method auto: lora, the most faithful method that fits (full does not fit")
@@ -156,22 +156,22 @@ def test_method_auto_when_nothing_fits_shows_qlora_and_says_so():
     shape = shape_from_dict(dict(LLAMA3_8B))
     # 2 GiB: on 4 GiB QLoRA fits with the base offloaded under ZeRO-3 (its 16-bit LM head gathered alone)
     hw = HardwareFlags(gpus=1, gpu_mem="2GiB", cpu_mem="32GiB").resolve()
-    plan = make_plan(cfg(LLAMA3_8B, seq=1024, batch=8, method="auto"), hw, shape)
+    plan = weigh(cfg(LLAMA3_8B, seq=1024, batch=8, method="auto"), hw, shape)
     assert isinstance(plan, Refusal) and plan.config.train.method == "qlora"
     auto = [n for n in plan.notes if n.startswith("train.method auto")]
     assert len(auto) == 1 and auto[0].startswith("train.method auto: nothing fits (full does not fit")
 
 
 def test_a_knob_pinned_off_that_would_fit_is_a_remedy():
-    from orchestrate.planner.remedies import infeasible_error
+    from orchestrate.planning import refusal_error
 
     shape = shape_from_dict(dict(LLAMA3_8B))
     hw = HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve()
     pinned = config_from_dict({"model": {"architecture": dict(LLAMA3_8B)}, "strategy": {"offload": "none"},
                                "train": {"seq_len": 4096, "global_batch_size": 8, "method": "qlora", "loss_chunks": 0}})
-    plan = make_plan(pinned, hw, shape)  # without offload (the base offloaded, ZeRO-3 fits the logits)
+    plan = weigh(pinned, hw, shape)  # without offload (the base offloaded, ZeRO-3 fits the logits)
     assert isinstance(plan, Refusal)  # the 5.9 GiB of unchunked logits
-    remedies = {p.where: p for p in infeasible_error(plan).problems}
+    remedies = {p.where: p for p in refusal_error(plan).problems}
     assert remedies["train.loss_chunks"].fix == "train.loss_chunks: auto"
     assert "-ce16-" in remedies["train.loss_chunks"].message and "fits" in remedies["train.loss_chunks"].message
 
@@ -182,5 +182,5 @@ def test_loss_chunks_pinned_for_a_task_without_a_causal_lm_loss_is_one_error():
     data = {"model": {"architecture": arch, "task": "masked-lm"},
             "train": {"seq_len": 32, "global_batch_size": 2, "loss_chunks": 4}, "data": {"packing": False}}
     with pytest.raises(UserError) as err:
-        make_plan(config_from_dict(data), cpu_hw(2), shape_from_dict(dict(arch)))
+        weigh(config_from_dict(data), cpu_hw(2), shape_from_dict(dict(arch)))
     assert [p.where for p in err.value.problems] == ["train.loss_chunks"]

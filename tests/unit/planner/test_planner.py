@@ -18,11 +18,10 @@ from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.planner.memory import estimate_memory, node_host_bytes
 from orchestrate.planner.plan import Refusal, RunPlan
-from orchestrate.planner.remedies import require_feasible
 from orchestrate.planner.report import plan_json, print_plan
-from orchestrate.planner.search import make_plan
 from orchestrate.planner.speed import estimate_speed, training_flops_per_token
 from orchestrate.planner.strategy import Strategy
+from orchestrate.planning import require_feasible, weigh
 from tests.unit.planner.test_memory_model import (
     RTX2070,
     RTX3070,
@@ -58,7 +57,7 @@ def wheres(exc: pytest.ExceptionInfo[UserError]) -> list[str]:
 
 def test_gpt2_xl_on_one_8gb_gpu_and_64gb_ram_chooses_a_fitting_offload_plan():
     hw = gpu_hw(1, ram_gib=64)
-    plan = make_plan(config(), hw, gpt2_xl())
+    plan = weigh(config(), hw, gpt2_xl())
     chosen = require_feasible(plan).chosen
     assert chosen.fits and chosen is plan.candidates[0]
     assert chosen.strategy.offload_optimizer != "none"
@@ -69,7 +68,7 @@ def test_gpt2_xl_on_one_8gb_gpu_and_64gb_ram_chooses_a_fitting_offload_plan():
 
 
 def test_llama2_7b_with_64gb_ram_is_infeasible_and_names_the_cpu_overflow():
-    plan = make_plan(config(), gpu_hw(1, ram_gib=64), llama2_7b())
+    plan = weigh(config(), gpu_hw(1, ram_gib=64), llama2_7b())
     assert isinstance(plan, Refusal) and plan.candidates and not any(c.fits for c in plan.candidates)
     with pytest.raises(UserError) as exc:
         require_feasible(plan)
@@ -85,7 +84,7 @@ def test_llama2_7b_with_64gb_ram_is_infeasible_and_names_the_cpu_overflow():
 
 def test_llama2_7b_becomes_feasible_with_an_nvme_path():
     hw = gpu_hw(1, ram_gib=64, nvme_path="/mnt/nvme", nvme_free_bytes=500 * GiB)
-    plan = make_plan(config(), hw, llama2_7b())
+    plan = weigh(config(), hw, llama2_7b())
     chosen = require_feasible(plan).chosen
     assert chosen.strategy.backend == "deepspeed" and chosen.strategy.zero_stage == 3
     assert chosen.strategy.offload_optimizer == "nvme" and chosen.strategy.offload_params != "none"
@@ -94,8 +93,8 @@ def test_llama2_7b_becomes_feasible_with_an_nvme_path():
 
 
 def test_nvme_path_from_the_config_enables_nvme_candidates_too():
-    with_path = make_plan(config(strategy={"nvme_path": "/mnt/nvme"}), gpu_hw(1), llama2_7b())
-    without = make_plan(config(), gpu_hw(1), llama2_7b())
+    with_path = weigh(config(strategy={"nvme_path": "/mnt/nvme"}), gpu_hw(1), llama2_7b())
+    without = weigh(config(), gpu_hw(1), llama2_7b())
     assert any(c.memory.nvme_bytes for c in with_path.candidates)
     assert not any("nvme" in c.name for c in without.candidates)
     assert isinstance(with_path, RunPlan)  # free space unknown: left to DeepSpeed at start-up
@@ -103,7 +102,7 @@ def test_nvme_path_from_the_config_enables_nvme_candidates_too():
 
 def test_too_small_nvme_is_an_nvme_overflow():
     hw = gpu_hw(1, ram_gib=64, nvme_path="/mnt/nvme", nvme_free_bytes=20 * GiB)
-    plan = make_plan(config(), hw, llama2_7b())
+    plan = weigh(config(), hw, llama2_7b())
     assert isinstance(plan, Refusal)
     assert any(re.search(r"NVMe \d+\.\d GiB > 20\.0 GiB free", c.reason) for c in plan.candidates)
     with pytest.raises(UserError) as exc:
@@ -113,7 +112,7 @@ def test_too_small_nvme_is_an_nvme_overflow():
 
 def test_more_gpus_remedy_is_computed():
     # GPT-2 XL without offload: one card is too small, eight share the states (ZeRO-3 / FSDP).
-    plan = make_plan(config(strategy={"offload": "none"}), gpu_hw(1, ram_gib=64), gpt2_xl())
+    plan = weigh(config(strategy={"offload": "none"}), gpu_hw(1, ram_gib=64), gpt2_xl())
     with pytest.raises(UserError) as exc:
         require_feasible(plan)
     gpus = next(p for p in exc.value.problems if p.where == "--gpus")
@@ -129,7 +128,7 @@ def test_shorter_seq_len_remedy():
     # 4 B x the 82M embedding parameters, is on the GPU even with CPU offload: it fits no length.) The
     # loss in one piece and the activations on the device: chunks and offload would make 1024 tokens fit.
     small = RTX3070.model_copy(update={"memory_bytes": 3 * GiB // 2})
-    plan = make_plan(config(train={"loss_chunks": 0, "activation_offload": False}), gpu_hw(1, gpu=small), gpt2_xl())
+    plan = weigh(config(train={"loss_chunks": 0, "activation_offload": False}), gpu_hw(1, gpu=small), gpt2_xl())
     with pytest.raises(UserError) as exc:
         require_feasible(plan)
     seq = next(p for p in exc.value.problems if p.where == "train.seq_len")
@@ -140,33 +139,33 @@ def test_shorter_seq_len_remedy():
 
 def test_global_batch_not_divisible_by_world_size_is_a_user_error_with_a_fix():
     with pytest.raises(UserError) as exc:
-        make_plan(config(global_batch=30), gpu_hw(4), gpt2_xl())
+        weigh(config(global_batch=30), gpu_hw(4), gpt2_xl())
     problem = exc.value.problems[0]
     assert problem.where == "train.global_batch_size"
     assert "28" in problem.fix and "32" in problem.fix
 
 
 def test_accumulation_is_global_over_micro_times_world():
-    plan = make_plan(config(global_batch=48), gpu_hw(2), gpt2_xl())
+    plan = weigh(config(global_batch=48), gpu_hw(2), gpt2_xl())
     for c in plan.candidates:
         assert c.gradient_accumulation * c.strategy.micro_batch_size * 2 == 48
 
 
 def test_pinned_micro_batch_must_divide_the_per_rank_batch():
     with pytest.raises(UserError) as exc:
-        make_plan(config(global_batch=32, train={"micro_batch_size": 3}), gpu_hw(2), gpt2_xl())
+        weigh(config(global_batch=32, train={"micro_batch_size": 3}), gpu_hw(2), gpt2_xl())
     assert wheres(exc) == ["train.micro_batch_size"]
     assert "1, 2, 4, 8, 16" in exc.value.problems[0].fix
 
 
 def test_one_row_per_strategy_keeping_its_best_micro_batch():
-    plan = make_plan(config(), gpu_hw(1), gpt2_xl())
+    plan = weigh(config(), gpu_hw(1), gpt2_xl())
     bases = [re.sub(r"-mb\d+$", "", c.name) for c in plan.candidates]
     assert len(bases) == len(set(bases))
 
 
 def test_fitting_candidates_come_first_fastest_first():
-    plan = make_plan(config(), gpu_hw(2), gpt2_xl())
+    plan = weigh(config(), gpu_hw(2), gpt2_xl())
     fits = [c.fits for c in plan.candidates]
     assert fits == sorted(fits, reverse=True)
     # a candidate with activation offload (never run on a GPU) after those without it, however fast
@@ -177,7 +176,7 @@ def test_fitting_candidates_come_first_fastest_first():
 
 
 def test_rejected_reason_says_which_limit_and_by_how_much():
-    plan = make_plan(config(), gpu_hw(1), gpt2_xl())
+    plan = weigh(config(), gpu_hw(1), gpt2_xl())
     rejected = [c for c in plan.candidates if not c.fits]
     assert rejected and all(c.reason for c in rejected)
     assert any(re.fullmatch(r"GPU \d+\.\d GiB > 7\.2 GiB usable \(\+\d+\.\d GiB\)", c.reason) for c in rejected)
@@ -196,7 +195,7 @@ def test_rejected_reason_says_which_limit_and_by_how_much():
     ({"backend": "ddp"}, lambda s: s.backend == "ddp" and s.zero_stage == 0),
 ])
 def test_strategy_pins_are_honoured(pins, check):
-    plan = make_plan(config(strategy=pins), gpu_hw(2), gpt2_xl())
+    plan = weigh(config(strategy=pins), gpu_hw(2), gpt2_xl())
     assert plan.candidates and all(check(c.strategy) for c in plan.candidates)
 
 
@@ -208,27 +207,27 @@ def test_strategy_pins_are_honoured(pins, check):
     ({"activation_checkpointing": False}, lambda s: not s.activation_checkpointing),
 ])
 def test_train_pins_are_honoured(train, check):
-    plan = make_plan(config(train=train), gpu_hw(2), gpt2_xl())
+    plan = weigh(config(train=train), gpu_hw(2), gpt2_xl())
     assert plan.candidates and all(check(c.strategy) for c in plan.candidates)
 
 
 def test_zero1_is_proposed_on_one_rank_only_when_pinned():
-    assert not any(c.name.startswith("deepspeed-z1") for c in make_plan(config(), gpu_hw(1), gpt2_xl()).candidates)
-    pinned = make_plan(config(strategy={"zero_stage": 1}), gpu_hw(1), gpt2_xl())
+    assert not any(c.name.startswith("deepspeed-z1") for c in weigh(config(), gpu_hw(1), gpt2_xl()).candidates)
+    pinned = weigh(config(strategy={"zero_stage": 1}), gpu_hw(1), gpt2_xl())
     assert pinned.candidates and all(c.name.startswith("deepspeed-z1") for c in pinned.candidates)
 
 
 def test_auto_precision_per_hardware():
-    assert {c.strategy.precision for c in make_plan(config(), gpu_hw(1), gpt2_xl()).candidates} == {"bf16"}
-    turing = make_plan(config(), gpu_hw(1, gpu=RTX2070), gpt2_xl())
+    assert {c.strategy.precision for c in weigh(config(), gpu_hw(1), gpt2_xl()).candidates} == {"bf16"}
+    turing = weigh(config(), gpu_hw(1, gpu=RTX2070), gpt2_xl())
     assert {c.strategy.precision for c in turing.candidates} == {"fp16"}
-    cpu = make_plan(config(seq_len=128, global_batch=16), cpu_hw(2), tiny())
+    cpu = weigh(config(seq_len=128, global_batch=16), cpu_hw(2), tiny())
     assert {c.strategy.precision for c in cpu.candidates} == {"fp32"}
 
 
 def test_bf16_pinned_on_turing_is_a_user_error():
     with pytest.raises(UserError) as exc:
-        make_plan(config(train={"precision": "bf16"}), gpu_hw(1, gpu=RTX2070), gpt2_xl())
+        weigh(config(train={"precision": "bf16"}), gpu_hw(1, gpu=RTX2070), gpt2_xl())
     assert wheres(exc) == ["train.precision"]
     assert "fp16" in exc.value.problems[0].fix
 
@@ -246,25 +245,25 @@ def test_bf16_pinned_on_turing_is_a_user_error():
 ])
 def test_contradictory_pins_are_user_errors(pins, hw, where):
     with pytest.raises(UserError) as exc:
-        make_plan(config(seq_len=128, global_batch=16, strategy=pins), hw, tiny())
+        weigh(config(seq_len=128, global_batch=16, strategy=pins), hw, tiny())
     assert where in wheres(exc)
     assert all(p.fix for p in exc.value.problems)
 
 
 def test_hybrid_shard_only_across_nodes():
-    one = make_plan(config(), gpu_hw(2), gpt2_xl())
-    two = make_plan(config(), gpu_hw(2, nodes=2), gpt2_xl())
+    one = weigh(config(), gpu_hw(2), gpt2_xl())
+    two = weigh(config(), gpu_hw(2, nodes=2), gpt2_xl())
     assert not any(c.strategy.hybrid_shard for c in one.candidates)
     assert any(c.strategy.hybrid_shard for c in two.candidates)
 
 
 def test_cpu_only_profile_plans_without_offload_and_checks_the_node_total():
-    plan = make_plan(config(seq_len=128, global_batch=16), cpu_hw(2, ram_gib=16), tiny())
+    plan = weigh(config(seq_len=128, global_batch=16), cpu_hw(2, ram_gib=16), tiny())
     assert isinstance(plan, RunPlan)
     assert all(c.strategy.offload_optimizer == "none" for c in plan.candidates)
     assert plan.chosen.memory.gpu["cuda_context"] == 0
     # RAM too small for two 1 GiB process runtimes: the node total, not the host dict alone, decides.
-    starved = make_plan(config(seq_len=128, global_batch=16), cpu_hw(2, ram_gib=2), tiny())
+    starved = weigh(config(seq_len=128, global_batch=16), cpu_hw(2, ram_gib=2), tiny())
     assert isinstance(starved, Refusal)
     assert all(c.reason.startswith("CPU ") for c in starved.candidates)
 
@@ -324,7 +323,7 @@ def test_tokens_per_second_counts_every_rank():
 # --- report and JSON ---------------------------------------------------------------------------------
 
 def test_plan_json_schema_and_round_trip():
-    plan = make_plan(config(), gpu_hw(1), gpt2_xl())
+    plan = weigh(config(), gpu_hw(1), gpt2_xl())
     data = json.loads(json.dumps(plan_json(plan)))
     assert data["model"]["parameters"] == 1_557_611_200
     assert data["hardware"]["gpus_per_node"] == 1
@@ -339,12 +338,12 @@ def test_plan_json_schema_and_round_trip():
 
 
 def test_plan_json_without_a_fitting_candidate_has_chosen_null():
-    data = plan_json(make_plan(config(), gpu_hw(1), llama2_7b()))
+    data = plan_json(weigh(config(), gpu_hw(1), llama2_7b()))
     assert data["chosen"] is None and data["candidates"]
 
 
 def test_report_prints_every_candidate_and_the_chosen_breakdown():
-    plan = make_plan(config(), gpu_hw(1), gpt2_xl())
+    plan = weigh(config(), gpu_hw(1), gpt2_xl())
     console = Console(record=True, width=250)
     print_plan(plan, console)
     text = console.export_text()

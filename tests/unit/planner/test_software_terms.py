@@ -12,7 +12,7 @@ from orchestrate.hardware.software import SoftwareStack
 from orchestrate.hardware.units import GiB, MiB
 from orchestrate.methods.lora.adapters import adapters_for
 from orchestrate.methods.lora.memory import adapter_saved_delta
-from orchestrate.methods.lora.method import AdapterTerms
+from orchestrate.methods.lora.method import adapter_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner import software_terms as st
 from orchestrate.planner.memory import estimate_memory
@@ -87,8 +87,8 @@ def test_bf16_adapters_halve_their_states_under_ddp_and_fsdp():
     shape, fp32 = _adapters()
     bf16 = replace(fp32, dtype_bytes=2)
     for backend, stage in (("ddp", 0), ("fsdp", 3)):
-        a = estimate_memory(shape, _hw(), _strategy(backend, stage), 256, 2, [AdapterTerms(fp32)]).gpu
-        b = estimate_memory(shape, _hw(), _strategy(backend, stage), 256, 2, [AdapterTerms(bf16)]).gpu
+        a = estimate_memory(shape, _hw(), _strategy(backend, stage), 256, 2, [adapter_terms(fp32, shape)]).gpu
+        b = estimate_memory(shape, _hw(), _strategy(backend, stage), 256, 2, [adapter_terms(bf16, shape)]).gpu
         assert b["optimizer_states"] == a["optimizer_states"] / 2 == 4 * fp32.trainable
     _, configured = _adapters(dtype="bf16")
     assert configured.dtype_bytes == 2

@@ -56,7 +56,7 @@ def test_the_script_prints_a_row_per_case_and_the_summary(capsys):
                    "that of seq 2048, untraced) and torchtitan's FSDP2 reserved peak on a card with room (0.87: cache "
                    "beyond the need the reserve predicts); on cards more than 80 % full only the PEFT 70B offload row is below "
                    "0.95; docs/known-gaps.md")
-def test_issue_bounds(rows):
+def test_predictions_are_within_the_published_peaks_bounds(rows):
     bench, evaluated = rows
     counted = [r for r in evaluated if not r["left_out"]]
     assert len(counted) >= 20 and len({r["source"] for r in counted}) >= 4

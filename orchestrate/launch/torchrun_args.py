@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.addresses import endpoint_problem, host_problem, port_problem
 from orchestrate.planner.plan import RunPlan
 from orchestrate.ports import free_port
 from orchestrate.run.layout import LOG_DIR, WORKER_MODULE, worker_program
@@ -44,6 +45,16 @@ class LaunchOptions:
     program: tuple[str, ...] = ()
     """The user's own training program (`launch -- python train.py ARGS`, normalised by
     `launch.user_program`), run under the plan instead of the worker; () runs the worker."""
+
+    def __post_init__(self) -> None:
+        """UserError listing every rendezvous flag outside its rule (`orchestrate.launch.addresses`):
+        checked here, where the flags come in, so no launch path meets a port of 99999 or a host
+        that reads as an option."""
+        checks = [("--master-port", self.master_port, port_problem), ("--master-addr", self.master_addr, host_problem),
+                  ("--rdzv-endpoint", self.rdzv_endpoint, endpoint_problem)]
+        problems = [Problem(flag, bad) for flag, value, rule in checks if value is not None and (bad := rule(value))]
+        if problems:
+            raise UserError("cannot use these rendezvous settings", problems)
 
     @property
     def hand_made_rendezvous(self) -> dict[str, object]:

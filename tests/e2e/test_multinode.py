@@ -184,8 +184,8 @@ def test_hosts_dry_run_writes_what_every_host_runs(tmp_path):
     assert len(lines) == 2
     for position, line in enumerate(lines):
         words = shlex.split(line)
-        assert words[:4] == ["ssh", "-F", str(config), f"node-{'ab'[position]}"] and words[-1] == "&"
-        remote = shlex.split(words[4])
+        assert words[:5] == ["ssh", "-F", str(config), "--", f"node-{'ab'[position]}"] and words[-1] == "&"
+        remote = shlex.split(words[5])
         at = remote.index(sys.executable)
         assert remote[:2] == ["exec", "env"] and dict(w.split("=", 1) for w in remote[2:at]) == ENV
         args = parse_args(remote[at + 3:])  # after `python -m torch.distributed.run`

@@ -10,7 +10,10 @@ Hostfiles are DeepSpeed's: one `HOST slots=N` per line, `#` comments and blank l
     node-a slots=4
     node-b slots=4   # an SSH config alias works as well as a name or address
 
-The first host hosts the rendezvous. Every problem is reported at once, with its line number."""
+The first host hosts the rendezvous. A host is checked where the hostfile is read
+(`orchestrate.launch.addresses.host_problem`: no leading `-`, no shell characters; IPv6 plain or in
+brackets, kept plain), and the ssh command line puts `--` before it besides. Every problem is
+reported at once, with its line number."""
 
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.addresses import host_problem, plain_host, port_problem, user_problem
 
 PGID_TAG = "__orchestrate_pgid__"
 # Runs remotely (through the login shell) with the command's own interpreter: add the environment
@@ -89,7 +93,8 @@ def ssh_command_line(command: NodeCommand, options: SshOptions) -> str:
     if options.known_hosts:
         argv += ["-o", f"UserKnownHostsFile=~/.ssh/known_hosts {options.known_hosts}"]
     env = [f"{k}={v}" for k, v in command.env]
-    return shlex.join([*argv, command.host, shlex.join(["exec", "env", *env, *command.argv])])
+    # `--`: whatever the host is called, ssh reads it as the destination, never as an option.
+    return shlex.join([*argv, "--", command.host, shlex.join(["exec", "env", *env, *command.argv])])
 
 
 def is_loopback(address: str) -> bool:
@@ -102,6 +107,8 @@ def is_loopback(address: str) -> bool:
 
 
 _SLOTS = re.compile(r"^slots=(?P<n>\S*)$")
+_SSH_SPLITS = re.compile(r"[\s\"'\\%]")
+"""What ssh_config values split at (whitespace, quotes, backslash) or expand (% tokens)."""
 
 
 @dataclass(frozen=True)
@@ -123,10 +130,15 @@ def parse_hostfile(text: str, source: str = "hostfile") -> list[Host]:
             continue
         where = f"{source}:{number}"
         name, *rest = line.split()
-        if "@" in name or name.count(":") == 1:
+        if "@" in name or name.count(":") == 1 or "]:" in name:
             problems.append(Problem(where, f"{name!r}: user and port do not belong in the hostfile",
                                     "put them in ~/.ssh/config (Host alias / User / Port) or use --ssh-user/--ssh-port"))
             continue
+        bad_name = host_problem(name)
+        if bad_name:
+            problems.append(Problem(where, bad_name, "a name, an address or an ssh config alias, e.g. `node-a slots=4`"))
+            continue
+        name = plain_host(name)
         slots = _SLOTS.match(rest[0]) if len(rest) == 1 else None
         if not slots:
             problems.append(Problem(where, f"expected `HOST slots=N`, got {line!r}", "e.g. `node-a slots=4`"))
@@ -169,3 +181,18 @@ class SshOptions:
     connect_timeout: float = 15
     stop_grace_s: float | None = None
     """SIGTERM to SIGKILL when stopping a host's command; None: DEFAULT_STOP_GRACE_S."""
+
+    def __post_init__(self) -> None:
+        """UserError listing every flag that could not be written into an ssh command line as the one
+        value it is: a user or port out of its rule (`orchestrate.launch.addresses`), a known_hosts
+        path that ssh would split at whitespace or expand at % (`-o UserKnownHostsFile=...`)."""
+        problems = []
+        if self.user is not None and (bad := user_problem(self.user)):
+            problems.append(Problem("--ssh-user", bad, "the login name on the hosts, or leave it to the ssh config"))
+        if self.port is not None and (bad := port_problem(self.port)):
+            problems.append(Problem("--ssh-port", bad, "sshd's port on the hosts, usually 22"))
+        if self.known_hosts is not None and _SSH_SPLITS.search(str(self.known_hosts)):
+            problems.append(Problem("--known-hosts", f"{str(self.known_hosts)!r} has whitespace, a quote, \\ or %, "
+                                    "which ssh reads as more than a file name", "use a path without them (a symlink)"))
+        if problems:
+            raise UserError("cannot reach the hosts with these SSH settings", problems)

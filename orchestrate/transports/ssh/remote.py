@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import TextIO
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.addresses import endpoint
 from orchestrate.launch.torchrun_args import without_teed_prefix
 from orchestrate.transports.ssh.hosts import (
     PGID_TAG,
@@ -345,7 +346,7 @@ def plan_commands(hosts: Sequence[Host], program: Sequence[str], *, python: str 
         port = str(rdzv_port)
     else:
         port = str(remote_free_port(hosts[0].name, python, options)) if probe_port else "PORT"
-    return node_commands(hosts, python=python, addresses=addresses, rdzv_endpoint=f"{addresses[0]}:{port}",
+    return node_commands(hosts, python=python, addresses=addresses, rdzv_endpoint=endpoint(addresses[0], port),
                          rdzv_id=rdzv_id or uuid.uuid4().hex[:12], program=program, torchrun_args=torchrun_args,
                          env=env)
 

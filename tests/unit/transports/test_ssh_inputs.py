@@ -1,0 +1,99 @@
+"""What a hostfile and the SSH flags may hold, checked where they are read, and the ssh command line
+that cannot take a host for an option (issue 38, item 1)."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from orchestrate.errors import UserError
+from orchestrate.launch.addresses import plain_host
+from orchestrate.transports.ssh.hosts import Host, NodeCommand, SshOptions, parse_hostfile, ssh_command_line
+from orchestrate.transports.ssh.remote import plan_commands
+
+PYTHON = "/venv/bin/python"
+FULL = SshOptions(user="alice", port=2222, key_filename="/k/id", ssh_config=Path("/c/ssh config"),
+                  known_hosts=Path("/c/known_hosts"))
+
+
+def _ssh_argv(host: str, options: SshOptions = FULL) -> list[str]:
+    return shlex.split(ssh_command_line(NodeCommand(host, 0, (PYTHON, "-c", "pass"), (("K", "v w"),)), options))
+
+
+def _destination(argv: list[str]) -> tuple[str, list[str]]:
+    """The host and what follows it, as OpenSSH reads argv: options end at the first `--`."""
+    end = argv.index("--")
+    return argv[end + 1], argv[end + 2:]
+
+
+def test_hosts_that_ssh_or_a_shell_would_misread_are_refused_with_every_line_number():
+    text = ("-oProxyCommand=touch${IFS}/x slots=1\nnode-a slots=1\nnode-b;touch${IFS}/x slots=1\n"
+            "# fine\n$(id) slots=2\n[::1]:22 slots=1\n")
+    with pytest.raises(UserError) as e:
+        parse_hostfile(text, "hosts.txt")
+    assert [p.where for p in e.value.problems] == ["hosts.txt:1", "hosts.txt:3", "hosts.txt:5", "hosts.txt:6"]
+    assert "'-oProxyCommand=touch${IFS}/x' is not a host name" in str(e.value)
+    assert "user and port do not belong in the hostfile" in str(e.value)
+
+
+def test_ipv6_hosts_are_accepted_plain_or_bracketed_and_kept_plain():
+    assert parse_hostfile("[fd00::7] slots=2\nfd00::8 slots=2\n") == [Host("fd00::7", 2, 1), Host("fd00::8", 2, 2)]
+    with pytest.raises(UserError, match="listed twice"):
+        parse_hostfile("[::1] slots=1\n::1 slots=1\n")
+
+
+def test_the_ssh_command_line_ends_its_options_before_the_host():
+    argv = _ssh_argv("node-a")
+    assert argv[:argv.index("--")] == ["ssh", "-F", "/c/ssh config", "-l", "alice", "-p", "2222", "-i", "/k/id",
+                                      "-o", "UserKnownHostsFile=~/.ssh/known_hosts /c/known_hosts"]
+    host, rest = _destination(argv)
+    assert host == "node-a" and len(rest) == 1 and shlex.split(rest[0])[:4] == ["exec", "env", "K=v w", PYTHON]
+
+
+def test_an_ipv6_rendezvous_host_is_bracketed_in_the_endpoint(tmp_path):
+    config = tmp_path / "ssh_config"
+    config.write_text("Host v6a\n  HostName fd00::7\nHost v6b\n  HostName fd00::8\n")
+    commands = plan_commands([Host("v6a", 1, 1), Host("v6b", 1, 2)], ["x.py"], python=PYTHON,
+                             options=SshOptions(ssh_config=config), probe_port=False)
+    assert "--rdzv-endpoint=[fd00::7]:PORT" in commands[1].argv and "--local-addr=fd00::8" in commands[1].argv
+    local = plan_commands([Host("::1", 1, 1)], ["x.py"], python=PYTHON, options=SshOptions(ssh_config=config),
+                          rdzv_port=29400)
+    assert "--rdzv-endpoint=[::1]:29400" in local[0].argv and _destination(_ssh_argv("::1"))[0] == "::1"
+
+
+def test_ssh_flags_are_checked_where_they_come_in():
+    with pytest.raises(UserError) as e:
+        SshOptions(user="-oProxyCommand=x", port=99999, known_hosts=Path("/a b/known_hosts"))
+    assert [p.where for p in e.value.problems] == ["--ssh-user", "--ssh-port", "--known-hosts"]
+    with pytest.raises(UserError, match="--ssh-port"):
+        SshOptions(port=0)
+    with pytest.raises(UserError, match="--known-hosts"):
+        SshOptions(known_hosts=Path("/k/%d"))
+
+
+_NAMES = st.one_of(
+    st.from_regex(r"\A[a-z0-9][a-z0-9_.-]{0,12}\Z"),
+    st.sampled_from(["::1", "[fd00::1]", "10.0.0.1", "-oProxyCommand=touch${IFS}/x", "a;b", "a@b", "a:22"]),
+    st.text(st.one_of(st.sampled_from(list("az09-_.:[]%@;$`'\"# \n\t/\\=")), st.characters()), max_size=16))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.lists(st.tuples(_NAMES, st.integers(0, 4) | st.integers(1, 4)), min_size=1, max_size=3))
+def test_a_hostfile_either_yields_hosts_ssh_reads_as_one_destination_or_one_user_error(lines):
+    """Any hostfile: a UserError, or hosts each of which is exactly one argv element after `--` in
+    the ssh command line (the host as written, IPv6 without brackets), never an option."""
+    text = "".join(f"{name} slots={slots}\n" for name, slots in lines)
+    try:
+        hosts = parse_hostfile(text, "hosts.txt")
+    except UserError as e:
+        assert e.problems and all(p.where.startswith("hosts.txt") for p in e.problems)
+        return
+    for host in hosts:
+        destination, rest = _destination(_ssh_argv(host.name))
+        assert destination == host.name and not destination.startswith("-") and len(rest) == 1
+    if all(name.isprintable() and not any(c.isspace() or c == "#" for c in name) for name, _ in lines):
+        assert [h.name for h in hosts] == [plain_host(name) for name, _ in lines]

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import functools
 import json
+import shlex
 import sys
 from pathlib import Path
 
 import click
 from rich.console import Console
+from rich.markup import escape
 
 from orchestrate import api
 from orchestrate.api import HardwareFlags
@@ -189,7 +191,8 @@ def launch(config_path, program, overrides, run_dir, dry_run, max_restarts, mast
     result = api.launch(request, transport, console)
     if result.exit_code == EX_TEMPFAIL:
         err_console.print(f"[bold yellow]stopped early[/] (exit {EX_TEMPFAIL}: requeue); "
-                          f"continue with: orchestrate launch {config_path} --resume --run-dir {result.run_dir}",
+                          "continue with: " + escape(shlex.join(["orchestrate", "launch", config_path, "--resume",
+                                                                  "--run-dir", str(result.run_dir)])),
                           soft_wrap=True)
     elif result.exit_code:
         err_console.print(f"[bold red]training failed[/] (exit {result.exit_code}); logs: {result.run_dir / LOG_DIR}")
@@ -297,7 +300,8 @@ def slurm_cmd(config_path, overrides, partition, time_limit, account, mem, cpus_
     if test_only:
         console.print(f"sbatch --test-only: {api.slurm_test_only(prepared.script)}", markup=False, highlight=False)
     if not submit:
-        console.print(f"submit with: sbatch {prepared.script}", markup=False, highlight=False)
+        console.print(f"submit with: {shlex.join(['sbatch', str(prepared.script)])}", markup=False, highlight=False,
+                      soft_wrap=True)
         return
     job_id = api.slurm_submit(prepared.script)
     click.echo(f"submitted job {job_id}")

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.launch.addresses import port_problem
 from orchestrate.launch.torchrun_args import TEED_PREFIX
 from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import PLAN_FILE, REQUEUE_FILE, worker_program
@@ -45,8 +46,13 @@ for jobs that share a head node (a port chosen on the submit host would mean not
 
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
 _MEM = re.compile(r"^\d+[KMGT]?$")
-_JOB_NAME = re.compile(r"^[\w.+-]+$")
+NAME_CHARS = "A-Za-z0-9_.+,-"
+"""What a Slurm name (job name, partition or partition list, account) may hold: nothing sbatch's
+#SBATCH parser or a shell reads specially (no whitespace, quote, #, $ or backslash)."""
+_NAME = re.compile(f"^[{NAME_CHARS}]+$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_BARE = re.compile(r"^[A-Za-z0-9_@%+=:,./-]+$")
+_HETJOB = re.compile(r"hetjob|packjob", re.IGNORECASE)
 # Each node's one task: host the rendezvous store on node 0 (explicitly: the hostname heuristic
 # fails when NodeAddr is an address the node does not know as its own), give torchrun the node's
 # NodeAddr as its address (the workers' store lives there when the node is the rendezvous' rank 0,
@@ -106,10 +112,6 @@ class SlurmJob:
     job's environment has them already; srun passes them on to every node."""
 
     @property
-    def output(self) -> Path:
-        return self.run_dir / "slurm-%j.out"
-
-    @property
     def payload(self) -> tuple[str, ...]:
         return self.program or worker_program(self.run_dir / PLAN_FILE)
 
@@ -131,6 +133,67 @@ def parse_time_limit(text: str) -> int:
     return (parts[0] * 60 + parts[1]) * 60 + parts[2]
 
 
+# --- One rule per kind of value the #SBATCH lines carry --------------------------------------------
+#
+# sbatch reads an #SBATCH line itself (src/sbatch/opt.c, `_get_argument`): words split at whitespace,
+# '...' and "..." group, a backslash escapes the next character, an unquoted # ends the line; a line
+# that mentions hetjob (packjob) anywhere starts another job component. `sbatch_word` writes any
+# value that passes `_sbatch_text_problem` as exactly one such word.
+
+
+def _sbatch_text_problem(text: str) -> str | None:
+    """Why `text` cannot be written into an #SBATCH line as one word, or None."""
+    if not text.isprintable():
+        return f"{text!r} holds a line break or another control character"
+    if _HETJOB.search(text):
+        return f"{text!r} mentions hetjob/packjob, which makes sbatch start another job component"
+    return None
+
+
+def _name_problem(text: str) -> str | None:
+    """A job name, partition (or comma-separated list) or account."""
+    if not _NAME.match(text):
+        return f"{text!r}: letters, digits and . _ + - , only"
+    return _sbatch_text_problem(text)
+
+
+def _time_problem(text: str) -> str | None:
+    try:
+        parse_time_limit(text)
+    except ValueError:
+        return f"{text!r} is not a Slurm time limit"
+    return None
+
+
+def _mem_problem(text: str) -> str | None:
+    return None if _MEM.match(text) else f"{text!r} is not a Slurm memory size"
+
+
+def _path_problem(path: Path) -> str | None:
+    """A directory in --chdir and --output: absolute, and without the backslash that turns off
+    --output's %j (a % is written as %%, see `_sbatch_header`)."""
+    if not path.is_absolute():
+        return f"{path} is relative"
+    if "\\" in str(path):
+        return f"{str(path)!r} holds a backslash, which stops sbatch from naming the output file per job"
+    return _sbatch_text_problem(str(path))
+
+
+def _option_problem(text: str) -> str | None:
+    """One extra sbatch option (`--exclusive`, `--constraint=a100`), one per #SBATCH word."""
+    if not text.startswith("-"):
+        return f"{text!r} is not an option (they start with -)"
+    return _sbatch_text_problem(text)
+
+
+def sbatch_word(text: str) -> str:
+    """`text` (already through `_sbatch_text_problem`) as one word of an #SBATCH line: bare when
+    it is plain, else in double quotes with \\ and \" escaped."""
+    if _SBATCH_BARE.match(text):
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def validate_job(job: SlurmJob) -> None:
     """Raise one UserError listing every problem with the job request."""
     problems = []
@@ -146,17 +209,17 @@ def validate_job(job: SlurmJob) -> None:
                                 "one process per GPU"))
     if job.cpus_per_task is not None and job.cpus_per_task < 1:
         problems.append(Problem("--cpus-per-task", f"{job.cpus_per_task} given", "at least 1"))
-    if not _JOB_NAME.match(job.job_name):
-        problems.append(Problem("--job-name", f"{job.job_name!r}", "letters, digits and . _ + - only"))
-    if job.mem is not None and not _MEM.match(job.mem):
-        problems.append(Problem("--mem", f"{job.mem!r} is not a Slurm memory size", "e.g. 64G or 128000M"))
+    for flag, value in (("--job-name", job.job_name), ("--partition", job.partition), ("--account", job.account)):
+        if value is not None and (bad := _name_problem(value)):
+            problems.append(Problem(flag, bad, "the name as Slurm knows it (sinfo, sacctmgr show assoc)"))
+    if job.mem is not None and (bad := _mem_problem(job.mem)):
+        problems.append(Problem("--mem", bad, "e.g. 64G or 128000M"))
     limit = None
     if job.time is not None:
-        try:
+        if bad := _time_problem(job.time):
+            problems.append(Problem("--time", bad, "e.g. 4:00:00 or 1-12:00:00"))
+        else:
             limit = parse_time_limit(job.time)
-        except ValueError:
-            problems.append(Problem("--time", f"{job.time!r} is not a Slurm time limit",
-                                    "e.g. 4:00:00 or 1-12:00:00"))
     if job.signal_lead_s < 0:
         problems.append(Problem("--signal", f"{job.signal_lead_s} s before the limit", "0 (off) or more"))
     elif job.signal_lead_s and job.shutdown_grace_s and job.signal_lead_s < job.shutdown_grace_s:
@@ -170,13 +233,16 @@ def validate_job(job: SlurmJob) -> None:
     if not Path(job.python).is_absolute():
         problems.append(Problem("python", f"{job.python!r} is not an absolute path",
                                 "compute nodes must run the same interpreter: give its full path"))
-    if not job.run_dir.is_absolute():
-        problems.append(Problem("run_dir", f"{job.run_dir} is relative", "give an absolute path"))
-    if job.rdzv_port is not None and not 0 < job.rdzv_port < 65536:
-        problems.append(Problem("rdzv_port", f"{job.rdzv_port} is not a TCP port"))
+    if bad := _path_problem(job.run_dir):
+        problems.append(Problem("run_dir", bad, "an absolute path without control characters or backslashes"))
+    if job.rdzv_port is not None and (bad := port_problem(job.rdzv_port)):
+        problems.append(Problem("rdzv_port", bad))
     for name, _ in job.env:
         if not _ENV_NAME.match(name):
             problems.append(Problem("env", f"{name!r} is not an environment variable name"))
+    for option in job.extra_sbatch:
+        if bad := _option_problem(option):
+            problems.append(Problem("--sbatch-option", bad, "one sbatch option per --sbatch-option"))
     if problems:
         raise UserError("cannot write the SLURM job", problems)
 
@@ -236,13 +302,15 @@ def _sbatch_header(job: SlurmJob) -> str:
         opts.append(f"--partition={job.partition}")
     if job.account:
         opts.append(f"--account={job.account}")
-    # Append: a requeued run must not truncate the first run's output.
-    opts += [f"--output={job.output}", "--open-mode=append", f"--chdir={job.run_dir}"]
+    # Append: a requeued run must not truncate the first run's output. --output is a file name
+    # pattern (%j: the job id), so the run directory's own % are doubled.
+    output = str(job.run_dir).replace("%", "%%") + "/slurm-%j.out"
+    opts += [f"--output={output}", "--open-mode=append", f"--chdir={job.run_dir}"]
     if job.signal_lead_s:
         opts.append(f"--signal=B:USR1@{job.signal_lead_s}")
     opts.append("--requeue" if job.requeue else "--no-requeue")
     opts += list(job.extra_sbatch)
-    return "\n".join(f"#SBATCH {o}" for o in opts)
+    return "\n".join(f"#SBATCH {sbatch_word(o)}" for o in opts)
 
 
 def _requeue_block(job: SlurmJob) -> str:

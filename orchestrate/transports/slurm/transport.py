@@ -36,7 +36,7 @@ from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.launch.output_relay import relay_output
 from orchestrate.launch.resume import resumed_data
-from orchestrate.launch.rundir import prepare_run_dir
+from orchestrate.launch.rundir import default_run_dir, prepare_run_dir
 from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say, shows_progress
 from orchestrate.launch.torchrun_args import worker_torchrun_args
 from orchestrate.planner.plan import RunPlan
@@ -185,7 +185,7 @@ def slurm_job_for_plan(plan: RunPlan, run_dir: Path, options: SlurmOptions = Slu
         run_dir=run_dir, nodes=hw.nodes, procs_per_node=hw.ranks_per_node,
         gpus_per_node=hw.gpus_per_node if hw.has_gpu else 0, cpus_per_task=options.cpus_per_task,
         mem=options.mem, time=options.time, partition=options.partition, account=options.account,
-        job_name=options.job_name or re.sub(r"[^\w.+-]", "-", name) or "orchestrate", python=options.python,
+        job_name=options.job_name or re.sub(f"[^{slurm.NAME_CHARS}]", "-", name) or "orchestrate", python=options.python,
         program=worker_program(run_dir / PLAN_FILE), torchrun_args=worker_torchrun_args(run_dir, max_restarts),
         signal_lead_s=grace if options.signal_lead_s is None else options.signal_lead_s, shutdown_grace_s=grace,
         requeue=options.requeue, extra_sbatch=options.extra_sbatch, env=tuple(sorted(env.items())))
@@ -199,13 +199,16 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
     (`slurm_cluster.submit(prepared.script)` does that). `resume`: continue the newest run (or `run_dir`)
     from its latest checkpoint, as `orchestrate launch --resume` does."""
     hardware = flags.resolve()
-    # Check the job request before writing anything: a bad --time should not leave a run directory.
+    # Check the job request before writing anything: a bad --time, --partition or run directory
+    # path should not leave a run directory behind.
     grace = config.train.preemption_grace_s
     slurm.validate_job(SlurmJob(
-        run_dir=Path("/"), nodes=hardware.nodes, procs_per_node=hardware.ranks_per_node,
-        cpus_per_task=options.cpus_per_task, mem=options.mem, time=options.time,
+        run_dir=(run_dir or default_run_dir(config, name)).absolute(), nodes=hardware.nodes,
+        procs_per_node=hardware.ranks_per_node, cpus_per_task=options.cpus_per_task, mem=options.mem,
+        time=options.time, partition=options.partition, account=options.account,
         job_name=options.job_name or "orchestrate", python=options.python, shutdown_grace_s=grace,
-        signal_lead_s=grace if options.signal_lead_s is None else options.signal_lead_s))
+        signal_lead_s=grace if options.signal_lead_s is None else options.signal_lead_s,
+        extra_sbatch=options.extra_sbatch))
     messages: list[str] = []
 
     def tell(text: str) -> None:

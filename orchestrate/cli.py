@@ -274,7 +274,7 @@ def report_cmd(run_dirs, out):
                    "train.preemption_grace_s, the workers' time to checkpoint).")
 @click.option("--no-requeue", is_flag=True, help="Do not requeue the job after a checkpoint signal.")
 @click.option("--sbatch-option", "extra_sbatch", multiple=True, metavar="OPTION",
-              help="Another #SBATCH line, verbatim, e.g. --sbatch-option=--exclusive (repeatable).")
+              help="One more sbatch option, its own #SBATCH line, e.g. --sbatch-option=--exclusive (repeatable).")
 @click.option("--python", "python", help="Absolute interpreter path on the compute nodes (default: this one).")
 @click.option("--max-restarts", type=click.IntRange(min=0), default=0, show_default=True, help="torchrun: restarts of the worker group.")
 @click.option("--run-dir", type=click.Path(file_okay=False),

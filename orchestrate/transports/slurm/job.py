@@ -106,7 +106,7 @@ class SlurmJob:
     """Stop requeueing after this many restarts (a job that fails the same way forever)."""
     rdzv_port: int | None = None
     extra_sbatch: tuple[str, ...] = ()
-    """Further `#SBATCH` options, verbatim ("--exclusive", "--constraint=a100")."""
+    """Further sbatch options, one per `#SBATCH` line ("--exclusive", "--constraint=a100")."""
     env: tuple[tuple[str, str], ...] = ()
     """Library settings for the workers (plan.json's `run.env`), exported by the script unless the
     job's environment has them already; srun passes them on to every node."""

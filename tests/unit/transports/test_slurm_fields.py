@@ -13,7 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrate.errors import UserError
+from orchestrate.transports.slurm import cluster as slurm_cluster
 from orchestrate.transports.slurm.job import SlurmJob, render_sbatch, sbatch_word
+from tests.daemons import require_slurm, wait_job
 
 PYTHON = "/opt/venv/bin/python"
 _C_SPACE = " \t\n\v\f\r"
@@ -151,3 +153,22 @@ def test_sbatch_fields_either_come_back_as_one_word_each_or_one_user_error(field
     flat = [w[0] for w in words]
     assert set(_expected_words(v)) <= set(flat), (_expected_words(v), flat)
     assert len(flat) == script.count("\n#SBATCH ")
+
+
+@pytest.mark.daemons
+def test_real_sbatch_reads_the_quoted_words_back(monkeypatch, tmp_path):
+    """The header as rendered, run by a real Slurm: the job starts in the run directory whose name
+    has a space, quotes, # and %, writes its output there under its own job id, and keeps the
+    extra option's value with its space as one word."""
+    cluster = require_slurm(monkeypatch)
+    run_dir = tmp_path / "my runs" / "it's \"50%\" #2"
+    run_dir.mkdir(parents=True)
+    job = _job(run_dir=run_dir, nodes=1, partition=cluster.partition, signal_lead_s=0, requeue=False,
+               extra_sbatch=("--comment=two words",))
+    header = [line for line in render_sbatch(job).splitlines() if line.startswith(("#!", "#SBATCH"))]
+    script = run_dir / "job.sbatch"
+    script.write_text("\n".join([*header, "pwd", 'scontrol show job -o "$SLURM_JOB_ID"', ""]))
+    job_id = slurm_cluster.submit(script)
+    assert wait_job(job_id, timeout=60)["JobState"] == "COMPLETED"
+    output = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert output.splitlines()[0] == str(run_dir) and "Comment=two words" in output

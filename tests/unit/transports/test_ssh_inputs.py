@@ -4,6 +4,8 @@ that cannot take a host for an option (issue 38, item 1)."""
 from __future__ import annotations
 
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ from orchestrate.errors import UserError
 from orchestrate.launch.addresses import plain_host
 from orchestrate.transports.ssh.hosts import Host, NodeCommand, SshOptions, parse_hostfile, ssh_command_line
 from orchestrate.transports.ssh.remote import plan_commands
+from tests.daemons import require_sshd
 
 PYTHON = "/venv/bin/python"
 FULL = SshOptions(user="alice", port=2222, key_filename="/k/id", ssh_config=Path("/c/ssh config"),
@@ -97,3 +100,14 @@ def test_a_hostfile_either_yields_hosts_ssh_reads_as_one_destination_or_one_user
         assert destination == host.name and not destination.startswith("-") and len(rest) == 1
     if all(name.isprintable() and not any(c.isspace() or c == "#" for c in name) for name, _ in lines):
         assert [h.name for h in hosts] == [plain_host(name) for name, _ in lines]
+
+
+@pytest.mark.daemons
+def test_the_launch_sh_line_runs_on_a_real_sshd():
+    """OpenSSH's own client takes the line as written: options, `--`, the host, one command."""
+    sshd = require_sshd()
+    command = NodeCommand(sshd.aliases[0], 0, (sys.executable, "-c", "import os; print(os.environ['K'])"),
+                          (("K", "v w; $(false)"),))
+    line = ssh_command_line(command, SshOptions(ssh_config=sshd.ssh_config))
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (0, "v w; $(false)\n"), done.stderr

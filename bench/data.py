@@ -35,15 +35,16 @@ from orchestrate.config.load import load_config  # noqa: E402
 from orchestrate.data.corpus import demo_corpus  # noqa: E402
 from orchestrate.data.pipeline import build_data, prepare_data  # noqa: E402
 from orchestrate.model.meta import load_model_config, shape_for  # noqa: E402
+from orchestrate.planner.plan import RunFiles  # noqa: E402
 from tests.helpers.memory import measure_mapping_workers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
 
-class _Plan:  # build_data reads config, shape and files
+class _Plan:  # build_data reads config, shape and files (typed, as RunPlan's)
     def __init__(self, config):
-        self.config, self.shape, self.files = config, shape_for(config), {}
+        self.config, self.shape, self.files = config, shape_for(config), RunFiles()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,7 +1,8 @@
 """Fit the planner's allocator reserve (orchestrate/planner/allocator_reserve.py) to the simulation zoo
 replayed through the CUDA caching-allocator model.
 
-    .venv/bin/python bench/allocator_reserve_fit.py      # cached simulations only (bench/results/)
+    .venv/bin/python bench/allocator_reserve_fit.py          # cached simulations only (bench/results/)
+    .venv/bin/python bench/allocator_reserve_fit.py --short  # llama, seq 512, micro-batch 1 only (CI)
 
 Points: the full zoo and the LoRA zoo of bench/memory_accuracy.py, and 8- and 16-block llama / qwen2 at
 seq 512, micro-batch 1 (`memory_accuracy.py --layers 8 --family llama --family qwen2 --seq 512 --mb 1`,
@@ -17,6 +18,7 @@ predict high). Prints the table planner/allocator_reserve.py holds.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -40,7 +42,11 @@ STEPS = 200  # fractions in steps of 0.5 %
 FLOOR, STATES_CEILING = 2, 120  # 1 %, 60 %
 
 
-def points():
+def points(short: bool = False):
+    """Every point the fit covers; `short`: the 2-block llama ones at seq 512, micro-batch 1 (one per
+    strategy and activation-checkpointing setting), whose fit must reserve no more than the planner does."""
+    if short:
+        return zoo(["llama"], (512,), (1,))
     deeper = [point for layers in (8, 16) for point in zoo(["llama", "qwen2"], (512,), (1,), layers=layers)]
     return [*zoo(), *lora_zoo(), *deeper]
 
@@ -65,10 +71,10 @@ def fit(overheads: list[tuple[int, float, int]], least_constant: int) -> tuple[i
     return best[1:]
 
 
-def overheads() -> dict[tuple[str, bool], list[tuple[int, float, int]]]:
+def overheads(short: bool = False) -> dict[tuple[str, bool], list[tuple[int, float, int]]]:
     """(requested, states, needed - requested) of every point, by backend and expandable_segments setting."""
     cache, out = Cache(CACHE), {}
-    for point in points():
+    for point in points(short):
         plan = point.plan()
         sim, _ = cache.get_or_run(point, run=False, plan=plan)
         if sim is None or not sim.allocator:
@@ -95,8 +101,10 @@ def _reserve(triple: tuple[int, float, float], nbytes: float, transient: float) 
     return constant * MiB + of_states * (nbytes - transient) + of_transient * transient
 
 
-def main() -> int:
-    every = overheads()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="llama at seq 512, micro-batch 1 only")
+    every = overheads(parser.parse_args(argv).short)
     print(f"{sum(map(len, every.values())) // 2} points; backend, expandable_segments: fitted (constant MiB, "
           f"fraction of states, of transient bytes), planned, reserve for {TYPICAL // GiB} GiB "
           f"({TYPICAL_TRANSIENT // GiB} GiB transient) fitted / planned, largest overhead")

@@ -1,6 +1,7 @@
 """How fast the CUDA caching-allocator model replays a training step (orchestrate/simulate/replay.py).
 
     .venv/bin/python bench/allocator_speed.py            # 10^5 events, both expandable_segments settings
+    .venv/bin/python bench/allocator_speed.py --short    # one training step's events (CI)
 
 The trace is synthetic and deterministic: a 32-block step whose forward keeps a few activations
 per block of a few sizes (some under 1 MiB, some in 1-10 MiB, some larger), frees them in reverse in
@@ -11,6 +12,7 @@ time of one replay on an unlimited device and of the `needed` bisection, per set
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
@@ -61,8 +63,12 @@ def synthetic_trace(events: int = 100_000, blocks: int = 32, seed: int = 0) -> T
     return Trace(sizes=sizes, streams=streams, events=order, initial=0)
 
 
-def main() -> int:
-    trace = synthetic_trace()
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=100_000, help="at least this many (whole steps)")
+    parser.add_argument("--short", action="store_true", help="one training step's events (overrides --events)")
+    args = parser.parse_args(argv)
+    trace = synthetic_trace(1 if args.short else args.events)
     print(f"{len(trace.events)} events, {len(trace.sizes)} allocations")
     for name, settings in SETTINGS.items():
         start = time.perf_counter()

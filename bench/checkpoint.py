@@ -15,7 +15,8 @@ Models: "tiny" is examples/tiny-gpt2.yaml's architecture (the demo); "gpt2-124m"
 shape (768 wide, 12 layers, 50257 vocab), randomly initialised.
 
 Usage: .venv/bin/python bench/checkpoint.py [--models tiny,gpt2-124m] [--backends fsdp,deepspeed,ddp]
-                                            [--ranks 2] [--repeats 3] [--out bench-checkpoint.json]
+                                            [--ranks 2] [--repeats 3] [--out bench-checkpoint.json] [--short]
+`--short`: the tiny model only, one round (CI runs `--short --backends fsdp`).
 """
 
 from __future__ import annotations
@@ -188,7 +189,7 @@ def _table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="tiny,gpt2-124m")
     parser.add_argument("--backends", default="fsdp,deepspeed,ddp")
@@ -196,7 +197,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (bench/repeats.py)")
     parser.add_argument("--out", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--scratch", type=Path, help="where checkpoints are written (default: a temporary directory)")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true", help="the tiny model, one round (overrides --models, --repeats)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.models, args.repeats = "tiny", 1
     scratch = Path(tempfile.mkdtemp(prefix="orchestrate-bench-ckpt-", dir=args.scratch))
     rows = []
     try:

@@ -20,6 +20,8 @@ bench/allocator_trace_check.py, which replays it through orchestrate's allocator
 
 Usage (on a GPU; nothing else may use it meanwhile, the figures are device-wide):
     python bench/cuda_constants.py --out DIR [--only NAME ...]   # DIR/cuda_constants.json, DIR/micro-*.json.gz
+Without a GPU each process fails and its row records why (exit 1): CI runs one that way
+(tests/unit/bench/test_bench_short_modes.py); it has no CPU mode, the readings are the GPU's.
 """
 
 from __future__ import annotations
@@ -104,6 +106,9 @@ def _nccl_only(readings: dict, used_before: int | None, eager: bool) -> dict:
 def child(name: str, out: Path) -> dict:
     _loading, _conf, workload = PROCESSES[name]
     import torch
+
+    if not torch.cuda.is_available():  # before the slow imports: the row says why at once
+        raise SystemExit("no CUDA device: bench/cuda_constants.py measures a GPU")
     from transformers import GPT2Config, GPT2LMHeadModel
 
     readings: dict = {}
@@ -149,13 +154,13 @@ def child(name: str, out: Path) -> dict:
     return {"readings": readings, "summary": summary}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--timeout-s", type=float, default=90, help="each process's limit")
     parser.add_argument("--only", nargs="+", choices=list(PROCESSES), default=list(PROCESSES), metavar="NAME",
                         help=f"run only these processes: {', '.join(PROCESSES)}")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     results = {}
     for name in args.only:

@@ -3,6 +3,7 @@ start-up, and the memory of 1 vs 2 workers mapping the token file.
 
     .venv/bin/python bench/data.py                      # ~16M tokens, about a minute on 2 cores
     .venv/bin/python bench/data.py --documents 20000    # quicker
+    .venv/bin/python bench/data.py --short              # 500 documents, 2 steps, one round (CI)
 
 The corpus is the demo grammar (orchestrate/data/corpus.py) with --documents documents; the model,
 sequence length and batch are examples/tiny-gpt2.yaml's, on 2 CPU ranks (micro-batch 8, one thread
@@ -34,24 +35,29 @@ from orchestrate.config.load import load_config  # noqa: E402
 from orchestrate.data.corpus import demo_corpus  # noqa: E402
 from orchestrate.data.pipeline import build_data, prepare_data  # noqa: E402
 from orchestrate.model.meta import load_model_config, shape_for  # noqa: E402
+from orchestrate.planner.plan import RunFiles  # noqa: E402
 from tests.helpers.memory import measure_mapping_workers  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 2**20
 
 
-class _Plan:  # build_data reads config, shape and files
+class _Plan:  # build_data reads config, shape and files (typed, as RunPlan's)
     def __init__(self, config):
-        self.config, self.shape, self.files = config, shape_for(config), {}
+        self.config, self.shape, self.files = config, shape_for(config), RunFiles()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=100_000)
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--micro", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds (bench/repeats.py)")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true",
+                        help="500 documents, 2 steps, one round (overrides --documents, --steps, --repeats)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.documents, args.steps, args.repeats = 500, 2, 1
     import datasets  # noqa: F401  (imported up front: timed start-ups measure data work, not imports)
 
     with tempfile.TemporaryDirectory(prefix="orchestrate-bench-") as tmp:

@@ -17,7 +17,8 @@ It then times the per-step work orchestrate's worker adds around a training step
 the stats all_gather, the stop-signal all_reduce, a metrics line written and flushed vs written
 unflushed, and moving a micro-batch to the (CPU) device.
 
-Usage: .venv/bin/python bench/deepspeed_settings.py [--repeats 5] [--steps 10] [--gpus 2] [--json FILE]
+Usage: .venv/bin/python bench/deepspeed_settings.py [--repeats 5] [--steps 10] [--gpus 2] [--json FILE] [--short]
+`--short`: "rendered" and "defaults" only, 1 step, 1 round, 10 calls per block (CI).
 """
 
 from __future__ import annotations
@@ -152,6 +153,9 @@ def _per_step_work(spec: dict, micro: int, seq: int, tmp: Path) -> dict[str, lis
 # Driver
 # ------------------------------------------------------------------------------------------------
 
+SHORT_VARIANTS = ("rendered", "defaults")
+
+
 def _spec(args) -> dict:
     from orchestrate.api import plan_for
     from orchestrate.backends.deepspeed_render import render_config
@@ -168,17 +172,22 @@ def _spec(args) -> dict:
                 "steps_per_print": 10**9}
     return {"architecture": config.model.architecture, "seq_len": config.train.seq_len, "micro": micro,
             "accumulation": accumulation, "steps": args.steps, "repeats": args.repeats, "calls": args.calls,
-            "variants": variants(rendered, defaults)}
+            "variants": {name: ds for name, ds in variants(rendered, defaults).items()
+                         if not args.short or name in SHORT_VARIANTS}}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--steps", type=int, default=10, help="optimizer steps per timed block")
     parser.add_argument("--calls", type=int, default=200, help="calls per timed block of per-step work")
     parser.add_argument("--gpus", type=int, default=2, help="ranks (CPU processes without a GPU)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true",
+                        help="two variants, 1 step, 1 round, 10 calls (overrides --steps, --repeats, --calls)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.steps, args.repeats, args.calls = 1, 1, 10
     work = Path(tempfile.mkdtemp(prefix="orchestrate-ds-settings-"))
     spec = _spec(args)
     (work / "spec.json").write_text(json.dumps(spec))

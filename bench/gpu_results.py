@@ -17,7 +17,9 @@ measured tensors in place of the predicted ones) and from the need of the run's 
 history replayed through the allocator model (bench/allocator_trace_check.py) and the CUDA-side
 readings of bench/cuda_constants.py.
 
-Usage: python bench/gpu_results.py bench/results/h200-2026-12-04
+Usage: python bench/gpu_results.py bench/results/h200-2026-12-04 [--short]
+`--short`: the session's first GPU-check run only, and only its history replayed (CI; the replays are
+what takes time: about a minute for the whole session on 2 cores).
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ def calibration_ratios(plan, measured: dict, needed: int) -> tuple[float, float,
             measured_need(measured["gpu_max_allocated_bytes"], plan) / planned, (needed + outside) / planned)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from orchestrate.hardware.profile import HardwareProfile
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path)
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true", help="the first GPU-check run only, and its history")
+    args = parser.parse_args(argv)
     run = json.loads((args.results / "gpu_check.json").read_text())
+    runs = list(run["plans"].items())[:1] if args.short else list(run["plans"].items())
     hw = HardwareProfile.model_validate(run["hardware"])
     print(f"{run['device']}, torch {run['torch']}, capped at {hw.gpu.memory_bytes / GiB:.0f} GiB, {run['steps']} steps")
     print(f"{'run':30s} {'strategy':58s} {'planned GiB: then':>17s} {'now':>5s} {'(allocator)':>11s} "
@@ -73,7 +77,7 @@ def main() -> int:
           f"{'/planned':>8s} {'needed':>6s} {'/planned':>8s} {'outside MiB':>11s} {'planned':>7s}")
     calibrations = []
     with tempfile.TemporaryDirectory(prefix="orchestrate-gpu-results-") as tmp:
-        for name, row in run["plans"].items():
+        for name, row in runs:
             if row.get("status") != "ok":
                 print(f"{name:30s} {row.get('status')}")
                 continue
@@ -99,7 +103,10 @@ def main() -> int:
     for name, cache, (reserved, allocated, need) in calibrations:
         print(f"  {name:30s} {reserved:13.2f} {allocated:20.2f} {need:6.2f} {cache:13.3f}")
     print("\nthe allocator model replaying each recorded history (reserved peaks, model / real):")
-    for path in allocator_trace_check.trace_files([args.results / "traces"]):
+    histories = allocator_trace_check.trace_files([args.results / "traces"])
+    if args.short:
+        histories = [path for path in histories if path.name == f"zoo-{runs[0][0]}.json.gz"]
+    for path in histories:
         r = allocator_trace_check.check(path)
         print(f"  {r['trace']:45s} {(r['settings'] or 'default'):26s} {r['events']:>8,d} events  "
               f"allocated {r['model_allocated'] / r['real_allocated']:.3f}  reserved {r['model_reserved'] / r['real_reserved']:.3f}")

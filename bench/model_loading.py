@@ -3,6 +3,7 @@ against orchestrate's loaders (orchestrate/loading/weights.py).
 
     .venv/bin/python bench/model_loading.py                 # ~0.95B llama, 2 ranks, ~4 min on 2 cores
     .venv/bin/python bench/model_loading.py --layers 4      # smaller and faster
+    .venv/bin/python bench/model_loading.py --short         # 1 layer, 256 wide, orchestrate's loaders only (CI)
 
 A random llama-shaped model is written as sharded safetensors (bf16, as Hub checkpoints are) into a
 temporary directory, then each mode runs on 2 gloo ranks while this process samples the ranks'
@@ -32,14 +33,18 @@ from tests.helpers.memory import NodePeak, write_random_model  # noqa: E402
 GiB = 2**30
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--disk-dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--modes", default="naive,rank0_broadcast,sharded,replicated")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true",
+                        help="1 layer, 256 wide, modes sharded and replicated (overrides --layers, --hidden, --modes)")
+    args = parser.parse_args(argv)
+    if args.short:  # each mode starts its ranks afresh; the two kept are orchestrate's, the others references
+        args.layers, args.hidden, args.modes = 1, 256, "sharded,replicated"
     arch = {"model_type": "llama", "hidden_size": args.hidden, "intermediate_size": int(args.hidden * 2.75),
             "num_hidden_layers": args.layers, "num_attention_heads": 16, "num_key_value_heads": 16,
             "vocab_size": 32000, "max_position_embeddings": 2048, "tie_word_embeddings": False}

@@ -20,6 +20,8 @@ ratio is the median (min-max) of the per-round ratios, so load that drifts betwe
 
 Usage: .venv/bin/python bench/overhead.py [--steps 40] [--repeats 3] [--gpus 2] [--out DIR] [--json FILE]
        [--only deepspeed|fsdp|ddp ...]  (one comparison's rows only; ddp is the start-up comparison)
+       [--short]  (SHORT_STEPS steps, one round: a smoke run, its figures mean nothing;
+                   CI runs `--short --only ddp`: tests/unit/bench/test_bench_short_modes.py)
 The hand-written scripts live in this file (`_hand_deepspeed`, `_hand_fsdp`, `_hand_accelerate`)
 and run under torchrun / accelerate launch as `bench/overhead.py worker <kind> ...`.
 """
@@ -43,6 +45,8 @@ from bench.repeats import interleave, paired_ratio, spread  # noqa: E402
 
 CONFIG = ROOT / "examples" / "tiny-gpt2.yaml"
 WARMUP = 5
+SHORT_STEPS = WARMUP + 2
+"""The fewest steps `_rates` measures: the warm-up, one timed step and the last (left out)."""
 
 PINS = {
     "deepspeed": ["strategy.backend=deepspeed", "strategy.zero_stage=2"],
@@ -205,6 +209,17 @@ def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
     sys.exit(result.exit_code)
 
 
+def _run_file(run_dir: Path, role: str) -> Path:
+    """A file orchestrate wrote into `run_dir`, by its role in plan.json's `files` (RunFiles)."""
+    from orchestrate.planner.plan import RunPlan
+
+    files = RunPlan.read(run_dir / "plan.json").files
+    name = files.backend[0] if role == "backend_config" else getattr(files, role)
+    if name is None:
+        sys.exit(f"{run_dir}: orchestrate wrote no {role}")
+    return run_dir / name
+
+
 def _hand_cfg(run_dir: Path, steps: int) -> dict:
     """The hand-written scripts' settings, read from orchestrate's run of the same config."""
     from orchestrate.loading.init_weights import build_initial_model, has_weights
@@ -217,7 +232,7 @@ def _hand_cfg(run_dir: Path, steps: int) -> dict:
         model = run_dir.with_name(run_dir.name + "-init_model")  # the same seeded weights, untimed
         if not has_weights(model):
             build_initial_model(plan, model)
-    return {"model": str(model), "corpus": str(run_dir / plan.files["demo_corpus"]),
+    return {"model": str(model), "corpus": str(_run_file(run_dir, "demo_corpus")),
             "seq_len": t.seq_len, "micro": plan.chosen.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "max_steps": steps, "seed": t.seed,
             "lr": t.optimizer.lr, "betas": list(t.optimizer.betas), "eps": t.optimizer.eps,
@@ -247,7 +262,7 @@ def _read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds of every run (bench/repeats.py)")
@@ -256,7 +271,11 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=None, help="also write every measurement and ratio here")
     parser.add_argument("--only", choices=sorted(PINS), action="append", default=None,
                         help="run only this backend's comparison (repeatable): deepspeed, fsdp or ddp (start-up)")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true",
+                        help=f"smoke run: {SHORT_STEPS} steps, one round (overrides --steps and --repeats)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.steps, args.repeats = SHORT_STEPS, 1
     out = (args.out or Path(tempfile.mkdtemp(prefix="orchestrate-bench-"))).resolve()
     out.mkdir(parents=True, exist_ok=True)
     me, py = str(Path(__file__).resolve()), sys.executable
@@ -286,7 +305,7 @@ def main() -> int:
         return measure
 
     def accelerate(run_dir: Path) -> list[str]:
-        return [py, "-m", "accelerate.commands.launch", "--config_file", str(run_dir / "accelerate.yaml")]
+        return [py, "-m", "accelerate.commands.launch", "--config_file", str(_run_file(run_dir, "accelerate_config"))]
 
     # One round runs every row once; each hand-written row follows the orchestrate run it copies.
     # On CPU, Accelerate turns any distributed config into MULTI_CPU DDP (use_cpu), so the start-up
@@ -294,7 +313,7 @@ def main() -> int:
     arms = {
         "orchestrate deepspeed": orchestrate("deepspeed"),
         "hand-written deepspeed": hand("deepspeed", "hand-written deepspeed", "deepspeed", lambda _: torchrun,
-                                       lambda run_dir: {"deepspeed_config": str(run_dir / "deepspeed.json")}),
+                                       lambda run_dir: {"deepspeed_config": str(_run_file(run_dir, "backend_config"))}),
         "hand-written deepspeed (DeepSpeed defaults)": hand("deepspeed", "defaults", "deepspeed", lambda _: torchrun),
         "orchestrate fsdp": orchestrate("fsdp"),
         "hand-written fsdp": hand("fsdp", "hand-written fsdp", "fsdp", lambda _: torchrun),

@@ -1,6 +1,7 @@
 """QLoRA's memory terms checked piece by piece, since the fake-tensor simulation cannot run a 4-bit base.
 
     .venv/bin/python bench/qlora_pieces.py            # llama, qwen2, mistral (bench/memory_accuracy.py widths)
+    .venv/bin/python bench/qlora_pieces.py --short    # llama under DDP only (CI)
 
 bitsandbytes' `Params4bit` is a tensor subclass made from the raw weight; under FakeTensorMode the
 weight already is a `FakeTensor`, and torch refuses to re-type it ("Creating a new Tensor subclass
@@ -18,6 +19,7 @@ and the quantization kernels read real data anyway. So:
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -81,18 +83,23 @@ def rest(family: str, backend: str, stage: int, ac: bool, measured_nf4: int, cac
             "swapped": swapped, "ratio": sum(est.values()) / swapped}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--short", action="store_true", help="llama under DDP only")
+    args = parser.parse_args(argv)
+    families = ("llama",) if args.short else ("llama", "qwen2", "mistral")
+    strategies = (("ddp", 0),) if args.short else (("ddp", 0), ("deepspeed", 2))
     cache, worst = Cache(CACHE), 0.0
     print("(a) NF4 weights, real quantized 2-block models: measured vs planner (MiB)")
     measured = {}
-    for family in ("llama", "qwen2", "mistral"):
+    for family in families:
         got, planned = nf4_bytes(family)
         measured[family] = got
         worst = max(worst, abs(planned / got - 1))
         print(f"  {family:<8} measured {got / MiB:9.2f}  planner {planned / MiB:9.2f}  ratio {planned / got:.4f}")
     print("(b) QLoRA estimate vs LoRA simulation with the weights swapped (per rank MiB, mb 1, seq 512)")
     for family in measured:
-        for backend, stage in (("ddp", 0), ("deepspeed", 2)):
+        for backend, stage in strategies:
             for ac in (False, True):
                 r = rest(family, backend, stage, ac, measured[family], cache)
                 if r is None:

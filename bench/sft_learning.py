@@ -4,6 +4,8 @@ template masks, padded batches, peft / bitsandbytes) and the built-in worker wit
 token (`data.train_on_inputs: true`), under full fine-tuning, LoRA and QLoRA.
 
     .venv/bin/python bench/sft_learning.py [--methods full lora qlora] [--seeds 0 1 2] [--steps 50] [--work DIR]
+    .venv/bin/python bench/sft_learning.py --short   # full, seed 0, 4 steps on a base pre-trained 4 steps (CI:
+                                                     # the table's code path, too short to learn)
 
 The task is examples/chat-sft's: a tiny Llama-shaped base pre-trained (base.yaml, 200 steps) on text
 that pairs words with their upper-case forms, then taught in 50 steps of chats to answer "upper-case
@@ -27,17 +29,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.helpers.chat_sft import build_workspace, final_record, fine_tune, own_loop  # noqa: E402
 
+SHORT_STEPS = 4
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--methods", nargs="+", default=["full", "lora", "qlora"], choices=["full", "lora", "qlora"])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--work", type=Path, help="workspace directory (default: a temporary one)")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true",
+                        help="full, seed 0, 4 steps, the base pre-trained 4 steps (overrides --methods, --seeds, --steps)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.methods, args.seeds, args.steps = ["full"], [0], SHORT_STEPS
     root = args.work or Path(tempfile.mkdtemp(prefix="sft-learning-"))
     start = time.perf_counter()
-    ws = build_workspace(root)
+    ws = build_workspace(root, base_steps=SHORT_STEPS if args.short else None)
     print(f"workspace {root} (chats, tokenizer, base) in {time.perf_counter() - start:.0f} s", flush=True)
     rows = []
     for method in args.methods:

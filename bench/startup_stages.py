@@ -9,7 +9,7 @@ from it (so they inherit the wrappers). Timestamps come from one clock (time.tim
 processes of the machine. A table of one run, or with --repeats N the median (min-max) of each row
 over N runs; nothing is compared here (`bench/overhead.py --only ddp` compares with accelerate launch).
 
-Usage: .venv/bin/python bench/startup_stages.py [--repeats 3] [--gpus 2]
+Usage: .venv/bin/python bench/startup_stages.py [--repeats 3] [--gpus 2] [--short]   (--short: one run, CI)
 """
 
 from __future__ import annotations
@@ -105,13 +105,16 @@ def _one_run(out: Path, gpus: int, index: int) -> dict[str, float]:
     return {m["label"]: m["t"] for m in sorted(marks, key=lambda m: m["t"])}
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     from bench.repeats import spread
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--gpus", type=int, default=2, help="ranks (CPU processes without a GPU)")
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true", help="one run (overrides --repeats)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.repeats = 1
     out = Path(tempfile.mkdtemp(prefix="orchestrate-startup-"))
     runs = [_one_run(out, args.gpus, i) for i in range(args.repeats)]
     from rich.console import Console

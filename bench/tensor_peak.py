@@ -7,7 +7,7 @@ steps, counted and uncounted steps alternate, so load that drifts over the run h
 cost is the median over adjacent pairs of (counted step time / uncounted step time); the peak is the
 counter's over start-up and its first COUNTED_STEPS steps, as a run measures it.
 
-Usage: .venv/bin/python bench/tensor_peak.py [--pairs 10]
+Usage: .venv/bin/python bench/tensor_peak.py [--pairs 10] [--short]   (--short: 1 pair, CI)
 """
 
 from __future__ import annotations
@@ -72,10 +72,13 @@ def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
             "strategy": plan.chosen.strategy.name}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=10)
-    args = parser.parse_args()
+    parser.add_argument("--short", action="store_true", help="one pair of steps (overrides --pairs)")
+    args = parser.parse_args(argv)
+    if args.short:
+        args.pairs = 1
     from orchestrate.loading.init_weights import build_initial_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,7 +1,7 @@
 """Check on CPU (1 gloo rank) the optimizer / quantized-base combinations the planner never picks
 (each backend's `knobs`, backends/registry.py runs_knob; docs/memory-knobs.md): each prints what happened, not what is believed.
 
-    python -m bench.verify_knob_combos
+    python -m bench.verify_knob_combos       # a few seconds: CI runs it whole (tests/unit/bench/test_bench_short_modes.py)
 
 1. bitsandbytes AdamW8bit stepping FSDP2 (`fully_shard`) parameters, which are DTensors.
 2. a bitsandbytes int8 base (`Linear8bitLt`) under `fully_shard`.
@@ -15,16 +15,21 @@ import os
 import traceback
 
 
-def _gloo() -> None:
+def _gloo() -> bool:
+    """One gloo rank (DeepSpeed reads the rank variables too); whether this call started it."""
     import torch.distributed as dist
 
+    from orchestrate.ports import free_port
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29533")
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", rank=0, world_size=1)
+    if dist.is_initialized():
+        return False
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    return True
 
 
 def _step(model, optimizer) -> None:
@@ -94,17 +99,25 @@ def torchao_low_bit_under_zero3() -> str:
     return _torchao_under_zero(3)
 
 
+CHECKS = (bnb_adamw8bit_under_fsdp2, bnb_int8_base_under_fsdp2, torchao_low_bit_under_zero2, torchao_low_bit_under_zero3)
+
+
 def main() -> None:
-    _gloo()
-    for check in (bnb_adamw8bit_under_fsdp2, bnb_int8_base_under_fsdp2, torchao_low_bit_under_zero2,
-                  torchao_low_bit_under_zero3):
-        try:
-            result = check()
-        except Exception as exc:  # what each combination does is the result being recorded
-            result = f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
-            if os.environ.get("VERBOSE"):
-                traceback.print_exc()
-        print(f"{check.__name__}: {result}", flush=True)
+    started = _gloo()
+    try:
+        for check in CHECKS:
+            try:
+                result = check()
+            except Exception as exc:  # what each combination does is the result being recorded
+                result = f"FAILED: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                if os.environ.get("VERBOSE"):
+                    traceback.print_exc()
+            print(f"{check.__name__}: {result}", flush=True)
+    finally:
+        if started:  # leave the process (a test's) without a process group, as it came
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ class Custom(Method):
     name = "custom"
     base = True
     runtime = "orchestrate.methods.custom.runtime"
+    data = "orchestrate.methods.custom.data"
 
     def active(self, config: RunConfig) -> bool:
         return config.model.module is not None

@@ -80,6 +80,8 @@ def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks
     from safetensors.torch import load_file
 
     from orchestrate.backends.ddp import DDPBackend
+    from orchestrate.methods.lora.saving import save_merged_and_adapter
+    from orchestrate.run.layout import RunDir
     from orchestrate.worker.objective import objective_for
     from tests.helpers.engines import builder, cpu_rank
     from tests.helpers.plans import make_plan
@@ -93,7 +95,7 @@ def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks
     engine = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan), builder(plan))
     losses = [engine.train_step(_batches(rank)).loss for _ in range(3)]
     engine.save_checkpoint(run_dir / "ckpt", {"step": 3})
-    engine.save_hf_model(run_dir / "model")
+    save_merged_and_adapter(plan, engine, RunDir(run_dir), rank == 0)  # run_dir/model: the merged model
     saved = torch.load(run_dir / "ckpt" / "trainer_state.pt", weights_only=True)["model"]
     module = engine.model.module
     resumed = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan), builder(plan))

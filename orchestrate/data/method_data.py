@@ -6,7 +6,7 @@ and `orchestrate prepare`) hands them to the pipeline's entry points (orchestrat
   one record into a cached document (ids and mask.bin bits), views the cached documents as samples,
   checks that the run trains on such records, and describes them.
 - `OwnData`: data the method brings itself instead of the token pipeline (your dataset factory),
-  checked and described on the launcher; the worker's TrainData is its runtime's `data` hook.
+  checked and described on the launcher, each rank's TrainData made on the worker.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from orchestrate.data.cache import TokenStream
     from orchestrate.data.chat_template import ChatTemplate
     from orchestrate.data.tokenizer import Tokenizer
+    from orchestrate.planner.plan import RunPlan
 
     Document = tuple[list[int], np.ndarray]
     """A record's ids and its mask.bin bits (orchestrate/data/sft_prepare.py)."""
@@ -56,6 +57,8 @@ class OwnData:
     """The launcher's cheap check of the data section (UserError)."""
     describe: Callable[[RunConfig], str]
     """The launcher's data summary line."""
+    train_data: Callable[[RunPlan, int, int], Any]
+    """(plan, rank, world size) -> the worker's data for this rank (the pipeline's `TrainData`)."""
 
 
 @dataclass(frozen=True)

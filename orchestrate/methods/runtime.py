@@ -2,8 +2,6 @@
 `MethodRuntime`, whose module `Method.runtime` names (it defines `RUNTIME`; the registry imports it
 on the worker only). Its hooks, in the order the worker's recipe (worker/main.py) calls them:
 
-- `data` (a base method): the rank's training data when the method brings its own (your module's
-  dataset factory); None: the token pipeline (orchestrate/data).
 - `auxiliary`: the method's auxiliary models, built at their placements before the trained model
   (orchestrate/loading/auxiliary.py); what it returns is handed to `objective`.
 - `build_model` (a base method): the model the backend wraps, as its `ModelRequest`
@@ -38,9 +36,6 @@ class MethodRuntime:
 
     saves_tokenizer = True
     """model/ gets the run's tokenizer (your own module has none)."""
-
-    def data(self, plan: RunPlan, rank: Rank, run: RunDir) -> TrainData | None:
-        return None
 
     def auxiliary(self, plan: RunPlan, rank: Rank, run: RunDir, data: TrainData) -> Any:
         return None

@@ -1,7 +1,7 @@
 """The stages of the worker's recipe (`orchestrate.worker.main.train`), each a small unit. Where a
 training method does something of its own, the stage calls its runtime's hook
-(orchestrate/methods/runtime.py): its data, its auxiliary models, its model, its objective, its
-callbacks, its saved files."""
+(orchestrate/methods/runtime.py): its auxiliary models, its model, its objective, its callbacks, its
+saved files; its data comes as values (orchestrate/data/method_data.py: its own records or dataset)."""
 
 from __future__ import annotations
 
@@ -98,14 +98,14 @@ def checkpoint_to_resume(plan: RunPlan, run: RunDir, rank: Rank) -> Path | None:
 
 
 def build_data(plan: RunPlan, run: RunDir, rank: Rank) -> TrainData:
-    """This rank's data: the base method's own (your dataset factory), or the token pipeline's (maps the
-    launcher's cache entry, or builds it on local rank 0)."""
-    own = base_runtime(plan.config).data(plan, rank, run)
-    if own is not None:
-        return own
+    """This rank's data: a method's own (your dataset factory), or the token pipeline's (maps the
+    launcher's cache entry, or builds it on local rank 0; readers of the methods' own records)."""
+    methods = method_data(plan.config)
+    if methods.own is not None:
+        return methods.own.train_data(plan, rank.rank, rank.world_size)
     sequence = (rank.sequence.index, rank.sequence.size) if rank.sequence else None
     return build_token_data(plan, run.path, rank.data_rank, rank.data_world_size, local_rank=rank.local_rank,
-                            sequence=sequence, methods=method_data(plan.config))
+                            sequence=sequence, methods=methods)
 
 
 def count_tensors(rank: Rank) -> TensorPeak | None:

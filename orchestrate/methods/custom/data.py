@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrate.data.method_data import OwnData
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.custom.loss import LABELS, POSITIONAL
 from orchestrate.methods.custom.module import import_object
@@ -106,7 +105,3 @@ def describe_module_data(config: RunConfig) -> str:
     train, validation = split(load_dataset(config), config.data.validation_ratio, config.train.seed)
     return f"data: {config.data.module} -> {len(train):,} train / {len(validation):,} validation samples"
 
-
-def data_path(config: RunConfig) -> OwnData:
-    """The custom method's part of the data path: data it brings itself (orchestrate/data/method_data.py)."""
-    return OwnData(check_module_data_config, describe_module_data)

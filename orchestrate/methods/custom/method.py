@@ -41,7 +41,7 @@ class Custom(Method):
     name = "custom"
     base = True
     runtime = "orchestrate.methods.custom.runtime"
-    data = "orchestrate.methods.custom.data"
+    data = "orchestrate.methods.custom.train_data"
 
     def active(self, config: RunConfig) -> bool:
         return config.model.module is not None

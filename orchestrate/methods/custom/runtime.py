@@ -1,16 +1,15 @@
 """Your own nn.Module on the worker: built and initialised by its own code (seeded alike on every
-rank) for every backend, trained on your dataset factory with the loss of `train.loss`; the saved
-model is its state dict with its description (module.py ModuleConfig), no tokenizer."""
+rank) for every backend, trained on your dataset factory (train_data.py) with the loss of
+`train.loss`; the saved model is its state dict with its description (module.py ModuleConfig), no
+tokenizer."""
 
 from __future__ import annotations
 
 from orchestrate.backends.base import BuiltModel, ModelRequest, Objective, TrainEngine
 from orchestrate.backends.hf_io import StateLayout
 from orchestrate.backends.rank import Rank
-from orchestrate.data.pipeline import TrainData
 from orchestrate.methods.custom.module import ModuleConfig, build_module
 from orchestrate.methods.custom.objective import CustomObjective
-from orchestrate.methods.custom.train_data import build_module_data
 from orchestrate.methods.registry import apply_transforms
 from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.planner.plan import RunPlan
@@ -19,9 +18,6 @@ from orchestrate.run.layout import RunDir
 
 class CustomRuntime(MethodRuntime):
     saves_tokenizer = False
-
-    def data(self, plan: RunPlan, rank: Rank, run: RunDir) -> TrainData:
-        return build_module_data(plan, rank.rank, rank.world_size)
 
     def build_model(self, plan: RunPlan, request: ModelRequest) -> BuiltModel:
         # Nothing to load: the module initialises itself; FSDP2 then keeps each rank's shard of those

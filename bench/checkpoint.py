@@ -110,13 +110,14 @@ def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) ->
     import torch
     import torch.distributed as dist
 
+    from orchestrate.backends.rank import Rank
     from orchestrate.backends.registry import get_backend
     from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
     from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.run.checkpoints import latest_checkpoint
     from orchestrate.worker.checkpointing import Checkpointer
     from orchestrate.worker.objective import CausalLMObjective
-    from orchestrate.worker.rank import Rank
+    from tests.helpers.engines import builder
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
@@ -127,7 +128,7 @@ def _rank_main(model: str, backend: str, ranks: int, work: str, repeats: int) ->
         build_initial_model(plan, work_dir / "init_model")
     dist.barrier()
     me = Rank(rank, rank, ranks, 0, torch.device("cpu"))
-    engine = get_backend(backend).setup(plan, me, work_dir / "init_model", CausalLMObjective())
+    engine = get_backend(backend).setup(plan, me, work_dir / "init_model", CausalLMObjective(), builder(plan))
     ids = torch.randint(0, plan.shape.vocab_size, (1, 128), generator=torch.Generator().manual_seed(rank))
     engine.train_step([{"input_ids": ids, "labels": ids}])
     checkpointer = Checkpointer(plan, engine, me, work_dir / "run", work_dir / "init_model")

@@ -40,10 +40,11 @@ def _demo_plan():
 def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
     import torch
 
+    from orchestrate.backends.rank import Rank
     from orchestrate.backends.registry import get_backend
     from orchestrate.worker.objective import objective_for
-    from orchestrate.worker.rank import Rank
     from orchestrate.worker.tensor_peak import COUNTED_STEPS, TensorPeak
+    from tests.helpers.engines import builder
 
     rank, world = init_gloo()
     plan = _demo_plan()
@@ -53,7 +54,7 @@ def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
     batches = [{"input_ids": x, "labels": x} for x in tokens.split(micro)]
     counter = TensorPeak.start()  # where the worker starts it: before the engine is built
     engine = get_backend(plan.chosen.strategy.backend).setup(plan, Rank(rank, rank, world, 0, torch.device("cpu")),
-                                                             Path(model_dir), objective_for(plan))
+                                                             Path(model_dir), objective_for(plan), builder(plan))
     for _ in range(COUNTED_STEPS):
         engine.train_step(batches)
         counter.step_done()

@@ -144,8 +144,9 @@ def write_config(config: RunConfig, hardware: HardwareFlags | HardwareProfile, o
 def prepare(config: RunConfig, *, force: bool = False, progress: bool = True) -> str:
     """`orchestrate prepare`: tokenise the config's data into the shared cache; a summary line."""
     from orchestrate.data.pipeline import prepare_from_config
+    from orchestrate.methods.registry import method_data
 
-    return prepare_from_config(config, progress=progress, force=force)
+    return prepare_from_config(config, method_data(config), progress=progress, force=force)
 
 
 def train_tokenizer(config: RunConfig, vocab_size: int, out: Path) -> tuple[Path, int]:

@@ -3,10 +3,11 @@
 A backend has two halves that live in one file:
 - `render(plan)`: pure, launcher side. Returns the backend's config files (name -> text), e.g.
   DeepSpeed's JSON, so the user can read, diff and reuse exactly what will run.
-- `setup(plan, rank, model_dir, objective)`: worker side. Asks the run's base method for the model
-  (`ModelRequest`, orchestrate/methods/runtime.py: built from `model_dir` without N full copies in
-  CPU RAM), wraps it, creates the optimizer and schedule, and returns a `TrainEngine` training
-  `objective`. It never asks which method trains: the method's builder and transforms decide.
+- `setup(plan, rank, model_dir, objective, build_model)`: worker side. Asks `build_model` (the run's
+  base method's, orchestrate/methods/runtime.py) for the model as a `ModelRequest` says (built from
+  `model_dir` without N full copies in CPU RAM), wraps it, creates the optimizer and schedule, and
+  returns a `TrainEngine` training `objective`. It never asks which method trains: the method's
+  builder and transforms decide, and the method saves what it owns from `TrainEngine.model_state`.
 
 Adding a backend = one new file defining `BACKEND`, named in `orchestrate.backends.registry`
 (or passed to `register`), plus its tests.
@@ -14,19 +15,21 @@ Adding a backend = one new file defining `BACKEND`, named in `orchestrate.backen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.backends.hf_io import StateLayout
+    from orchestrate.backends.rank import Rank
     from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
-    from orchestrate.worker.rank import Rank
 
 
 class Objective(Protocol):
@@ -47,6 +50,50 @@ class Objective(Protocol):
         """The record's eval_* entries from the sums over `batches` batches of all ranks."""
         ...
 
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """How a backend wants the model it wraps.
+
+    replicated: whole on `device` in `dtype` (DDP: fp32 weights; the frozen input embedding on the
+      CPU with `embedding_offload`).
+    sharded: on the meta device, to be `fully_shard`ed; `BuiltModel.fill` then allocates the shards
+      (on the CPU with `cpu_offload`) and reads each rank's rows (FSDP2).
+    engine: for `deepspeed.initialize`, which casts, moves and partitions it: loaded whole on
+      `device` in `dtype`, or, with `zero_init` (ZeRO-3's engine config), built inside
+      `deepspeed.zero.Init` and loaded shard by shard into the partitions.
+    """
+
+    layout: Literal["replicated", "sharded", "engine"]
+    device: torch.device
+    rank: int
+    model_dir: Path
+    """The initial weights (config.json, and the weights unless the backend builds from the config)."""
+    dtype: torch.dtype | None = None
+    embedding_offload: bool = False
+    cpu_offload: bool = False
+    zero_init: dict[str, Any] | None = None
+
+
+@dataclass
+class BuiltModel:
+    model: torch.nn.Module
+    """Transformed (adapters...), not yet wrapped."""
+    config: Any
+    """What the saved model's config.json is written from: the Hugging Face config, or your module's
+    description (methods/custom/module.py ModuleConfig)."""
+    layout: StateLayout | None = None
+    """The untransformed model's state-dict keys and ties (checkpoints, the merged export); None for an
+    engine build, whose engine keeps its own."""
+    fill: Callable[[torch.nn.Module], None] | None = None
+    """sharded: allocate the shards and fill them, called once `fully_shard` wrapped the model."""
+    keep_alive: Any = None
+    """An object that must live as long as the engine (transformers' HfDeepSpeedConfig weakref)."""
+
+
+ModelBuilder = Callable[[ModelRequest], BuiltModel]
+"""The run's base method's model builder (`MethodRuntime.build_model` given the plan), handed to
+`Backend.setup` by the worker."""
 
 
 @dataclass(frozen=True)
@@ -81,19 +128,27 @@ class TrainEngine(Protocol):
         """The objective's evaluation sums of one batch without gradients (this rank only; "loss" among them)."""
         ...
 
-    def save_hf_model(self, out_dir: Path) -> None:
-        """Write a consolidated Hugging Face model (safetensors + config.json) from rank 0.
-        Collective: every rank must call it."""
+    model_dir: Path
+    """The initial weights it started from (a method that trains on a frozen base re-reads it there)."""
+
+    hf_config: Any
+    """What a saved model's config.json is written from (`BuiltModel.config`)."""
+
+    def model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+        """The consolidated state dict of the model as it trains, on rank 0 (empty on the others);
+        `trainable_only`: its parameters that train (`requires_grad`), nothing frozen. Collective."""
         ...
 
-    def save_adapter(self, out_dir: Path) -> None:
-        """A LoRA / QLoRA run's adapters in PEFT format (adapter_config.json + adapter_model.safetensors)
-        from rank 0; save_hf_model writes the merged model. Collective."""
+    def save_hf_model(self, out_dir: Path) -> None:
+        """Write the model as it trains as a consolidated Hugging Face model directory (safetensors +
+        config.json) from rank 0. Collective: every rank must call it."""
         ...
 
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
-        """Write a resumable sharded checkpoint (model, optimizer, scheduler, scaler) into ckpt_dir.
-        Collective. `client_state` is small picklable-free JSON-able state (step, sampler, rng)."""
+        """Write a resumable sharded checkpoint (model, optimizer, scheduler, scaler) into ckpt_dir; of
+        a model whose base is frozen, its trainable parameters only (the base is re-read from
+        `model_dir`). Collective. `client_state` is small picklable-free JSON-able state (step,
+        sampler, rng)."""
         ...
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
@@ -143,8 +198,9 @@ class Backend(Protocol):
         so none are written and read back before step 1. Pure."""
         ...
 
-    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> TrainEngine:
-        """Build model (the base method's, from `model_dir`: a Hugging Face model directory with the
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
+              build_model: ModelBuilder) -> TrainEngine:
+        """Build model (by `build_model`, from `model_dir`: a Hugging Face model directory with the
         initial weights, or only config.json when `reads_weights` is False), wrapper, optimizer and
         schedule on this rank. Collective."""
         ...
@@ -158,6 +214,17 @@ class Backend(Protocol):
         """The unsharded model state of one of its checkpoints, in this one process on the CPU
         (no process group): what `orchestrate export` writes."""
         ...
+
+
+def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Only what trains (`requires_grad`): what the checkpoint of a model with a frozen part holds."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+def has_frozen_parameters(model: torch.nn.Module) -> bool:
+    """Whether part of the model is frozen (a base that adapters train on): its checkpoints then hold
+    the trainable parameters only, the frozen ones being re-read from the initial weights on resume."""
+    return any(not p.requires_grad for p in model.parameters())
 
 
 def device_process_group(plan: RunPlan) -> str:

@@ -13,7 +13,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import device_process_group, require_runnable
+from orchestrate.backends.base import (
+    ModelRequest,
+    device_process_group,
+    require_runnable,
+    trainable_state,
+)
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.backends.sequence_parallel import sequence_parallel_step
 from orchestrate.backends.torch_engine import (
@@ -30,20 +35,17 @@ from orchestrate.backends.torch_engine import (
     write_client_state,
 )
 from orchestrate.errors import Problem
-from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter, trainable_state
-from orchestrate.methods.registry import active_methods, base_runtime
-from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
 from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.backends.base import Objective
+    from orchestrate.backends.base import ModelBuilder, Objective
+    from orchestrate.backends.rank import Rank
     from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
-    from orchestrate.worker.rank import Rank
 
 TRAINER_STATE_FILE = "trainer_state.pt"
 
@@ -95,7 +97,7 @@ class DDPEngine(TorchEngine):
 
     def __init__(self, plan: RunPlan, *args: Any) -> None:
         super().__init__(*args)
-        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+        self.plan = plan
 
     def _forward_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         import torch
@@ -108,26 +110,19 @@ class DDPEngine(TorchEngine):
         # DDP all-reduces in backward; skip that on all but the last micro-batch (grads accumulate locally).
         return self.model.no_sync() if index < count - 1 else contextlib.nullcontext()
 
+    def model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+        if self.rank.rank != 0:  # every rank holds the same weights
+            return {}
+        module = self.model.module
+        return trainable_state(module) if trainable_only else module.state_dict()
+
     def save_hf_model(self, out_dir: Path) -> None:
         import torch.distributed as dist
 
         from orchestrate.backends.hf_io import save_hf_dir
 
-        if self.rank.rank == 0:  # every rank holds the same weights
-            module = self.model.module
-            if is_peft(module):  # the base re-read and merged on the CPU, as the sharding backends do:
-                # never from the live 4-bit weights, whose layout a library may have changed in place
-                state, _ = merge_adapters(self.plan, self.model_dir, trainable_state(module))
-            else:
-                state = module.state_dict()
-            save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
-        dist.barrier()
-
-    def save_adapter(self, out_dir: Path) -> None:
-        import torch.distributed as dist
-
         if self.rank.rank == 0:
-            save_adapter(self.model.module, Path(out_dir))
+            save_hf_dir(self.model_state(), self.hf_config, Path(out_dir), self.layout)
         dist.barrier()
 
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
@@ -137,9 +132,8 @@ class DDPEngine(TorchEngine):
         ckpt_dir = Path(ckpt_dir)
         if self.rank.rank == 0:  # replicated state: one copy is the whole checkpoint
             ckpt_dir.mkdir(parents=True, exist_ok=True)
-            module = self.model.module
-            # A LoRA run's base is frozen and re-read from model_dir on resume: only the adapters are saved.
-            state = {"model": trainable_state(module) if is_peft(module) else module.state_dict(), "optimizer": self.optimizer.state_dict(),
+            # A frozen base is re-read from model_dir on resume: only what trains is saved.
+            state = {"model": self.model_state(trainable_only=self.frozen), "optimizer": self.optimizer.state_dict(),
                      "scheduler": self.scheduler.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler else None}
             tmp = ckpt_dir / (TRAINER_STATE_FILE + ".tmp")
@@ -155,7 +149,7 @@ class DDPEngine(TorchEngine):
         # weights_only: tensors and plain containers only, nothing a checkpoint file could execute.
         state = torch.load(ckpt_dir / TRAINER_STATE_FILE, map_location=self.rank.device, weights_only=True)
         module = self.model.module
-        if is_peft(module):  # the adapters only (see save_checkpoint); every one of them must be there
+        if self.frozen:  # what trains only (see save_checkpoint); every one of those must be there
             result = module.load_state_dict(state["model"], strict=False)
             if result.unexpected_keys or set(trainable_state(module)) - set(state["model"]):
                 raise RuntimeError(f"checkpoint adapters do not match the model: {result.unexpected_keys[:3]}")
@@ -196,9 +190,8 @@ class DDPBackend:
 
     def reads_weights(self, plan: RunPlan) -> bool:
         # Every rank holds the whole model: from its config, each builds it under the same seed (what
-        # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway), unless a
-        # method needs the file (LoRA: QLoRA quantizes while loading it, `export --merge` re-reads the base).
-        return any(method.trains_adapters for method in active_methods(plan.config))
+        # rank 0 would have saved; DDP broadcasts rank 0's values at construction anyway).
+        return False
 
     def process_group(self, plan: RunPlan) -> str:
         return device_process_group(plan)
@@ -216,7 +209,8 @@ class DDPBackend:
     def render(self, plan: RunPlan) -> dict[str, str]:
         return {"ddp.json": json.dumps(ddp_settings(plan), indent=2) + "\n"}
 
-    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> DDPEngine:
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
+              build_model: ModelBuilder) -> DDPEngine:
         import torch
         from torch.nn.parallel import DistributedDataParallel
 
@@ -229,7 +223,7 @@ class DDPBackend:
         torch.manual_seed(st["seed"])
         # Allocated on this rank's device and filled one tensor at a time (loading/weights.py): no full fp32
         # copy per rank in CPU RAM on the way to the GPU. fp32: DDP trains fp32 weights.
-        built = base_runtime(plan.config).build_model(plan, ModelRequest(
+        built = build_model(ModelRequest(
             "replicated", rank.device, rank.rank, model_dir, torch.float32, embedding_offload=st["embedding_offload"]))
         model = built.model
         apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers hide the blocks' modules

@@ -16,26 +16,22 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, device_process_group
+from orchestrate.backends.base import ModelRequest, StepResult, device_process_group, has_frozen_parameters
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.errors import Problem
-from orchestrate.methods.custom.module import save_module
-from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
-from orchestrate.methods.registry import base_runtime
-from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.fused_kernels import apply_fused_kernels
 from orchestrate.run.resume_rules import EXPORT_FIX
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.backends.base import Objective
+    from orchestrate.backends.base import ModelBuilder, Objective
+    from orchestrate.backends.rank import Rank
     from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
-    from orchestrate.worker.rank import Rank
 
 _LOAD_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 """Parameter dtype of a replicated (ZeRO-0/1/2) load per training precision."""
@@ -96,7 +92,8 @@ class DeepSpeedBackend:
     def render(self, plan: RunPlan) -> dict[str, str]:
         return render(plan)
 
-    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> DeepSpeedTrainEngine:
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
+              build_model: ModelBuilder) -> DeepSpeedTrainEngine:
         import deepspeed
         import torch
 
@@ -112,7 +109,7 @@ class DeepSpeedBackend:
         # (the base method decides: a LoRA base is adapted first, so its keys are not the checkpoint's and
         # it loads whole, deepspeed.initialize partitioning it); stages 0-2 replicate parameters, loaded
         # in the training dtype (the engine would cast them anyway, and builds the fp32 master from that copy).
-        built = base_runtime(plan.config).build_model(plan, ModelRequest(
+        built = build_model(ModelRequest(
             "engine", rank.device, rank.rank, model_dir, getattr(torch, _LOAD_DTYPES[strategy.precision]),
             zero_init=config if strategy.zero_stage == 3 else None))
         model, hf_ds_config = built.model, built.keep_alive
@@ -147,18 +144,18 @@ class DeepSpeedBackend:
             model=model, optimizer=optimizer, config=config, dist_init_required=False,
             # A callable, so the schedule drives the optimizer DeepSpeed wraps (ZeRO replaces it).
             lr_scheduler=lambda wrapped: make_scheduler(wrapped, train))
-        return DeepSpeedTrainEngine(engine, plan, rank, model_dir, objective, hf_ds_config)
+        return DeepSpeedTrainEngine(engine, plan, rank, model_dir, objective, built.config, hf_ds_config)
 
 
 class DeepSpeedTrainEngine:
     """orchestrate's TrainEngine over a `deepspeed.DeepSpeedEngine`."""
 
     def __init__(self, engine: Any, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
-                 hf_ds_config: Any = None) -> None:
+                 hf_config: Any, hf_ds_config: Any = None) -> None:
         strategy = plan.chosen.strategy
         self.engine = engine
         self.model = engine  # an nn.Module: forward returns the HF output with .loss
-        self._rank, self._model_dir = rank, model_dir
+        self._rank, self.model_dir, self.hf_config = rank, model_dir, hf_config
         self._zero3 = strategy.zero_stage == 3
         self._activation_offload = strategy.activation_offload
         self._accumulation = plan.chosen.gradient_accumulation
@@ -167,7 +164,7 @@ class DeepSpeedTrainEngine:
         self._own_grad_norm = strategy.zero_stage == 0 and strategy.precision == "fp32"
         self._hf_ds_config = hf_ds_config  # keeps transformers' ZeRO-3 weakref alive for this engine's life
         self._plan = plan
-        self._peft = is_peft(engine.module)  # the LoRA transform made a PEFT model
+        self._frozen = has_frozen_parameters(engine.module)  # checkpoints hold what trains only
         # A Hugging Face model saves itself; your own module is saved as its state dict and description.
         self._hf = hasattr(engine.module, "save_pretrained")
         self.objective = objective
@@ -240,56 +237,47 @@ class DeepSpeedTrainEngine:
         finally:
             self.engine.train(was_training)
 
-    def save_hf_model(self, out_dir: Path) -> None:
-        """Consolidated safetensors + config.json on rank 0. The weights are the module's own: with
-        fp32 training they are the fp32 master weights exactly; with bf16/fp16 training they are the
-        16-bit copies the model trains with (what DeepSpeed's save_16bit_model and the HF Trainer
-        export too); the fp32 masters stay in the checkpoint (zero_to_fp32.py recovers them)."""
+    def model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
+        """The module's own weights: with fp32 training the fp32 master weights exactly; with bf16/fp16
+        training the 16-bit copies the model trains with (what DeepSpeed's save_16bit_model and the HF
+        Trainer export too), the fp32 masters staying in the checkpoint (zero_to_fp32.py recovers
+        them). `trainable_only`: the fp32 masters of what trains (ZeRO gathers the partitions)."""
         import deepspeed.comm as dist
+        from deepspeed.utils import safe_get_full_fp32_param
 
-        from orchestrate.backends.hf_io import follow_umask, host_state_dict, save_hf_dir
+        from orchestrate.backends.hf_io import host_state_dict
 
-        if self._peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
-            adapters = self._adapters()
-            if dist.get_rank() == 0:
-                state, layout = merge_adapters(self._plan, self._model_dir, adapters)
-                save_hf_dir(state, self.engine.module.get_base_model().config, Path(out_dir), layout)
-            dist.barrier()
-            return
+        main = dist.get_rank() == 0
+        if trainable_only:
+            trained = {name: safe_get_full_fp32_param(p).cpu() for name, p in self.engine.module.named_parameters()
+                       if p.requires_grad}
+            return trained if main else {}
         if self._zero3:
             # Gathers one module at a time onto rank 0 (None elsewhere), as Accelerate's
             # get_state_dict does for ZeRO-3.
-            state = self.engine._zero3_consolidated_16bit_state_dict()
-        else:
-            state = host_state_dict(self.engine.module.state_dict()) if dist.get_rank() == 0 else None
-        if dist.get_rank() == 0 and not self._hf:  # your own module: state dict + description
-            save_module(state, self._plan.config, Path(out_dir))
-            follow_umask(Path(out_dir))
-        elif dist.get_rank() == 0:
-            self.engine.module.save_pretrained(Path(out_dir), state_dict=state)
+            return self.engine._zero3_consolidated_16bit_state_dict() or {}
+        return host_state_dict(self.engine.module.state_dict()) if main else {}
+
+    def save_hf_model(self, out_dir: Path) -> None:
+        """Consolidated safetensors + config.json on rank 0 (`model_state`'s weights)."""
+        import deepspeed.comm as dist
+
+        from orchestrate.backends.hf_io import follow_umask, save_state_dir
+
+        state = self.model_state()
+        if dist.get_rank() == 0:
+            if self._hf:
+                self.engine.module.save_pretrained(Path(out_dir), state_dict=state)
+            else:  # your own module: its state dict and its description
+                save_state_dir(state, self.hf_config, Path(out_dir))
             follow_umask(Path(out_dir))
         dist.barrier()  # nobody reads the directory before it is complete
 
-    def _adapters(self) -> dict[str, torch.Tensor]:
-        """The adapters' fp32 master weights, whole, on every rank (collective: ZeRO gathers the partitions)."""
-        from deepspeed.utils import safe_get_full_fp32_param
-
-        return {name: safe_get_full_fp32_param(p).cpu() for name, p in self.engine.module.named_parameters()
-                if p.requires_grad}
-
-    def save_adapter(self, out_dir: Path) -> None:
-        import deepspeed.comm as dist
-
-        adapters = self._adapters()
-        if dist.get_rank() == 0:
-            save_adapter(self.engine.module, Path(out_dir), adapters)
-        dist.barrier()
-
     def save_checkpoint(self, ckpt_dir: Path, client_state: dict[str, Any]) -> None:
         # Every rank writes its own optimizer partition; rank 0 also writes module, scheduler,
-        # engine counters and zero_to_fp32.py. A LoRA run's frozen base is left out: it is re-read.
+        # engine counters and zero_to_fp32.py. A frozen base is left out: it is re-read.
         self.engine.save_checkpoint(str(ckpt_dir), tag=_CKPT_TAG, client_state={_CLIENT_KEY: client_state},
-                                    save_latest=False, exclude_frozen_parameters=self._peft)
+                                    save_latest=False, exclude_frozen_parameters=self._frozen)
 
     def load_checkpoint(self, ckpt_dir: Path) -> dict[str, Any]:
         """Restore a checkpoint written on any data-parallel size: ZeRO partitions of another size
@@ -314,7 +302,7 @@ class DeepSpeedTrainEngine:
             with weights_only_loads(deepspeed_checkpoint_classes()):
                 path, client = self.engine.load_checkpoint(str(load_dir), tag=_CKPT_TAG, load_optimizer_states=True,
                                                            load_lr_scheduler_states=True,
-                                                           load_module_strict=not self._peft)
+                                                           load_module_strict=not self._frozen)
         finally:
             config.load_universal_checkpoint = False
         if path is None:

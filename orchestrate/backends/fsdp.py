@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import device_process_group, require_runnable
+from orchestrate.backends.base import ModelRequest, device_process_group, require_runnable
 from orchestrate.backends.safe_load import weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
 from orchestrate.backends.sequence_parallel import sequence_parallel_step
@@ -31,20 +31,17 @@ from orchestrate.backends.torch_engine import (
     write_client_state,
 )
 from orchestrate.errors import Problem, UserError
-from orchestrate.methods.lora.saving import is_peft, merge_adapters, save_adapter
-from orchestrate.methods.registry import base_runtime
-from orchestrate.methods.runtime import ModelRequest
 from orchestrate.model.block_classes import block_class_names
 from orchestrate.model.fused_kernels import apply_fused_kernels
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrate.backends.base import Objective
+    from orchestrate.backends.base import ModelBuilder, Objective
+    from orchestrate.backends.rank import Rank
     from orchestrate.planner.plan import RunPlan
     from orchestrate.planner.strategy import Sharding, Strategy
     from orchestrate.run.checkpoints import CheckpointMeta
-    from orchestrate.worker.rank import Rank
 
 ENGINE_STATE_FILE = "engine_state.json"
 
@@ -146,14 +143,14 @@ class FSDPEngine(TorchEngine):
 
     def __init__(self, plan: RunPlan, *args: Any) -> None:
         super().__init__(*args)
-        self.plan = plan  # a LoRA run merges its adapters into the base the plan describes
+        self.plan = plan
 
     def _global_norm(self, norm: torch.Tensor) -> torch.Tensor:
         from torch.distributed.tensor import DTensor
 
         return norm.full_tensor() if isinstance(norm, DTensor) else norm
 
-    def _full_state(self, trainable_only: bool) -> dict[str, torch.Tensor]:
+    def model_state(self, trainable_only: bool = False) -> dict[str, torch.Tensor]:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # Gathered shard by shard into rank 0's CPU memory; the other ranks get an empty dict.
@@ -165,29 +162,17 @@ class FSDPEngine(TorchEngine):
 
         from orchestrate.backends.hf_io import save_hf_dir
 
-        peft = is_peft(self.model)
-        state = self._full_state(trainable_only=peft)
+        state = self.model_state()
         if self.rank.rank == 0:
-            if peft:  # adapters gathered; the base is re-read and merged in on rank 0's CPU
-                state, _ = merge_adapters(self.plan, self.model_dir, state)
             save_hf_dir(state, self.hf_config, Path(out_dir), self.layout)
-        dist.barrier()
-
-    def save_adapter(self, out_dir: Path) -> None:
-        import torch.distributed as dist
-
-        state = self._full_state(trainable_only=True)
-        if self.rank.rank == 0:
-            save_adapter(self.model, Path(out_dir), state)
         dist.barrier()
 
     def _options(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-        # A LoRA run's checkpoint holds the adapters only: its frozen base is re-read from model_dir (not
-        # strict: the frozen keys are absent on purpose; dcp.load fails on any adapter key it lacks).
-        peft = is_peft(self.model)
-        return StateDictOptions(ignore_frozen_params=peft, strict=not peft)
+        # A frozen base is left out of the checkpoint and re-read from model_dir (not strict: the frozen
+        # keys are absent on purpose; dcp.load fails on any trainable key it lacks).
+        return StateDictOptions(ignore_frozen_params=self.frozen, strict=not self.frozen)
 
     def _engine_state(self) -> dict[str, Any]:
         return {"scheduler": self.scheduler.state_dict(),
@@ -303,7 +288,8 @@ class FSDPBackend:
     def render(self, plan: RunPlan) -> dict[str, str]:
         return {"fsdp.json": json.dumps(fsdp_settings(plan), indent=2) + "\n"}
 
-    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective) -> FSDPEngine:
+    def setup(self, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
+              build_model: ModelBuilder) -> FSDPEngine:
         import torch
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
@@ -322,7 +308,7 @@ class FSDPBackend:
         torch.manual_seed(st["seed"])
         # On the meta device (a Hugging Face model), filled after fully_shard; your own module is built for
         # real (seeded alike on every rank) and fully_shard keeps each rank's shard of those weights.
-        built = base_runtime(plan.config).build_model(plan, ModelRequest(
+        built = build_model(ModelRequest(
             "sharded", rank.device, rank.rank, model_dir, cpu_offload=st["cpu_offload"]))
         model, hf_config, layout = built.model, built.config, built.layout
         apply_fused_kernels(plan, model, rank.device.type)  # before checkpoint wrappers and fully_shard

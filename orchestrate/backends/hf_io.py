@@ -224,3 +224,22 @@ def save_hf_dir(state: dict[str, torch.Tensor], hf_config, out_dir: Path, layout
     hf_config.save_pretrained(out_dir)
     if layout.generation_config is not None:
         layout.generation_config.save_pretrained(out_dir)
+
+
+def save_state_dir(state: dict[str, torch.Tensor], config, out_dir: Path) -> None:
+    """Write `state` (a full state dict) as out_dir/model.safetensors, a tensor shared under several
+    names once (under its first: safetensors refuses shared storage), and `config.save_pretrained`'s
+    config.json: for a model without a `StateLayout` to name its ties (your own module on DeepSpeed)."""
+    from safetensors.torch import save_file
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    seen: dict[int, str] = {}
+    tensors = {}
+    for key, t in state.items():
+        if t.data_ptr() in seen and t.numel():
+            continue
+        seen[t.data_ptr()] = key
+        tensors[key] = t.detach().to("cpu").contiguous()
+    save_file(tensors, str(out_dir / SAFETENSORS_FILE), metadata={"format": "pt"})
+    config.save_pretrained(out_dir)

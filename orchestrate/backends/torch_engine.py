@@ -13,16 +13,16 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult
+from orchestrate.backends.base import StepResult, has_frozen_parameters
 from orchestrate.backends.schedule import step_schedule
 
 if TYPE_CHECKING:
     import torch
 
     from orchestrate.backends.base import Objective
+    from orchestrate.backends.rank import Rank
     from orchestrate.config.train import TrainSection
     from orchestrate.planner.plan import Candidate, RunPlan
-    from orchestrate.worker.rank import Rank
 
 CLIENT_STATE_FILE = "client_state.json"
 DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
@@ -102,7 +102,8 @@ class TorchEngine:
         self.layout = layout
         self.rank = rank
         self.model_dir = model_dir
-        """The initial weights (a LoRA run's merged save re-reads its base there)."""
+        self.frozen = has_frozen_parameters(model)
+        """Part of the model is frozen: checkpoints hold what trains only."""
         self.objective = objective
         self.phase = "forward"
 

@@ -11,6 +11,9 @@ from orchestrate.config.architecture import architecture_problems
 from orchestrate.config.section import MAX_COUNT, Section
 from orchestrate.methods.custom.config import ExampleTensor, check_module_path
 
+TRUST_SWITCH = "model.trust_remote_code"
+"""The one opt-in that lets code named by a config run (docs/security.md)."""
+
 
 class ModelSection(Section):
     module: str | None = None

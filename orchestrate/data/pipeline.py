@@ -23,13 +23,13 @@ from orchestrate.data.checks import ensure_cache_dir, require_training_samples
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
 from orchestrate.data.identity import check_same_data, data_identity
+from orchestrate.data.method_data import NO_METHOD_DATA, MethodData
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
-from orchestrate.data.records import PREFERENCE_FORMATS
 from orchestrate.data.sampler import DistributedBlockSampler
 from orchestrate.data.sequence_slices import sequence_slice
 from orchestrate.data.sft_prepare import SftSettings, is_sft
-from orchestrate.data.sft_samples import PackedSamples, PaddedSamples, describe_sft, sft_views
+from orchestrate.data.sft_samples import PackedSamples, PaddedSamples, SampleView, describe_sft, sft_views
 from orchestrate.data.sources import DataSources, check_entries, resolve_sources
 from orchestrate.data.tokenizer import BYTE_VOCAB, Tokenizer, load_tokenizer
 from orchestrate.data.tokenizer_choice import tokenizer_dir_of
@@ -43,10 +43,10 @@ if TYPE_CHECKING:  # torch only in annotations: `orchestrate prepare` and cache 
     import torch
 
     from orchestrate.config.train import TrainSection
-    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
     from orchestrate.planner.plan import RunFiles, RunPlan
 
-    Samples = PackedBlocks | PaddedDocuments | PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences
+    Samples = PackedBlocks | PaddedDocuments | SampleView
+    """A method's records are viewed as `SampleView`s too (orchestrate/data/method_data.py)."""
 
 __all__ = ["PreparedData", "TrainData", "build_data", "check_data_config", "prepare_data"]
 
@@ -113,13 +113,13 @@ class PreparedData:
     seconds: float = 0.0
 
 
-def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) -> None:
-    """Cheap checks the launcher runs before starting workers: files exist, lengths and vocab fit."""
+def check_data_config(config: RunConfig, max_positions: int, vocab_size: int,
+                      methods: MethodData = NO_METHOD_DATA) -> None:
+    """Cheap checks the launcher runs before starting workers: files exist, lengths and vocab fit
+    (`methods`: what the run's methods bring, data of their own checked by them)."""
     data = config.data
-    if config.model.module is not None:  # your own module: data.module only (orchestrate.methods.custom.data)
-        from orchestrate.methods.custom.data import check_module_data_config
-
-        return check_module_data_config(config)
+    if methods.own is not None:
+        return methods.own.check(config)
     problems = check_entries(config)
     if not (data.train_files or data.dataset or data.generate_demo_corpus):
         problems.append(Problem("data.train_files", "no training files given",
@@ -132,7 +132,7 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int) ->
         problems.append(Problem("data.tokenizer", f"the built-in byte tokenizer needs {BYTE_VOCAB} ids but the model "
                                 f"has vocab_size {vocab_size}", "set data.tokenizer to the model's tokenizer"))
     try:
-        text_spec(config).fields()
+        text_spec(config, methods).fields()
     except UserError as exc:
         problems += exc.problems
     if problems:
@@ -154,8 +154,9 @@ def tokenizer_for(config: RunConfig, vocab_size: int | None = None) -> tuple[Tok
 
 def prepare_data(config: RunConfig, plan_files: RunFiles | None = None, plan_dir: Path | None = None, *,
                  tokenizer: Tokenizer | None = None, progress: bool = False, force: bool = False,
-                 may_build: bool = True) -> PreparedData:
-    """Tokenise the configured data into the cache (`data.cache_dir`) unless it is there already."""
+                 may_build: bool = True, methods: MethodData = NO_METHOD_DATA) -> PreparedData:
+    """Tokenise the configured data into the cache (`data.cache_dir`) unless it is there already
+    (`methods`: what the run's methods bring, readers of their own records)."""
     start = time.perf_counter()
     data = config.data
     cache_dir = cache_dir_of(config)
@@ -171,7 +172,7 @@ def prepare_data(config: RunConfig, plan_files: RunFiles | None = None, plan_dir
     sources = resolve_sources(config, plan_files, plan_dir, demo_path)
     if tokenizer is None:
         tokenizer, _ = tokenizer_for(config)
-    spec = text_spec(config)
+    spec = text_spec(config, methods)
     kwargs = {"num_proc": data.num_proc, "progress": progress, "force": force, "may_build": may_build}
     train = ensure_stream(sources.train, spec, tokenizer, cache_dir, **kwargs)
     validation = ensure_stream(sources.validation, spec, tokenizer, cache_dir, **kwargs) if sources.validation else None
@@ -183,25 +184,23 @@ def prepare_data(config: RunConfig, plan_files: RunFiles | None = None, plan_dir
                         time.perf_counter() - start)
 
 
-def text_spec(config: RunConfig) -> TextSpec:
+def text_spec(config: RunConfig, methods: MethodData) -> TextSpec:
     labelled = config.model.task == "sequence-classification"
-    sft = SftSettings.of(config) if config.model.task == "causal-lm" else None  # chat / instruction records
+    sft = SftSettings.of(config, methods) if config.model.task == "causal-lm" else None  # chat / instruction records
     return TextSpec(config.data.text_field, config.data.template, config.data.label_field if labelled else None, sft)
 
 
-def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False) -> tuple[Samples, Samples]:
+def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False,
+                methods: MethodData = NO_METHOD_DATA) -> tuple[Samples, Samples]:
     """(train, validation) views: packed blocks or padded documents, split by ratio when no
     validation data is given; for chat and instruction records whole samples packed apart
-    (`flatten`: one row per micro-batch, for the flash-attention varlen path) or padded."""
-    # Imported here: orchestrate.methods.preference imports orchestrate.data's modules, whose package
-    # imports this one.
-    from orchestrate.methods.preference.samples import check_preference_data, preference_views
-
+    (`flatten`: one row per micro-batch, for the flash-attention varlen path) or padded; a method's
+    own records (`methods`) as its reader views them."""
     seq_len, data = config.train.seq_len, config.data
     record_format = prepared.train.meta.get("record_format", "text")
-    check_preference_data(config.preference, record_format, prepared.sources.train[0].where)
-    if record_format in PREFERENCE_FORMATS:
-        return preference_views(prepared.train, prepared.validation, config, flatten)
+    methods.check_records(record_format, prepared.sources.train[0].where)
+    if (reader := methods.reader(record_format)) is not None:
+        return reader.views(prepared.train, prepared.validation, config, flatten)
     if is_sft(record_format):
         return sft_views(prepared.train, prepared.validation, config, flatten)
     view = PackedBlocks if data.packing else PaddedDocuments
@@ -245,18 +244,20 @@ def check_labels(config: RunConfig, prepared: PreparedData) -> list[str] | None:
 
 
 def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_rank: int | None = None,
-               sequence: tuple[int, int] | None = None) -> TrainData:
+               sequence: tuple[int, int] | None = None, methods: MethodData = NO_METHOD_DATA) -> TrainData:
     """This rank's data. Maps the prepared cache entry; builds it first when it is missing and this
     is local rank 0 (or `local_rank` is None), else waits for it. `plan_dir` resolves `plan.files`.
     `rank` and `world_size` are the data-parallel ones (`Rank.data_rank`): under sequence parallelism
-    the ranks of a group read the same samples, each keeping slice `sequence` = (index, slices) of them."""
+    the ranks of a group read the same samples, each keeping slice `sequence` = (index, slices) of them.
+    `methods`: what the run's methods bring (readers of their own records)."""
     config = plan.config
-    check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+    check_data_config(config, plan.shape.max_position_embeddings, plan.shape.vocab_size, methods)
     tokenizer, tokenizer_dir = tokenizer_for(config, plan.shape.vocab_size)
-    prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0))
+    prepared = prepare_data(config, plan.files, plan_dir, tokenizer=tokenizer, may_build=local_rank in (None, 0),
+                            methods=methods)
 
     flatten = is_sft(prepared.train.meta.get("record_format", "text")) and varlen_ready(plan)
-    train, validation = samples_for(prepared, config, flatten)
+    train, validation = samples_for(prepared, config, flatten, methods)
     if sequence and isinstance(train, PackedSamples):
         # Packed samples are kept apart by a mask per sample or positions restarting per sample; the
         # all-to-all attention carries neither (data/sequence_slices.py).
@@ -283,17 +284,11 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
             f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
 
 
-def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
+def describe_prepared(prepared: PreparedData, config: RunConfig, methods: MethodData = NO_METHOD_DATA) -> str:
     """One line for people: what was tokenised or found in the cache, and what it gives."""
-    from orchestrate.methods.preference.samples import (
-        PackedPreferences,
-        PaddedPreferences,
-        describe_preferences,
-    )
-
-    train, validation = samples_for(prepared, config)
-    if isinstance(train, PackedPreferences | PaddedPreferences):
-        return describe_preferences(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
+    train, validation = samples_for(prepared, config, methods=methods)
+    if (reader := methods.reader(prepared.train.meta.get("record_format", "text"))) is not None:
+        return reader.describe(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
     if isinstance(train, PackedSamples | PaddedSamples):
         return describe_sft(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
     unit = f"blocks of {config.train.seq_len}" if config.data.packing else "padded documents"
@@ -306,33 +301,32 @@ def describe_prepared(prepared: PreparedData, config: RunConfig) -> str:
     return text
 
 
-def prepare_for_plan(plan: RunPlan, plan_dir: Path, progress: bool = False,
+def prepare_for_plan(plan: RunPlan, plan_dir: Path, methods: MethodData, progress: bool = False,
                      resumed: tuple[str, dict] | None = None) -> str:
     """The launcher's step before starting workers: prepare the plan's data; returns `describe_prepared`.
-    `resumed`: (the checkpoint the workers continue from, the data identity it recorded): data that
-    changed since is refused here, before any worker starts."""
-    if plan.config.data.module is not None:
-        from orchestrate.methods.custom.data import describe_module_data
-
-        return describe_module_data(plan.config)
+    `methods`: what the run's methods bring (data of their own, described by them; readers of their
+    own records). `resumed`: (the checkpoint the workers continue from, the data identity it
+    recorded): data that changed since is refused here, before any worker starts."""
+    if methods.own is not None:
+        return methods.own.describe(plan.config)
     tokenizer, _ = tokenizer_for(plan.config, plan.shape.vocab_size)
-    prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress)
+    prepared = prepare_data(plan.config, plan.files, plan_dir, tokenizer=tokenizer, progress=progress,
+                            methods=methods)
     check_labels(plan.config, prepared)  # before any worker starts
-    train, validation = samples_for(prepared, plan.config)
+    train, validation = samples_for(prepared, plan.config, methods=methods)
     require_sample_per_rank(len(train), plan.world_size, prepared, plan.config)
     check_eval_generate(plan.config, train, validation)
     if resumed is not None:
         check_same_data(resumed[1], data_identity(plan.config, prepared.train, prepared.validation), resumed[0])
-    return describe_prepared(prepared, plan.config)
+    return describe_prepared(prepared, plan.config, methods)
 
 
 def check_eval_generate(config: RunConfig, train: Samples, validation: Samples) -> None:
-    """train.eval_generate answers held-out prompts: it needs chat / instruction samples held out."""
-    from orchestrate.methods.preference.samples import PackedPreferences, PaddedPreferences
-
+    """train.eval_generate answers held-out prompts: it needs chat / instruction samples (or a
+    method's records viewed as such) held out."""
     if not config.train.eval_generate:
         return
-    if not isinstance(train, PackedSamples | PaddedSamples | PackedPreferences | PaddedPreferences):
+    if not isinstance(train, SampleView):
         raise UserError("train.eval_generate needs prompts and answers", [Problem(
             "train.eval_generate", "the data is plain text: it has no prompt to answer and no answer to compare",
             "train on chat, prompt-completion or Alpaca records, or set eval_generate: 0")])
@@ -342,14 +336,14 @@ def check_eval_generate(config: RunConfig, train: Samples, validation: Samples) 
             "set data.validation_ratio above 0 or give data.validation_files, or set eval_generate: 0")])
 
 
-def prepare_from_config(config: RunConfig, *, progress: bool = True, force: bool = False) -> str:
+def prepare_from_config(config: RunConfig, methods: MethodData, *, progress: bool = True, force: bool = False) -> str:
     """`orchestrate prepare`: check the data section against the model, then tokenise into the cache
-    (or find it there); returns `describe_prepared`."""
+    (or find it there); returns `describe_prepared`. `methods`: what the config's methods bring."""
     shape = shape_for(config)
-    check_data_config(config, shape.max_position_embeddings, shape.vocab_size)
+    check_data_config(config, shape.max_position_embeddings, shape.vocab_size, methods)
     tokenizer, _ = tokenizer_for(config, shape.vocab_size)
-    prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force)
+    prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force, methods=methods)
     check_labels(config, prepared)  # the launcher's check, so `orchestrate prepare` refuses the same data
-    require_training_samples(len(samples_for(prepared, config)[0]), int(prepared.train.meta["tokens"]),
+    require_training_samples(len(samples_for(prepared, config, methods=methods)[0]), int(prepared.train.meta["tokens"]),
                              config.train.seq_len, config.data.packing, prepared.sources.train[0].where)
-    return describe_prepared(prepared, config)
+    return describe_prepared(prepared, config, methods)

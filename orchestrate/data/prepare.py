@@ -332,9 +332,7 @@ def _mapped(ds, source: Source, spec: TextSpec, tokenizer: Tokenizer, work: Path
     source_spec, paragraphs = _spec_for(source, spec)
     record_format = detect_format(ds.column_names, spec.sft.data) if spec.sft is not None else "text"
     if spec.sft is not None:
-        from orchestrate.methods.preference.samples import check_preference_data  # (pipeline.py: why here)
-
-        check_preference_data(spec.sft.preference, record_format, source.where)
+        spec.sft.methods.check_records(record_format, source.where)
     info: dict = {"record_format": record_format}
     if is_sft(record_format):
         check_sft_columns(ds, source, record_format, spec.sft.data)

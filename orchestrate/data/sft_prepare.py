@@ -18,6 +18,7 @@ import jinja2
 import numpy as np
 
 from orchestrate.data.chat_template import ChatTemplate, resolve_template, yaml_template
+from orchestrate.data.method_data import MethodData
 from orchestrate.data.records import (
     PREFERENCE_FORMATS,
     SFT_FORMATS,
@@ -34,12 +35,12 @@ if TYPE_CHECKING:
     from orchestrate.config.schema import RunConfig
     from orchestrate.data.sources import Source
     from orchestrate.data.tokenizer import Tokenizer
-    from orchestrate.methods.preference.config import PreferenceSection
 
 MASK_FILE = "mask.bin"
 TRAINED, ANSWER, REJECTED = 1, 2, 4
 """Bits of a mask.bin byte: the loss trains the token; the token is part of an answer; the token is
-part of a preference pair's rejected sequence, or of an undesirable answer (methods/preference/records.py)."""
+part of a preference pair's rejected sequence, or of an undesirable answer (a preference reader's,
+orchestrate/data/method_data.py)."""
 PREFERENCE_ANSWERS = "each answer after its prompt (preference)"
 TEMPLATE_PROBLEM = "template: "
 """Prefix of a problem that is the template's, not the record's."""
@@ -53,13 +54,14 @@ class SftSettings:
     data: DataSection
     template: ChatTemplate | None
     """The YAML's chat template (None: the tokenizer's own, if the records need one)."""
-    preference: PreferenceSection | None = None
-    """The `preference:` section, which decides the record format the data must have (not how it is
-    tokenised: no part of `identity`)."""
+    methods: MethodData
+    """What the run's methods bring: readers of their own records, which decide the record format
+    the data must have and tokenise those records (no part of `identity`: the reader's tokens are
+    the record's, whichever run reads them)."""
 
     @classmethod
-    def of(cls, config: RunConfig) -> SftSettings:
-        return cls(config.data, yaml_template(config), config.preference)
+    def of(cls, config: RunConfig, methods: MethodData) -> SftSettings:
+        return cls(config.data, yaml_template(config), methods)
 
     def identity(self) -> dict[str, Any]:
         d = self.data
@@ -160,40 +162,13 @@ def _encode(record: dict, record_format: str, settings: SftSettings, template: C
 def _tokens(record: dict, record_format: str, settings: SftSettings, template: ChatTemplate | None,
             tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
     """(ids, mask.bin bits) of one record, None when it trains nothing; or (None, what is wrong)."""
-    if record_format in PREFERENCE_FORMATS:
-        return _preference_tokens(record, record_format, settings.data, template, tokenizer)
+    reader = settings.methods.reader(record_format)
+    if reader is not None:  # a method's own records (preference pairs)
+        return reader.tokens(record, record_format, settings.data, template, tokenizer)
     encoded, problem = _encode(record, record_format, settings, template, tokenizer)
     if encoded is None or not any(encoded.mask):
         return None, problem
     return (encoded.ids, TRAINED * np.asarray(encoded.mask) + ANSWER * np.asarray(encoded.answer)), None
-
-
-def _preference_tokens(record: dict, record_format: str, data: DataSection, template: ChatTemplate | None,
-                       tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
-    """A preference record's document: its sequences one after the other, each answer TRAINED | ANSWER,
-    the rejected (or undesirable) sequence REJECTED; None when a sequence has no answer token."""
-    from orchestrate.methods.preference.records import (  # (pipeline.py: why here)
-        encode_preference,
-        to_preference,
-    )
-
-    preference, problem = to_preference(record, record_format, data)
-    if preference is None:
-        return None, problem
-    if preference.conversational and template is None:
-        return None, "its answers are messages and no chat template renders them"
-    try:
-        sequences = encode_preference(preference, tokenizer, template)
-    except TemplateNotIncremental as exc:
-        return None, TEMPLATE_PROBLEM + str(exc)
-    except jinja2.TemplateError as exc:
-        return None, f"the chat template refused it: {exc}"
-    if not all(any(answer) for _, answer in sequences):
-        return None, None
-    rejected = [side == 1 or not preference.desirable for side in range(len(sequences))]
-    bits = [(TRAINED | ANSWER) * np.asarray(answer, dtype=np.uint8) | (REJECTED if r else 0)
-            for (_, answer), r in zip(sequences, rejected, strict=True)]
-    return ([i for ids, _ in sequences for i in ids], np.concatenate(bits)), None
 
 
 def tokenize_records(batch: dict, indices: list[int], *, tokenizer: Tokenizer, settings: SftSettings,

@@ -12,8 +12,8 @@ from typing import Protocol
 
 import numpy as np
 
+from orchestrate.config.model import TRUST_SWITCH
 from orchestrate.errors import Problem, UserError
-from orchestrate.methods.custom.module import TRUST_SWITCH
 
 BYTE_EOS = 256
 BYTE_VOCAB = 257

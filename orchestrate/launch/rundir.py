@@ -23,6 +23,7 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.launch.nccl import nccl_env, nccl_rules
 from orchestrate.launch.resume import plan_for_resume, refuse_checkpointed, resume_notice, run_to_resume
 from orchestrate.loading.weight_files import check_model_weights
+from orchestrate.methods.registry import method_data
 from orchestrate.planner.plan import Refusal, RunFiles, RunPlan, RunSection
 from orchestrate.planning import feasible_plan
 from orchestrate.run.checkpoints import list_checkpoints
@@ -199,7 +200,8 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
         refuse_checkpointed(run_dir)
     check_model_weights(plan.config)
     if check_data:
-        check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size)
+        check_data_config(plan.config, plan.shape.max_position_embeddings, plan.shape.vocab_size,
+                          method_data(plan.config))
     if check is not None:
         check(plan)
     check_no_links(run_dir, run_dir_writes(rendered or {}) + list(RUN_DIR_OWN_FILES))

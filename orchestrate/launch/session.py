@@ -33,6 +33,7 @@ from orchestrate.launch.calibration_record import record_verdict
 from orchestrate.launch.oom_replan import recover
 from orchestrate.launch.resume import failure_notice, resumed_data
 from orchestrate.launch.rundir import prepare_run_dir
+from orchestrate.methods.registry import method_data
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_TEMPFAIL, STOP_SIGNALS
 from orchestrate.run.layout import (
@@ -263,7 +264,8 @@ def start(plan: RunPlan, run_dir: Path, transport: Transport, max_restarts: int 
 
                 # Tokenise once, here, into the shared cache: the workers (on every node) then only map
                 # it (no race between nodes, no collective timeout while a large corpus is tokenised).
-                tell(prepare_for_plan(plan, run_dir, progress=shows_progress(console), resumed=resumed_data(run_dir)))
+                tell(prepare_for_plan(plan, run_dir, method_data(plan.config), progress=shows_progress(console),
+                                      resumed=resumed_data(run_dir)))
     except UserError:
         if fresh:
             shutil.rmtree(run_dir, ignore_errors=True)

@@ -33,9 +33,9 @@ from orchestrate.worker.objective import plain_objective
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.backends.rank import Rank
     from orchestrate.loop_api.loader import EpochLoader
     from orchestrate.planner.plan import RunPlan
-    from orchestrate.worker.rank import Rank
 
 _LAUNCH_FIX = "start the script with `orchestrate launch CONFIG.yaml -- python SCRIPT ARGS`"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrate.config.requirements import METHOD_LIBRARIES, installed
 from orchestrate.config.schema import RunConfig
@@ -31,6 +31,9 @@ from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
 from orchestrate.model.tasks import name_the_causal_lm_loss
 from orchestrate.planner.terms import MethodTerms
+
+if TYPE_CHECKING:
+    from orchestrate.data.method_data import MethodData
 
 PLUGIN_GROUP = "orchestrate.methods"
 """The entry-point group of training methods other packages add: each entry point names a `Method`
@@ -97,6 +100,20 @@ def runtimes(config: RunConfig) -> list[MethodRuntime]:
 def base_runtime(config: RunConfig) -> MethodRuntime:
     """The worker half of the run's base method: the one that builds the model."""
     return runtime(base_method(config))
+
+
+def method_data(config: RunConfig) -> MethodData:
+    """What the config's methods bring to the data path (orchestrate/data/method_data.py), for the
+    pipeline's entry points: records of their own, or data a method brings itself."""
+    from orchestrate.data.method_data import (  # numpy, through orchestrate.data
+        MethodData,
+        OwnData,
+        RecordReader,
+    )
+
+    found = [importlib.import_module(m.data).data_path(config) for m in active_methods(config) if m.data]
+    return MethodData(tuple(d for d in found if isinstance(d, RecordReader)),
+                      next((d for d in found if isinstance(d, OwnData)), None))
 
 
 def apply_transforms(model: Any, plan: Any) -> Any:

@@ -47,6 +47,9 @@ class Method:
     """It supplies the training objective (at most one active method does)."""
     runtime: ClassVar[str | None] = None
     """The module of its worker half (`MethodRuntime` as `RUNTIME`), imported on the worker only."""
+    data: ClassVar[str | None] = None
+    """The module of its part of the data path (`data_path(config)`, orchestrate/data/method_data.py:
+    records of its own, or data it brings itself), imported where the data is checked or prepared."""
     saves: ClassVar[tuple[str, ...]] = ()
     """What it writes into the run directory besides model/ (run/layout.py names)."""
     trains_adapters: ClassVar[bool] = False

@@ -52,8 +52,8 @@ from orchestrate.run.checkpoints import (
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine
+    from orchestrate.backends.rank import Rank
     from orchestrate.planner.plan import RunPlan
-    from orchestrate.worker.rank import Rank
 
 
 # --- per-rank state ----------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from orchestrate.worker.orphans import guard_parent
 # All three backends: their modules are light (the engines import lazily).
 WORKER_MODULES = (
     "orchestrate.worker.stages", "orchestrate.worker.loop", "orchestrate.worker.callbacks.standard",
-    "orchestrate.worker.checkpointing", "orchestrate.worker.rank", "orchestrate.worker.objective",
+    "orchestrate.worker.checkpointing", "orchestrate.worker.rank_start", "orchestrate.worker.objective",
     "orchestrate.worker.preload", "orchestrate.data.pipeline", "orchestrate.backends.ddp",
     "orchestrate.backends.fsdp", "orchestrate.backends.deepspeed_backend", "orchestrate.backends.hf_io",
     "orchestrate.loading.init_weights", "orchestrate.loading.weights", "orchestrate.methods.registry",

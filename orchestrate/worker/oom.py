@@ -25,8 +25,8 @@ from orchestrate.run.layout import write_oom_record
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from orchestrate.backends.rank import Rank
     from orchestrate.planner.plan import RunPlan
-    from orchestrate.worker.rank import Rank
 
 # PyTorch's message (c10/cuda/CUDACachingAllocator.cpp, format_size): "Tried to allocate 2.00 GiB".
 _REQUEST = re.compile(r"Tried to allocate ([0-9.]+) (bytes|KiB|MiB|GiB|TiB)")

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.backends.deepspeed_import import import_deepspeed_lean
 from orchestrate.backends.registry import get_backend
+from orchestrate.methods.registry import active_methods
 from orchestrate.model.meta import load_model_config
 from orchestrate.model.tasks import model_class
 
@@ -36,11 +37,19 @@ def _preload(plan: RunPlan) -> None:
         backend = get_backend(plan.chosen.strategy.backend)
         # DeepSpeed: its engine, the initial model's save_pretrained (backends/deepspeed_import.py), or
         # its Ulysses attention (backends/sequence_parallel.py).
-        if backend.name == "deepspeed" or backend.reads_weights(plan) or plan.chosen.strategy.sequence_parallel > 1:
+        if backend.name == "deepspeed" or reads_weight_files(plan) or plan.chosen.strategy.sequence_parallel > 1:
             import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
         import_model_code(plan.config)
     except Exception:  # noqa: BLE001 - reported by the stage that needs it (see the docstring)
         pass
+
+
+def reads_weight_files(plan: RunPlan) -> bool:
+    """Whether the worker writes the initial weights as files before the model is built: where the
+    backend reads them (`Backend.reads_weights`), or where a method needs the file whatever the backend
+    (`Method.trains_adapters`: QLoRA quantizes while loading it, `export --merge` re-reads the base)."""
+    return get_backend(plan.chosen.strategy.backend).reads_weights(plan) or any(
+        method.trains_adapters for method in active_methods(plan.config))
 
 
 def import_model_code(config: RunConfig) -> None:

@@ -1,12 +1,13 @@
 """The stages of the worker's recipe (`orchestrate.worker.main.train`), each a small unit. Where a
 training method does something of its own, the stage calls its runtime's hook
-(orchestrate/methods/runtime.py): its data, its auxiliary models, its model, its objective, its
-callbacks, its saved files."""
+(orchestrate/methods/runtime.py): its auxiliary models, its model, its objective, its callbacks, its
+saved files; its data comes as values (orchestrate/data/method_data.py: its own records or dataset)."""
 
 from __future__ import annotations
 
 import gc
 import os
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from transformers.utils import logging as hf_logging
 
 from orchestrate.backends.base import TrainEngine
+from orchestrate.backends.rank import Rank
 from orchestrate.backends.registry import get_backend
 from orchestrate.backends.sequence_parallel import use_ulysses_attention
 from orchestrate.data import build_data as build_token_data
@@ -25,7 +27,7 @@ from orchestrate.errors import UserError
 from orchestrate.loading.init_weights import ensure_initial_weights
 from orchestrate.loading.labels import write_labels
 from orchestrate.loading.packed_attention import packing_notice
-from orchestrate.methods.registry import active_methods, base_runtime, runtimes
+from orchestrate.methods.registry import active_methods, base_runtime, method_data, runtimes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
 from orchestrate.run.layout import RunDir, check_no_links, clear_requeue
@@ -38,7 +40,8 @@ from orchestrate.worker.callbacks.trackers import build_trackers
 from orchestrate.worker.callbacks.verdict import MemoryVerdictPrinter
 from orchestrate.worker.checkpointing import Checkpointer
 from orchestrate.worker.objective import objective_for
-from orchestrate.worker.rank import Rank, start_rank
+from orchestrate.worker.preload import reads_weight_files
+from orchestrate.worker.rank_start import start_rank
 
 if TYPE_CHECKING:
     from orchestrate.worker.tensor_peak import TensorPeak
@@ -95,14 +98,14 @@ def checkpoint_to_resume(plan: RunPlan, run: RunDir, rank: Rank) -> Path | None:
 
 
 def build_data(plan: RunPlan, run: RunDir, rank: Rank) -> TrainData:
-    """This rank's data: the base method's own (your dataset factory), or the token pipeline's (maps the
-    launcher's cache entry, or builds it on local rank 0)."""
-    own = base_runtime(plan.config).data(plan, rank, run)
-    if own is not None:
-        return own
+    """This rank's data: a method's own (your dataset factory), or the token pipeline's (maps the
+    launcher's cache entry, or builds it on local rank 0; readers of the methods' own records)."""
+    methods = method_data(plan.config)
+    if methods.own is not None:
+        return methods.own.train_data(plan, rank.rank, rank.world_size)
     sequence = (rank.sequence.index, rank.sequence.size) if rank.sequence else None
     return build_token_data(plan, run.path, rank.data_rank, rank.data_world_size, local_rank=rank.local_rank,
-                            sequence=sequence)
+                            sequence=sequence, methods=methods)
 
 
 def count_tensors(rank: Rank) -> TensorPeak | None:
@@ -131,8 +134,9 @@ def build_engine(plan: RunPlan, run: RunDir, rank: Rank, labels: list[str] | Non
     returns the engine and the model directory it started from."""
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
     backend = get_backend(plan.chosen.strategy.backend)
-    model_dir = ensure_initial_weights(plan, run.path, rank.local_rank, labels, weights=backend.reads_weights(plan))
-    engine = backend.setup(plan, rank, model_dir, objective_for(plan, auxiliary, rank.sequence))
+    model_dir = ensure_initial_weights(plan, run.path, rank.local_rank, labels, weights=reads_weight_files(plan))
+    engine = backend.setup(plan, rank, model_dir, objective_for(plan, auxiliary, rank.sequence),
+                           partial(base_runtime(plan.config).build_model, plan))
     if rank.sequence is not None:  # attention over the whole sequence: all-to-all over heads in the group
         use_ulysses_attention(engine.model, rank.sequence, plan.chosen.strategy.micro_batch_size)
     return engine, model_dir
@@ -182,9 +186,8 @@ def callbacks(plan: RunPlan, rank: Rank, data: TrainData, start_step: int, resum
 
 
 def save_model(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, data: TrainData) -> None:
-    """The consolidated Hugging Face model (collective), what the methods write besides it, and the
-    tokenizer next to it."""
-    engine.save_hf_model(run.model)
+    """What the methods save (collective): the base method the consolidated Hugging Face model, the
+    add-ons what they change or add; then the tokenizer next to it."""
     lines = [line for runtime in runtimes(plan.config) for line in runtime.save(plan, engine, run, rank)]
     if not rank.is_main:
         return

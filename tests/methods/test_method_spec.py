@@ -11,7 +11,7 @@ import pytest
 from orchestrate.config.load import config_from_dict
 from orchestrate.errors import UserError
 from orchestrate.hardware.profile import HardwareProfile
-from orchestrate.methods.registry import active_methods, base_method, method_terms, methods
+from orchestrate.methods.registry import active_methods, base_method, method_data, method_terms, methods
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import breakdown_keys, estimate_memory
 from orchestrate.planner.strategy import Strategy
@@ -83,3 +83,17 @@ def test_the_breakdown_holds_the_keys_its_methods_declare(parts):
             continue
         mem = estimate_memory(shape, CPU, strategy, 32, 1, terms)
         assert (tuple(mem.gpu), tuple(mem.cpu)) == breakdown_keys(terms)
+
+
+def test_a_method_hands_the_data_path_its_own_records_as_values():
+    """The preference method brings the reader of its records (the data pipeline names no method);
+    a config without one brings nothing, and its preference records are refused."""
+    plain, preference = method_data(_config()), method_data(_config(ADDONS["preference"]))
+    assert plain.readers == () and plain.own is None
+    assert [r.formats for r in preference.readers] == [("preference", "unpaired-preference")]
+    assert preference.reader("preference") is preference.readers[0] and preference.reader("chat") is None
+    preference.check_records("preference", "data.train_files")  # dpo trains on pairs
+    with pytest.raises(UserError, match="trains on preference records"):
+        preference.check_records("unpaired-preference", "data.train_files")
+    with pytest.raises(UserError, match="the records are preference records"):
+        plain.check_records("preference", "data.train_files")

@@ -104,3 +104,4 @@ def describe_module_data(config: RunConfig) -> str:
     before any worker starts)."""
     train, validation = split(load_dataset(config), config.data.validation_ratio, config.train.seed)
     return f"data: {config.data.module} -> {len(train):,} train / {len(validation):,} validation samples"
+

@@ -34,6 +34,7 @@ class Custom(Method):
     name = "custom"
     base = True
     runtime = "orchestrate.methods.custom.runtime"
+    data = "orchestrate.methods.custom.train_data"
 
     def active(self, config: RunConfig) -> bool:
         return config.model.module is not None

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrate.config.model import TRUST_SWITCH
 from orchestrate.errors import Problem, UserError
 from orchestrate.model.shape import ModelShape
 
@@ -49,10 +50,6 @@ def _on_path(directory: Path | None):
     finally:
         with contextlib.suppress(ValueError):
             sys.path.remove(str(directory))
-
-
-TRUST_SWITCH = "model.trust_remote_code"
-"""The one opt-in that lets code named by a config run (docs/security.md)."""
 
 
 def require_trust(config: RunConfig, where: str, what: str) -> None:
@@ -206,19 +203,3 @@ def model_config(model: nn.Module, config: RunConfig) -> Any:
     """What a saved model directory's config.json comes from: the HF config, or the module's description."""
     return ModuleConfig(config) if is_custom(config) else model.config
 
-
-def save_module(state: dict[str, torch.Tensor], config: RunConfig, out_dir: Path) -> None:
-    """A full state dict as out_dir/model.safetensors (shared tensors once) + config.json."""
-    from safetensors.torch import save_file
-
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    seen: dict[int, str] = {}
-    tensors = {}
-    for key, t in state.items():  # safetensors refuses shared storage; a shared tensor is written once
-        if t.data_ptr() in seen and t.numel():
-            continue
-        seen[t.data_ptr()] = key
-        tensors[key] = t.detach().to("cpu").contiguous()
-    save_file(tensors, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    ModuleConfig(config).save_pretrained(out_dir)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from orchestrate.backends.base import Objective
+from orchestrate.backends.rank import Rank
 from orchestrate.data.pipeline import TrainData
 from orchestrate.loading.auxiliary import build_frozen, lean_placement, placement_on
 from orchestrate.methods.distill.cache import TeacherCache, write_cache
@@ -18,7 +19,6 @@ from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
 from orchestrate.worker.objective import plain_objective
-from orchestrate.worker.rank import Rank
 
 
 def teacher_placement(plan: RunPlan, device: torch.device, world_size: int) -> str:

@@ -1,5 +1,5 @@
 """Full fine-tuning on the worker: the Hugging Face model built from the model directory as each
-backend asks (orchestrate/methods/runtime.py ModelRequest), never N full copies per node.
+backend asks (orchestrate/backends/base.py ModelRequest), never N full copies per node.
 
 - replicated (DDP): allocated on the rank's device in fp32 and filled tensor by tensor from the
   safetensors (orchestrate/loading/weights.py); PyTorch .bin weights through transformers' loader (a
@@ -16,13 +16,16 @@ import torch
 from transformers import AutoConfig
 
 from orchestrate.backends import hf_io
+from orchestrate.backends.base import BuiltModel, ModelRequest, TrainEngine
+from orchestrate.backends.rank import Rank
 from orchestrate.loading.init_weights import build_from_config, has_weights
 from orchestrate.loading.weights import has_safetensors, load_replicated, load_sharded
 from orchestrate.methods.registry import apply_transforms
-from orchestrate.methods.runtime import BuiltModel, MethodRuntime, ModelRequest
+from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.model.meta import build_meta_model
 from orchestrate.model.tasks import auto_class
 from orchestrate.planner.plan import RunPlan
+from orchestrate.run.layout import RunDir
 
 
 def materialise_sharded(model: torch.nn.Module, request: ModelRequest, layout: hf_io.StateLayout) -> None:
@@ -85,6 +88,10 @@ class FullRuntime(MethodRuntime):
             model = auto_class(task).from_pretrained(request.model_dir, dtype=torch.float32, trust_remote_code=trust)
         model.config.use_cache = False  # a KV cache is useless in training and clashes with checkpointing
         return BuiltModel(apply_transforms(model, plan), model.config, keep_alive=keep_alive)
+
+    def save(self, plan: RunPlan, engine: TrainEngine, run: RunDir, rank: Rank) -> list[str]:
+        engine.save_hf_model(run.model)  # every weight trained: the model as it trains
+        return []
 
 
 RUNTIME = FullRuntime()

@@ -1,6 +1,6 @@
 """LoRA / QLoRA on the worker: the base loaded as each backend needs it (loading.py,
-quantized_loading.py), the adapters added (transform.py), the adapter saved beside the merged model
-(saving.py).
+quantized_loading.py), the adapters added (transform.py), the model merged and the adapter beside it
+saved (saving.py).
 
 - replicated (DDP): QLoRA's base quantized tensor by tensor as it loads onto the device (never the
   fp32 base); LoRA's loaded as full training loads it, then cast by the transform.
@@ -16,19 +16,20 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig
 
-from orchestrate.backends.base import TrainEngine
+from orchestrate.backends.base import BuiltModel, ModelRequest, TrainEngine
 from orchestrate.backends.hf_io import StateLayout
+from orchestrate.backends.rank import Rank
 from orchestrate.loading.weights import has_safetensors
 from orchestrate.methods.full.runtime import load_whole
 from orchestrate.methods.lora.loading import fill_from_rank0, fsdp_adapter_model, load_adapter_base
 from orchestrate.methods.lora.quantized_loading import load_quantized
+from orchestrate.methods.lora.saving import save_merged_and_adapter
 from orchestrate.methods.lora.transform import add_adapters
 from orchestrate.methods.registry import apply_transforms
-from orchestrate.methods.runtime import BuiltModel, MethodRuntime, ModelRequest
+from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.model.tasks import auto_class
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
-from orchestrate.worker.rank import Rank
 
 
 class _FromRank0:
@@ -74,7 +75,7 @@ class LoraRuntime(MethodRuntime):
         return BuiltModel(apply_transforms(model, plan), model.config)
 
     def save(self, plan: RunPlan, engine: TrainEngine, run: RunDir, rank: Rank) -> list[str]:
-        engine.save_adapter(run.adapter)  # the planner keeps adapters on backends whose engine saves them
+        save_merged_and_adapter(plan, engine, run, rank.is_main)
         return [f"adapter: {run.adapter}"]
 
 

@@ -1,5 +1,7 @@
 """What a LoRA / QLoRA run writes: the adapter in PEFT format, and the model merged into a
-full-precision base (Hugging Face layout, the keys of the model before the transform).
+full-precision base (Hugging Face layout, the keys of the model before the transform), both from
+the adapters the engine gathers (`TrainEngine.model_state(trainable_only=True)`) and the base
+re-read from the initial weights.
 
 Merging dequantizes first: a QLoRA base is NF4, and peft's `merge_and_unload` on a 4-bit layer
 re-quantizes the sum (peft/tuners/lora/bnb.py `Linear4bit.merge`), which rounds the merged weight
@@ -11,14 +13,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate.backends.base import trainable_state
 from orchestrate.methods.lora.transform import compute_dtype
 from orchestrate.methods.registry import apply_transforms
 
 if TYPE_CHECKING:
     import torch
 
+    from orchestrate.backends.base import TrainEngine
     from orchestrate.backends.hf_io import StateLayout
     from orchestrate.planner.plan import RunPlan
+    from orchestrate.run.layout import RunDir
 
 _PEFT_PREFIX = "base_model.model."
 
@@ -26,11 +31,6 @@ _PEFT_PREFIX = "base_model.model."
 def is_peft(model) -> bool:
     # By lineage: fully_shard swaps a module's class for a subclass defined in torch (FSDPPeftModel...).
     return any(cls.__module__.startswith("peft.") for cls in type(model).__mro__)
-
-
-def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Only what trains: the adapters (a checkpoint needs nothing else; the base is re-read)."""
-    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
 
 
 def load_adapters(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -77,14 +77,13 @@ def merged_state_dict(model, keys) -> dict[str, torch.Tensor]:
     return {k: out[k] for k in keys}
 
 
-def merge_adapters(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Tensor]) -> tuple[dict, StateLayout]:
-    """The merged full-precision state dict of a run's adapters, in this process on the CPU, and the
-    base's layout (its keys and ties).
+def adapted_base(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Tensor]) -> tuple[torch.nn.Module, StateLayout]:
+    """The run's frozen base re-read from `model_dir` and transformed as in training (NF4 quantization
+    is deterministic, so these are the bytes that trained), with `adapters` loaded, in this process on
+    the CPU, and the base's layout (its keys and ties). One copy of the model in CPU memory.
 
-    For the sharding backends and `orchestrate export --merge`, whose base is not whole in one process:
-    the frozen base is re-read from `model_dir` and transformed as in training (NF4 quantization is
-    deterministic, so these are the bytes that trained), then the adapters are loaded and merged. One
-    copy of the model in this process's CPU memory, plus the merged one (fp32)."""
+    Never the live model's base: a sharding backend's is not whole in one process, and a library
+    may have changed a 4-bit weight's layout in place."""
     import torch
 
     from orchestrate.backends.hf_io import StateLayout
@@ -96,13 +95,35 @@ def merge_adapters(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Ten
     layout = StateLayout.of(model)  # before the transform renames the adapted layers
     model = apply_transforms(model, plan)
     load_adapters(model, adapters)
+    return model, layout
+
+
+def merge_adapters(plan: RunPlan, model_dir: Path, adapters: dict[str, torch.Tensor]) -> tuple[dict, StateLayout]:
+    """The merged full-precision state dict of a run's adapters (`adapted_base`, plus the merged copy in
+    fp32), and the base's layout: for `orchestrate export --merge`."""
+    model, layout = adapted_base(plan, model_dir, adapters)
     return merged_state_dict(model, layout.tensors), layout
 
 
-def save_adapter(model, out_dir: Path, state: dict[str, torch.Tensor] | None = None) -> None:
+def save_adapter(model, out_dir: Path, state: dict[str, torch.Tensor]) -> None:
     """adapter_config.json + adapter_model.safetensors: `PeftModel.from_pretrained(base, out_dir)` loads it.
-    `state`: the adapters gathered from a sharded model (None: the model's own, whole in this process)."""
+    `state`: the adapters (the model's trainable state)."""
     from orchestrate.backends.hf_io import follow_umask
 
     model.save_pretrained(str(out_dir), safe_serialization=True, state_dict=state)
     follow_umask(Path(out_dir))
+
+
+def save_merged_and_adapter(plan: RunPlan, engine: TrainEngine, run: RunDir, main: bool) -> None:
+    """RUN_DIR/model, the adapters merged into the re-read base (full precision, the base's keys), and
+    RUN_DIR/adapter in PEFT format, from rank 0. Collective: the engine gathers the adapters."""
+    import torch.distributed as dist
+
+    from orchestrate.backends.hf_io import save_hf_dir
+
+    adapters = engine.model_state(trainable_only=True)
+    if main:
+        model, layout = adapted_base(plan, engine.model_dir, adapters)
+        save_hf_dir(merged_state_dict(model, layout.tensors), engine.hf_config, run.model, layout)
+        save_adapter(model, run.adapter, adapters)
+    dist.barrier()

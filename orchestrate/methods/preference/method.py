@@ -73,6 +73,7 @@ class Preference(Method):
     bases = ("full", "lora")
     objective = True
     runtime = "orchestrate.methods.preference.runtime"
+    data = "orchestrate.methods.preference.data"
     saves = (REFERENCE_LOGPS_DIR,)
     metric_keys = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
     """What callback.py records per step (TRL's names)."""

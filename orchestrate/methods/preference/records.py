@@ -24,7 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import jinja2
+import numpy as np
+
 from orchestrate.data.records import PREFERENCE_FORMATS, normalise_messages
+from orchestrate.data.sft_prepare import ANSWER, REJECTED, TEMPLATE_PROBLEM, TRAINED
 from orchestrate.data.sft_tokens import TemplateNotIncremental, encode_chat, encode_completion
 
 if TYPE_CHECKING:
@@ -153,3 +157,27 @@ def encode_preference(preference: Preference, tokenizer: Tokenizer,
             encoded = encode_completion(hf, preference.prompt, answer, tokenizer.eos_id)
             out.append((encoded.ids, encoded.answer))
     return out
+
+
+def preference_document(record: dict, record_format: str, data: DataSection, template: ChatTemplate | None,
+                        tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
+    """A preference record's document: its sequences one after the other, each answer TRAINED | ANSWER,
+    the rejected (or undesirable) sequence REJECTED; None when a sequence has no answer token
+    (the reader's `tokens`, orchestrate/data/method_data.py)."""
+    preference, problem = to_preference(record, record_format, data)
+    if preference is None:
+        return None, problem
+    if preference.conversational and template is None:
+        return None, "its answers are messages and no chat template renders them"
+    try:
+        sequences = encode_preference(preference, tokenizer, template)
+    except TemplateNotIncremental as exc:
+        return None, TEMPLATE_PROBLEM + str(exc)
+    except jinja2.TemplateError as exc:
+        return None, f"the chat template refused it: {exc}"
+    if not all(any(answer) for _, answer in sequences):
+        return None, None
+    rejected = [side == 1 or not preference.desirable for side in range(len(sequences))]
+    bits = [(TRAINED | ANSWER) * np.asarray(answer, dtype=np.uint8) | (REJECTED if r else 0)
+            for (_, answer), r in zip(sequences, rejected, strict=True)]
+    return ([i for ids, _ in sequences for i in ids], np.concatenate(bits)), None

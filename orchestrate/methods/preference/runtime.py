@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from orchestrate.backends.base import Objective
+from orchestrate.backends.rank import Rank
 from orchestrate.data.pipeline import TrainData
 from orchestrate.loading.auxiliary import build_frozen, lean_placement, placement_on
 from orchestrate.loading.init_weights import ensure_initial_weights
@@ -38,7 +39,6 @@ from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
 from orchestrate.worker.callbacks.base import Callback
-from orchestrate.worker.rank import Rank
 
 References = tuple[ReferenceLogps, ReferenceLogps]
 """(the reference for training batches, for evaluation batches: a precomputed one reads each split's table)."""

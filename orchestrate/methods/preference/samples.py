@@ -50,7 +50,7 @@ from orchestrate.data.sft_samples import (
 )
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.preference.config import UNPAIRED as UNPAIRED_LOSSES
-from orchestrate.methods.preference.records import PAIRED, PREFERENCE_FORMATS, UNPAIRED
+from orchestrate.methods.preference.records import PAIRED, UNPAIRED
 
 if TYPE_CHECKING:
     import torch
@@ -235,16 +235,10 @@ class PackedPreferences(_Preferences):
 PreferenceSamples = PaddedPreferences | PackedPreferences
 
 
-def check_preference_data(section, record_format: str, where: str) -> None:
-    """Preference records are trained with a `preference:` section (`section`) and it with them: pairs
-    for the pairwise losses, labelled answers for kto."""
-    if section is None:
-        if record_format in PREFERENCE_FORMATS:
-            raise UserError("the records are preference records", [Problem(
-                where, f"{record_format} records (chosen / rejected answers, or answers with a label) train "
-                "with a preference loss", "add a `preference:` section (docs/preference.md), or set "
-                "data.record_format to the format you mean (e.g. prompt-completion)")])
-        return
+def check_preference_records(section, record_format: str, where: str) -> None:
+    """The run's preference section (`section`) trains on records of one format: pairs for the
+    pairwise losses, labelled answers for kto (preference records without a section:
+    orchestrate/data/method_data.py)."""
     wanted = UNPAIRED if section.loss in UNPAIRED_LOSSES else PAIRED
     if record_format != wanted:
         columns = ("prompt, completion and label (true: desirable)" if wanted == UNPAIRED

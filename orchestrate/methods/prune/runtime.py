@@ -4,6 +4,7 @@ structured run's saved model cut to its smaller shape (shrink.py)."""
 from __future__ import annotations
 
 from orchestrate.backends.base import TrainEngine
+from orchestrate.backends.rank import Rank
 from orchestrate.methods.prune.callback import Pruning
 from orchestrate.methods.prune.schedule import pruned_channels, pruned_heads
 from orchestrate.methods.prune.shrink import Cut, shrink_saved_model
@@ -11,7 +12,6 @@ from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
 from orchestrate.worker.callbacks.base import Callback
-from orchestrate.worker.rank import Rank
 
 
 class PruneRuntime(MethodRuntime):

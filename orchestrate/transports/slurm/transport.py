@@ -39,6 +39,7 @@ from orchestrate.launch.resume import resumed_data
 from orchestrate.launch.rundir import default_run_dir, prepare_run_dir
 from orchestrate.launch.session import Prepared, describe, env_prefix, launch_env, say, shows_progress
 from orchestrate.launch.torchrun_args import worker_torchrun_args
+from orchestrate.methods.registry import method_data
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import PLAN_FILE, worker_program
 from orchestrate.transports.slurm import cluster as slurm_cluster
@@ -217,7 +218,8 @@ def prepare_slurm_job(config: RunConfig, flags: HardwareFlags, *, name: str = "r
     plan, run_dir = prepare_run_dir(config, hardware, name, run_dir, resume, tell)
     from orchestrate.data.pipeline import prepare_for_plan
 
-    tell(prepare_for_plan(plan, run_dir, progress=shows_progress(console), resumed=resumed_data(run_dir)))
+    tell(prepare_for_plan(plan, run_dir, method_data(plan.config), progress=shows_progress(console),
+                          resumed=resumed_data(run_dir)))
     job = slurm_job_for_plan(plan, run_dir, options, max_restarts, name)
     script = slurm_cluster.write_sbatch(job)
     tell(f"{describe(plan)}; run directory {run_dir}")

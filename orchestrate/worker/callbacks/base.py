@@ -25,11 +25,11 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine
+    from orchestrate.backends.rank import Rank
     from orchestrate.data.pipeline import TrainData
     from orchestrate.planner.plan import RunPlan
     from orchestrate.run.layout import RunDir
     from orchestrate.worker.checkpointing import Checkpointer
-    from orchestrate.worker.rank import Rank
     from orchestrate.worker.signals import StopRequest
 
 

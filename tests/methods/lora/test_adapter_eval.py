@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from orchestrate.methods.lora.saving import save_merged_and_adapter
 from orchestrate.planner.strategy import Strategy
+from orchestrate.run.layout import RunDir
 from tests.helpers.dist import init_gloo, run_on_ranks
 from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
@@ -67,7 +69,7 @@ def _run(cases: list[tuple[str, str, str]], model_dirs: dict[str, str], run_root
             losses.append(engine.train_step(train).loss)
             if step in EVAL_AFTER:  # each rank evaluates the same batches: no reduction needed
                 evals.append(sum(engine.eval_sums(b)["loss"] for b in _sequences(HELD_OUT)) / 2)
-        engine.save_hf_model(run / "model")
+        save_merged_and_adapter(plan, engine, RunDir(run), rank == 0)  # run/model: the merged model
         del engine
         result = {"losses": losses, "evals": evals}
         if rank == 0:

@@ -15,7 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from orchestrate.methods.lora.saving import save_merged_and_adapter
 from orchestrate.planner.strategy import Strategy
+from orchestrate.run.layout import RunDir
 from tests.helpers.dist import init_gloo, run_on_ranks
 from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
@@ -97,8 +99,7 @@ def _train(backend: str, method: str, family: str, model_dir: str, run_dir: str)
     after = _frozen_bytes(module)
     changed = sorted(n for n, t in frozen.items() if n not in after or not torch.equal(after[n], t))
     trained = _probe_logits(engine)
-    engine.save_hf_model(run / "model")
-    engine.save_adapter(run / "adapter")
+    save_merged_and_adapter(plan, engine, RunDir(run), rank == 0)  # run/model and run/adapter
     del engine
     resumed = setup_engine(impl, plan, cpu_rank(rank, world), model_dir)
     resumed.load_checkpoint(run / "ckpt")

@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from orchestrate.backends.ddp import DDPBackend
+from orchestrate.methods.lora.saving import save_merged_and_adapter
 from orchestrate.planner.strategy import Strategy
+from orchestrate.run.layout import RunDir
 from tests.helpers.dist import init_gloo, run_on_ranks
 from tests.helpers.engines import cpu_rank, setup_engine
 from tests.helpers.plans import make_plan
@@ -47,8 +49,7 @@ def _train(method: str, model_dir: str, run_dir: str) -> dict:
     engine.save_checkpoint(run / "ckpt", {"step": 4})
     losses += [engine.train_step(_batches(rank)).loss for _ in range(4)]
     same_base = all(torch.equal(p, frozen[n]) for n, p in module.named_parameters() if not p.requires_grad)
-    engine.save_hf_model(run / "model")
-    engine.save_adapter(run / "adapter")
+    save_merged_and_adapter(plan, engine, RunDir(run), rank == 0)  # run/model and run/adapter
     resumed = setup_engine(DDPBackend(), plan, cpu_rank(rank, world), model_dir)
     resumed.load_checkpoint(run / "ckpt")
     out = {"losses": losses, "same_base": same_base, "frozen": len(frozen),

@@ -17,6 +17,7 @@ from orchestrate.data.chat_templates import CHATML
 from orchestrate.data.pipeline import prepare_data, samples_for
 from orchestrate.data.records import detect_format
 from orchestrate.errors import UserError
+from orchestrate.methods.registry import method_data
 from tests.helpers.chat_tokenizers import word_chat_tokenizer
 from tests.helpers.plans import TINY_GPT2
 
@@ -47,7 +48,8 @@ def _chatml(tmp_path: Path) -> str:
 def _views(tmp_path: Path, rows: list[dict], data: dict | None = None, **kw):
     _jsonl(tmp_path / "prefs.jsonl", rows)
     config = _config(tmp_path, {"train_files": ["prefs.jsonl"], **(data or {})}, **kw)
-    return samples_for(prepare_data(config), config)
+    methods = method_data(config)  # the preference method's reader of its records
+    return samples_for(prepare_data(config, methods=methods), config, methods=methods)
 
 
 def _sequences(tmp_path: Path, rows: list[dict], data: dict | None = None, **kw) -> list[list[tuple]]:

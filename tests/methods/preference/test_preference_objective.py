@@ -16,6 +16,7 @@ from orchestrate.methods.preference.config import PreferenceSection
 from orchestrate.methods.preference.losses import pair_loss
 from orchestrate.methods.preference.objective import PreferenceObjective, answer_logps, step_metrics
 from orchestrate.methods.preference.reference import adapter_reference, module_reference
+from orchestrate.methods.registry import method_data
 from tests.unit.data.test_sft_packing import FAMILIES as SFT_FAMILIES
 
 FAMILIES = {name: SFT_FAMILIES[name] for name in ("gpt2", "llama", "qwen2")}  # tiny configs of the packing tests
@@ -33,7 +34,8 @@ def _views(tmp_path, packing: bool, loss: str = "dpo", rows: list[dict] | None =
                                "train": {"seq_len": 16, "global_batch_size": 2}, "preference": {"loss": loss},
                                "data": {"train_files": ["p.jsonl"], "packing": packing, "num_proc": 1,
                                         "validation_ratio": 0.0, "cache_dir": str(tmp_path / "cache")}}, tmp_path)
-    return samples_for(prepare_data(config), config)[0]
+    methods = method_data(config)  # the preference method's reader of its records
+    return samples_for(prepare_data(config, methods=methods), config, methods=methods)[0]
 
 
 def _model(family: str, seed: int = 0):

@@ -36,9 +36,11 @@ def _config(tmp_path: Path, model: dict | None = None, data: dict | None = None)
 
 def _refused(path: Path) -> UserError:
     from orchestrate.data.pipeline import prepare_from_config
+    from orchestrate.methods.registry import method_data
 
     with pytest.raises(UserError) as err:
-        prepare_from_config(load_config(path), progress=False)
+        config = load_config(path)
+        prepare_from_config(config, method_data(config), progress=False)
     return err.value
 
 

@@ -265,7 +265,7 @@ def test_train_step_reports_unscaled_loss_and_keeps_the_schedule_through_skipped
 
     plan = make_plan(_ds(2, precision="fp16"), config=TRAIN_CONFIG)
     engine = DeepSpeedTrainEngine(_FakeDeepSpeedEngine(plan, overflow_on={0}), plan, cpu_rank(0, 2), tmp_path,
-                                  CausalLMObjective())
+                                  CausalLMObjective(), hf_config=None)
     batches = [{"input_ids": torch.full((2, 4), float(v)), "labels": torch.zeros(2, 4)} for v in (1, 3)]
     results = [engine.train_step(batches) for _ in range(3)]
     assert engine.engine.training  # each step trains in train mode, whatever mode the model came in

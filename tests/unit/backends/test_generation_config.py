@@ -47,13 +47,12 @@ def _save_with_each_backend(root: str) -> None:
     config, model = _tiny()
     # Stand-ins for the engines' `self`, holding what each save_hf_model reads (unwrapped on 1 rank).
     torch_self = SimpleNamespace(rank=SimpleNamespace(rank=0), hf_config=config, layout=StateLayout.of(model))
-    fsdp_self = SimpleNamespace(model=model, **vars(torch_self))
-    fsdp_self._full_state = MethodType(FSDPEngine._full_state, fsdp_self)
-    FSDPEngine.save_hf_model(fsdp_self, Path(root) / "fsdp")
-    DDPEngine.save_hf_model(SimpleNamespace(model=SimpleNamespace(module=model), **vars(torch_self)), Path(root) / "ddp")
-    DeepSpeedTrainEngine.save_hf_model(SimpleNamespace(_zero3=False, _peft=False, _hf=True,
-                                                       engine=SimpleNamespace(module=model)),
-                                       Path(root) / "deepspeed")
+    for engine, own, out in ((FSDPEngine, SimpleNamespace(model=model, **vars(torch_self)), "fsdp"),
+                             (DDPEngine, SimpleNamespace(model=SimpleNamespace(module=model), **vars(torch_self)), "ddp"),
+                             (DeepSpeedTrainEngine, SimpleNamespace(_zero3=False, _hf=True, hf_config=config,
+                                                                    engine=SimpleNamespace(module=model)), "deepspeed")):
+        own.model_state = MethodType(engine.model_state, own)
+        engine.save_hf_model(own, Path(root) / out)
 
 
 @pytest.mark.slow  # a spawned gloo process (tests/helpers/dist.py)

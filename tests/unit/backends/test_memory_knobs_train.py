@@ -31,13 +31,13 @@ def knob_plan(method: str):
 
 def _train(model_dir: str, run_dir: str) -> dict:
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import cpu_rank
+    from tests.helpers.engines import builder, cpu_rank
 
     rank, world = init_gloo()
     out = {}
     for method in ("full", "qlora"):
         plan = knob_plan(method)
-        engine = DDPBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
+        engine = DDPBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan), builder(plan))
         losses = [engine.train_step(_batches(rank)).loss for _ in range(6)]
         states = {str(v.dtype) for st in engine.optimizer.state.values() for key, v in st.items()
                   if key in ("state1", "state2")}
@@ -75,7 +75,7 @@ def test_ddp_trains_with_adamw8bit_and_a_chunked_loss(model_dir, tmp_path):
 def _fsdp_chunked_vs_whole(model_dir: str, run_dir: str) -> dict:
     from orchestrate.backends.fsdp import FSDPBackend
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import cpu_rank
+    from tests.helpers.engines import builder, cpu_rank
 
     rank, world = init_gloo()
     out = {}
@@ -84,7 +84,7 @@ def _fsdp_chunked_vs_whole(model_dir: str, run_dir: str) -> dict:
         plan = make_plan(strategy, config={"model": {"architecture": dict(TINY_LLAMA)},
                                            "train": {"max_steps": 2, "optimizer": {"lr": 2e-2},
                                                      "schedule": {"warmup_steps": 1}}})
-        engine = FSDPBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
+        engine = FSDPBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan), builder(plan))
         steps = [engine.train_step(_batches(rank)) for _ in range(2)]
         out[chunks] = {"losses": [s.loss for s in steps], "norms": [s.grad_norm for s in steps]}
     return out
@@ -115,7 +115,7 @@ KNOBS = {"plain": {}, "loss_chunks": {"loss_chunks": 4}, "activation_offload": {
 def _deepspeed_with_and_without_knobs(model_dir: str) -> dict:
     from orchestrate.backends.deepspeed_backend import DeepSpeedBackend
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import cpu_rank
+    from tests.helpers.engines import builder, cpu_rank
 
     rank, world = init_gloo()
     # Every plan first: while a ZeRO-3 engine lives, transformers builds any model (the plan's meta one
@@ -135,7 +135,7 @@ def _deepspeed_with_and_without_knobs(model_dir: str) -> dict:
     torch.autograd.graph.save_on_cpu = recording
     out = {}
     for key, plan in plans.items():
-        engine = DeepSpeedBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan))
+        engine = DeepSpeedBackend().setup(plan, cpu_rank(rank, world), Path(model_dir), objective_for(plan), builder(plan))
         engine.engine.module.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
         offloaded.clear()
         head_calls.clear()

@@ -54,13 +54,13 @@ def _sp_vs_plain(model_dir: str) -> dict:
     from orchestrate.backends.ddp import DDPBackend
     from orchestrate.backends.sequence_parallel import start_sequence_parallel, use_ulysses_attention
     from orchestrate.worker.objective import CausalLMObjective, objective_for
-    from tests.helpers.engines import cpu_rank
+    from tests.helpers.engines import builder, cpu_rank
 
     rank, world = init_gloo()
     plan = sp_plan()
     sequence = start_sequence_parallel(plan, rank, world)
     engine = DDPBackend().setup(plan, replace(cpu_rank(rank, world), sequence=sequence), Path(model_dir),
-                                objective_for(plan, sequence=sequence))
+                                objective_for(plan, sequence=sequence), builder(plan))
     plain = copy.deepcopy(engine.model.module)  # the same weights, the model's own attention
     use_ulysses_attention(engine.model, sequence, 1)
     tokens = torch.randint(0, LLAMA["vocab_size"], (1, LONG), generator=torch.Generator().manual_seed(7))

@@ -47,8 +47,10 @@ def _refused(fn, *args, **kwargs) -> UserError:
 
 def _prepare(config_path, overrides=()):
     from orchestrate.data.pipeline import prepare_from_config
+    from orchestrate.methods.registry import method_data
 
-    return prepare_from_config(load_config(config_path, list(overrides)), progress=False)
+    config = load_config(config_path, list(overrides))
+    return prepare_from_config(config, method_data(config), progress=False)
 
 
 def test_cache_dir_that_is_a_file(config_path):

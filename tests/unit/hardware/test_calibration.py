@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from orchestrate.backends.rank import Rank
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware import calibration as cal
 from orchestrate.hardware.presets import load_preset
@@ -23,7 +24,6 @@ from orchestrate.launch.calibration_record import (
 )
 from orchestrate.planning import plan_for
 from orchestrate.worker import stages
-from orchestrate.worker.rank import Rank
 from tests.helpers.plans import TINY_GPT2
 
 

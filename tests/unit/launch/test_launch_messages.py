@@ -122,7 +122,7 @@ def test_a_stop_signal_before_the_workers_start_is_exit_75(monkeypatch, tmp_path
     from orchestrate.transports.local.transport import LocalTorchrun
     from tests.helpers.plans import cpu_hardware
 
-    def tokenising(plan, run_dir, progress, **_checks):
+    def tokenising(plan, run_dir, methods, progress, **_checks):
         os.kill(os.getpid(), signal.SIGTERM)  # what SLURM or the user sends while the data is tokenised
         return "not reached"
 
@@ -155,7 +155,7 @@ def test_data_progress_bars_show_on_a_terminal_only(monkeypatch, tmp_path: Path)
 
     asked = []
 
-    def tokenising(plan, run_dir, progress, **_checks):
+    def tokenising(plan, run_dir, methods, progress, **_checks):
         asked.append(progress)
         return "data: tokenised"
 

@@ -80,8 +80,10 @@ def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks
     from safetensors.torch import load_file
 
     from orchestrate.backends.ddp import DDPBackend
+    from orchestrate.methods.lora.saving import save_merged_and_adapter
+    from orchestrate.run.layout import RunDir
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import cpu_rank
+    from tests.helpers.engines import builder, cpu_rank
     from tests.helpers.plans import make_plan
 
     strategy = replace(KNOB_STRATEGY, embedding_offload=offload)
@@ -90,13 +92,13 @@ def _engine_run(method: str, offload: bool, model_dir: str, run_dir: Path, ranks
         "train": {"method": method, "max_steps": 3, "optimizer": {"lr": 2e-2}, "schedule": {"warmup_steps": 1}}})
     rank = torch.distributed.get_rank()
     me = cpu_rank(rank, ranks)
-    engine = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan))
+    engine = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan), builder(plan))
     losses = [engine.train_step(_batches(rank)).loss for _ in range(3)]
     engine.save_checkpoint(run_dir / "ckpt", {"step": 3})
-    engine.save_hf_model(run_dir / "model")
+    save_merged_and_adapter(plan, engine, RunDir(run_dir), rank == 0)  # run_dir/model: the merged model
     saved = torch.load(run_dir / "ckpt" / "trainer_state.pt", weights_only=True)["model"]
     module = engine.model.module
-    resumed = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan))
+    resumed = DDPBackend().setup(plan, me, Path(model_dir), objective_for(plan), builder(plan))
     resumed.load_checkpoint(run_dir / "ckpt")
     merged = load_file(run_dir / "model" / "model.safetensors")["model.embed_tokens.weight"]
     return {"losses": losses, "ignored": sorted(getattr(engine.model, "parameters_to_ignore", [])),
@@ -143,7 +145,7 @@ def test_on_a_gpu_the_table_never_touches_the_device(tmp_path):
     from orchestrate.backends.ddp import DDPBackend
     from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import gpu_rank
+    from tests.helpers.engines import builder, gpu_rank
     from tests.helpers.plans import make_plan
 
     arch = {**TINY_LLAMA, "vocab_size": 32768, "hidden_size": 256, "num_attention_heads": 4}
@@ -163,7 +165,7 @@ def test_on_a_gpu_the_table_never_touches_the_device(tmp_path):
             torch.cuda.empty_cache()
             before = torch.cuda.memory_allocated()
             p = plan(on)
-            engine = DDPBackend().setup(p, gpu_rank(), model_dir, objective_for(p))
+            engine = DDPBackend().setup(p, gpu_rank(), model_dir, objective_for(p), builder(p))
             held[on] = torch.cuda.memory_allocated() - before
             ids = torch.randint(0, 32768, (4, 32), generator=torch.Generator().manual_seed(0))
             batches = [{"input_ids": t, "labels": t} for t in ids.split(2)]

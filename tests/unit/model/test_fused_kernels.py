@@ -81,7 +81,7 @@ def test_each_backend_applies_the_fused_kernels_before_wrapping(backend, stage, 
     from orchestrate.backends.registry import get_backend
     from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import cpu_rank
+    from tests.helpers.engines import builder, cpu_rank
 
     plan = make_plan(Strategy(backend, stage, "none", "none", "fp32", False, 1, fused_kernels=True), ranks=1,
                      config={"model": {"architecture": TINY["llama"]}})
@@ -89,7 +89,7 @@ def test_each_backend_applies_the_fused_kernels_before_wrapping(backend, stage, 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         with pytest.raises(ValueError, match="need a CUDA GPU; this rank trains on cpu"):
-            get_backend(backend).setup(plan, cpu_rank(), model_dir, objective_for(plan))
+            get_backend(backend).setup(plan, cpu_rank(), model_dir, objective_for(plan), builder(plan))
     finally:
         dist.destroy_process_group()
 
@@ -196,7 +196,7 @@ def test_a_ddp_qlora_engine_trains_with_fused_kernels(tmp_path, restore_modeling
     from orchestrate.backends.ddp import DDPBackend
     from orchestrate.loading.init_weights import build_initial_model
     from orchestrate.worker.objective import objective_for
-    from tests.helpers.engines import gpu_rank
+    from tests.helpers.engines import builder, gpu_rank
 
     def plan(on: bool):
         strategy = Strategy("ddp", 0, "none", "none", "bf16", True, 2, fused_kernels=on)
@@ -211,7 +211,7 @@ def test_a_ddp_qlora_engine_trains_with_fused_kernels(tmp_path, restore_modeling
         losses, liger = {}, {}
         for on in (False, True):
             p = plan(on)
-            engine = DDPBackend().setup(p, gpu_rank(), model_dir, objective_for(p))
+            engine = DDPBackend().setup(p, gpu_rank(), model_dir, objective_for(p), builder(p))
             liger[on] = sum(m._get_name().startswith("Liger") for m in engine.model.modules())
             losses[on] = [engine.train_step(batches).loss for _ in range(3)]
             del engine

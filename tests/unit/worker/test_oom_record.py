@@ -76,10 +76,10 @@ def test_the_record_on_cpu_holds_the_request_as_the_need_and_the_prediction(tmp_
 
 
 def test_the_record_on_a_gpu_adds_the_context_and_nccl_to_the_allocator_s_need(monkeypatch):
+    from orchestrate.backends.rank import Rank
     from orchestrate.config.load import config_from_dict
     from orchestrate.hardware.presets import load_preset
     from orchestrate.planning import plan_for
-    from orchestrate.worker.rank import Rank
     from tests.helpers.plans import TINY_GPT2
 
     config = config_from_dict({"model": {"architecture": dict(TINY_GPT2)}, "train": {"seq_len": 64, "global_batch_size": 8}})

@@ -141,7 +141,7 @@ def test_progress_prints_plain_lines_when_not_a_terminal(capsys):
 
 def test_ranks_from_slurm_and_a_clear_error_without_master(monkeypatch):
     from orchestrate.errors import UserError
-    from orchestrate.worker.rank import environment_ranks
+    from orchestrate.worker.rank_start import environment_ranks
 
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.setenv(key, "")  # recorded, so monkeypatch restores what environment_ranks writes

@@ -1,45 +1,18 @@
-"""Who am I: this process's rank, local rank, world size, node and device, from torchrun's variables
-(or SLURM's under `srun`), and the process group the plan's backend asks for. The one record of
-"which rank am I" on the worker side (`Rank`), beside the run directory (`orchestrate.run.layout.RunDir`).
+"""This process's `Rank` (orchestrate/backends/rank.py) from torchrun's variables (or SLURM's under
+`srun`), and the process group the plan's backend asks for.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
-from orchestrate.backends.sequence_parallel import SequenceParallel, start_sequence_parallel
+from orchestrate.backends.rank import Rank
+from orchestrate.backends.sequence_parallel import start_sequence_parallel
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import RunPlan
 from orchestrate.ports import free_port
-
-
-@dataclass(frozen=True)
-class Rank:
-    rank: int
-    local_rank: int
-    world_size: int
-    node: int
-    """This process's node: rank // ranks per node (torchrun numbers the ranks node by node)."""
-    device: torch.device
-    """cuda:<local_rank> on GPU machines, cpu otherwise."""
-    sequence: SequenceParallel | None = None
-    """Its sequence-parallel group (orchestrate/backends/sequence_parallel.py), None without one."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def data_rank(self) -> int:
-        """Its place among the ranks that read different samples (a sequence-parallel group reads the same)."""
-        return self.rank // self.sequence.size if self.sequence else self.rank
-
-    @property
-    def data_world_size(self) -> int:
-        return self.world_size // self.sequence.size if self.sequence else self.world_size
 
 
 def environment_ranks() -> tuple[int, int, int, int]:

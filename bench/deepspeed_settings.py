@@ -165,7 +165,7 @@ def _spec(args) -> dict:
     config = load_config(CONFIG, ["strategy.backend=deepspeed", "strategy.zero_stage=2"])
     plan = plan_for(config, resolve_hardware(gpus=args.gpus))
     rendered = render_config(plan)
-    micro, accumulation = plan.chosen.strategy.micro_batch_size, plan.chosen.gradient_accumulation
+    micro, accumulation = plan.strategy.micro_batch_size, plan.chosen.gradient_accumulation
     defaults = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accumulation,
                 "train_batch_size": micro * accumulation * plan.world_size,
                 "gradient_clipping": plan.config.train.grad_clip, "zero_optimization": {"stage": 2},

@@ -150,7 +150,7 @@ def prediction(plan) -> dict:
     """A plan as the JSON row's prediction."""
     mem = plan.chosen.memory
     return {"feasible": True, "strategy": plan.chosen.name, "seq_len": plan.config.train.seq_len,
-            "micro_batch": plan.chosen.strategy.micro_batch_size,
+            "micro_batch": plan.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "gpu_bytes": mem.gpu_total,
             # The part the caching allocator serves, i.e. comparable with max_memory_reserved.
             "gpu_allocator_bytes": mem.gpu_allocator,

@@ -360,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     optim = "adamw_torch"
     if plan is not None:
         mine["planned"] = gpu_check.prediction(plan)
-        optim = TRL_OPTIM[plan.chosen.strategy.optimizer]
+        optim = TRL_OPTIM[plan.strategy.optimizer]
     print(f"orchestrate plans seq {length} on {args.gpu_mem}: {plan.chosen.name if plan else 'nothing fits'} "
           f"({time.monotonic() - start:.0f} s)", flush=True)
     results = [mine]

@@ -233,7 +233,7 @@ def _hand_cfg(run_dir: Path, steps: int) -> dict:
         if not has_weights(model):
             build_initial_model(plan, model)
     return {"model": str(model), "corpus": str(_run_file(run_dir, "demo_corpus")),
-            "seq_len": t.seq_len, "micro": plan.chosen.strategy.micro_batch_size,
+            "seq_len": t.seq_len, "micro": plan.strategy.micro_batch_size,
             "accumulation": plan.chosen.gradient_accumulation, "max_steps": steps, "seed": t.seed,
             "lr": t.optimizer.lr, "betas": list(t.optimizer.betas), "eps": t.optimizer.eps,
             "weight_decay": t.optimizer.weight_decay, "clip": t.grad_clip,

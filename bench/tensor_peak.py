@@ -48,12 +48,12 @@ def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
 
     rank, world = init_gloo()
     plan = _demo_plan()
-    micro, accumulation = plan.chosen.strategy.micro_batch_size, plan.chosen.gradient_accumulation
+    micro, accumulation = plan.strategy.micro_batch_size, plan.chosen.gradient_accumulation
     seq = plan.config.train.seq_len
     tokens = torch.randint(0, 256, (micro * accumulation, seq), generator=torch.Generator().manual_seed(rank))
     batches = [{"input_ids": x, "labels": x} for x in tokens.split(micro)]
     counter = TensorPeak.start()  # where the worker starts it: before the engine is built
-    engine = get_backend(plan.chosen.strategy.backend).setup(plan, Rank(rank, rank, world, 0, torch.device("cpu")),
+    engine = get_backend(plan.strategy.backend).setup(plan, Rank(rank, rank, world, 0, torch.device("cpu")),
                                                              Path(model_dir), objective_for(plan), builder(plan))
     for _ in range(COUNTED_STEPS):
         engine.train_step(batches)
@@ -70,7 +70,7 @@ def _ranks(model_dir: str, run_dir: str, pairs: int) -> dict:
             if probe is not None:
                 probe.stop()
     return {"peak": counter.peak, "predicted": plan.chosen.memory.gpu_total, "times": times,
-            "strategy": plan.chosen.strategy.name}
+            "strategy": plan.strategy.name}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -101,7 +101,7 @@ class DeepSpeedBackend:
 
         # The rendered file minus its optimizer/scheduler blocks: the backend passes its own below.
         config = engine_config(plan)  # refuses a plan without a deepspeed strategy
-        strategy = plan.chosen.strategy
+        strategy = plan.strategy
         # gloo on CPU, nccl on GPU. If the worker already called init_process_group, DeepSpeed
         # wraps that group instead of creating a second one.
         deepspeed.init_distributed(dist_backend="nccl" if rank.device.type == "cuda" else "gloo", verbose=False)
@@ -152,7 +152,7 @@ class DeepSpeedTrainEngine:
 
     def __init__(self, engine: Any, plan: RunPlan, rank: Rank, model_dir: Path, objective: Objective,
                  hf_config: Any, hf_ds_config: Any = None) -> None:
-        strategy = plan.chosen.strategy
+        strategy = plan.strategy
         self.engine = engine
         self.model = engine  # an nn.Module: forward returns the HF output with .loss
         self._rank, self.model_dir, self.hf_config = rank, model_dir, hf_config

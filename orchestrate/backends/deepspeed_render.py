@@ -55,7 +55,7 @@ _STEPS_PER_PRINT = 10**9  # the worker logs steps itself; DeepSpeed's own progre
 
 def render_config(plan: RunPlan) -> dict[str, Any]:
     """The DeepSpeed config dict for `plan.chosen` (what `deepspeed.initialize(config=...)` receives)."""
-    strategy = plan.chosen.strategy
+    strategy = plan.strategy
     if strategy.backend != "deepspeed":
         raise ValueError(f"strategy {strategy.name} is not a deepspeed strategy")
     problems = sharding_problems(strategy.sharding)
@@ -142,7 +142,7 @@ def _fp16(enabled: bool) -> dict[str, Any]:
 
 
 def _zero(plan: RunPlan) -> dict[str, Any]:
-    strategy = plan.chosen.strategy
+    strategy = plan.strategy
     stage = strategy.zero_stage
     if stage == 0:
         return {"stage": 0}
@@ -196,7 +196,7 @@ def _zero(plan: RunPlan) -> dict[str, Any]:
 
 
 def _offload_optimizer(plan: RunPlan, pin: bool) -> dict[str, Any]:
-    device = plan.chosen.strategy.offload_optimizer
+    device = plan.strategy.offload_optimizer
     block: dict[str, Any] = {"device": device, "pin_memory": pin}
     if device == "nvme":
         block.update(nvme_path=_nvme_path(plan), buffer_count=_OPTIMIZER_NVME_BUFFERS, fast_init=False)
@@ -204,7 +204,7 @@ def _offload_optimizer(plan: RunPlan, pin: bool) -> dict[str, Any]:
 
 
 def _offload_param(plan: RunPlan, pin: bool) -> dict[str, Any]:
-    device = plan.chosen.strategy.offload_params
+    device = plan.strategy.offload_params
     block: dict[str, Any] = {"device": device, "pin_memory": pin}
     if device == "nvme":
         # Each swap buffer must hold this rank's partition of the largest parameter

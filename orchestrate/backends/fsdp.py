@@ -261,7 +261,7 @@ class FSDPBackend:
         return True  # rank 0 (or each rank) fills the sharded model from the files
 
     def process_group(self, plan: RunPlan) -> str:
-        strategy = plan.chosen.strategy
+        strategy = plan.strategy
         if plan.hardware.has_gpu and strategy.offload_params == "cpu":
             # Offloaded shards, gradients and the clip norm are CPU tensors: their collectives need
             # a CPU backend next to nccl (torchtitan and accelerate do the same).

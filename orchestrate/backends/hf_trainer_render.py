@@ -39,7 +39,7 @@ _AUTO_OPTIMIZER = ("lr", "betas", "eps", "weight_decay")
 
 def check_plan(plan: RunPlan) -> None:
     """UserError unless the plan chose DeepSpeed: the Trainer variant is a DeepSpeed config."""
-    backend = plan.chosen.strategy.backend
+    backend = plan.strategy.backend
     if backend != "deepspeed":
         raise UserError(f"config --for {TARGET} needs a DeepSpeed plan", [Problem(
             "strategy.backend", f"the chosen strategy uses {backend}; the HF Trainer file is a DeepSpeed config",
@@ -64,7 +64,7 @@ def training_args(plan: RunPlan) -> dict[str, Any]:
     """`TrainingArguments` keywords carrying the plan's batch, optimizer, clipping, precision and
     schedule (the per-device batch and accumulation are the plan's for its world size)."""
     check_plan(plan)
-    train, strategy = plan.config.train, plan.chosen.strategy
+    train, strategy = plan.config.train, plan.strategy
     opt = train.optimizer
     return {
         "per_device_train_batch_size": strategy.micro_batch_size,

@@ -66,7 +66,7 @@ def sequence_parallel_problems(plan: RunPlan) -> list[Problem]:
 def start_sequence_parallel(plan: RunPlan, rank: int, world_size: int) -> SequenceParallel | None:
     """This rank's sequence-parallel group, None when the plan has none. Collective: every rank makes
     every group (torch.distributed.new_group is called by the whole world for each)."""
-    n = plan.chosen.strategy.sequence_parallel
+    n = plan.strategy.sequence_parallel
     if n == 1:
         return None
     problems = sequence_parallel_problems(plan)

@@ -38,7 +38,7 @@ def chosen_for(plan: RunPlan, backend: str) -> Candidate:
 
 def run_settings(plan: RunPlan) -> dict[str, Any]:
     """The leading entries of ddp.json and fsdp.json: which backend, strategy, device and world size."""
-    s = plan.chosen.strategy
+    s = plan.strategy
     return {"backend": s.backend, "strategy": s.name, "device_type": "cuda" if plan.hardware.has_gpu else "cpu",
             "world_size": plan.world_size}
 

@@ -35,7 +35,7 @@ def measured_need(allocated: int, plan: RunPlan) -> float:
     memory = plan.chosen.memory
     nccl = memory.gpu.get("nccl_buffers", 0)
     # memory.py reserves on every term but the context, NCCL's buffers among its states
-    reserve = allocator_reserve(allocated + nccl, state_bytes(memory.gpu), plan.chosen.strategy,
+    reserve = allocator_reserve(allocated + nccl, state_bytes(memory.gpu), plan.strategy,
                                 plan.hardware.expandable_segments)
     return allocated + reserve + memory.gpu_outside_allocator
 
@@ -54,7 +54,7 @@ def record_verdict(plan: RunPlan, run_dir: Path, path: Path | None = None) -> st
     ratio = verdict_ratio(read_records(metrics), plan) if metrics.is_file() else None
     if ratio is None:
         return None
-    return record(plan.hardware, plan.chosen.strategy.family, ratio, f"memory verdict of {run_dir}", path)
+    return record(plan.hardware, plan.strategy.family, ratio, f"memory verdict of {run_dir}", path)
 
 
 def record_oom_ratio(plan: RunPlan, worst: dict[str, Any], path: Path | None = None) -> str | None:
@@ -62,4 +62,4 @@ def record_oom_ratio(plan: RunPlan, worst: dict[str, Any], path: Path | None = N
     if worst.get("device") != "cuda":
         return None
     ratio = worst["needed_at_least_bytes"] / max(1, analytical_bytes(plan))
-    return record(plan.hardware, plan.chosen.strategy.family, ratio, f"out-of-memory at step {worst['step']}", path)
+    return record(plan.hardware, plan.strategy.family, ratio, f"out-of-memory at step {worst['step']}", path)

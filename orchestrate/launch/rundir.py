@@ -125,7 +125,7 @@ def _write_run_files(plan: RunPlan, run_dir: Path, rendered: dict[str, str] | No
     (run_dir / CONFIG_FILE).write_text(header + yaml.safe_dump(resolved_config_dict(config), sort_keys=False))
 
     if rendered is None:  # prepare_run_dir rendered them already, to check what would be replaced
-        rendered = get_backend(plan.chosen.strategy.backend).render(plan)
+        rendered = get_backend(plan.strategy.backend).render(plan)
     for name, text in rendered.items():
         (run_dir / name).write_text(text)
         files.backend.append(name)
@@ -195,7 +195,7 @@ def prepare_run_dir(config: RunConfig, hardware: HardwareProfile, name: str, run
     else:
         plan, reused = feasible_plan(config, hardware), False
         run_dir = (run_dir or default_run_dir(config, name)).resolve()
-        rendered = get_backend(plan.chosen.strategy.backend).render(plan)
+        rendered = get_backend(plan.strategy.backend).render(plan)
         check_run_dir_writable(run_dir, run_dir_writes(rendered), config.source_dir, force, where)
         refuse_checkpointed(run_dir)
     check_model_weights(plan.config)

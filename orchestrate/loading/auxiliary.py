@@ -34,7 +34,7 @@ _DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 def placement_on(plan: RunPlan, name: str, configured: str, device: torch.device, world_size: int) -> str:
     """The placement this worker builds auxiliary model `name` at: the plan's, with offload as replicated
     on a CPU device and sharding over one rank as replicated (nothing to split)."""
-    placement = plan.chosen.placements.get(name) or resolve_placement(configured, plan.chosen.strategy, world_size)
+    placement = plan.chosen.placements.get(name) or resolve_placement(configured, plan.strategy, world_size)
     if (placement == "offload" and device.type == "cpu") or (placement == "sharded" and world_size == 1):
         return "replicated"
     return placement
@@ -48,7 +48,7 @@ def lean_placement(device: torch.device, world_size: int) -> str:
 
 def build_frozen(plan: RunPlan, path: Path, device: torch.device, world_size: int, placement: str) -> torch.nn.Module:
     """The model of directory `path` at `placement`, in the plan's compute dtype, frozen, in eval mode."""
-    dtype = getattr(torch, _DTYPES[plan.chosen.strategy.precision])
+    dtype = getattr(torch, _DTYPES[plan.strategy.precision])
     trust, task = plan.config.model.trust_remote_code, plan.config.model.task
     if placement == "replicated":
         model = load_replicated(path, device, dtype, trust, task)

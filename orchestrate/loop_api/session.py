@@ -83,7 +83,7 @@ def _input_dtype(plan: RunPlan) -> Any:
     autocast (DDP autocasts, FSDP2's MixedPrecisionPolicy casts the inputs), so its inputs must match."""
     import torch
 
-    strategy = plan.chosen.strategy
+    strategy = plan.strategy
     if strategy.backend != "deepspeed":
         return None
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(strategy.precision)
@@ -92,7 +92,7 @@ def _input_dtype(plan: RunPlan) -> Any:
 def _wrap(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimizer, rank: Rank,
           run: RunDir) -> tuple[Any, Any, Any]:
     """(wrapped model, the optimizer the loop steps, the engine state a checkpoint saves)."""
-    backend = plan.chosen.strategy.backend
+    backend = plan.strategy.backend
     if backend == "deepspeed":
         engine = wrap_deepspeed(plan, model, optimizer)
         # Your loop computes its own loss: the engine's objective is never called (a placeholder).

@@ -34,9 +34,9 @@ def broadcast_from_rank0(model: torch.nn.Module) -> None:
 def grad_scaler(plan: RunPlan, device: torch.device) -> Any:
     """fp16's dynamic loss scaling (ddp.json / fsdp.json "loss_scaling"); None otherwise. Sharded
     under FSDP2: the inf/nan check is all-reduced, so every rank skips the same steps."""
-    if plan.chosen.strategy.precision != "fp16":
+    if plan.strategy.precision != "fp16":
         return None
-    if plan.chosen.strategy.backend == "fsdp":
+    if plan.strategy.backend == "fsdp":
         from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
         return ShardedGradScaler(device=device.type)

@@ -51,7 +51,7 @@ def hf_model(model: Any) -> Any:
 def apply_fused_kernels(plan: RunPlan, model: Any, device_type: str) -> None:
     """Where the plan's strategy turns fused kernels on, patch `model` (built, not yet wrapped) in place with
     Liger's kernels for its family."""
-    if not plan.chosen.strategy.fused_kernels:
+    if not plan.strategy.fused_kernels:
         return
     name, kwargs = liger_call(plan.shape.model_type)
     if device_type != "cuda":  # Triton kernels: a CPU rank would fail at its first forward, deep in Triton

@@ -222,6 +222,7 @@ class RunPlan(PlanResult):
 
     @property
     def strategy(self) -> Strategy:
+        """The chosen candidate's strategy: what every rank trains with."""
         return self.chosen.strategy
 
     @property
@@ -229,7 +230,7 @@ class RunPlan(PlanResult):
         """Tokens one optimizer step trains on over every rank (micro-batch x accumulation x world x seq_len
         x the sequences of a sample: a preference pair's two)."""
         return self.config.sequences_per_sample * tokens_per_step(
-            self.chosen.strategy, self.chosen.gradient_accumulation, self.world_size, self.config.train.seq_len)
+            self.strategy, self.chosen.gradient_accumulation, self.world_size, self.config.train.seq_len)
 
     @classmethod
     def read(cls, path: Path) -> RunPlan:

@@ -28,7 +28,7 @@ def peak_flops(plan: RunPlan) -> float | None:
     if gpu is None or not plan.hardware.has_gpu:
         return None
     per_gpu = {"bf16": gpu.peak_tflops_bf16, "fp16": gpu.peak_tflops_fp16,
-               "fp32": gpu.peak_tflops_fp32}[plan.chosen.strategy.precision] * 1e12
+               "fp32": gpu.peak_tflops_fp32}[plan.strategy.precision] * 1e12
     return per_gpu * plan.world_size if per_gpu > 0 else None
 
 
@@ -39,5 +39,5 @@ def utilisation(tokens_per_s: float, plan: RunPlan) -> dict[str, float]:
     if peak is None:
         return {}
     flops, recompute = training_flops_per_token(plan.shape, plan.config.train.seq_len)
-    hardware = flops + (recompute if plan.chosen.strategy.activation_checkpointing else 0.0)
+    hardware = flops + (recompute if plan.strategy.activation_checkpointing else 0.0)
     return {"mfu": tokens_per_s * flops / peak, "hfu": tokens_per_s * hardware / peak}

@@ -82,7 +82,7 @@ class CheckpointMeta:
     @classmethod
     def of(cls, plan: RunPlan, step: int, world_size: int, sampler_state: dict[str, Any],
            torch_version: str) -> CheckpointMeta:
-        strategy, train = plan.chosen.strategy, plan.config.train
+        strategy, train = plan.strategy, plan.config.train
         return cls(format=FORMAT_VERSION, step=step, world_size=world_size, backend=strategy.backend,
                    strategy=strategy.to_dict(), strategy_name=strategy.name,
                    gradient_accumulation=plan.chosen.gradient_accumulation, model_shape=plan.shape.to_dict(),

@@ -30,7 +30,7 @@ def resume_problems(meta: CheckpointMeta, plan: RunPlan) -> list[Problem]:
     if diff:
         problems.append(Problem("model", "the model differs from the checkpoint's: " + ", ".join(diff),
                                 "resume with the model the checkpoint was trained with"))
-    strategy, saved = plan.chosen.strategy, meta.strategy
+    strategy, saved = plan.strategy, meta.strategy
     if saved["backend"] != strategy.backend:
         problems.append(Problem("strategy.backend", f"the checkpoint was written by {saved['backend']}, this plan "
                                 f"uses {strategy.backend}; optimizer states do not convert across backends",

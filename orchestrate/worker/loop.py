@@ -46,7 +46,7 @@ def run_loop(training: Training, callbacks: list[Callback], tensors: TensorPeak 
     import torch
 
     plan, rank, engine, data = training.plan, training.rank, training.engine, training.data
-    micro, accumulation = plan.chosen.strategy.micro_batch_size, plan.chosen.gradient_accumulation
+    micro, accumulation = plan.strategy.micro_batch_size, plan.chosen.gradient_accumulation
     max_steps = plan.config.train.max_steps
     ordered = in_order(callbacks)
     for callback in ordered:

@@ -141,7 +141,7 @@ def task_objective(plan: RunPlan, sequence: SequenceParallel | None = None) -> O
     """The objective of the plan's task, the causal-LM loss in chunks where the plan chunks it, over
     the whole sequences of a sequence-parallel group where there is one."""
     if plan.config.model.task == "causal-lm":
-        return CausalLMObjective(plan.chosen.strategy.loss_chunks, sequence)
+        return CausalLMObjective(plan.strategy.loss_chunks, sequence)
     return plain_objective(plan)
 
 

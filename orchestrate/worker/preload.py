@@ -34,10 +34,10 @@ def start_preload(plan: RunPlan) -> threading.Thread:
 
 def _preload(plan: RunPlan) -> None:
     try:
-        backend = get_backend(plan.chosen.strategy.backend)
+        backend = get_backend(plan.strategy.backend)
         # DeepSpeed: its engine, the initial model's save_pretrained (backends/deepspeed_import.py), or
         # its Ulysses attention (backends/sequence_parallel.py).
-        if backend.name == "deepspeed" or reads_weight_files(plan) or plan.chosen.strategy.sequence_parallel > 1:
+        if backend.name == "deepspeed" or reads_weight_files(plan) or plan.strategy.sequence_parallel > 1:
             import_deepspeed_lean(keep_mlflow="mlflow" in plan.config.train.report_to)
         import_model_code(plan.config)
     except Exception:  # noqa: BLE001 - reported by the stage that needs it (see the docstring)
@@ -48,7 +48,7 @@ def reads_weight_files(plan: RunPlan) -> bool:
     """Whether the worker writes the initial weights as files before the model is built: where the
     backend reads them (`Backend.reads_weights`), or where a method needs the file whatever the backend
     (`Method.trains_adapters`: QLoRA quantizes while loading it, `export --merge` re-reads the base)."""
-    return get_backend(plan.chosen.strategy.backend).reads_weights(plan) or any(
+    return get_backend(plan.strategy.backend).reads_weights(plan) or any(
         method.trains_adapters for method in active_methods(plan.config))
 
 

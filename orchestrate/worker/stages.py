@@ -67,7 +67,7 @@ def check_run_dir(run: RunDir) -> None:
 
 def start_process_group(plan: RunPlan) -> Rank:
     """This rank, in the process group the plan's backend asks for; the seed every rank starts from."""
-    rank = start_rank(plan, get_backend(plan.chosen.strategy.backend).process_group(plan))
+    rank = start_rank(plan, get_backend(plan.strategy.backend).process_group(plan))
     torch.manual_seed(plan.config.train.seed)
     return rank
 
@@ -133,12 +133,12 @@ def build_engine(plan: RunPlan, run: RunDir, rank: Rank, labels: list[str] | Non
     transforms), wrapper, optimizer and schedule, training the objective of the task and the methods;
     returns the engine and the model directory it started from."""
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
-    backend = get_backend(plan.chosen.strategy.backend)
+    backend = get_backend(plan.strategy.backend)
     model_dir = ensure_initial_weights(plan, run.path, rank.local_rank, labels, weights=reads_weight_files(plan))
     engine = backend.setup(plan, rank, model_dir, objective_for(plan, auxiliary, rank.sequence),
                            partial(base_runtime(plan.config).build_model, plan))
     if rank.sequence is not None:  # attention over the whole sequence: all-to-all over heads in the group
-        use_ulysses_attention(engine.model, rank.sequence, plan.chosen.strategy.micro_batch_size)
+        use_ulysses_attention(engine.model, rank.sequence, plan.strategy.micro_batch_size)
     return engine, model_dir
 
 

@@ -47,7 +47,7 @@ def test_seed_loop_trains_and_resumes_bit_exact(tmp_path: Path, backend: str):
     result = api.launch(api.launch_request(config, cpu_hardware(2), run_dir=whole, program=program),
                         api.choose_transport(program=program))
     assert result.exit_code == 0, result.messages
-    assert result.plan.chosen.strategy.backend == backend and result.plan.chosen.gradient_accumulation == 2
+    assert result.plan.strategy.backend == backend and result.plan.chosen.gradient_accumulation == 2
     assert result.plan.shape.parameters == 19_204  # planned from train.py's Net (model.module), prepare agreed
     losses = _epoch_losses(whole)
     assert float(losses[2]) < float(losses[1]) < 1.386, losses  # below chance (ln 4), and falling

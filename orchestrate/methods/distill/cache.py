@@ -75,7 +75,7 @@ def write_cache(plan: RunPlan, run_dir: Path, data: TrainData, teacher: torch.nn
     dist.barrier()
     values, ids = open_memmap(root / _VALUES, mode="r+"), open_memmap(root / _IDS, mode="r+")
     rows = list(range(rank, len(blocks), world_size))
-    step = plan.chosen.strategy.micro_batch_size
+    step = plan.strategy.micro_batch_size
     with torch.no_grad():
         for start in range(0, -(-len(blocks) // world_size), step):
             chunk = rows[start:start + step]

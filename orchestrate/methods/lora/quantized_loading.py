@@ -71,7 +71,7 @@ def load_quantized(model_dir: Path, device: torch.device, plan: RunPlan, trust_r
     model, _, layout = meta_model(Path(model_dir), trust_remote_code, task)
     reads = plan_reads(Path(model_dir), layout)  # every mismatch is one UserError before anything is read
     quantized, dtype = block_linear_names(model, plan), compute_dtype(plan)
-    host = host_names(model, plan.chosen.strategy.embedding_offload)
+    host = host_names(model, plan.strategy.embedding_offload)
     with torch.no_grad():
         for path, items in reads.reads.items():
             with safe_open(str(path), framework="pt") as f:

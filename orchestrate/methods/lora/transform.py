@@ -25,7 +25,7 @@ def compute_dtype(plan: RunPlan) -> torch.dtype:
     import torch
 
     q = plan.config.train.quantization.compute_dtype
-    return getattr(torch, _DTYPES[plan.chosen.strategy.precision if q == "auto" else q])
+    return getattr(torch, _DTYPES[plan.strategy.precision if q == "auto" else q])
 
 
 def target_modules(plan: RunPlan) -> list[str]:
@@ -40,7 +40,7 @@ def quant_storage(plan: RunPlan) -> torch.dtype:
     Answer.AI fsdp_qlora)."""
     import torch
 
-    return compute_dtype(plan) if shards_parameters(plan.chosen.strategy.sharding) else torch.uint8
+    return compute_dtype(plan) if shards_parameters(plan.strategy.sharding) else torch.uint8
 
 
 def nf4_linear(linear: torch.nn.Linear, weight: torch.Tensor, plan: RunPlan, device: torch.device) -> torch.nn.Module:

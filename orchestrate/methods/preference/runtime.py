@@ -67,7 +67,7 @@ class PreferenceRuntime(MethodRuntime):
         if plan.config.preference.loss in REFERENCE_FREE:
             return None
         placement = reference_placement(plan, rank.device, rank.world_size)
-        chunks = plan.chosen.strategy.loss_chunks  # a live reference's forward chunked as the model's
+        chunks = plan.strategy.loss_chunks  # a live reference's forward chunked as the model's
         if placement == "adapter":
             return adapter_reference(chunks), adapter_reference(chunks)
         path = reference_dir(plan, run, rank.local_rank)
@@ -76,19 +76,19 @@ class PreferenceRuntime(MethodRuntime):
             return live, live
         views = {"train": data.train, "validation": data.validation}
         records = records_read(views, data.blocks_read(plan.config.train))
-        expected = identity(plan.config, views, records, path, plan.chosen.strategy.precision, run.path)
+        expected = identity(plan.config, views, records, path, plan.strategy.precision, run.path)
         if not is_complete(run.path, expected):  # a resumed run with the same data and reference reuses the files
             reference = build_frozen(plan, path, rank.device, rank.world_size,
                                      lean_placement(rank.device, rank.world_size))
             write_reference_logps(run.path, expected, views, records, reference, rank.device, rank.rank,
-                                  rank.world_size, plan.chosen.strategy.micro_batch_size)
+                                  rank.world_size, plan.strategy.micro_batch_size)
             del reference  # freed before the trained model is built: the point of precomputing
         return precomputed_reference(run.path, "train"), precomputed_reference(run.path, "validation")
 
     def objective(self, plan: RunPlan, task: Objective, auxiliary: References | None) -> Objective:
         # In place of the task's: the losses compare answer log-probabilities of whole sequences.
         train, evaluation = auxiliary if auxiliary is not None else (None, None)
-        return PreferenceObjective(plan.config.preference, train, evaluation, plan.chosen.strategy.loss_chunks)
+        return PreferenceObjective(plan.config.preference, train, evaluation, plan.strategy.loss_chunks)
 
     def callbacks(self, plan: RunPlan) -> list[Callback]:
         return [PreferenceMetrics()]

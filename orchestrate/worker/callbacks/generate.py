@@ -52,7 +52,7 @@ class EvalGenerate(Callback):
     def _generate(self, training: Training) -> list[list[int]]:
         import torch
 
-        strategy, device = training.plan.chosen.strategy, training.rank.device
+        strategy, device = training.plan.strategy, training.rank.device
         sharded = strategy.backend == "fsdp" or (strategy.backend == "deepspeed" and strategy.zero_stage == 3)
         wrapper = training.engine.model
         model = wrapper if strategy.backend == "fsdp" else getattr(wrapper, "module", wrapper)

@@ -27,7 +27,7 @@ class Evaluation(Callback):
         self.batches: list[dict[str, torch.Tensor]] = []
 
     def on_train_start(self, training: Training) -> None:
-        micro, device = training.plan.chosen.strategy.micro_batch_size, training.rank.device
+        micro, device = training.plan.strategy.micro_batch_size, training.rank.device
         self.batches = [{k: v.to(device, non_blocking=True) for k, v in b.items()} for b in
                         training.data.eval_batches(micro, training.plan.config.train.eval_batches,
                                                    training.rank.data_rank, training.rank.data_world_size)]

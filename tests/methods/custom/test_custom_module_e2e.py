@@ -35,7 +35,7 @@ def test_the_example_cnn_trains_to_ninety_percent_and_its_weights_load(tmp_path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     config = load_config(EXAMPLE / "cnn.yaml", [*SMALL, *pins, f"train.output_dir={tmp_path}"])
     plan = weigh(config, cpu_hardware(2), shape_for(config))
-    assert isinstance(plan, RunPlan) and plan.chosen.strategy.backend == pins[0].split("=")[1]
+    assert isinstance(plan, RunPlan) and plan.strategy.backend == pins[0].split("=")[1]
     run_dir = tmp_path / "run"
     assert start(prepare_run(plan, run_dir), run_dir.resolve(), LocalTorchrun()).exit_code == 0
 

@@ -141,7 +141,7 @@ def test_planner_precomputes_a_teacher_that_does_not_fit_beside_the_student():
     # Its first pass holds the gathered root and two blocks of the offloaded 7B (1.3 GB) before the
     # student exists: the rank's peak is that pass, not the tiny student's training.
     gpu = plan.chosen.memory.gpu
-    pass_bytes = first_pass_bytes(teacher_model(teacher, "precomputed", 64), plan.chosen.strategy, hw, SEQ, 2)
+    pass_bytes = first_pass_bytes(teacher_model(teacher, "precomputed", 64), plan.strategy, hw, SEQ, 2)
     assert pass_bytes > 2**30
     training = sum(v for k, v in gpu.items() if k not in ("teacher_first_pass", "cuda_context", "workspace",
                                                               "allocator_reserve", "nccl_buffers"))

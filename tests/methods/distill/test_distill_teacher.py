@@ -51,7 +51,7 @@ def test_sharded_teacher_holds_its_planned_shard_and_matches_the_replicated_one(
     results = run_on_ranks(_on_rank, 2, str(tmp_path / "teacher"))
     plan = _plan(str(tmp_path / "teacher"))
     shape = shape_from_dict(dict(GPT2))
-    predicted = estimate_memory(shape, plan.hardware, plan.chosen.strategy, 32, 1,
+    predicted = estimate_memory(shape, plan.hardware, plan.strategy, 32, 1,
                                 [distill_terms(teacher_model(shape, "sharded", 16))]).gpu["teacher_weights"]
     for rank, r in results.items():
         assert r["placement"] == "sharded" and not r["training"] and r["trainable"] == 0, r

@@ -63,7 +63,7 @@ def _run(cases: list[tuple[str, str, str]], model_dirs: dict[str, str], run_root
     out = {}
     for backend, method, family in cases:
         plan, run = _plan(backend, method, family), Path(run_root) / f"{backend}-{method}-{family}"
-        engine = setup_engine(get_backend(plan.chosen.strategy.backend), plan, cpu_rank(rank, world), model_dirs[family])
+        engine = setup_engine(get_backend(plan.strategy.backend), plan, cpu_rank(rank, world), model_dirs[family])
         losses, evals = [], []
         for step in range(1, EVAL_AFTER[-1] + 1):
             losses.append(engine.train_step(train).loss)

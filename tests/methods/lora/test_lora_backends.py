@@ -86,7 +86,7 @@ def _train(backend: str, method: str, family: str, model_dir: str, run_dir: str)
 
     rank, world = init_gloo()
     plan, run = _plan(backend, method, family), Path(run_dir)
-    impl = get_backend(plan.chosen.strategy.backend)
+    impl = get_backend(plan.strategy.backend)
     engine = setup_engine(impl, plan, cpu_rank(rank, world), model_dir)
     module = getattr(engine.model, "module", engine.model)
     frozen = _frozen_bytes(module)
@@ -107,7 +107,7 @@ def _train(backend: str, method: str, family: str, model_dir: str, run_dir: str)
            "resumed": [resumed.train_step(_batches(rank)).loss for _ in range(4)]}
     if rank == 0:
         out.update(_compare_outputs(method, trained, model_dir, run))
-        meta = SimpleNamespace(strategy={"zero_stage": plan.chosen.strategy.zero_stage})
+        meta = SimpleNamespace(strategy={"zero_stage": plan.strategy.zero_stage})
         out["ckpt_keys"] = sorted(impl.full_state_dict(run / "ckpt", meta))  # what `export` reads
         out["trainable"] = sorted(n for n, p in module.named_parameters() if p.requires_grad)
     return out

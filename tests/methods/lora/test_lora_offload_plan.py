@@ -95,7 +95,7 @@ def test_an_offloaded_adapter_run_is_chosen_only_where_nothing_without_offload_f
                             "train": {"seq_len": 4096, "global_batch_size": 8, "method": "qlora"}})
     plan = weigh(cfg, HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve(), shape)
     offloaded = [c for c in plan.candidates if c.fits and c.strategy.offload_params == "cpu"]
-    assert offloaded and plan.chosen.strategy.offload_params == "none"  # both fit; the verified-on-GPU-less one waits
+    assert offloaded and plan.strategy.offload_params == "none"  # both fit; the verified-on-GPU-less one waits
 
 
 @pytest.mark.parametrize("stage", [2, 3])

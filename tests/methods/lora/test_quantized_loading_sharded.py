@@ -109,7 +109,7 @@ def test_fsdp_cpu_load_holds_the_nf4_model_and_one_tensor_not_the_16bit_base(tmp
         del kept
     adapters = adapters_for(plan.config, plan.shape)
     nf4 = base_bytes(plan.shape, adapters, 4)[0]
-    predicted = quantized_load_bytes(plan.shape, 1, 4, plan.chosen.strategy, adapters)
+    predicted = quantized_load_bytes(plan.shape, 1, 4, plan.strategy, adapters)
     print(f"{params / 1e6:.1f}M params, FSDP2 plan's CPU load, live tensors at the peak: old 16-bit path "
           f"{peaks['old'] / 2**20:.0f} MiB, quantized as it loads {peaks['new'] / 2**20:.0f} MiB (NF4 model "
           f"{nf4 / 2**20:.0f} MiB; planner's per-rank term {predicted / 2**20:.0f} MiB)")
@@ -131,7 +131,7 @@ def _setup_without_16bit_load(model_dir: str, run_dir: str) -> dict:
     out = {}
     for backend in ("fsdp", "zero2", "zero3"):
         plan = _plan(backend, ARCHS["qwen2"])
-        engine = setup_engine(get_backend(plan.chosen.strategy.backend), plan, cpu_rank(rank, world), model_dir)
+        engine = setup_engine(get_backend(plan.strategy.backend), plan, cpu_rank(rank, world), model_dir)
         module = getattr(engine.model, "module", engine.model)
         out[backend] = sorted({str(m.weight.dtype) for m in module.modules() if isinstance(m, bnb.nn.Linear4bit)}
                               | {f"n={sum(isinstance(m, bnb.nn.Linear4bit) for m in module.modules())}"})

@@ -65,7 +65,7 @@ def test_llama3_8b_dpo_with_qlora_on_one_8gib_card_names_its_longest_seq_len_and
     at = {s: weigh(_config({"method": "qlora", "seq_len": s}, {"loss": "dpo"}, llama31), hw, shape)
           for s in (longest, longest + 64)}
     assert any(c.fits and c.name == name and c.placements[REFERENCE] == "adapter" for c in at[longest].candidates)
-    assert plan.chosen.strategy.loss_chunks > 0  # at 1024 the fastest plan takes the log-probs in chunks
+    assert plan.strategy.loss_chunks > 0  # at 1024 the fastest plan takes the log-probs in chunks
     assert isinstance(at[longest + 64], Refusal)  # no strategy fits 64 tokens more
     assert 8192 < longest < 131_072
     sft = weigh(_config({"method": "qlora", "seq_len": longest + 64}, model=llama31), hw, shape)
@@ -149,7 +149,7 @@ def test_a_step_s_tokens_count_both_sequences_of_every_record():
 
     hw, tiny = cpu_hardware(2), {"method": "full", "seq_len": 32, "micro_batch_size": 2}
     dpo = plan_for(_config(tiny, {"loss": "dpo"}, TINY_GPT2), hw)
-    one = tokens_per_step(dpo.chosen.strategy, dpo.chosen.gradient_accumulation, hw.world_size, 32)
+    one = tokens_per_step(dpo.strategy, dpo.chosen.gradient_accumulation, hw.world_size, 32)
     assert dpo.tokens_per_step == 2 * one  # the intro line's and the step records' tokens
     speed = dpo.chosen.speed
     assert speed.tokens_per_s * speed.step_time_s == pytest.approx(dpo.tokens_per_step)  # the speed model's too

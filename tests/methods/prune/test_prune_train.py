@@ -33,7 +33,7 @@ def _plan(strategy: Strategy, prune: dict):
 
 def _batches(plan, rank: int, step: int):
     """Two fixed batches per rank, alternating, from 16 of the 257 ids: a few steps learn them."""
-    seq, micro = plan.config.train.seq_len, plan.chosen.strategy.micro_batch_size
+    seq, micro = plan.config.train.seq_len, plan.strategy.micro_batch_size
     out = []
     for i in range(plan.chosen.gradient_accumulation):
         ids = torch.randint(0, 16, (micro, seq), generator=torch.Generator().manual_seed(1000 * rank + 10 * (step % 2) + i))

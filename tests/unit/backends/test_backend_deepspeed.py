@@ -291,7 +291,7 @@ def _micro_batches(plan: RunPlan, rank: int, step: int):
     so a few steps can learn that (the loss falls from ln 257 towards ln 16)."""
     import torch
 
-    seq, micro = plan.config.train.seq_len, plan.chosen.strategy.micro_batch_size
+    seq, micro = plan.config.train.seq_len, plan.strategy.micro_batch_size
     out = []
     for i in range(plan.chosen.gradient_accumulation):
         g = torch.Generator().manual_seed(1000 * rank + 10 * (step % 2) + i)

@@ -149,7 +149,7 @@ def test_rotary_buffers_are_recomputed_after_to_empty(model_dirs):
 def _batches(rank: int, plan) -> list[dict[str, torch.Tensor]]:
     """This rank's fixed micro-batches of seeded random tokens (the same every step: memorisable)."""
     g = torch.Generator().manual_seed(1000 + rank)
-    mb = plan.chosen.strategy.micro_batch_size
+    mb = plan.strategy.micro_batch_size
     ids = [torch.randint(0, 257, (mb, SEQ), generator=g) for _ in range(plan.chosen.gradient_accumulation)]
     return [{"input_ids": x, "labels": x} for x in ids]
 

@@ -73,7 +73,7 @@ def test_transformers_fills_it_without_mismatch_for_any_world_size(world_size):
     ds.trainer_config_process(args)
     ds.trainer_config_finalize(args, model=None, num_training_steps=plan.config.train.max_steps)  # raises on mismatch
     cfg, opt = ds.config, plan.config.train.optimizer
-    micro, accumulation = plan.chosen.strategy.micro_batch_size, plan.chosen.gradient_accumulation
+    micro, accumulation = plan.strategy.micro_batch_size, plan.chosen.gradient_accumulation
     assert cfg["train_batch_size"] == micro * accumulation * world_size
     assert cfg["optimizer"]["params"] == {"lr": opt.lr, "betas": list(opt.betas), "eps": opt.eps,
                                           "weight_decay": opt.weight_decay}

@@ -166,7 +166,7 @@ def test_cpu_plans_count_the_block_diagonal_mask_and_gpu_plans_take_the_varlen_p
     cpu = _plan(tmp_path, cpu_hardware(2), chat)
     packing = sample_packing(cpu.config, cpu.hardware, cpu.shape)
     assert packing.attention == BLOCK_MASK and packing.certain and not planned_varlen(cpu)
-    assert cpu.chosen.memory.gpu["attention_mask"] == mask_bytes(packing, cpu.shape, cpu.chosen.strategy, 1024, 4) > 0
+    assert cpu.chosen.memory.gpu["attention_mask"] == mask_bytes(packing, cpu.shape, cpu.strategy, 1024, 4) > 0
     assert any("block-diagonal" in note for note in cpu.notes)
 
     gpu = _plan(tmp_path, load_preset("rtx3070"), chat)

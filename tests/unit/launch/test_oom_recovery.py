@@ -74,7 +74,7 @@ def test_a_correction_only_raises_the_prediction_and_only_for_its_family(tmp_pat
     config = _config(tmp_path, micro_batch_size=2)
     hardware = HardwareFlags(gpus=2).resolve()
     plain = plan_for(config, hardware)
-    family = plain.chosen.strategy.family
+    family = plain.strategy.family
     same = plan_for(config, hardware.model_copy(update={"memory_corrections": [
         MemoryCorrection(ratio=1.5, family=family, source="test")]}))
     other = plan_for(config, hardware.model_copy(update={"memory_corrections": [
@@ -195,4 +195,4 @@ def test_the_launcher_stops_after_train_oom_retries_with_exit_71(tmp_path):
     text = "\n".join(result.messages)
     assert text.count("re-plan ") == 2 and "not re-planning: 2 re-plan(s) used" in text
     assert len(result.plan.hardware.memory_corrections) == 2
-    assert result.plan.hardware.memory_correction(result.plan.chosen.strategy.family) == pytest.approx(1.1**2, rel=1e-3)
+    assert result.plan.hardware.memory_correction(result.plan.strategy.family) == pytest.approx(1.1**2, rel=1e-3)

@@ -87,9 +87,9 @@ def test_llama3_8b_qlora_on_one_8gib_card_fits_at_seq_3072_with_the_embedding_in
 
 def test_taken_only_where_nothing_fits_without_it():
     shape = shape_from_dict(dict(LLAMA3_8B))
-    roomy = weigh(cfg(LLAMA3_8B, method="qlora"), gpus("24GiB"), shape).chosen.strategy
+    roomy = weigh(cfg(LLAMA3_8B, method="qlora"), gpus("24GiB"), shape).strategy
     assert not roomy.embedding_offload and not roomy.activation_offload
-    tight = weigh(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape).chosen.strategy
+    tight = weigh(cfg(LLAMA3_8B, seq=2048, method="qlora"), gpus(), shape).strategy
     assert tight.embedding_offload and tight.backend == "ddp"
     # full fine-tuning trains the embedding: never offloaded, whatever fits
     full = weigh(cfg(LLAMA3_8B, seq=512), gpus("80GiB"), shape)

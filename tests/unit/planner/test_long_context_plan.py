@@ -27,7 +27,7 @@ def test_the_plan_says_which_long_context_knobs_it_chose_and_why():
 
     config = api.load_config(bench.CONFIG, ["train.method=qlora", "train.seq_len=40960", *bench.SETTINGS])
     plan = plan_for(config, bench.hardware(1, 8, 64))
-    s = plan.chosen.strategy
+    s = plan.strategy
     assert s.mlp_tiles and s.fused_kernels
     note = next(n for n in plan.notes if n.startswith("long context:"))
     assert f"the MLP in {s.mlp_tiles} slices" in note and "fused RMSNorm" in note and "no plan without them" in note
@@ -70,4 +70,4 @@ def test_runs_whose_samples_cannot_be_split_are_never_split():
         assert any(why in p.message and p.where == "train.sequence_parallel" for p in err.value.problems)
     # plain text splits where one rank cannot hold the sample
     split = plan_for(api.load_config(bench.CONFIG, ["train.method=qlora", "train.seq_len=65536", *bench.SETTINGS]), hw)
-    assert split.chosen.strategy.sequence_parallel == 2
+    assert split.strategy.sequence_parallel == 2

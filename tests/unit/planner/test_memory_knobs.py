@@ -72,12 +72,12 @@ def test_adamw8bit_states_are_about_2_bytes_per_parameter():
 
 def test_knobs_are_chosen_only_where_the_plain_run_does_not_fit():
     shape = shape_from_dict(dict(TINY))
-    roomy = weigh(cfg(TINY, optimizer={"name": "auto"}), cpu_hw(2, ram_gib=16), shape).chosen.strategy
+    roomy = weigh(cfg(TINY, optimizer={"name": "auto"}), cpu_hw(2, ram_gib=16), shape).strategy
     assert (roomy.loss_chunks, roomy.activation_offload, roomy.optimizer) == (0, False, "adamw")
     hw = HardwareFlags(gpus=1, gpu_mem="12GiB", cpu_mem="32GiB").resolve()
     plan = weigh(cfg(LLAMA3_8B, seq=4096, batch=8, method="qlora", optimizer={"name": "auto"}), hw,
                  shape_from_dict(dict(LLAMA3_8B)))
-    tight = plan.chosen.strategy
+    tight = plan.strategy
     assert tight.loss_chunks == knobs.auto_loss_chunks(4096) and tight.activation_checkpointing
     assert tight.optimizer == "adamw"  # 0.3 GiB of fp32 Adam states fit: the 8-bit optimizer is not needed
     # the 128k-vocabulary logits do not fit unchunked (but with the base offloaded to the host, ZeRO-3 fits
@@ -127,7 +127,7 @@ def test_loss_chunks_and_activation_offload_pinned_under_deepspeed_are_planned_t
 def test_adamw8bit_pinned_with_backend_auto_plans_ddp_only():
     plan = weigh(cfg(TINY, optimizer={"name": "adamw8bit"}), cpu_hw(2), shape_from_dict(dict(TINY)))
     assert {c.strategy.backend for c in plan.candidates} == {"ddp"}
-    assert plan.chosen.strategy.optimizer == "adamw8bit" and plan.chosen.name.endswith("adamw8bit-mb1")
+    assert plan.strategy.optimizer == "adamw8bit" and plan.chosen.name.endswith("adamw8bit-mb1")
 
 
 def test_method_auto_is_full_when_full_fits_even_with_lora_settings_given():

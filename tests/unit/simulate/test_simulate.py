@@ -183,7 +183,7 @@ def test_verify_plan_compares_like_with_like_and_flags_offload():
 
     plan = make_plan(_strategy("fsdp", 3), ranks=2)
     report = verify_plan(plan)
-    expected = estimate_memory(plan.shape, plan.hardware, plan.chosen.strategy, plan.config.train.seq_len,
+    expected = estimate_memory(plan.shape, plan.hardware, plan.strategy, plan.config.train.seq_len,
                                plan.chosen.gradient_accumulation).gpu_total
     # CPU plan: nothing unseen to add, the exact storage peak is the per-rank number.
     assert report.unseen_bytes == {} and report.simulated_total == report.simulation.peak_bytes

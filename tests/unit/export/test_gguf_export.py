@@ -34,7 +34,7 @@ ARCHS = {
     # model_type: (extra config, the family tokenizer of tests/helpers/chat_tokenizers.py, GGUF architecture)
     "llama": ({}, "llama-3", "llama"),
     "mistral": ({"sliding_window": None}, "mistral", "llama"),
-    "qwen2": ({"rope_theta": 1e6}, "qwen2", "qwen2"),
+    "qwen2": ({"rope_theta": 1e6, "tie_word_embeddings": True}, "qwen2", "qwen2"),  # tied as Qwen2-0.5B
     "gemma": ({"head_dim": 16}, "gemma", "gemma"),
 }
 
@@ -106,7 +106,7 @@ def _check_tensors(reader, state: dict[str, torch.Tensor], model_type: str, conf
     that scale's own f16 rounding."""
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[ARCHS[model_type][2].upper()], config["num_hidden_layers"])
     written = {t.name: t for t in reader.tensors}
-    tied = model_type == "gemma"
+    tied = model_type == "gemma" or config.get("tie_word_embeddings", False)
     expected = {names.get_name(k, try_suffixes=(".weight", ".bias")): k for k in state
                 if not (tied and k == "lm_head.weight")}
     assert set(written) == set(expected)

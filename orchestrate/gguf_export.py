@@ -107,7 +107,7 @@ def write_gguf(state: dict[str, torch.Tensor], hf_config, tokenizer_dir: Path, o
     writer = gguf.GGUFWriter(path=None, arch=gguf.MODEL_ARCH_NAMES[arch])
     ftype = gguf.LlamaFileType.MOSTLY_F16 if quant == "f16" else gguf.LlamaFileType.MOSTLY_Q8_0
     writer.add_type(gguf.GGUFType.MODEL)
-    writer.add_name(out_dir.name)
+    writer.add_name(out_dir.name)  # ModelBase.prepare_metadata: "fallback to model directory name"
     _add_hyper_parameters(writer, hparams, family, ftype)
     writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
     stops = _add_vocab(writer, tokenizer_dir, hparams["vocab_size"])
@@ -166,7 +166,9 @@ def _add_hyper_parameters(writer, hparams: dict[str, Any], family: Family, ftype
 
 def _llama3_rope_factors(hparams: dict[str, Any]) -> torch.Tensor:
     """LlamaModel.generate_extra_tensors: Llama 3.1's frequency-dependent rope scaling as the per-pair
-    divisors llama.cpp reads from the `rope_freqs` tensor."""
+    divisors llama.cpp reads from the `rope_freqs` tensor. original_max_position_embeddings is read
+    where transformers reads it (the rope settings; the script looks at the top level, default 8192,
+    Llama 3.1's value)."""
     import torch
 
     rope = _rope(hparams)
@@ -264,7 +266,8 @@ def _pre_tokenizer(tokenizer_json: dict[str, Any]) -> str:
             return "gpt-2"  # ByteLevel's own split is GPT-2's regex, llama.cpp's LLAMA_VOCAB_PRE_TYPE_GPT2
         if not others and not model.get("merges"):
             return "gpt-2"  # no merges (the byte tokenizer): every byte is its own token however text is split
-        if len(others) == 1 and others[0].get("type") == "Split" and steps[-1] is byte_level[0]:
+        if (len(others) == 1 and others[0].get("type") == "Split" and steps[-1] is byte_level[0]
+                and not byte_level[0].get("use_regex", True)):
             name = _PRE_TOKENIZERS.get((others[0].get("pattern") or {}).get("Regex"))
             if name is not None:
                 return name

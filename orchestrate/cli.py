@@ -201,7 +201,7 @@ def launch(config_path, program, overrides, run_dir, dry_run, max_restarts, mast
 
 @cli.command("export")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for the Hugging Face model.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for the exported model.")
 @click.option("--step", type=int, help="Export the checkpoint of this step (default: the latest).")
 @click.option("--merge", is_flag=True, help="LoRA / QLoRA run: merge the checkpoint's adapters into the base (fp32).")
 @click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), default="hf", show_default=True,

@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml constraints-ci.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip wheel setuptools
 	$(PIP) install -q $(CONSTRAINTS) torch==2.13.0
-	$(PIP) install -q $(CONSTRAINTS) -e '.[dev,gpu,lora]'
+	$(PIP) install -q $(CONSTRAINTS) -e '.[dev,gpu,lora,export]'
 	# DeepSpeed's setup.py imports torch: build it against the torch above, not a fresh CUDA one.
 	$(PIP) install -q $(CONSTRAINTS) --no-build-isolation 'deepspeed>=0.15'
 	# JIT-compile DeepSpeed's CPU Adam once (about a minute on a fresh machine) instead of inside a test.

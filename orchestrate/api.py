@@ -290,12 +290,14 @@ def chat_reply(model: Any, messages: list[dict[str, str]], max_new_tokens: int =
 # --- export, profile, schema ---------------------------------------------------------------------
 
 
-def export(run_dir: Path, out: Path, step: int | None = None, merge: bool = False) -> Path:
+def export(run_dir: Path, out: Path, step: int | None = None, merge: bool = False, fmt: str = "hf",
+           quant: str | None = None) -> Path:
     """A consolidated Hugging Face model from a run's checkpoint; returns the checkpoint used. `merge`: a
-    LoRA / QLoRA run's adapters merged into its base."""
+    LoRA / QLoRA run's adapters merged into its base. `fmt` "gguf": one GGUF file for llama.cpp and
+    Ollama (and a Modelfile) instead, `quant` "f16" (the default) or "q8_0"."""
     from orchestrate.export import export_checkpoint
 
-    return export_checkpoint(Path(run_dir), Path(out), step, merge=merge)
+    return export_checkpoint(Path(run_dir), Path(out), step, merge=merge, fmt=fmt, quant=quant)
 
 
 def profile(flags: HardwareFlags) -> HardwareProfile:

@@ -201,14 +201,19 @@ def launch(config_path, program, overrides, run_dir, dry_run, max_restarts, mast
 
 @cli.command("export")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for the Hugging Face model.")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Directory for the exported model.")
 @click.option("--step", type=int, help="Export the checkpoint of this step (default: the latest).")
 @click.option("--merge", is_flag=True, help="LoRA / QLoRA run: merge the checkpoint's adapters into the base (fp32).")
+@click.option("--format", "fmt", type=click.Choice(["hf", "gguf"]), default="hf", show_default=True,
+              help="hf: a Hugging Face model directory; gguf: model.gguf + Modelfile for llama.cpp and Ollama.")
+@click.option("--quant", type=click.Choice(["f16", "q8_0"]),
+              help="--format gguf: the weights' type (default f16; q8_0 about half the size).")
 @_user_errors_exit_2
-def export_cmd(run_dir, out, step, merge):
+def export_cmd(run_dir, out, step, merge, fmt, quant):
     """Write a consolidated Hugging Face model (safetensors + config.json + tokenizer) from a run's
-    checkpoint, offline on the CPU, whatever backend and world size wrote it."""
-    ckpt = api.export(Path(run_dir), Path(out), step, merge=merge)
+    checkpoint, offline on the CPU, whatever backend and world size wrote it; or, with --format gguf,
+    one GGUF file (tokenizer and chat template inside) and an Ollama Modelfile."""
+    ckpt = api.export(Path(run_dir), Path(out), step, merge=merge, fmt=fmt, quant=quant)
     console.print(f"exported {ckpt} -> {out}", markup=False, highlight=False)
 
 

@@ -2,6 +2,8 @@
 (model.safetensors + config.json + the run's tokenizer, the byte tokenizer as tokenizer.json)
 from any checkpoint of a run, offline, in this one process on the CPU: no process group, no GPU.
 A LoRA / QLoRA run's checkpoints hold its adapters: `--merge` re-reads the frozen base and merges them in.
+`--format gguf [--quant f16|q8_0]`: the same model as one GGUF file for llama.cpp and Ollama
+(orchestrate.gguf_export).
 
 Each backend reads its own checkpoints (`Backend.full_state_dict`: DeepSpeed's zero_to_fp32, the
 model entries of FSDP2's DCP shards, DDP's trainer_state.pt), every file with weights_only=True
@@ -11,9 +13,11 @@ model entries of FSDP2's DCP shards, DDP's trainer_state.pt), every file with we
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrate import gguf_export
 from orchestrate.backends.registry import backend_names, get_backend
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.lora.saving import merge_adapters
@@ -42,10 +46,34 @@ def read_model_state(ckpt: Path) -> dict[str, torch.Tensor]:
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
 
 
-def check_export_dir(out_dir: Path) -> None:
+FORMATS = ("hf", "gguf")
+
+
+def check_export_dir(out_dir: Path, fmt: str = "hf") -> None:
     """UserError unless `out_dir` is new, empty, or an earlier export (it has EXPORT_MARKER_FILE):
     export never replaces files it did not write."""
-    check_output_dir(out_dir, EXPORT_MARKER_FILE, "config.json, model.safetensors and tokenizer files")
+    writes = ("config.json, model.safetensors and tokenizer files" if fmt == "hf"
+              else f"{gguf_export.GGUF_FILE} and {gguf_export.MODELFILE}")
+    check_output_dir(out_dir, EXPORT_MARKER_FILE, writes)
+
+
+def _check_format(fmt: str, quant: str | None) -> str | None:
+    """The GGUF quantization to write (f16 unless `quant`; None for hf). UserError for an unknown
+    format or quantization, a quantization of the HF format, or GGUF without the gguf package."""
+    if fmt not in FORMATS:
+        raise UserError(f"unknown export format {fmt!r}", [Problem(
+            "--format", f"one of {', '.join(FORMATS)}", "--format hf or --format gguf")])
+    if fmt == "hf":
+        if quant is not None:
+            raise UserError("--quant is for GGUF", [Problem(
+                "--quant", "the Hugging Face export keeps the checkpoint's precision",
+                "add --format gguf, or drop --quant")])
+        return None
+    if (quant or gguf_export.QUANTS[0]) not in gguf_export.QUANTS:
+        raise UserError(f"unknown GGUF quantization {quant!r}", [Problem(
+            "--quant", f"one of {', '.join(gguf_export.QUANTS)}", "--quant f16 or --quant q8_0")])
+    gguf_export.check_gguf_installed()
+    return quant or gguf_export.QUANTS[0]
 
 
 def _stderr(text: str) -> None:
@@ -82,25 +110,25 @@ _ATTEMPTS = 5
 
 
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
-                      say: Callable[[str], None] = _stderr, merge: bool = False) -> Path:
+                      say: Callable[[str], None] = _stderr, merge: bool = False, fmt: str = "hf",
+                      quant: str | None = None) -> Path:
     """Write the HF model of `run_dir`'s newest intact checkpoint (or of `step`) to `out_dir`;
     returns the checkpoint directory it came from. Damaged newer checkpoints are named to `say`
     and skipped. `merge`: a LoRA / QLoRA run's adapters merged into its base (the only way to export one).
+    `fmt` "gguf": model.gguf + an Ollama Modelfile instead, its tensors `quant` (f16, q8_0; f16 unless given).
     A run may still be training: a checkpoint its pruning removes while it is read is replaced by
     the newest intact one then (not with `step`: that one is gone)."""
     from orchestrate.backends.hf_io import save_hf_dir
-    from orchestrate.data.chat_template import saved_chat_template
-    from orchestrate.data.tokenizer import save_tokenizer
-    from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 
-    check_export_dir(Path(out_dir))
+    quant = _check_format(fmt, quant)
+    check_export_dir(Path(out_dir), fmt)
     for attempt in range(_ATTEMPTS):
         found = find_checkpoint(Path(run_dir), step)
         for line in found.notices():
             say(line)
         ckpt = found.chosen.path
         try:
-            plan, hf_config, layout, wanted = _read_checkpoint(ckpt, Path(run_dir), merge)
+            plan, hf_config, layout, wanted = _read_checkpoint(ckpt, Path(run_dir), merge, fmt)
             break
         except UserError:
             if ckpt.is_dir() or step is not None or attempt == _ATTEMPTS - 1:
@@ -111,15 +139,29 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None,
     with os_errors_as_user_errors("--out"):
         out_dir.mkdir(parents=True, exist_ok=True)
         (out_dir / EXPORT_MARKER_FILE).write_text(f"exported from {ckpt}\n")  # first: ours from now on
-        save_hf_dir(wanted, hf_config, out_dir, layout)
-        # None: the byte tokenizer; the run's chat template from the YAML saved with it
-        save_tokenizer(tokenizer_dir_of(plan.config), out_dir, saved_chat_template(plan.config),
-                       plan.config.model.trust_remote_code)
+        if fmt == "hf":
+            save_hf_dir(wanted, hf_config, out_dir, layout)
+            _save_tokenizer(plan, out_dir)
+        else:
+            with tempfile.TemporaryDirectory() as staged:  # the GGUF's metadata reads the saved tokenizer files
+                _save_tokenizer(plan, Path(staged))
+                gguf_export.write_gguf(wanted, hf_config, Path(staged), out_dir, quant, say)
     return ckpt
 
 
-def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool):
-    """(plan, HF config, state layout, the model's tensors) of one checkpoint, read into memory."""
+def _save_tokenizer(plan, directory: Path) -> None:
+    """The run's tokenizer (None: the byte tokenizer) with the run's chat template from the YAML."""
+    from orchestrate.data.chat_template import saved_chat_template
+    from orchestrate.data.tokenizer import save_tokenizer
+    from orchestrate.data.tokenizer_choice import tokenizer_dir_of
+
+    save_tokenizer(tokenizer_dir_of(plan.config), directory, saved_chat_template(plan.config),
+                   plan.config.model.trust_remote_code)
+
+
+def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool, fmt: str = "hf"):
+    """(plan, HF config, state layout, the model's tensors) of one checkpoint, read into memory; for
+    `fmt` gguf, a family GGUF does not cover is refused before the tensors are read."""
     from transformers import AutoConfig
 
     from orchestrate.backends.hf_io import StateLayout
@@ -137,6 +179,8 @@ def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool):
         raise UserError(f"the checkpoint {ckpt} cannot be read", [Problem(
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc
     _check_merge(plan, ckpt, merge)
+    if fmt == "gguf":
+        gguf_export.check_family(hf_config)
     state = read_model_state(ckpt)
     if merge:
         state = _merged(plan, run_dir, state)

@@ -130,7 +130,7 @@ def test_cli_imports_only_the_api_the_errors_and_the_run_contract():
 
 LAYERS = ("errors", "ports", "library_messages", "run", "config", "hardware", "model", "planner", "data",
           "loading", "backends", "methods", "simulate", "worker", "report", "planning", "launch", "transports",
-          "agent", "loop_api", "export", "chat", "presets", "api", "cli", "__main__", "__init__")
+          "agent", "loop_api", "gguf_export", "export", "chat", "presets", "api", "cli", "__main__", "__init__")
 """The packages (and top-level modules) from the lowest to the highest: a package builds on the ones
 before it. The data flow (config -> hardware -> model -> plan -> backend -> worker) reads left to right;
 methods/ sits above what it hands values to (planner, data, backends) and below the worker that runs it."""
@@ -317,7 +317,7 @@ and `import orchestrate.api` light. Every other import sits at the top of its fi
 
 OPTIONAL_EXTRAS = {"deepspeed": "deepspeed", "nvidia-ml-py": "pynvml", "wandb": "wandb",
                    "mlflow-skinny": "mlflow", "peft": "peft", "bitsandbytes": "bitsandbytes",
-                   "liger-kernel": "liger_kernel"}
+                   "liger-kernel": "liger_kernel", "gguf": "gguf"}
 """pyproject's optional dependencies (a distribution: the module it installs) that are not also in
 `dependencies`: a user may not have them, so they are imported where used."""
 

@@ -3,13 +3,10 @@
 One place decides them, so `backends/deepspeed_render.py` writes exactly what `planner/memory.py`
 charges. Pure: a shape and whether the plan has GPUs in, numbers out.
 
-Why GPU and CPU differ (measured with bench/deepspeed_settings.py, tiny GPT-2, ZeRO-2, 2 gloo
-ranks, 5 interleaved rounds): with hidden^2-element buckets (16,384 elements for hidden 128, ~53
-buckets for the 0.86M-parameter model) each step issues one gloo collective per bucket, and every
-gloo collective costs a fixed latency on CPU. DeepSpeed's default reduce bucket (5e8 elements, the
-whole model in one bucket) ran 1.24x (1.09-1.58) the tokens/s; both buckets at 5e8 1.37x
-(1.23-1.59). On a GPU the bucket is an allocation on an 8 GB card (x2 with overlap_comm), hence
-hidden^2 there, as Accelerate fills DeepSpeed's "auto" (accelerate/utils/deepspeed.py).
+Why GPU and CPU differ: with hidden^2-element buckets each step issues one gloo collective per bucket,
+and every gloo collective costs a fixed latency on CPU, so a CPU run takes the whole model in one bucket
+(faster on 2 gloo ranks: docs/measurements.md#plannerds_bucketspy). On a GPU the bucket is an allocation
+on an 8 GB card (x2 with overlap_comm), hence hidden^2 there, as Accelerate fills DeepSpeed's "auto" (accelerate/utils/deepspeed.py).
 """
 
 from __future__ import annotations

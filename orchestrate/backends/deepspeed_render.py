@@ -165,13 +165,12 @@ def _zero(plan: RunPlan) -> dict[str, Any]:
         # GPU: about one layer's weight matrix, what Accelerate and transformers fill in for "auto"
         # (accelerate/accelerator.py `_prepare_deepspeed`; transformers/integrations/deepspeed.py
         # `trainer_config_finalize`): the ipg buffers live in GPU memory. CPU: one collective per step;
-        # hidden^2 buckets cost 1.24x (reduce) to 1.37x (both) tokens/s on gloo (ds_buckets.py).
+        # hidden^2 buckets are slower on gloo (ds_buckets.py).
         "reduce_bucket_size": bucket,
         "allgather_bucket_size": bucket,
         # reduce_scatter (default true) and round_robin_gradients (default false) are left at
-        # DeepSpeed's defaults: flipping either stayed within the noise on CPU in two runs of 5
-        # rounds (reduce_scatter=false 0.94x (0.60-1.64), 1.11x (0.79-1.20); round_robin_gradients=true
-        # 0.91x (0.74-1.55), 1.01x (0.82-1.26)), and both are what DeepSpeed tunes for GPUs.
+        # DeepSpeed's defaults: flipping either stays within the noise on CPU
+        # (docs/measurements.md#backendsdeepspeed_renderpy), and both are what DeepSpeed tunes for GPUs.
         "sub_group_size": DS_SUB_GROUP_SIZE,  # planned with it: see planner/constants.py
     }
     if strategy.offload_optimizer != "none":

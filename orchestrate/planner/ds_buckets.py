@@ -65,8 +65,8 @@ def stage3_reuse_distance(shape: ModelShape) -> int:
     it) elements away, so two blocks keep the block gathered from recompute into its backward (one
     all-gather per block saved, so two per micro-batch, as speed.py counts), while from forward into
     backward (the LM head, 2·V·h, lies between) nothing of a block is kept unless a block outweighs
-    the head. Simulated (2-block TinyLlama widths, 219M parameters): 373M elements all-gathered per
-    step with and without checkpointing (two gathers less the head). Larger values keep more;
+    the head; the simulation gathers two blocks' worth less the head per step, with and without
+    checkpointing (docs/measurements.md#plannerds_bucketspy). Larger values keep more;
     DeepSpeed's default 1e9 keeps a model under 1e9 parameters gathered from forward into backward."""
     return 2 * shape.block_parameters
 
@@ -80,10 +80,9 @@ def stage3_max_live(shape: ModelShape) -> int:
     grow to max_live. Where that look-ahead reaches past the end of forward, the prefetcher finds the
     backward uses of parameters still gathered, marks them (`__most_recent_step_id_param_fetched_for`)
     and `__params_to_release` then keeps them: with DeepSpeed's 1e9 every parameter of a model under
-    1e9 stays gathered from forward into backward (simulated: all 219M of a 2-block TinyLlama at the
-    end of forward). With one block + a bucket the look-ahead covers the next block while the blocks
+    1e9 stays gathered from forward into backward (as the simulation shows). With one block + a bucket the look-ahead covers the next block while the blocks
     run; at the LM head (usually the largest layer, above this cap) prefetching stops, so the end of
-    forward holds the head alone (simulated: 65.6M of the 219M, 136M of Qwen2.5's 166M) and the first
+    forward holds the head alone (docs/measurements.md#plannerds_bucketspy) and the first
     backward gather after the head is not overlapped. A smaller cap would expose gathers inside the
     blocks too."""
     return shape.block_parameters + prefetch_elements(shape)

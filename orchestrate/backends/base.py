@@ -10,7 +10,7 @@ A backend has two halves that live in one file:
   builder and transforms decide, and the method saves what it owns from `TrainEngine.model_state`.
 
 Adding a backend = one new file defining `BACKEND`, named in `orchestrate.backends.registry`
-(or passed to `register`), plus its tests.
+(or, from another package, in the `orchestrate.backends` entry-point group), plus its tests.
 """
 
 from __future__ import annotations

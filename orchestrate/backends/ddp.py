@@ -168,9 +168,8 @@ class DDPBackend:
     zero_stages = (0,)
     tie_break = 0
     priced_as = "ddp"
-    # tests/test_memory_knobs_train.py, tests/test_embedding_offload_engine.py, tests/test_sequence_parallel.py,
-    # tests/test_tiled_mlp_train.py; fused_kernels applied between build and wrap (tests/test_fused_kernels.py;
-    # its numerics are gpu-marked tests)
+    # Each knob trained under this engine on gloo ranks (docs/measurements.md#backends); fused_kernels applied
+    # between build and wrap (its numerics are checked on a GPU only)
     knobs = frozenset({"loss_chunks", "activation_offload", "adamw8bit", "embedding_offload", "fused_kernels",
                        "sequence_parallel", "mlp_tiles"})
 

@@ -51,8 +51,8 @@ class DeepSpeedBackend:
     zero_stages = (1, 2, 3)
     tie_break = 2
     priced_as = "deepspeed"
-    # Chunked loss and activation offload verified on ZeRO-2/3 (tests/test_memory_knobs_train.py), mlp_tiles
-    # too (tests/test_tiled_mlp_train.py), sequence_parallel on ZeRO-3 (tests/test_sequence_parallel.py); not
+    # Chunked loss and activation offload verified on ZeRO-2/3, mlp_tiles too, sequence_parallel on ZeRO-3
+    # (docs/measurements.md#backends); not
     # adamw8bit (DeepSpeed builds its own optimizer from the rendered config) nor embedding_offload (the
     # embedding is a parameter of its flat groups) (knobs.py). fused_kernels as under DDP.
     knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles", "sequence_parallel"})

@@ -1,8 +1,7 @@
 """Import DeepSpeed without the mlflow import its autotuner makes at module load.
 
-`import deepspeed` loads deepspeed.autotuning.autotuner, whose `try: import mlflow` takes 0.7 s of
-the 1.0 s DeepSpeed import here when mlflow is installed (0.26 s without it; compare
-`python -X importtime -c "import torch, transformers, deepspeed"` with and without mlflow).
+`import deepspeed` loads deepspeed.autotuning.autotuner, whose `try: import mlflow` takes most of
+the DeepSpeed import when mlflow is installed (docs/measurements.md#backendsdeepspeed_importpy).
 orchestrate never runs the autotuner. Even a DDP worker imports DeepSpeed: transformers'
 `save_pretrained` unwraps the model with accelerate's `extract_model_from_parallel`, which imports
 it to look for a DeepSpeedEngine.

@@ -149,29 +149,28 @@ def _zero(plan: RunPlan) -> dict[str, Any]:
     hidden = plan.shape.hidden_size
     gpu = plan.hardware.has_gpu
     pin = gpu  # pinned host memory only speeds up GPU copies; on CPU it just locks RAM
-    # Bucket sizes and overlap are shared with the memory model (planner/ds_buckets.py, which also
-    # holds the CPU measurements): GPU hidden^2, CPU the whole model in one bucket.
+    # Bucket sizes and overlap are shared with the memory model (planner/ds_buckets.py, which says why
+    # they differ): GPU hidden^2, CPU the whole model in one bucket.
     bucket = ds_buckets.bucket_elements(plan.shape, gpu)
     zero: dict[str, Any] = {
         "stage": stage,
         # GPU: reduction on a side stream hides behind backward. CPU/gloo: no streams, and the
-        # second ipg buffer would only cost memory; measured on gloo (bench/deepspeed_settings.py):
-        # 0.99x (0.89-1.34) with hidden^2 buckets, 0.76x (0.67-1.15) with the whole-model bucket.
+        # second ipg buffer would only cost memory, and overlap does not speed gloo up
+        # (docs/measurements.md#backendsdeepspeed_renderpy).
         "overlap_comm": ds_buckets.overlap_comm(gpu),
         # Gradients copied into the ipg buffer as they are produced: no fragmentation of the GPU
         # allocator by many small gradient tensors (DeepSpeed docs, "contiguous_gradients"); on CPU it
-        # neither helped nor hurt measurably (false: 0.97x (0.72-1.56)), so one setting for both.
+        # neither helps nor hurts (docs/measurements.md#backendsdeepspeed_renderpy), so one setting for both.
         "contiguous_gradients": True,
         # GPU: about one layer's weight matrix, what Accelerate and transformers fill in for "auto"
         # (accelerate/accelerator.py `_prepare_deepspeed`; transformers/integrations/deepspeed.py
         # `trainer_config_finalize`): the ipg buffers live in GPU memory. CPU: one collective per step;
-        # hidden^2 buckets cost 1.24x (reduce) to 1.37x (both) tokens/s on gloo (ds_buckets.py).
+        # hidden^2 buckets are slower on gloo (ds_buckets.py).
         "reduce_bucket_size": bucket,
         "allgather_bucket_size": bucket,
         # reduce_scatter (default true) and round_robin_gradients (default false) are left at
-        # DeepSpeed's defaults: flipping either stayed within the noise on CPU in two runs of 5
-        # rounds (reduce_scatter=false 0.94x (0.60-1.64), 1.11x (0.79-1.20); round_robin_gradients=true
-        # 0.91x (0.74-1.55), 1.01x (0.82-1.26)), and both are what DeepSpeed tunes for GPUs.
+        # DeepSpeed's defaults: flipping either stays within the noise on CPU
+        # (docs/measurements.md#backendsdeepspeed_renderpy), and both are what DeepSpeed tunes for GPUs.
         "sub_group_size": DS_SUB_GROUP_SIZE,  # planned with it: see planner/constants.py
     }
     if strategy.offload_optimizer != "none":

@@ -230,8 +230,8 @@ class FSDPBackend:
     zero_stages = (2, 3)
     tie_break = 1
     priced_as = "fsdp"
-    # tests/test_memory_knobs_train.py, tests/test_tiled_mlp_train.py, tests/test_sequence_parallel.py; adamw8bit
-    # gets DTensor parameters here (bench/verify_knob_combos.py); fused_kernels as under DDP
+    # Each knob trained under this engine on gloo ranks; adamw8bit gets DTensor parameters here and fails
+    # (docs/measurements.md#backends); fused_kernels as under DDP
     knobs = frozenset({"loss_chunks", "activation_offload", "fused_kernels", "mlp_tiles", "sequence_parallel"})
 
     def shards_parameters(self, sharding: Sharding) -> bool:

@@ -186,7 +186,7 @@ def current_umask() -> int:
 def follow_umask(out_dir: Path) -> None:
     """Give the model files the user's umask: safetensors' save_file (safetensors 0.4+, also under
     transformers' save_pretrained) writes through a private temporary file and renames it, so
-    model.safetensors ends up mode 0600 whatever the umask (issue 10)."""
+    model.safetensors ends up mode 0600 whatever the umask."""
     mode = 0o666 & ~current_umask()
     for path in Path(out_dir).glob("*.safetensors"):
         path.chmod(mode)
@@ -197,8 +197,8 @@ def host_state_dict(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     copied once and kept shared. For `save_pretrained`: safetensors allows no two tensors on one
     storage, so transformers clones every tensor that shares one, where it lies (5.25
     `save_pretrained`); DeepSpeed ZeRO-1/2's 16-bit parameters are all views of one flat buffer, so
-    on a GPU that was a second copy of the weights in device memory after the last step (the H200
-    check's ZeRO-2 history: 904 MiB of weights, then 904 MiB of clones at the save)."""
+    on a GPU that was a second copy of the weights in device memory after the last step
+    (docs/measurements.md#backendshf_iopy)."""
     copies: dict[tuple, torch.Tensor] = {}
     out = {}
     for name, tensor in state.items():

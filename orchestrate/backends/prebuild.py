@@ -26,8 +26,8 @@ def main() -> int:
     print("DeepSpeed CPU Adam extension ready")
     if not torch.cuda.is_available():
         # A DeepSpeed config's "AdamW" (the one `orchestrate config --for hf-trainer` writes) is
-        # DeepSpeed's FusedAdam, on the CPU accelerator a C++ build of its own (about 50 s here; on GPUs
-        # a CUDA one, left to the first run that wants it).
+        # DeepSpeed's FusedAdam, on the CPU accelerator a C++ build of its own (tens of seconds:
+        # docs/measurements.md#backendsprebuildpy; on GPUs a CUDA one, left to the first run that wants it).
         from deepspeed.ops.op_builder.cpu import FusedAdamBuilder
 
         FusedAdamBuilder().load(verbose=False)

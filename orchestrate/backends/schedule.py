@@ -7,7 +7,7 @@ used by GPT-3 / Llama training recipes).
 It is exactly transformers' "cosine_warmup_with_min_lr" schedule
 (`transformers.optimization.get_cosine_with_min_lr_schedule_with_warmup_lr_rate`, warmup_lr_rate
 unset, num_cycles 0.5), so a stock HF Trainer given `orchestrate config --for hf-trainer`'s
-arguments steps at the very same learning rates (tests/test_schedule.py, tests/test_hf_trainer.py).
+arguments steps at the very same learning rates.
 Step k (0-based) runs at (k+1)/W in warm-up, then the cosine of (k - W + 1) / (T - W): the peak
 once (step W-1) and `min_lr_ratio` on the last step T-1, as `train.schedule.min_lr_ratio` promises.
 """

@@ -97,8 +97,8 @@ def open_entry(entry: Path) -> TokenStream:
 def check_ids(stream: TokenStream, vocab_size: int) -> None:
     """Every token id below the tokenizer's `vocab_size`: an entry whose tokens.bin was overwritten
     at its own size passes `open_entry`'s size checks, and an id past the embedding would fail in
-    every rank's forward. One pass over the memory map (about 13 GB/s from the page cache here:
-    200M uint16 ids in 0.03 s)."""
+    every rank's forward. One pass over the memory map, fast from the page cache
+    (docs/measurements.md#datacachepy)."""
     largest = int(stream.tokens.max())
     if largest >= vocab_size:
         raise _damaged(stream.directory, f"{stream.directory / TOKENS_FILE} holds token id {largest:,}, but the "

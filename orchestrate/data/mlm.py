@@ -1,8 +1,7 @@
 """Masked-LM inputs: 15 % of the real tokens are chosen; of those 80 % become the mask id, 10 % a
 random token and 10 % stay; labels are -100 everywhere else. The same draws, in the same order from
 one torch.Generator, as transformers' `DataCollatorForLanguageModeling.torch_mask_tokens`
-(mlm_probability=0.15, mask_replace_prob=0.8, random_replace_prob=0.1), checked against it by
-tests/test_tasks_data.py.
+(mlm_probability=0.15, mask_replace_prob=0.8, random_replace_prob=0.1), and checked against it.
 
 Deterministic and resumable: the generator of a training micro-batch is seeded from (train.seed,
 the sampler's place in the stream, rank), which a checkpoint stores; evaluation batches get fixed

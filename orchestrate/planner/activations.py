@@ -84,7 +84,7 @@ FAMILY_BLOCKS: dict[str, BlockStructure] = {
 }
 
 FALLBACK_BYTES_PER_TOKEN_HIDDEN_16BIT = 62
-"""Unknown families: the GPT-2 measurement this module replaces (the highest per-hidden figure of
+"""Unknown families: the GPT-2 figure this module replaced (the highest per-hidden figure of
 the families above), as a conservative default."""
 
 
@@ -177,7 +177,7 @@ def layer_bytes_per_token(shape: ModelShape, c: int, eager: EagerAttention | Non
 
 def outside_bytes_per_token(shape: ModelShape, c: int, compute: BlockCompute = PLAIN) -> float:
     """Saved per token outside the blocks: embedding dropout mask, the final norm (pre-norm families)
-    and the LM head's input. Measured: GPT-2 5·h, Llama 8·h per token (simulation, bf16)."""
+    and the LM head's input (checked against the simulation: docs/measurements.md#planneractivationspy)."""
     block = FAMILY_BLOCKS.get(shape.model_type)
     h = shape.hidden_size
     if block is None:
@@ -188,11 +188,8 @@ def outside_bytes_per_token(shape: ModelShape, c: int, compute: BlockCompute = P
 
 MLP_BACKWARD_GRADIENTS = 4
 """Intermediate-sized gradients alive at once in an MLP's backward (the output projection's input
-gradient, then each factor's and the activation's): simulated 3.5 for GPT-2's gelu_new and 3.6 for
-Llama's SwiGLU at vocabularies small enough that the LM head does not hide them (bf16, 4 blocks,
-`orchestrate plan --simulate`, 2026-12-04), taken up to 4. The H200 allocation histories showed the same
-two intermediate-sized tensors beyond a recomputed GPT-2 block's saved five at the peak
-(bench/results/h200-2026-12-04)."""
+gradient, then each factor's and the activation's): the simulated count for GPT-2's gelu_new and Llama's
+SwiGLU, rounded up (docs/measurements.md#planneractivationspy)."""
 
 
 def backward_transient_bytes_per_token(shape: ModelShape, c: int) -> float:

@@ -7,15 +7,13 @@ a fraction of the states a plan allocates once (STATE_TERMS) and another of the 
 bytes (allocated and freed every step):
 - the constant: each stream the backend allocates on ends in partly used pages or segments (20 MiB
   large, kLargeBuffer; 2 MiB small, kSmallBuffer) that no other stream may use; with expandable
-  segments this is nearly all of the overhead (12-379 MiB over requests of 0.35-17.8 GiB);
+  segments this is nearly all of the overhead;
 - the fractions: blocks freed but too small, split, or on the wrong stream for the next request
   (fragmentation), which expandable segments mostly remove. Without them it follows the transient
-  bytes (26.5-31 % of them) and hardly the states allocated once (1 % of them; 6.5 % under
-  DeepSpeed, not traced): one fraction of everything would charge a state-heavy plan (QLoRA of a
-  large model, a short sequence) for fragmentation its states do not cause.
+  bytes and hardly the states allocated once: one fraction of everything would charge a state-heavy
+  plan (QLoRA of a large model, a short sequence) for fragmentation its states do not cause.
 
-Fitted by `python bench/allocator_reserve_fit.py` over the full and LoRA zoos and 8- and 16-block models, all
-replayed: the triple covering every point's `needed - requested` (needed: the least device memory the
+Fitted over the replayed simulation zoo (docs/measurements.md#plannerallocator_reservepy): the triple covering every point's `needed - requested` (needed: the least device memory the
 replayed allocator runs in without running out, its empty-the-cache retry included; states: the
 analytical model's for that point, transient: the rest of the request) with the smallest reserve for a
 6 GiB request of which 2 GiB are transient, the constant at least the page slack of the backend's

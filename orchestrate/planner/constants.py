@@ -35,7 +35,7 @@ engine's, loading/tiled_mlp.py) holds beside one slice's working set: the slices
 the split's backward to join them, then the joined gradient and the incoming one (DeepSpeed's TiledMLP
 holds 2). Simulated (fake tensors, `orchestrate plan --simulate`): a 2-block Llama shape of hidden 256 and
 intermediate 3584 at seq 16,384 in 16 slices, bf16, peaked 3 x c·h per token above the TiledMLP count under
-DDP, and below it under FSDP2 (tests/test_long_context_simulation.py)."""
+DDP, and below it under FSDP2 (tests/unit/planner/test_long_context_simulation.py)."""
 
 # --------------------------------------------------------------------------------------------------
 # What a simulation cannot see (GPU only): margins, to be calibrated on a real 8 GB GPU

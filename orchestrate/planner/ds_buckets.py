@@ -3,13 +3,10 @@
 One place decides them, so `backends/deepspeed_render.py` writes exactly what `planner/memory.py`
 charges. Pure: a shape and whether the plan has GPUs in, numbers out.
 
-Why GPU and CPU differ (measured with bench/deepspeed_settings.py, tiny GPT-2, ZeRO-2, 2 gloo
-ranks, 5 interleaved rounds): with hidden^2-element buckets (16,384 elements for hidden 128, ~53
-buckets for the 0.86M-parameter model) each step issues one gloo collective per bucket, and every
-gloo collective costs a fixed latency on CPU. DeepSpeed's default reduce bucket (5e8 elements, the
-whole model in one bucket) ran 1.24x (1.09-1.58) the tokens/s; both buckets at 5e8 1.37x
-(1.23-1.59). On a GPU the bucket is an allocation on an 8 GB card (x2 with overlap_comm), hence
-hidden^2 there, as Accelerate fills DeepSpeed's "auto" (accelerate/utils/deepspeed.py).
+Why GPU and CPU differ: with hidden^2-element buckets each step issues one gloo collective per bucket,
+and every gloo collective costs a fixed latency on CPU, so a CPU run takes the whole model in one bucket
+(faster on 2 gloo ranks: docs/measurements.md#plannerds_bucketspy). On a GPU the bucket is an allocation
+on an 8 GB card (x2 with overlap_comm), hence hidden^2 there, as Accelerate fills DeepSpeed's "auto" (accelerate/utils/deepspeed.py).
 """
 
 from __future__ import annotations
@@ -68,8 +65,8 @@ def stage3_reuse_distance(shape: ModelShape) -> int:
     it) elements away, so two blocks keep the block gathered from recompute into its backward (one
     all-gather per block saved, so two per micro-batch, as speed.py counts), while from forward into
     backward (the LM head, 2·V·h, lies between) nothing of a block is kept unless a block outweighs
-    the head. Simulated (2-block TinyLlama widths, 219M parameters): 373M elements all-gathered per
-    step with and without checkpointing (two gathers less the head). Larger values keep more;
+    the head; the simulation gathers two blocks' worth less the head per step, with and without
+    checkpointing (docs/measurements.md#plannerds_bucketspy). Larger values keep more;
     DeepSpeed's default 1e9 keeps a model under 1e9 parameters gathered from forward into backward."""
     return 2 * shape.block_parameters
 
@@ -83,10 +80,9 @@ def stage3_max_live(shape: ModelShape) -> int:
     grow to max_live. Where that look-ahead reaches past the end of forward, the prefetcher finds the
     backward uses of parameters still gathered, marks them (`__most_recent_step_id_param_fetched_for`)
     and `__params_to_release` then keeps them: with DeepSpeed's 1e9 every parameter of a model under
-    1e9 stays gathered from forward into backward (simulated: all 219M of a 2-block TinyLlama at the
-    end of forward). With one block + a bucket the look-ahead covers the next block while the blocks
+    1e9 stays gathered from forward into backward (as the simulation shows). With one block + a bucket the look-ahead covers the next block while the blocks
     run; at the LM head (usually the largest layer, above this cap) prefetching stops, so the end of
-    forward holds the head alone (simulated: 65.6M of the 219M, 136M of Qwen2.5's 166M) and the first
+    forward holds the head alone (docs/measurements.md#plannerds_bucketspy) and the first
     backward gather after the head is not overlapped. A smaller cap would expose gathers inside the
     blocks too."""
     return shape.block_parameters + prefetch_elements(shape)

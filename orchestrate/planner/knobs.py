@@ -51,10 +51,10 @@ ADAM8BIT_BYTES_PER_PARAM = k.ADAM_BYTES_PER_PARAM - 12
 # Where each knob runs is each backend's `knobs` (backends/registry.py runs_knob): loss_chunks and activation_offload
 # run under every backend (under ZeRO-3 the chunks run as one call of the LM head module, whose hooks gather it:
 # worker/chunked_loss.py). adamw8bit: under FSDP2
-# bitsandbytes gets DTensor parameters (verified to fail, bench/verify_knob_combos.py); DeepSpeed builds its
+# bitsandbytes gets DTensor parameters (fails: docs/measurements.md#backends); DeepSpeed builds its
 # own optimizer from the rendered config, so a client bitsandbytes optimizer is not wired. embedding_offload:
 # under FSDP2 and ZeRO-3 the embedding is a sharded parameter the engine gathers onto the GPU, under ZeRO-1/2 a
-# parameter of the engine's flat groups; not built there (tests/test_memory_knobs_train.py, docs/memory-knobs.md).
+# parameter of the engine's flat groups; not built there (docs/memory-knobs.md).
 
 
 def auto_loss_chunks(seq_len: int) -> int:

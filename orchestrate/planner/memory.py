@@ -185,7 +185,8 @@ def _deepspeed(shape: ModelShape, strategy: Strategy, n: int, accumulation: int)
         # ZeRO-2, and ZeRO-1 without accumulation (DeepSpeed 0.19 then reduces into partitions during
         # the boundary backward, stage_1_and_2.py `reduce_ipg_grads`): `grads_in_partition` is sized
         # by the *whole* parameters that overlap this rank's partition, so it exceeds P/n by up to one
-        # parameter (measured on 2 gloo ranks: tests/test_memory_vs_real.py). Bounded by the largest layer.
+        # parameter (as real 2-rank gloo runs show: docs/measurements.md#plannermemorypy). Bounded by the
+        # largest layer.
         low_grads = c * (p / n + shape.largest_layer_parameters)
     else:
         low_grads = c * p / n

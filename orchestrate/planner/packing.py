@@ -8,14 +8,12 @@ position ids (modeling_flash_attention_utils `_is_packed_sequence`, one row per 
 flash-attention support) transformers builds a block-diagonal causal mask from the position ids
 (masking_utils `find_packed_sequence_indices`) for sdpa, which costs memory quadratic in seq_len.
 
-The mask's bytes were measured on CPU with the storage counter (orchestrate/simulate/counter.py; a
-Llama shape, sdpa, fp32, packed position ids against plain ones, forward and backward): per
-micro-batch row and seq_len^2, 1 byte for the boolean mask plus about c bytes (the compute dtype's)
-for each layer whose attention saved it for backward (every layer, or one with activation
-checkpointing, plus one being recomputed), and a head-dependent rest growing with those layers. The
-term, 2 + c (layers + 1) + h layers / 8, is 10.5-26 where 6.0-22.0 was measured
-(tests/test_sft_packing.py keeps it above each measurement and within 2x). On a GPU sdpa's
-memory-efficient kernel takes the mask too: c is 2 there (unmeasured, no GPU here).
+The mask costs, per micro-batch row and seq_len^2, 1 byte for the boolean mask plus about c bytes (the
+compute dtype's) for each layer whose attention saved it for backward (every layer, or one with
+activation checkpointing, plus one being recomputed), and a head-dependent rest growing with those
+layers. The term, 2 + c (layers + 1) + h layers / 8, stays above what the storage counter sees on CPU
+and within 2x of it (docs/measurements.md#plannerpackingpy). On a GPU sdpa's memory-efficient kernel
+takes the mask too: c is 2 there (not checked on a GPU).
 """
 
 from __future__ import annotations

@@ -37,12 +37,9 @@ CUDA_CONTEXT_LAZY_BYTES = 950 * MiB
 (torch >= 1.13 sets CUDA_MODULE_LOADING=LAZY before it initialises CUDA unless the user set it:
 torch/cuda/__init__.py `_lazy_init`; CUDA C Programming Guide, "Lazy Loading"): the CUDA context, the
 kernels a step loads, cuBLAS handles, and a one-rank NCCL communicator (the worker forms a process group
-on one GPU too). Measured on an H200 (CUDA 13.0, driver 580.159.04, torch 2.11.0+cu130, NCCL 2.28.9;
-NVML's used bytes less memory_reserved, bench/cuda_constants.py and bench/gpu_worker.py, 2026-12-04,
-bench/results/h200-2026-12-04): 619 MiB after initialisation, 685 after a bf16 matmul, 767 after three
-AdamW steps of a GPT-2-small shape, 844-948 MiB at the end of orchestrate's five GPU-check runs on one
-rank; the largest, rounded up. A card with fewer multiprocessors reserves less (CUDA sizes the
-context's local memory per multiprocessor): over-predicted there, not measured."""
+on one GPU too): the largest seen on an H200 at the end of a training run, rounded up
+(docs/measurements.md#plannersoftware_termspy). A card with fewer multiprocessors reserves less (CUDA
+sizes the context's local memory per multiprocessor): over-predicted there."""
 
 CUDA_CONTEXT_EAGER_BYTES = 1343 * MiB
 """CUDA context with every torch kernel loaded at initialisation (CUDA before 11.7, or torch before
@@ -85,7 +82,7 @@ def logits_bytes_per_token_vocab(sw: SoftwareStack) -> int | None:
       log-softmax (4);
     - from 4.49 the loss pads the labels instead (`nn.functional.pad(labels, (0, 1))`): no copy.
     Read in the wheels of 4.45.2, 4.46.0, 4.48.1 and 4.49.0; counted from the code, the 14 checked
-    against fms-acceleration's A100 rows (bench/published_peaks.py)."""
+    against fms-acceleration's A100 rows (docs/measurements.md#plannersoftware_termspy)."""
     if older_than(sw.transformers, (4, 46)):
         return 16
     if older_than(sw.transformers, (4, 49)):

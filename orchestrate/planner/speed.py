@@ -91,8 +91,8 @@ def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
 
     # ZeRO-3 releases each block after its forward (rendered max_live / reuse distance,
     # planner/ds_buckets.py), and checkpointing's recompute gather is reused by the block's backward:
-    # simulated 373M elements gathered per step for a 219M-parameter 2-block TinyLlama, with and
-    # without checkpointing, i.e. two gathers less the LM head kept from forward into backward.
+    # two gathers per step, with and without checkpointing, less the LM head kept from forward into
+    # backward (as simulated: docs/measurements.md#plannerds_bucketspy).
     gathers = 1 if (backend == "fsdp" and strategy.zero_stage == 2) else 2
     reduce_bytes = k.FSDP_REDUCE_BYTES if backend == "fsdp" else c
     volume = (gathers * c + reduce_bytes) * p  # bytes of full tensors per micro-batch

@@ -114,8 +114,8 @@ def _exit_code(plan_path: Path, stop: StopRequest) -> int:
 _PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted",
               "remote process exited")
 """What a collective raises when another rank's process is gone: gloo's tcp transport (pair.cc: "Read
-error ... Connection reset by peer", seen here after a kill -9 of the other rank) and NCCL's abort
-messages (those unverified on a GPU here)."""
+error ... Connection reset by peer", after a kill -9 of the other rank) and NCCL's abort
+messages (those not yet verified on a GPU)."""
 
 
 def peer_lost(exc: BaseException) -> bool:

@@ -1,4 +1,4 @@
-"""Workers never outlive their launcher (issue 10): a worker whose parent dies is killed.
+"""Workers never outlive their launcher: a worker whose parent dies is killed.
 
 The parent is torchrun's agent. Under `orchestrate launch` that is the agent process the launcher
 starts (orchestrate/agent), which guards its own parent the same way: a SIGKILLed launcher (which

@@ -1,12 +1,10 @@
 """Import the model's code in a background thread while the process group forms.
 
-The rendezvous waits for the slowest rank; importing transformers' modeling code (1.6 s of a GPT-2
-worker's start here, most of it transformers' module scan and torch.distributed.tensor:
-`python -X importtime -c "import torch; import transformers.models.gpt2.modeling_gpt2"`) and
-DeepSpeed meanwhile takes that time off the path to step 1. The worker joins the thread before its
+The rendezvous waits for the slowest rank; importing transformers' modeling code (a large share of a
+worker's start: docs/measurements.md#workerpreloadpy) and DeepSpeed meanwhile takes that time off the path to step 1. The worker joins the thread before its
 next stage touches transformers: two threads in transformers' lazy modules at once can see a
-half-initialised module ("module 'transformers' has no attribute 'PreTrainedTokenizerBase'", seen
-here when the data stage ran alongside). A failure is left for the stage that needs the module: it
+half-initialised module ("module 'transformers' has no attribute 'PreTrainedTokenizerBase'", when
+the data stage runs alongside). A failure is left for the stage that needs the module: it
 imports again and reports the error there.
 """
 

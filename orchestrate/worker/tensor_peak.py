@@ -10,10 +10,11 @@ parameters by resizing their storages (`UntypedStorage.resize_`, not an op), so 
 too. Tensors made before `start` and never passed through an op are not seen (none of the plan's
 terms: the data is memory-mapped, the model is built after `start`).
 
-Counting costs a Python call per op (0.05-0.08 s on a 0.3-0.6 s step of the demo, bench/tensor_peak.py),
-so it covers start-up and the first COUNTED_STEPS steps, then stops: step 1 creates the optimizer
-state, step 2 is the first to hold it during the forward and backward pass, and every later step of a
-fixed-shape loop repeats step 2's allocations. The peak stays what those steps reached.
+Counting costs a Python call per op (a sizeable share of a small step:
+docs/measurements.md#workertensor_peakpy), so it covers start-up and the first COUNTED_STEPS steps,
+then stops: step 1 creates the optimizer state, step 2 is the first to hold it during the forward and
+backward pass, and every later step of a fixed-shape loop repeats step 2's allocations. The peak stays
+what those steps reached.
 """
 
 from __future__ import annotations

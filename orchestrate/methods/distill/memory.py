@@ -19,11 +19,11 @@ SOFT_TARGET_BYTES_PER_TOKEN_VOCAB = 20
 """Peak of the distillation loss's full-vocabulary temporaries per token (forward and backward of
 orchestrate/methods/distill/objective.py `soft_target_kl`), besides the student's own logits (counted by
 memory.logits_bytes) and the teacher's: fp32 log-softmax of teacher/T and of student/T, the
-element-wise KL and their gradients. Measured with orchestrate.simulate's live-storage counter on
-fp32 and bf16 logits: 20.0 bytes (tests/test_distill.py)."""
+element-wise KL and their gradients, as orchestrate.simulate's live-storage counter counts them on fp32 and
+bf16 logits (docs/measurements.md#methodsdistillmemorypy)."""
 STUDENT_SOFT_BYTES_PER_TOKEN_VOCAB = 12
 """The same against cached top-k logits: only the student's fp32 log-softmax over the whole
-vocabulary and its gradients remain: measured 12.0 bytes (+ the top-k terms, tests/test_distill.py)."""
+vocabulary and its gradients remain (+ the top-k terms; docs/measurements.md#methodsdistillmemorypy)."""
 TOPK_BYTES_PER_ENTRY = 4 + 8
 """A precomputed cache entry as the loss reads it: fp32 logit + int64 token id (torch.gather's index)."""
 

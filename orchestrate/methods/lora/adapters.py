@@ -34,14 +34,14 @@ def nf4_bits_per_param(double_quant: bool) -> float:
 
 
 # (backend, ZeRO stage) pairs whose engines train each method, without offload, verified on 2 gloo ranks
-# (tests/test_lora_train.py: DDP; tests/test_lora_backends.py: FSDP2 full shard, ZeRO-2, ZeRO-3). Others
-# (ZeRO-1, FSDP2 shard-grad-op: never run with adapters) are refused.
+# (DDP; FSDP2 full shard, ZeRO-2, ZeRO-3: docs/measurements.md#methodsloraadapterspy). Others (ZeRO-1,
+# FSDP2 shard-grad-op: never run with adapters) are refused.
 _VERIFIED = (("ddp", 0), ("fsdp", 3), ("deepspeed", 2), ("deepspeed", 3))
 TRAINABLE_ON = {"lora": _VERIFIED, "qlora": _VERIFIED}
-# (backend, ZeRO stage, offload_optimizer, offload_params) verified with offload (tests/test_lora_offload.py,
-# 2 gloo ranks): ZeRO-2/3 with the adapters' optimizer in host memory, and ZeRO-3 with the frozen base's
-# partitions there too, fsdp_qlora's layout. Parameter offload needs optimizer offload (search.py); FSDP2's
-# CPUOffloadPolicy and NVMe are not run.
+# (backend, ZeRO stage, offload_optimizer, offload_params) verified with offload (2 gloo ranks): ZeRO-2/3
+# with the adapters' optimizer in host memory, and ZeRO-3 with the frozen base's partitions there too,
+# fsdp_qlora's layout. Parameter offload needs optimizer offload (search.py); FSDP2's CPUOffloadPolicy and
+# NVMe are not run.
 _OFFLOADED = (("deepspeed", 2, "cpu", "none"), ("deepspeed", 3, "cpu", "none"), ("deepspeed", 3, "cpu", "cpu"))
 TRAINABLE_OFFLOADED = {"lora": _OFFLOADED, "qlora": _OFFLOADED}
 

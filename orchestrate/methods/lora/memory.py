@@ -90,8 +90,8 @@ def zero3_gathered_base(shape: ModelShape, whole: float, c: int) -> float:
     """Base bytes ZeRO-3 holds gathered at the end of forward: as for full training (memory._deepspeed),
     the module running, the LM head (usually the largest layer), or the up to stage3_max_live_parameters
     the prefetcher gathers ahead (planner/ds_buckets.py); every block is released after its forward.
-    Frozen or not makes no difference to the coordinator. Simulated (bench/memory_accuracy.py --lora):
-    llama, gpt2 (tied) hold their head alone at the end of forward, with and without checkpointing."""
+    Frozen or not makes no difference to the coordinator: with adapters too, the simulation holds the
+    head alone at the end of forward (docs/measurements.md#methodsloramemorypy)."""
     return min(whole, c * max(shape.largest_layer_parameters, ds_buckets.stage3_max_live(shape)))
 
 
@@ -102,10 +102,8 @@ def quantized_load_bytes(shape: ModelShape, ranks_per_node: int, c: int, strateg
     compute dtype; the largest tensor is the embedding or LM head (vocab x hidden) or the largest layer.
     DDP fills its device, so that is all; FSDP2 and DeepSpeed load on the CPU and shard or move the model
     afterwards, so each rank also holds its whole quantized base there (`base_bytes`: NF4 block linears,
-    the rest in the compute dtype), never the 16-bit one. Measured on CPU (live tensors at the peak,
-    tests/test_quantized_loading.py, test_quantized_loading_sharded.py): 41-47 MiB for a 51.7M-parameter
-    model onto DDP's device vs 203 MiB loading it in fp32; on the CPU for an FSDP2 plan 41 MiB (26 of them the
-    NF4 model) against this term's 48 MiB (fp32 compute dtype)."""
+    the rest in the compute dtype), never the 16-bit one (checked against live tensors at the peak:
+    docs/measurements.md#methodsloramemorypy)."""
     largest = max(shape.largest_layer_parameters, shape.vocab_size * shape.hidden_size)
     held = 0.0 if strategy.backend == "ddp" else base_bytes(shape, adapters, c)[0]
     return ranks_per_node * ((k.LOAD_BYTES_PER_PARAM + c) * largest + held)

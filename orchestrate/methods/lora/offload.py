@@ -17,8 +17,9 @@ its partition's host-to-device copy before each forward and each backward all-ga
 micro-batch (backward gathers it again for the input gradients), as full training's ZeRO-3 parameter
 offload term does (speed._offload), but nothing comes back down: it has no gradient and no update.
 
-Ranking: verified on CPU only (tests/test_lora_offload.py), so the search takes an offloaded adapter
-run only where nothing without offload fits (method.py `adapter_terms`: `offloaded_last`), as it does for activation offload.
+Ranking: verified on CPU only (docs/measurements.md#methodsloraadapterspy), so the search takes an
+offloaded adapter run only where nothing without offload fits (method.py `adapter_terms`:
+`offloaded_last`), as it does for activation offload.
 """
 
 from __future__ import annotations

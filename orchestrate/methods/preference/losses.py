@@ -44,7 +44,7 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tenso
     the causal shift as Hugging Face models make it (logits at t predict the token at t + 1; the last
     position predicts nothing), in fp32 at least. Computed as transformers' ForCausalLMLoss computes
     its cross-entropy (the labels shifted, not the logits), so its temporaries are the ones the memory
-    model's logits term measured: none beyond them (tests/test_preference_memory.py)."""
+    model's logits term counts: none beyond them."""
     targets = next_labels(labels)
     return target_logps(logits, targets), targets != IGNORE_INDEX
 

@@ -4,14 +4,13 @@ priced in orchestrate/planner/auxiliary.py; what is the preference method's own 
 
 - Two sequences per record (samples.py): the trained model's forward sees 2 x micro_batch_size
   sequences of seq_len (`MethodTerms.sample_rows`, method.py); its answer log-probabilities cost
-  what the task's cross-entropy costs (losses.token_logps computes them the same way: measured equal
-  with the storage counter, tests/test_preference_memory.py), so the planner's logits term covers them.
+  what the task's cross-entropy costs (losses.token_logps computes them the same way; the storage
+  counter sees them equal), so the planner's logits term covers them.
 - The reference forward (adapter, replicated, sharded, offload) runs before the model's, under
   no_grad: its logits and their log-softmax, REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB beyond the
   logits, are freed before the model's forward holds any activation, so it adds only what exceeds the
   training step's activations and logits (`chunked_reference_forward_bytes`, the excess the memory
-  model's; measured: a step's peak with a live reference is the peak with a precomputed one,
-  tests/test_preference_memory.py). Chunked
+  model's: a step's peak with a live reference is the peak with a precomputed one). Chunked
   (train.loss_chunks): one chunk's logits and log-probabilities at a time, plus the final hidden
   states the chunks read (b x s x h in the compute dtype; the unchunked forward frees them early,
   left out there as h / V of the logits).
@@ -30,8 +29,8 @@ from orchestrate.planner.auxiliary import AuxiliaryModel
 REFERENCE = "reference"
 REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB = 8
 """A no_grad forward's log-probabilities beyond its logits (the compute dtype's bytes): the fp32
-log-softmax of cross-entropy plus its fp32 up-cast (bf16) or its output (fp32). Measured with the
-storage counter: 8.0 for fp32 and bf16 logits (tests/test_preference_memory.py)."""
+log-softmax of cross-entropy plus its fp32 up-cast (bf16) or its output (fp32), as the storage counter
+counts them on fp32 and bf16 logits (docs/measurements.md#methodspreferencememorypy)."""
 CACHED_BYTES_PER_RECORD = SEQUENCES_PER_RECORD * 4
 """precomputed: the two fp32 reference log-probabilities a micro-batch reads per record."""
 

@@ -5,7 +5,7 @@ offset in the full weight, and the extra copies the optimizer steps (the fp32 ma
 - DDP, DeepSpeed ZeRO-0 in fp32: the full parameter, replicated; nothing else.
 - FSDP2: the DTensor's local shard (`to_local()`), which is also what the optimizer steps. Masks are
   applied to the shards after the optimizer step: gradient hooks registered before `fully_shard`
-  would be silently dropped (issue 13), and no hook is needed when the weights are re-masked.
+  would be silently dropped, and no hook is needed when the weights are re-masked.
 - DeepSpeed ZeRO-1/2 (and the bf16 optimizer): the full module parameter, plus this rank's fragment
   of the flat fp32 partition (`param._hp_mapping`, what deepspeed.utils.safe_set_full_fp32_param
   writes); without the latter the master stays dense and the weights grow back at the next step.

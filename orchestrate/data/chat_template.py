@@ -48,6 +48,8 @@ class TemplateFailed(jinja2.exceptions.TemplateRuntimeError):
 
 
 class _Budget(threading.local):
+    """The running render's deadline and call depth (per thread: a render is one thread's)."""
+
     deadline: float = float("inf")
     depth: int = 0
 
@@ -84,6 +86,7 @@ class _BoundedEnvironment(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - jinja's own signature
+        """Every call and macro call: the budget, its arguments' sizes (`'x'.ljust(n)`), the depth."""
         _BUDGET.check()
         _size_check((*args, *kwargs.values()))
         if _BUDGET.depth >= CALL_DEPTH:
@@ -111,10 +114,13 @@ def _bounded_range(*args: int):
 
 
 def _bounded_filter(f):
+    """`f` checking the budget, and the size of its arguments after the value filtered (`center(n)`)."""
+    value = 2 if getattr(f, "jinja_pass_arg", None) is not None else 1  # after the context it is passed
+
     @functools.wraps(f)
     def wrapper(*args, **kwargs):
         _BUDGET.check()
-        _size_check((*args[1:], *kwargs.values()))
+        _size_check((*args[value:], *kwargs.values()))
         return f(*args, **kwargs)
     return wrapper
 
@@ -185,8 +191,9 @@ class ChatTemplate:
 
     @property
     def has_generation_markers(self) -> bool:
-        """Whether the assistant turns are marked: then transformers' `return_assistant_tokens_mask`
-        gives the trained tokens; otherwise they are found by rendering the conversation turn by turn."""
+        """Whether the assistant turns are marked: then the marked spans (`render`, as transformers'
+        `return_assistant_tokens_mask` finds them) give the trained tokens; otherwise they are found by
+        rendering the conversation turn by turn."""
         return bool(_GENERATION.search(self.source))
 
 

@@ -13,7 +13,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from orchestrate.cli import cli
 from orchestrate.config.load import config_from_dict
 from orchestrate.data import chat_template
 from orchestrate.data.chat_templates import CHATML
@@ -35,6 +38,13 @@ def _config(tmp_path: Path, data: dict, seq_len: int = 32, task: str = "causal-l
     return config_from_dict({"model": {"architecture": arch, "task": task},
                              "train": {"seq_len": seq_len, "global_batch_size": 2},
                              "data": {"num_proc": 1, "packing": False, "validation_ratio": 0.0, **data}}, tmp_path)
+
+
+def _tokenizer(tmp_path: Path):
+    """The saved word tokenizer, loaded (transformers imported here: a slow library)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tmp_path / "tok")
 
 
 def _chat_data(tmp_path: Path, rows: list[dict], template: str = CHATML.source, **data) -> dict:
@@ -69,13 +79,10 @@ def test_a_huge_message_is_cut_before_tokenising_and_trains_its_first_seq_len_to
     train, _ = samples_for(prepared, config)
     assert train.kept.truncated == 1  # still longer than seq_len for the truncation policy
     first = train.batch([0])["input_ids"][0].tolist()
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    tok = _tokenizer(tmp_path)
     whole = tok.apply_chat_template(rows[0]["messages"][:1] + [{"role": "assistant", "content": "hello there " * 40}],
                                     chat_template=CHATML.source, tokenize=False)
     assert first == tok(whole, add_special_tokens=False)["input_ids"][:seq_len]
-    assert "with text cut before tokenising" in str(train) or prepared.train.meta["records_cut"] == 1
 
 
 def test_a_huge_message_is_still_too_long_under_truncation_error(tmp_path):
@@ -131,14 +138,11 @@ def test_a_template_past_a_limit_is_one_error_naming_it_and_the_limit(tmp_path, 
 
 
 def test_a_template_within_the_limits_renders_as_transformers_renders_it(tmp_path):
-    from transformers import AutoTokenizer
-
     word_chat_tokenizer(tmp_path / "tok", WORDS, SPECIALS, eos="<|im_end|>", template=CHATML.source)
-    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    tok = _tokenizer(tmp_path)
     messages = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "yes"}]
     for prompt in (False, True):
-        text, _ = chat_template.render(CHATML and chat_template.ChatTemplate(CHATML.source, "chatml"), tok,
-                                       messages, prompt)
+        text, _ = chat_template.render(chat_template.ChatTemplate(CHATML.source, "chatml"), tok, messages, prompt)
         assert text == tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=prompt)
 
 
@@ -194,3 +198,15 @@ def test_an_empty_label_in_a_classification_csv_is_refused_with_the_row(tmp_path
         "data": {"num_proc": 1, "validation_ratio": 0.0, "train_files": ["d.csv"]}}, tmp_path)
     err = _refused(config)
     assert "record(s) 2 " in str(err)
+
+
+def test_prepare_of_a_template_past_a_limit_exits_2_without_a_traceback(tmp_path):
+    rows = [_turns(("user", "hello"), ("assistant", "yes"))]
+    data = _chat_data(tmp_path, rows, chat_template="{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}")
+    config = {"model": {"architecture": {**TINY_GPT2, "vocab_size": 64, "n_positions": 128}},
+              "train": {"seq_len": 32, "global_batch_size": 2, "output_dir": str(tmp_path / "runs")},
+              "data": {"num_proc": 1, **data}}
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump(config))
+    result = CliRunner().invoke(cli, ["prepare", str(tmp_path / "model.yaml")])
+    assert result.exit_code == 2, result.output
+    assert "nests calls deeper" in result.output and "Traceback" not in result.output

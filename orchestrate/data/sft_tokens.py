@@ -98,8 +98,15 @@ def _spans(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained:
 
 
 def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """1 for every token overlapping a span (the rule of transformers' return_assistant_tokens_mask)."""
-    return [int(any(end > s and start < e for s, e in spans)) for start, end in offsets]
+    """1 for every token overlapping a span (the rule of transformers' return_assistant_tokens_mask), in
+    one pass over both: the tokens' offsets and the disjoint spans are in order (a conversation of
+    thousands of trained turns is no product of its tokens and its turns)."""
+    spans, mask, k = sorted(spans), [], 0
+    for start, end in offsets:
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        mask.append(int(k < len(spans) and end > spans[k][0] and start < spans[k][1]))
+    return mask
 
 
 def encode_chat(tok, template: ChatTemplate, messages: list[dict[str, Any]], roles_to_train: list[str],

@@ -131,14 +131,22 @@ def _cut(text: str, chars: int | None) -> str:
     return text if chars is None or len(text) <= chars else text[:chars]
 
 
-def normalise_messages(raw: Any, data: DataSection, chars: int | None = None,
-                       ) -> tuple[list[dict[str, Any]] | None, str | None]:
-    """(messages with roles mapped and only the keys a template reads, None) or (None, what is wrong).
-    `chars`: the record budget (`record_chars`): the messages' text past it is cut off."""
+def _cut_messages(messages: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
+    """The messages with their text past `chars` characters in all cut off (each keeps its role)."""
+    out = []
+    for message in messages:
+        if "content" in message:
+            message = {**message, "content": _cut(message["content"], chars)}
+            chars -= len(message["content"])
+        out.append(message)
+    return out
+
+
+def normalise_messages(raw: Any, data: DataSection) -> tuple[list[dict[str, Any]] | None, str | None]:
+    """(messages with roles mapped and only the keys a template reads, None) or (None, what is wrong)."""
     if not isinstance(raw, list) or not raw:
         return None, "its messages are not a non-empty list"
     out = []
-    left = chars
     for i, message in enumerate(raw):
         if not isinstance(message, dict):
             return None, f"message {i} is not a mapping"
@@ -159,9 +167,6 @@ def normalise_messages(raw: Any, data: DataSection, chars: int | None = None,
         if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
             return None, (f"message {i} ({role}): 'tool_calls' holds {type(calls).__name__}, not a list of calls "
                           "({type: function, function: {name, arguments}})")
-        if content is not None and left is not None:
-            content = _cut(content, left)
-            left -= len(content)
         out.append({"role": role, **({"content": content} if content is not None else {}), **extras})
     return out, None
 
@@ -184,8 +189,7 @@ def to_sample(record: dict[str, Any], record_format: str, data: DataSection,
     if sample is None or chars is None or _chars(sample) <= chars:
         return sample, problem
     if sample.messages is not None:
-        messages, problem = normalise_messages(sample.messages, data, chars)
-        return Sample(messages=messages, cut=True), problem
+        return Sample(messages=_cut_messages(sample.messages, chars), cut=True), None
     prompt = _cut(sample.prompt, chars)
     return Sample(prompt=prompt, completion=_cut(sample.completion, chars - len(prompt)), cut=True), None
 

@@ -210,3 +210,13 @@ def test_prepare_of_a_template_past_a_limit_exits_2_without_a_traceback(tmp_path
     result = CliRunner().invoke(cli, ["prepare", str(tmp_path / "model.yaml")])
     assert result.exit_code == 2, result.output
     assert "nests calls deeper" in result.output and "Traceback" not in result.output
+
+
+def test_a_cut_conversation_keeps_its_configured_columns_and_roles(tmp_path):
+    seq_len = 16
+    long = "hello " * (3 * record_chars(seq_len))
+    rows = [{"dialog": [{"speaker": "human", "text": "yes"}, {"speaker": "bot", "text": long}]}]
+    data = _chat_data(tmp_path, rows, truncation="truncate", roles={"human": "user", "bot": "assistant"},
+                      columns={"messages": "dialog", "role": "speaker", "content": "text"})
+    prepared = prepare_data(_config(tmp_path, data, seq_len=seq_len))
+    assert prepared.train.meta["records_cut"] == 1

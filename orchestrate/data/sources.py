@@ -41,6 +41,15 @@ SPARSE_MIN_BYTES = 64 * 2**20
 """Files this large whose disk blocks hold under half their size are sparse (holes of zeros): refused."""
 
 
+def _has_hole(path: Path) -> bool:
+    """Whether the file has a hole: few blocks on a compressing file system (ZFS, btrfs) are no hole."""
+    with open(path, "rb") as f:
+        try:
+            return os.lseek(f.fileno(), 0, os.SEEK_HOLE) < os.fstat(f.fileno()).st_size
+        except (AttributeError, OSError):  # no SEEK_HOLE here: the block count alone
+            return True
+
+
 def sniff(path: Path, builder: str) -> str | None:
     """What makes the file unfit to be parsed as `builder` (None: nothing found): not a regular file,
     sparse, or (text, JSON, CSV) binary or not UTF-8 in its first SNIFF_BYTES."""
@@ -48,7 +57,7 @@ def sniff(path: Path, builder: str) -> str | None:
     if not stat.S_ISREG(st.st_mode):
         return f"{path} is not a regular file (a pipe, socket or device)"
     blocks = getattr(st, "st_blocks", None)
-    if blocks is not None and st.st_size >= SPARSE_MIN_BYTES and blocks * 512 < st.st_size // 2:
+    if blocks is not None and st.st_size >= SPARSE_MIN_BYTES and blocks * 512 < st.st_size // 2 and _has_hole(path):
         return f"{path} is a sparse file: {st.st_size:,} bytes of which {blocks * 512:,} are on disk (mostly holes)"
     if builder not in _TEXT_BUILDERS or any(s.lower() in _COMPRESSION for s in path.suffixes):
         return None

@@ -8,6 +8,11 @@ model.name_or_path: NF4 for QLoRA, `model/adapter_loading.py`) plus RUN_DIR/adap
 conversation is rendered with `add_generation_prompt=True` and the reply ends at EOS or at the
 template's end-of-turn token (the token trained after every answer). Without a chat template (a
 plain-text or prompt-completion run) the prompt is continued as text.
+
+The template renders in the bounded sandbox of orchestrate/data/chat_template.py (a template that
+loops or recurses without end is one error, not a hang); text that is no valid Unicode and a
+conversation longer than the model's positions are refused with one message, and the reply is held
+to the positions left after the prompt (past them GPT-2 raises and RoPE models emit garbage).
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
+
+from orchestrate.data.chat_template import ChatTemplate, limit_error, render
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
@@ -42,13 +50,51 @@ def _plan(run: RunDir):
     return RunPlan.read(run.plan)
 
 
+def _saved_template(tok) -> ChatTemplate:
+    return ChatTemplate(tok.chat_template, "the run's saved chat template (tokenizer_config.json / chat_template.jinja)")
+
+
+def check_text(text: str, where: str) -> str:
+    """`text` when it is valid Unicode; a UserError when it holds bytes that were no UTF-8 (Python
+    keeps those from argv as lone surrogates, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise UserError("the text is not valid UTF-8", [Problem(
+            where, f"byte {exc.start} of it is no UTF-8 character", "give the text in UTF-8")]) from None
+    return text
+
+
+def _positions(model) -> int | None:
+    config = model.config
+    return next((getattr(config, k) for k in ("max_position_embeddings", "n_positions", "n_ctx")
+                 if isinstance(getattr(config, k, None), int)), None)
+
+
+def _encode(chat: ChatModel, messages: list[dict[str, str]]) -> list[int]:
+    """The conversation's prompt ids: rendered with the generation prompt by the saved template (in
+    the bounded sandbox), or the last message as plain text."""
+    tok = chat.tokenizer
+    if not chat.has_template:
+        return tok(messages[-1]["content"])["input_ids"]
+    template = _saved_template(tok)
+    try:
+        text = render(template, tok, messages, True)[0]
+    except jinja2.TemplateError as exc:
+        raise limit_error(template, exc, "RUN_DIR") from None
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
 def _end_of_turn(tok) -> list[int]:
     """The token the template ends an assistant turn with, when it is a special token of the tokenizer."""
-    from orchestrate.data.chat_template import ChatTemplate
     from orchestrate.data.sft_tokens import encode_chat
 
     probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
-    encoded = encode_chat(tok, ChatTemplate(tok.chat_template, "saved"), probe, ["assistant"], False)
+    template = _saved_template(tok)
+    try:
+        encoded = encode_chat(tok, template, probe, ["assistant"], False)
+    except jinja2.TemplateError as exc:
+        raise limit_error(template, exc, "RUN_DIR") from None
     trained = [i for i, m in zip(encoded.ids, encoded.mask, strict=True) if m]
     return [trained[-1]] if trained and trained[-1] in tok.all_special_ids else []
 
@@ -95,12 +141,18 @@ def reply(chat: ChatModel, messages: list[dict[str, str]], max_new_tokens: int =
     from transformers import TextStreamer
 
     tok = chat.tokenizer
-    if chat.has_template:
-        inputs = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
-                                         return_tensors="pt")
-    else:
-        inputs = tok(messages[-1]["content"], return_tensors="pt")
-    inputs = {k: v.to(chat.model.device) for k, v in inputs.items() if k in ("input_ids", "attention_mask")}
+    for message in messages:
+        check_text(message["content"], "--prompt / stdin" if message["role"] == "user" else f"--{message['role']}")
+    ids = _encode(chat, messages)
+    positions = _positions(chat.model)
+    if positions is not None and len(ids) >= positions:
+        raise UserError("the conversation is longer than the model can read", [Problem(
+            "--prompt / stdin", f"it is {len(ids)} tokens; the model has {positions} positions",
+            "ask something shorter, or start a new conversation")])
+    if positions is not None:
+        max_new_tokens = min(max_new_tokens, positions - len(ids))
+    input_ids = torch.tensor([ids], device=chat.model.device)
+    inputs = {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
 
     class Streamer(TextStreamer):
         def on_finalized_text(self, text: str, stream_end: bool = False) -> None:

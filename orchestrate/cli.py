@@ -18,7 +18,7 @@ from rich.markup import escape
 
 from orchestrate import api
 from orchestrate.api import HardwareFlags
-from orchestrate.errors import EXIT_USER_ERROR, UserError
+from orchestrate.errors import EXIT_USER_ERROR, Problem, UserError
 from orchestrate.run.exits import EX_TEMPFAIL
 from orchestrate.run.layout import LOG_DIR, PLAN_FILE
 
@@ -248,6 +248,9 @@ def chat_cmd(run_dir, prompt, system, adapter, max_new_tokens, temperature):
             line = click.prompt("you", default="", show_default=False, prompt_suffix="> ")
         except click.exceptions.Abort:  # Ctrl-D / Ctrl-C: the end of the conversation, not an error
             break
+        except UnicodeDecodeError as exc:
+            raise UserError("stdin is not valid UTF-8", [Problem(
+                "stdin", f"byte {exc.start} of the line is no UTF-8 character", "type or pipe UTF-8 text")]) from None
         if not line.strip():
             break
         answer(line)

@@ -37,15 +37,17 @@ def _line_index(node: yaml.Node, prefix: tuple[str, ...] = ()) -> dict[tuple[str
 
 
 def parse_overrides(overrides: list[str] | tuple[str, ...]) -> tuple[list[tuple[list[str], Any]], list[Problem]]:
-    """Parse `--set dotted.path=value` strings; values are YAML scalars (`512`, `true`, `[a, b]`)."""
+    """Parse `--set dotted.path=value` strings; values are YAML scalars (`512`, `true`, `[a, b]`); a
+    key with a control character, or a value YAML refuses, is a Problem."""
     parsed, problems = [], []
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip() or any(not part for part in key.strip().split(".")):
-            problems.append(Problem(f"--set {item}", "expected dotted.path=value", "e.g. --set train.seq_len=512"))
+        label = f"--set {item}" if item.isprintable() else f"--set {item!r}"  # no control character printed raw
+        if not sep or not key.strip() or any(not part for part in key.strip().split(".")) or not key.isprintable():
+            problems.append(Problem(label, "expected dotted.path=value", "e.g. --set train.seq_len=512"))
             continue
         try:
-            value = safe_yaml.parse(raw, f"--set {item}")[0] if raw.strip() else None
+            value = safe_yaml.parse(raw, label)[0] if raw.strip() else None
         except UserError as exc:
             problems += exc.problems
             continue

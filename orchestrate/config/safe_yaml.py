@@ -127,8 +127,16 @@ def read_text(path: Path, where: str) -> str:
 
 
 def parse(text: str, where: str) -> tuple[Any, yaml.Node | None]:
-    """The document's Python value and its composed node tree (for line numbers)."""
-    loader = _BoundedLoader(text)
+    """The document's Python value and its composed node tree (for line numbers). A character YAML
+    does not allow (a control character, a lone surrogate from undecodable argv bytes) is refused
+    with its line, as every other problem of the text."""
+    try:
+        loader = _BoundedLoader(text)  # its reader checks every character first
+    except yaml.reader.ReaderError as exc:
+        line = text[:exc.position].count("\n") + 1
+        raise UserError(f"{where} is not valid YAML", [Problem(
+            f"{where} (line {line})", f"character U+{exc.character:04X} is not allowed in YAML",
+            "remove it (write control characters as escapes inside double quotes: \"\\t\")")]) from None
     try:
         root = loader.get_single_node()
         return (loader.construct_document(root) if root is not None else None), root

@@ -200,9 +200,13 @@ def _load(source: Source, work: Path, num_proc: int):
         shown = datasets.utils.logging.is_progress_bar_enabled()
         datasets.utils.logging.disable_progress_bar()
         try:
-            return datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
-                                         cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
-                                         **dict(source.options))
+            ds = datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
+                                       cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
+                                       **dict(source.options))
+            # The JSON reader keeps bytes that are no UTF-8 in its strings (sources.py sniffs a file's head
+            # only); checked here, once per build, they are this read error instead of one inside the map.
+            ds.data.validate(full=True)
+            return ds
         finally:
             if shown:
                 datasets.utils.logging.enable_progress_bar()
@@ -257,7 +261,8 @@ def _check_labels(ds, source: Source, label_field: str) -> None:
     column = ds.data.column(label_field)
     missing = pc.is_null(column, nan_is_null=True)
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
-        missing = pc.or_(missing, pc.equal(pc.utf8_trim_whitespace(column), ""))
+        # Kleene or: a null label stays missing (`or_` would make it null, read back as not missing)
+        missing = pc.or_kleene(missing, pc.equal(pc.utf8_trim_whitespace(column), ""))
     rows = np.flatnonzero(missing.to_numpy(zero_copy_only=False).astype(bool))
     if len(rows):
         listed = ", ".join(str(r + 1) for r in rows[:10]) + (" ..." if len(rows) > 10 else "")
@@ -360,7 +365,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
 
     start = time.perf_counter()
     dtype = token_dtype(tokenizer.vocab_size)
-    n_tokens, n_docs, dropped = 0, 0, 0
+    n_tokens, n_docs, dropped, cut = 0, 0, 0, 0
     labels: list[str] = []
     infos: list[dict] = []
     with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f, \
@@ -376,6 +381,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
                 if spec.label_field is not None:
                     labels.extend(table.column("label").to_pylist())
                 if "mask" in table.column_names:  # a record that trains nothing is left out (and counted)
+                    cut += int(pc.sum(table.column("cut")).as_py() or 0)
                     keep = pc.greater(pc.list_value_length(table.column("input_ids")), 0)
                     dropped += table.num_rows - int(pc.sum(keep).as_py() or 0)
                     table = table.filter(keep)
@@ -391,7 +397,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
             del ds, mapped
             shutil.rmtree(work / "map", ignore_errors=True)
             shutil.rmtree(work / "hf", ignore_errors=True)
-    records = sft_meta(infos, sources, dropped)
+    records = sft_meta(infos, sources, dropped, cut)
     if not is_sft(records["record_format"]):
         (work / MASK_FILE).unlink()
     if n_docs == 0 and is_sft(records["record_format"]):

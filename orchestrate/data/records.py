@@ -11,6 +11,12 @@ record normalised to what the tokenizer sees (orchestrate/data/sft_tokens.py).
     alpaca             `instruction` (+ optional `input`) + `output`, prompted as Stanford Alpaca was
     text               anything else: `text_field` or `data.template`, the loss on every token
 
+Every record is held to a budget where it comes in (`to_sample`, `record_chars`): a text longer than
+the characters that can hold seq_len tokens is cut there before anything renders or tokenises it
+(its first seq_len tokens, all that trains, are unchanged; it still counts as longer than seq_len for
+`data.truncation`), and the messages past that budget keep their role but no text; the cut records
+are counted (`Sample.cut`, meta.json's `records_cut`).
+
 Detection (`detect_format`) looks at the column names only; `data.record_format` overrides it and
 `data.template` means text. Bad records are reported, not skipped: `problems` says what is wrong
 with one record, and the caller raises one error naming the first few with the YAML path.
@@ -35,6 +41,23 @@ SHAREGPT_MESSAGES = "conversations"
 """ShareGPT's messages column, detected as chat like `messages`."""
 MESSAGE_EXTRAS = ("tool_calls", "name", "tool_call_id")
 """Message keys passed through to the template besides role and content."""
+BYTES_PER_TOKEN = 32
+"""More characters than a token of a real vocabulary spans (most span under 8): seq_len tokens
+never reach past seq_len * BYTES_PER_TOKEN characters of text."""
+BUDGET_STEP = 4
+FIRST_BUDGET = 256
+"""The record budget is that of the seq_len rounded up to 256 * 4**k tokens: seq_len changes within
+one step keep the tokenised cache entry (seq_len is a view over it), a change across one rebuilds it."""
+
+
+def record_chars(seq_len: int) -> int:
+    """Characters of a record's text that hold more than its first seq_len tokens (BYTES_PER_TOKEN),
+    seq_len rounded up to a step of BUDGET_STEP (part of the cache key)."""
+    tokens = FIRST_BUDGET
+    while tokens < seq_len:
+        tokens *= BUDGET_STEP
+    return (tokens + 1) * BYTES_PER_TOKEN
+
 
 # Stanford Alpaca's prompts (tatsu-lab/stanford_alpaca, train.py PROMPT_DICT): the instruction, the input
 # when there is one, then the answer after "### Response:".
@@ -94,12 +117,29 @@ class Sample:
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     completion: str | None = None
+    cut: bool = False
+    """Its text was cut at the record budget (`record_chars`)."""
 
 
 def _key(message: dict, configured: str | None, default: str, sharegpt: str) -> str:
     if configured is not None:
         return configured
     return default if message.get(default) is not None or sharegpt not in message else sharegpt
+
+
+def _cut(text: str, chars: int | None) -> str:
+    return text if chars is None or len(text) <= chars else text[:chars]
+
+
+def _cut_messages(messages: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
+    """The messages with their text past `chars` characters in all cut off (each keeps its role)."""
+    out = []
+    for message in messages:
+        if "content" in message:
+            message = {**message, "content": _cut(message["content"], chars)}
+            chars -= len(message["content"])
+        out.append(message)
+    return out
 
 
 def normalise_messages(raw: Any, data: DataSection) -> tuple[list[dict[str, Any]] | None, str | None]:
@@ -123,6 +163,10 @@ def normalise_messages(raw: Any, data: DataSection) -> tuple[list[dict[str, Any]
             return None, f"message {i} ({role}) has no {content_key!r} text"
         if content is not None and not isinstance(content, str):
             return None, f"message {i} ({role}): {content_key!r} holds {type(content).__name__}, not text"
+        calls = extras.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            return None, (f"message {i} ({role}): 'tool_calls' holds {type(calls).__name__}, not a list of calls "
+                          "({type: function, function: {name, arguments}})")
         out.append({"role": role, **({"content": content} if content is not None else {}), **extras})
     return out, None
 
@@ -131,8 +175,26 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def to_sample(record: dict[str, Any], record_format: str, data: DataSection) -> tuple[Sample | None, str | None]:
-    """One record of `record_format` as a Sample, or (None, what is wrong with it)."""
+def _chars(sample: Sample) -> int:
+    texts = [m.get("content") or "" for m in sample.messages] if sample.messages is not None else [
+        sample.prompt or "", sample.completion or ""]
+    return sum(len(t) for t in texts)
+
+
+def to_sample(record: dict[str, Any], record_format: str, data: DataSection,
+              chars: int | None = None) -> tuple[Sample | None, str | None]:
+    """One record of `record_format` as a Sample (its text cut at `chars`, the record budget
+    `record_chars`), or (None, what is wrong with it)."""
+    sample, problem = _whole_sample(record, record_format, data)
+    if sample is None or chars is None or _chars(sample) <= chars:
+        return sample, problem
+    if sample.messages is not None:
+        return Sample(messages=_cut_messages(sample.messages, chars), cut=True), None
+    prompt = _cut(sample.prompt, chars)
+    return Sample(prompt=prompt, completion=_cut(sample.completion, chars - len(prompt)), cut=True), None
+
+
+def _whole_sample(record: dict[str, Any], record_format: str, data: DataSection) -> tuple[Sample | None, str | None]:
     c = data.columns
     if record_format == "chat":
         messages, problem = normalise_messages(record.get(messages_column(record, data)), data)
@@ -162,7 +224,9 @@ def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: Da
     if record_format == "alpaca":
         extra = record.get(data.columns.input)
         prompt = record[data.columns.instruction] + (f"\n\n{extra}" if extra and extra.strip() else "")
-    return Sample(messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}])
+        prompt = prompt[: len(sample.prompt)] if sample.cut else prompt
+    return Sample(messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}],
+                  cut=sample.cut)
 
 
 def lacks_trained_turn(messages: list[dict[str, Any]], roles_to_train: list[str]) -> bool:

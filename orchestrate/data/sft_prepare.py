@@ -17,13 +17,20 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 import numpy as np
 
-from orchestrate.data.chat_template import ChatTemplate, resolve_template, yaml_template
+from orchestrate.data.chat_template import (
+    ChatTemplate,
+    TemplateLimit,
+    limit_error,
+    resolve_template,
+    yaml_template,
+)
 from orchestrate.data.method_data import MethodData
 from orchestrate.data.records import (
     PREFERENCE_FORMATS,
     SFT_FORMATS,
     as_chat,
     lacks_trained_turn,
+    record_chars,
     required_columns,
     to_sample,
 )
@@ -44,6 +51,8 @@ orchestrate/data/method_data.py)."""
 PREFERENCE_ANSWERS = "each answer after its prompt (preference)"
 TEMPLATE_PROBLEM = "template: "
 """Prefix of a problem that is the template's, not the record's."""
+TEMPLATE_LIMIT = "template limit: "
+"""Prefix of a template's render that hit a limit (chat_template.py `TemplateLimit`)."""
 _SHOWN = 5
 
 
@@ -58,16 +67,18 @@ class SftSettings:
     """What the run's methods bring: readers of their own records, which decide the record format
     the data must have and tokenise those records (no part of `identity`: the reader's tokens are
     the record's, whichever run reads them)."""
+    chars: int | None = None
+    """The record budget (records.py `record_chars` of train.seq_len); None: no cut."""
 
     @classmethod
     def of(cls, config: RunConfig, methods: MethodData) -> SftSettings:
-        return cls(config.data, yaml_template(config), methods)
+        return cls(config.data, yaml_template(config), methods, record_chars(config.train.seq_len))
 
     def identity(self) -> dict[str, Any]:
         d = self.data
         return {"record_format": d.record_format, "columns": d.columns.model_dump(), "roles": dict(sorted(d.roles.items())),
                 "chat_template": self.template.source if self.template else None,
-                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "version": 2}
+                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "record_chars": self.chars, "version": 3}
 
     def template_for(self, record_format: str, tokenizer: Tokenizer, conversational: bool = False) -> ChatTemplate | None:
         """The template the records of `record_format` render with (prompt-completion, Alpaca and text
@@ -138,57 +149,66 @@ def check_sft_columns(ds, source: Source, record_format: str, data: DataSection)
 
 
 def _encode(record: dict, record_format: str, settings: SftSettings, template: ChatTemplate | None,
-            tokenizer: Tokenizer) -> tuple[Any, str | None]:
+            tokenizer: Tokenizer) -> tuple[Any, str | None, bool]:
+    """(the record encoded, None, whether it was cut at the record budget) or (None, what is wrong, ...)."""
     data = settings.data
-    sample, problem = to_sample(record, record_format, data)
+    sample, problem = to_sample(record, record_format, data, settings.chars)
     if sample is None:
-        return None, problem
+        return None, problem, False
     if template is not None:
         sample = as_chat(sample, record, record_format, data)
     if sample.messages is None:
-        return encode_completion(getattr(tokenizer, "tok", None), sample.prompt, sample.completion, tokenizer.eos_id), None
+        return encode_completion(getattr(tokenizer, "tok", None), sample.prompt, sample.completion,
+                                 tokenizer.eos_id), None, sample.cut
     if not data.train_on_inputs and lacks_trained_turn(sample.messages, list(data.roles_to_train)):
-        return None, f"it has no {' or '.join(data.roles_to_train)} turn to train on"
-
+        return None, f"it has no {' or '.join(data.roles_to_train)} turn to train on", sample.cut
     try:
         return encode_chat(tokenizer.tok, template, sample.messages, list(data.roles_to_train),
-                           data.train_on_inputs), None
+                           data.train_on_inputs, settings.chars), None, sample.cut
     except TemplateNotIncremental as exc:
-        return None, TEMPLATE_PROBLEM + str(exc)
+        return None, TEMPLATE_PROBLEM + str(exc), sample.cut
+    except TemplateLimit as exc:
+        return None, TEMPLATE_LIMIT + str(exc), sample.cut
     except jinja2.TemplateError as exc:  # the template's own raise_exception ("roles must alternate", ...)
-        return None, f"the chat template refused it: {exc}"
+        return None, f"the chat template refused it: {exc}", sample.cut
 
 
 def _tokens(record: dict, record_format: str, settings: SftSettings, template: ChatTemplate | None,
-            tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None]:
-    """(ids, mask.bin bits) of one record, None when it trains nothing; or (None, what is wrong)."""
+            tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None, bool]:
+    """(ids, mask.bin bits) of one record, None when it trains nothing; or (None, what is wrong); and
+    whether its text was cut at the record budget."""
     reader = settings.methods.reader(record_format)
     if reader is not None:  # a method's own records (preference pairs)
-        return reader.tokens(record, record_format, settings.data, template, tokenizer)
-    encoded, problem = _encode(record, record_format, settings, template, tokenizer)
+        return (*reader.tokens(record, record_format, settings.data, template, tokenizer), False)
+    encoded, problem, cut = _encode(record, record_format, settings, template, tokenizer)
     if encoded is None or not any(encoded.mask):
-        return None, problem
-    return (encoded.ids, TRAINED * np.asarray(encoded.mask) + ANSWER * np.asarray(encoded.answer)), None
+        return None, problem, cut
+    return (encoded.ids, TRAINED * np.asarray(encoded.mask) + ANSWER * np.asarray(encoded.answer)), None, cut
 
 
 def tokenize_records(batch: dict, indices: list[int], *, tokenizer: Tokenizer, settings: SftSettings,
                      record_format: str, template: ChatTemplate | None, dtype: str) -> dict:
     """`Dataset.map` function (batched, with_indices): one row per record: its ids and mask (empty
-    when it has a problem or trains nothing) and its problem ("" when none)."""
-    ids_out, mask_out, problems = [], [], []
+    when it has a problem or trains nothing), its problem ("" when none) and whether it was cut."""
+    ids_out, mask_out, problems, cuts = [], [], [], []
     for row, index in enumerate(indices):
-        tokens, problem = _tokens({k: v[row] for k, v in batch.items()}, record_format, settings, template, tokenizer)
+        tokens, problem, cut = _tokens({k: v[row] for k, v in batch.items()}, record_format, settings, template,
+                                       tokenizer)
         ids_out.append(np.asarray(tokens[0] if tokens else [], dtype=dtype))
         mask_out.append(np.asarray(tokens[1] if tokens else [], dtype=np.uint8))
-        problems.append("" if problem is None else problem if problem.startswith(TEMPLATE_PROBLEM)
+        problems.append("" if problem is None else problem if problem.startswith((TEMPLATE_PROBLEM, TEMPLATE_LIMIT))
                         else f"record {index}: {problem}")
-    return {"input_ids": ids_out, "mask": mask_out, "problem": problems}
+        cuts.append(cut)
+    return {"input_ids": ids_out, "mask": mask_out, "problem": problems, "cut": cuts}
 
 
 def raise_record_problems(problems: list[str], source: Source, record_format: str, template: ChatTemplate | None) -> None:
     """One error for the records of `source` that cannot be trained on (none: returns)."""
     if not problems:
         return
+    limit = next((p for p in problems if p.startswith(TEMPLATE_LIMIT)), None)
+    if limit is not None:
+        raise limit_error(template, limit[len(TEMPLATE_LIMIT):])
     if any(p.startswith(TEMPLATE_PROBLEM) for p in problems):
         first = next(p for p in problems if p.startswith(TEMPLATE_PROBLEM))[len(TEMPLATE_PROBLEM):]
         raise UserError("the chat template's trained tokens cannot be found", [Problem(
@@ -211,7 +231,7 @@ def raise_nothing_trainable(source: Source, record_format: str, template: ChatTe
         "and that data.roles_to_train names roles the records have")])
 
 
-def sft_meta(infos: list[dict], sources: list[Source], dropped: int) -> dict:
+def sft_meta(infos: list[dict], sources: list[Source], dropped: int, cut: int = 0) -> dict:
     """meta.json's account of chat / instruction records (all sources of a stream share one format)."""
     formats = sorted({info["record_format"] for info in infos})
     if len(formats) > 1:
@@ -224,7 +244,7 @@ def sft_meta(infos: list[dict], sources: list[Source], dropped: int) -> dict:
     template = first["template"]
     return {"record_format": first["record_format"], "mask_method": first["mask_method"],
             "template_origin": template.origin if template else None,
-            "records": sum(info["records"] for info in infos), "dropped_untrained": dropped}
+            "records": sum(info["records"] for info in infos), "dropped_untrained": dropped, "records_cut": cut}
 
 
 def is_sft(record_format: str) -> bool:

@@ -277,10 +277,11 @@ def summary(stream: TokenStream, tokenized: list[str], seconds: float, noun: str
 
 
 def truncation_counts(meta: dict, kept: Kept, config, untrained: str, cut_empty: str) -> list[tuple[int, str]]:
-    """The summary's counts of what did not train whole: dropped when tokenised (`untrained`: why), cut
-    to seq_len, dropped by the policy (truncate: `cut_empty`, what the cut left)."""
+    """The summary's counts of what did not train whole: dropped when tokenised (`untrained`: why), their
+    text cut at the record budget (orchestrate/data/records.py), cut to seq_len, dropped by the policy (truncate: `cut_empty`, what the cut left)."""
     seq_len = config.train.seq_len
     return [(meta.get("dropped_untrained", 0), f"dropped when tokenised: {untrained}"),
+            (meta.get("records_cut", 0), "with text cut before tokenising (far longer than seq_len)"),
             (kept.truncated, f"cut to seq_len {seq_len}"),
             (kept.dropped, f"dropped: longer than seq_len {seq_len} (drop)" if config.data.truncation == "drop"
              else f"dropped: {cut_empty}")]

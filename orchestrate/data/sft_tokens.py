@@ -1,13 +1,14 @@
 """One sample's token ids and its loss mask (1: a token the loss trains on), as the template and the
 tokenizer define them: nothing added, nothing dropped.
 
-Chat: the conversation is rendered by the chat template (transformers' `apply_chat_template`) and the
+Chat: the conversation is rendered by the chat template (chat_template.py `render`, as transformers'
+`apply_chat_template` renders it, within its limits) and the
 text tokenized without the tokenizer's own special tokens, as `apply_chat_template(tokenize=True)`
 does: a BOS appears once where the template renders `bos_token`, each turn ends with the template's
 own end-of-turn token, no EOS is appended. The trained tokens are
 
 - with `{% generation %}` markers in the template and the default `roles_to_train: [assistant]`:
-  transformers' `return_assistant_tokens_mask` (every token overlapping a marked span);
+  the tokens overlapping a marked span (transformers' `return_assistant_tokens_mask` rule);
 - otherwise: found by rendering turn by turn. An assistant turn's span runs from the end of the
   conversation before it rendered with `add_generation_prompt=True` (so its header is not trained) to
   the end of the conversation including it, trailing whitespace left out (the newline ChatML puts
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from orchestrate.data.chat_template import ChatTemplate
+from orchestrate.data.chat_template import ChatTemplate, render
 
 MARKERS = "generation markers (transformers' return_assistant_tokens_mask)"
 INCREMENTAL = "incremental rendering"
@@ -63,58 +64,70 @@ def mask_method(template: ChatTemplate | None, roles_to_train: list[str], train_
 
 
 def _render(tok, template: ChatTemplate, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
-    return tok.apply_chat_template(messages, chat_template=template.source, tokenize=False,
-                                   add_generation_prompt=generation_prompt)
+    return render(template, tok, messages, generation_prompt)[0]
 
 
 def _spans(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained: list[str],
-           full: str) -> list[tuple[int, int]]:
-    spans, before = [], ""
+           full: str, upto_chars: int | None) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(the character spans of the assistant's answers, those of the turns of `trained` roles), in one
+    pass rendering turn by turn up to the first turn that starts past `upto_chars` (later turns lie
+    past the tokens kept: rendering each prefix of a long conversation is quadratic, so it stops)."""
+    answers, turns, before = [], [], ""
     for i, message in enumerate(messages):
+        if upto_chars is not None and len(before) > upto_chars:
+            break
         upto = _render(tok, template, messages[: i + 1], False)
         if not full.startswith(upto):
             raise TemplateNotIncremental(f"turn {i} renders differently once later turns follow")
-        if message["role"] in trained:
-            start = len(before)
-            if message["role"] == "assistant" and i > 0:
+        start, end = len(before), len(upto.rstrip())
+        if message["role"] == "assistant":
+            if i > 0:
                 prompt = _render(tok, template, messages[:i], True)
                 if not upto.startswith(prompt):
                     raise TemplateNotIncremental(f"the generation prompt before turn {i} is not where its answer starts")
                 start = len(prompt)
-            end = len(upto.rstrip())
             content = (message.get("content") or "").strip()
-            if message["role"] == "assistant" and content and content not in full[start:end]:
+            if content and content not in full[start:end]:
                 raise TemplateNotIncremental(f"turn {i} (assistant): its content is not rendered inside its answer")
             if end > start:
-                spans.append((start, end))
+                answers.append((start, end))
+        if message["role"] in trained and end > start:
+            turns.append((start, end))
         before = upto
-    return spans
+    return answers, turns
 
 
 def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """1 for every token overlapping a span (the rule of transformers' return_assistant_tokens_mask)."""
-    return [int(any(end > s and start < e for s, e in spans)) for start, end in offsets]
+    """1 for every token overlapping a span (the rule of transformers' return_assistant_tokens_mask), in
+    one pass over both: the tokens' offsets and the disjoint spans are in order (a conversation of
+    thousands of trained turns is no product of its tokens and its turns)."""
+    spans, mask, k = sorted(spans), [], 0
+    for start, end in offsets:
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        mask.append(int(k < len(spans) and end > spans[k][0] and start < spans[k][1]))
+    return mask
 
 
 def encode_chat(tok, template: ChatTemplate, messages: list[dict[str, Any]], roles_to_train: list[str],
-                train_on_inputs: bool) -> Encoded:
-    """A conversation's ids and mask (module docstring). `tok`: a fast transformers tokenizer."""
-    if template.has_generation_markers:
-        out = tok.apply_chat_template(messages, chat_template=template.source, tokenize=True, return_dict=True,
-                                      return_assistant_tokens_mask=True)
-        ids, answer = list(out["input_ids"]), list(out["assistant_masks"])
-        if mask_method(template, roles_to_train, train_on_inputs) == MARKERS:
-            return Encoded(ids, answer, answer)
-    full = _render(tok, template, messages, False)
+                train_on_inputs: bool, upto_chars: int | None = None) -> Encoded:
+    """A conversation's ids and mask (module docstring). `tok`: a fast transformers tokenizer.
+    `upto_chars`: the rendered characters that can hold the tokens kept (the record budget,
+    records.py), past which the turn-by-turn rendering stops."""
+    full, generation = render(template, tok, messages, False)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
-    if not template.has_generation_markers:
-        answer = _overlapping(offsets, _spans(tok, template, messages, ["assistant"], full))
+    trained = list(roles_to_train)
+    if template.has_generation_markers:
+        answer = _overlapping(offsets, generation)
+        if train_on_inputs or trained == ["assistant"]:
+            return Encoded(ids, [1] * len(ids) if train_on_inputs else answer, answer)
+        return Encoded(ids, _overlapping(offsets, _spans(tok, template, messages, trained, full, upto_chars)[1]), answer)
+    answers, turns = _spans(tok, template, messages, trained, full, upto_chars)
+    answer = _overlapping(offsets, answers)
     if train_on_inputs:
         return Encoded(ids, [1] * len(ids), answer)
-    if list(roles_to_train) == ["assistant"]:
-        return Encoded(ids, answer, answer)
-    return Encoded(ids, _overlapping(offsets, _spans(tok, template, messages, list(roles_to_train), full)), answer)
+    return Encoded(ids, answer if trained == ["assistant"] else _overlapping(offsets, turns), answer)
 
 
 @lru_cache(maxsize=8)

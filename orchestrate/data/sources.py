@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,45 @@ _GLOB_CHARS = set("*?[")
 _DISK_MARKERS = ("state.json", "dataset_dict.json")
 """A directory holding one of these was written by `Dataset(Dict).save_to_disk`."""
 _TEXT_UNITS = {"paragraph": "paragraph", "line": "line", "file": "document"}
+_TEXT_BUILDERS = ("text", "json", "csv")
+SNIFF_BYTES = 2**20
+"""The head of a text file read before it is parsed: NUL bytes or bytes that are no UTF-8 there mean
+the file is binary or in another encoding, refused at once rather than after the parser read it all."""
+SPARSE_MIN_BYTES = 64 * 2**20
+"""Files this large whose disk blocks hold under half their size are sparse (holes of zeros): refused."""
+
+
+def _has_hole(path: Path) -> bool:
+    """Whether the file has a hole: few blocks on a compressing file system (ZFS, btrfs) are no hole."""
+    with open(path, "rb") as f:
+        try:
+            return os.lseek(f.fileno(), 0, os.SEEK_HOLE) < os.fstat(f.fileno()).st_size
+        except (AttributeError, OSError):  # no SEEK_HOLE here: the block count alone
+            return True
+
+
+def sniff(path: Path, builder: str) -> str | None:
+    """What makes the file unfit to be parsed as `builder` (None: nothing found): not a regular file,
+    sparse, or (text, JSON, CSV) binary or not UTF-8 in its first SNIFF_BYTES."""
+    st = path.stat()
+    if not stat.S_ISREG(st.st_mode):
+        return f"{path} is not a regular file (a pipe, socket or device)"
+    blocks = getattr(st, "st_blocks", None)
+    if blocks is not None and st.st_size >= SPARSE_MIN_BYTES and blocks * 512 < st.st_size // 2 and _has_hole(path):
+        return f"{path} is a sparse file: {st.st_size:,} bytes of which {blocks * 512:,} are on disk (mostly holes)"
+    if builder not in _TEXT_BUILDERS or any(s.lower() in _COMPRESSION for s in path.suffixes):
+        return None
+    with open(path, "rb") as f:
+        head = f.read(SNIFF_BYTES)
+    nul = head.find(b"\0")
+    if nul >= 0:
+        return f"{path} is binary: byte {nul} is NUL, which no {builder} text holds"
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 3 or len(head) < SNIFF_BYTES:  # not a character cut by the head's end
+            return f"{path} is not UTF-8: byte {exc.start} ({head[exc.start]:#04x}) is no UTF-8 character"
+    return None
 
 
 @dataclass(frozen=True)
@@ -98,7 +138,7 @@ def _expand(config: RunConfig, entry: str, where: str, problems: list[Problem]) 
             problems.append(Problem(where, f"the directory {path} holds no data file",
                                     "use .txt, .json(l), .csv, .parquet or .arrow files, or a save_to_disk directory"))
         return list(found)
-    if not path.is_file():
+    if not path.exists():
         problems.append(Problem(where, f"{path} does not exist",
                                 "check the path (relative paths are resolved against the YAML file's directory)"))
         return []
@@ -128,6 +168,11 @@ def _group(config: RunConfig, entries: list[str], key: str, problems: list[Probl
                 problems.append(Problem(where, f"unsupported file type of {item}",
                                         "use .txt, .json, .jsonl, .csv, .tsv, .parquet or .arrow (optionally "
                                         "compressed), or set data.format"))
+                continue
+            unfit = sniff(item, builder)
+            if unfit is not None:
+                problems.append(Problem(where, unfit, f"give a {builder} file in UTF-8 (convert it with iconv), "
+                                        "or set data.format to what the file holds"))
                 continue
             if item.stat().st_size == 0:
                 problems.append(Problem(where, f"{item} is empty", "remove it from the list or fill it"))

@@ -64,7 +64,7 @@ class PreferenceSection(Section):
     the reference log-probabilities of every pair into RUN_DIR/reference_logps and training reads
     them (reused on resume; redone when the data or the reference change). auto: adapter where it
     applies, else the first of replicated, sharded, offload and precomputed that fits, per strategy.
-    orpo has no reference (leave it auto)."""
+    simpo and orpo have no reference (leave it auto)."""
 
     desirable_weight: float = Field(default=1.0, gt=0, le=100)
     """kto: weight of the desirable answers' losses (to balance unequal counts: KTO paper, eq. 8)."""

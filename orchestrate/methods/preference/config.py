@@ -49,7 +49,8 @@ class PreferenceSection(Section):
     """simpo: γ, the target reward margin (TRL's CPOConfig.simpo_gamma, default 0.5)."""
 
     label_smoothing: float = Field(default=0.0, ge=0.0, lt=0.5)
-    """ε, the probability that a pair's preference is flipped (dpo: cDPO; robust). 0: labels trusted."""
+    """ε, the probability that a pair's preference is flipped (dpo: cDPO; robust; simpo: as dpo, TRL's CPO). 0:
+    labels trusted."""
 
     reference: str | None = None
     """The frozen reference model: a local Hugging Face model directory with the model's tokenizer and

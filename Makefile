@@ -59,12 +59,15 @@ chat-sft: install
 	$(ORCH) chat $(CHAT_RUN) --adapter --prompt "Upper-case this word: lantern"
 
 # DPO after the newest chat-sft run (docs/preference.md): chat pairs preferring the answer with "!",
-# QLoRA on that run's RUN_DIR/model, its reference the adapter-disabled base.
+# full fine-tuning of that run's RUN_DIR/model, its reference the SFT model; then one question to the
+# result (it should still answer, now with the "!").
 CHAT_SFT_LAST = $(shell ls -td runs/chat-sft-2* 2>/dev/null | head -1)
+CHAT_DPO_RUN := runs/chat-dpo-$(shell date +%Y%m%d-%H%M%S)
 chat-dpo: install
 	test -n "$(CHAT_SFT_LAST)" || (echo "run make chat-sft first" && false)
 	$(PY) $(CHAT_SFT)/make_preferences.py $(CHAT_SFT)/data
-	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/dpo.yaml --set model.name_or_path=$(abspath $(CHAT_SFT_LAST))/model --run-dir runs/chat-dpo-$(shell date +%Y%m%d-%H%M%S) $(ARGS)
+	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/dpo.yaml --set model.name_or_path=$(abspath $(CHAT_SFT_LAST))/model --run-dir $(CHAT_DPO_RUN) $(ARGS)
+	$(ORCH) chat $(CHAT_DPO_RUN) --prompt "Upper-case this word: lantern"
 
 # DPO on generated pairs (docs/preference.md, examples/preference/): a tiny model built from its config.
 preference: install

@@ -41,6 +41,8 @@ class PreferenceRuns:
                               validation_files=[str(self.root / ("held_out_answers.jsonl" if kto else "held_out.jsonl"))],
                               cache_dir=str(self.root / "cache"))
         config["preference"].update(preference)
+        if preference.get("loss") in ("orpo", "kto"):  # the example's rpo_alpha is for the pairwise losses
+            config["preference"].pop("rpo_alpha", None)
         path = self.root / f"{name}.yaml"
         path.write_text(yaml.safe_dump(config))
         code, out = _launch(path, self.root / name)

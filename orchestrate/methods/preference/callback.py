@@ -1,8 +1,8 @@
 """The preference metrics of every step (objective.py keeps their sums over the step's micro-batches):
 added up over the ranks and added to the step's record, before the metrics file and the trackers see
 it: loss is the step's as for every run; rewards/chosen, rewards/rejected, rewards/margins,
-rewards/accuracies, logps/chosen, logps/rejected, logps_margin (and orpo's nll_loss, log_odds_ratio,
-log_odds_chosen; kto's kl) as TRL logs them. Collective: one all-reduce per step."""
+rewards/accuracies, logps/chosen, logps/rejected, logps_margin (and nll_loss of orpo and rpo_alpha,
+orpo's log_odds_ratio, log_odds_chosen; kto's kl) as TRL logs them. Collective: one all-reduce per step."""
 
 from __future__ import annotations
 

@@ -11,6 +11,15 @@ TRL's (huggingface/trl; its code is not copied):
   DPO", eq. 8; TRL's `robust`).
 - ipo: (Δ̄ − 1/(2β))², Δ̄ the same margin with each log-ratio divided by its answer's token count
   (Azar et al. 2023, eq. 17; TRL's `ipo` averages per token, as its comment says the authors confirmed).
+- hinge: max(0, 1 − β·Δ) (the SLiC hinge of Zhao et al. 2023, "SLiC-HF", eq. 1 with the reference's
+  log-ratios; TRL's `hinge`, trl v0.20 dpo_trainer.py dpo_loss).
+- simpo: −(1−ε)·log σ(β·(ȳ_w − ȳ_l) − γ) − ε·log σ(−β·(ȳ_w − ȳ_l) + γ), ȳ the per-token mean
+  log-probability of an answer, no reference model (Meng et al. 2024, "SimPO", eq. 6; TRL's CPOTrainer
+  `simpo` with cpo_alpha 0, trl v0.20 cpo_trainer.py cpo_loss: γ/β subtracted inside β·(…)).
+- rpo_alpha α (any pairwise loss but orpo): + α·NLL(y_w), the mean over the micro-batch's chosen answer
+  tokens of −log π (Pang et al. 2024, "Iterative Reasoning Preference Optimization", v3; trl v0.20
+  dpo_trainer.py: concatenated_forward's `nll_loss`, the cross-entropy of the chosen rows' completion
+  tokens, added to every pair's loss in get_batch_loss_metrics, so once to their mean).
 - orpo: NLL(y_w) − β·log σ(log odds(ȳ_w) − log odds(ȳ_l)), ȳ the per-token mean log-probability and
   log odds(p) = p − log(1 − e^p) (Hong et al. 2024, eqs. 4-7; TRL's ORPOTrainer `odds_ratio_loss`).
   The NLL is the mean cross-entropy of the chosen answers' tokens, where TRL also scores the prompt.
@@ -19,7 +28,7 @@ TRL's (huggingface/trl; its code is not copied):
   no gradient through z (Ethayarajh et al. 2024, eq. 8; TRL's KTOTrainer `kto` loss).
 
 Rewards (logged as rewards/chosen, rewards/rejected, their margin and the share of pairs whose chosen
-reward is higher): β·(log π − log π_ref) per answer; orpo: β·ȳ (TRL).
+reward is higher): β·(log π − log π_ref) per answer; simpo and orpo: β·ȳ (TRL's CPO and ORPO).
 """
 
 from __future__ import annotations
@@ -101,7 +110,8 @@ class PairLoss:
     chosen_rewards: torch.Tensor
     rejected_rewards: torch.Tensor
     extras: dict[str, torch.Tensor]
-    """Further per-batch scalars the loss logs (orpo: nll_loss, log_odds_ratio, log_odds_chosen)."""
+    """Further per-batch scalars the loss logs (orpo: nll_loss, log_odds_ratio, log_odds_chosen;
+    rpo_alpha: nll_loss)."""
 
 
 def _log1mexp(x: torch.Tensor) -> torch.Tensor:
@@ -110,11 +120,35 @@ def _log1mexp(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < -0.6931471805599453, torch.log1p(-torch.exp(x)), torch.log(-torch.expm1(x)))
 
 
+def chosen_nll(policy: AnswerLogps) -> torch.Tensor:
+    """The chosen answers' NLL: −Σ log π over their tokens / their token count, the micro-batch's
+    token mean (TRL's `nll_loss`: one cross-entropy over the chosen rows' completion tokens)."""
+    chosen_sum, _ = policy.halves()
+    chosen_tokens, _ = policy.tokens.chunk(2)
+    return -chosen_sum.sum() / chosen_tokens.sum().clamp(min=1.0)
+
+
 def pair_loss(settings: PreferenceSection, policy: AnswerLogps, reference: AnswerLogps | None) -> PairLoss:
-    """The loss of a micro-batch of pairs (module docstring); `reference` None for orpo."""
+    """The loss of a micro-batch of pairs (module docstring); `reference` None for simpo and orpo."""
     beta, eps = settings.beta, settings.label_smoothing
     if settings.loss == "orpo":
         return _orpo(beta, policy)
+    if settings.loss == "simpo":
+        chosen_mean, rejected_mean = policy.mean_halves()
+        logits = beta * (chosen_mean - rejected_mean) - settings.simpo_gamma
+        losses = -(1 - eps) * F.logsigmoid(logits) - eps * F.logsigmoid(-logits)
+        out = PairLoss(losses.mean(), beta * chosen_mean.detach(), beta * rejected_mean.detach(), {})
+    else:
+        out = _with_reference(settings, policy, reference)
+    if settings.rpo_alpha is not None:
+        nll = chosen_nll(policy)
+        out.loss = out.loss + settings.rpo_alpha * nll
+        out.extras["nll_loss"] = nll.detach()
+    return out
+
+
+def _with_reference(settings: PreferenceSection, policy: AnswerLogps, reference: AnswerLogps) -> PairLoss:
+    beta, eps = settings.beta, settings.label_smoothing
     chosen, rejected = policy.halves()
     ref_chosen, ref_rejected = reference.halves()
     chosen_ratio, rejected_ratio = chosen - ref_chosen, rejected - ref_rejected
@@ -123,6 +157,8 @@ def pair_loss(settings: PreferenceSection, policy: AnswerLogps, reference: Answe
         losses = -(1 - eps) * F.logsigmoid(beta * margin) - eps * F.logsigmoid(-beta * margin)
     elif settings.loss == "robust":
         losses = (-(1 - eps) * F.logsigmoid(beta * margin) + eps * F.logsigmoid(-beta * margin)) / (1 - 2 * eps)
+    elif settings.loss == "hinge":
+        losses = torch.relu(1 - beta * margin)
     elif settings.loss == "ipo":
         chosen_tokens, rejected_tokens = policy.tokens.clamp(min=1.0).chunk(2)
         losses = (chosen_ratio / chosen_tokens - rejected_ratio / rejected_tokens - 1 / (2 * beta)) ** 2
@@ -135,9 +171,7 @@ def _orpo(beta: float, policy: AnswerLogps) -> PairLoss:
     chosen_mean, rejected_mean = policy.mean_halves()
     log_odds = (chosen_mean - rejected_mean) - (_log1mexp(chosen_mean) - _log1mexp(rejected_mean))
     ratio = F.logsigmoid(log_odds)
-    chosen_sum, _ = policy.halves()
-    chosen_tokens, _ = policy.tokens.chunk(2)
-    nll = -chosen_sum.sum() / chosen_tokens.sum().clamp(min=1.0)
+    nll = chosen_nll(policy)
     return PairLoss(nll - beta * ratio.mean(), beta * chosen_mean.detach(), beta * rejected_mean.detach(),
                     {"nll_loss": nll.detach(), "log_odds_ratio": ratio.mean().detach(),
                      "log_odds_chosen": log_odds.mean().detach()})

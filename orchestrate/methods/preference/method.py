@@ -1,6 +1,6 @@
 """Preference tuning (`preference:`): DPO and its variants, ORPO, KTO (docs/preference.md). An add-on
 method that composes with full fine-tuning and LoRA / QLoRA, owns the objective and runs one auxiliary
-model, the reference (orchestrate/methods/spec.py), except for a reference-free loss (orpo).
+model, the reference (orchestrate/methods/spec.py), except for a reference-free loss (simpo, orpo).
 
 Its files: config.py (`preference:`), records.py and samples.py (pairs and labelled answers on the chat
 data path), losses.py (the losses as functions of answer log-probabilities), memory.py (what the
@@ -41,7 +41,7 @@ _WHY = {"adapter": "the base with the adapters disabled: no extra weights",
 def preference_terms(reference: AuxiliaryModel | None, packed: bool, problems: tuple[Problem, ...] = ()) -> MethodTerms:
     """A preference plan: both sequences of every record in the trained model's forward, 2 x
     micro_batch_size rows of seq_len or, packed (data.packing: whole records in blocks of 2 x seq_len,
-    samples.py), micro_batch_size rows of 2 x seq_len; the reference as an auxiliary model (None: orpo)
+    samples.py), micro_batch_size rows of 2 x seq_len; the reference as an auxiliary model (None: simpo, orpo)
     and its forward's bytes. With train.loss_chunks the model's and a live reference's log-probabilities
     are computed one chunk of positions at a time (objective.py), so the planner's logits term and the
     reference's forward price one chunk's logits. Its objective reads whole sequences (the worker refuses
@@ -97,7 +97,7 @@ class Preference(Method):
 
     def auxiliary_shapes(self, config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
         """The reference's shape: preference.reference's (same tokenizer and vocabulary, checked), or
-        the model's own (its initial weights); none for orpo."""
+        the model's own (its initial weights); none for simpo and orpo."""
         section, problems = config.preference, _config_problems(config)
         found = {}
         if section.loss not in REFERENCE_FREE:

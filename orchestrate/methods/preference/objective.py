@@ -4,8 +4,8 @@ sequences (reference.py, computed first under no_grad, so its logits are freed b
 forward holds its activations), then the loss of losses.py.
 
 Besides the loss it keeps, per optimizer step, the sums TRL logs per batch (rewards/chosen,
-rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen, logps/rejected; orpo's nll_loss,
-log_odds_ratio, log_odds_chosen; kto's kl), read and reset by the method's step callback
+rewards/rejected, rewards/margins, rewards/accuracies, logps/chosen, logps/rejected; the nll_loss of
+orpo and rpo_alpha, orpo's log_odds_ratio, log_odds_chosen; kto's kl), read and reset by the method's step callback
 (callback.py), which adds them up over ranks. Evaluation reports the same over the held-out records,
 plus eval_logps_margin: the model's own log π(chosen) − log π(rejected), the preference it has
 learnt whatever the reference.
@@ -69,7 +69,7 @@ class PreferenceObjective:
         self.settings = settings
         self.loss_chunks = loss_chunks
         """0: whole logits; N: the model's answer log-probabilities in N chunks (`answer_logps`)."""
-        self.reference = reference  # None: orpo
+        self.reference = reference  # None: simpo, orpo
         self.eval_reference = eval_reference or reference
         """The validation records' (a precomputed reference reads another table)."""
         self.sums: dict[str, torch.Tensor] = {}
@@ -137,7 +137,7 @@ class PreferenceObjective:
 def step_metrics(sums: dict[str, float], loss: str) -> dict[str, float]:
     """The logged metrics from sums over micro-batches (and ranks): per-record means (kto: the
     rewards and log-probabilities per desirable / undesirable answer, as TRL divides them), batch means
-    of orpo's and kto's per-batch scalars."""
+    of the per-batch scalars of orpo, rpo_alpha (nll_loss) and kto."""
     if loss in UNPAIRED:
         out = {"kl": sums["kl"] / sums["batches"]}
         for side, count in (("chosen", sums["desirable"]), ("rejected", sums["undesirable"])):

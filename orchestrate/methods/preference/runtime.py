@@ -63,7 +63,7 @@ def reference_dir(plan: RunPlan, run: RunDir, local_rank: int) -> Path:
 
 class PreferenceRuntime(MethodRuntime):
     def auxiliary(self, plan: RunPlan, rank: Rank, run: RunDir, data: TrainData) -> References | None:
-        """The reference for training and for evaluation batches; None for orpo."""
+        """The reference for training and for evaluation batches; None for simpo and orpo."""
         if plan.config.preference.loss in REFERENCE_FREE:
             return None
         placement = reference_placement(plan, rank.device, rank.world_size)

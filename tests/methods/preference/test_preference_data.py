@@ -88,6 +88,18 @@ def test_a_chat_pair_scores_the_assistant_answers_only(tmp_path):
     assert rejected == ([*prompt, "rome", "<|im_end|>"], [None] * 8 + ["rome", "<|im_end|>"])
 
 
+def test_eval_generate_asks_the_prompt_and_expects_the_chosen_or_desirable_answer(tmp_path):
+    # train.eval_generate (worker/callbacks/generate.py) reads prompt_and_answer: a pair's prompt and chosen
+    # answer with its EOS, an unpaired answer's only where it is desirable (nothing to imitate otherwise)
+    (tmp_path / "pairs").mkdir()
+    pairs, _ = _views(tmp_path / "pairs", [{"prompt": "Q:", "chosen": "ab", "rejected": "xyz"}])
+    assert pairs.prompt_and_answer(0) == ([ord("Q"), ord(":")], [ord("a"), ord("b"), 256])
+    (tmp_path / "kto").mkdir()
+    rows = [{"prompt": "Q:", "completion": "ab", "label": True}, {"prompt": "R:", "completion": "cd", "label": False}]
+    answers, _ = _views(tmp_path / "kto", rows, preference={"loss": "kto"})
+    assert [answers.prompt_and_answer(k) for k in range(2)] == [([ord("Q"), ord(":")], [ord("a"), ord("b"), 256]), None]
+
+
 def test_an_implicit_prompt_is_the_turns_both_conversations_share(tmp_path):
     user = {"role": "user", "content": "capital of france"}
     explicit = {"prompt": [user], "chosen": [{"role": "assistant", "content": "paris"}],

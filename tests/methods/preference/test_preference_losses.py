@@ -61,6 +61,47 @@ def test_ipo_squares_the_per_token_margin_minus_half_over_beta():
     assert _loss(loss="ipo", beta=beta) == pytest.approx(hand / 3, abs=1e-6)
 
 
+def test_hinge_is_the_slic_hinge_of_the_margin():
+    beta = 0.5  # margins 2.0, -0.5, 2.25: one pair past the hinge (1 - 0.5 * 2.25 < 0)
+    hand = sum(max(0.0, 1 - beta * m) for m in _margins()) / 3
+    assert _loss(loss="hinge", beta=beta) == pytest.approx(hand, abs=1e-6)
+
+
+@pytest.mark.parametrize(("beta", "gamma", "eps"), [(2.0, 0.5, 0.0), (2.5, 1.0, 0.0), (2.0, 0.5, 0.1)])
+def test_simpo_is_the_sigmoid_loss_of_the_per_token_means_less_gamma_without_a_reference(beta, gamma, eps):
+    hand, chosen_rewards = 0.0, []
+    for c, r, nc, nr in zip(CHOSEN, REJECTED, CHOSEN_TOKENS, REJECTED_TOKENS, strict=True):
+        x = beta * (c / nc - r / nr) - gamma
+        hand += -(1 - eps) * _logsig(x) - eps * _logsig(-x)
+        chosen_rewards.append(beta * c / nc)
+    out = pair_loss(PreferenceSection(loss="simpo", beta=beta, simpo_gamma=gamma, label_smoothing=eps),
+                    _answers(CHOSEN, REJECTED), None)
+    assert float(out.loss) == pytest.approx(hand / 3, abs=1e-6)
+    assert out.chosen_rewards.tolist() == pytest.approx(chosen_rewards, abs=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["dpo", "hinge", "ipo", "simpo"])
+def test_rpo_alpha_adds_alpha_times_the_chosen_token_mean_nll(loss):
+    alpha = 0.7
+    nll = -sum(CHOSEN) / sum(CHOSEN_TOKENS)  # TRL: one cross-entropy over all chosen answer tokens
+    reference = None if loss == "simpo" else _answers(REF_CHOSEN, REF_REJECTED)
+    beta = 2.0 if loss == "simpo" else 0.1
+    plain = pair_loss(PreferenceSection(loss=loss, beta=beta), _answers(CHOSEN, REJECTED), reference)
+    out = pair_loss(PreferenceSection(loss=loss, beta=beta, rpo_alpha=alpha), _answers(CHOSEN, REJECTED), reference)
+    assert float(out.loss) == pytest.approx(float(plain.loss) + alpha * nll, abs=1e-6)
+    assert float(out.extras["nll_loss"]) == pytest.approx(nll, abs=1e-6)
+    assert out.chosen_rewards.tolist() == plain.chosen_rewards.tolist()  # the rewards are the loss's own
+
+
+@pytest.mark.parametrize(("settings", "word"), [
+    ({"loss": "orpo", "rpo_alpha": 1.0}, "rpo_alpha"), ({"loss": "kto", "rpo_alpha": 1.0}, "rpo_alpha"),
+    ({"loss": "dpo", "simpo_gamma": 1.0}, "simpo_gamma"), ({"loss": "hinge", "label_smoothing": 0.1}, "label_smoothing"),
+    ({"loss": "simpo", "reference": "ref"}, "reference")])
+def test_settings_of_another_loss_are_refused(settings, word):
+    with pytest.raises(ValueError, match=word):
+        PreferenceSection(**settings)
+
+
 def test_rewards_are_beta_times_the_log_ratios():
     out = pair_loss(PreferenceSection(beta=0.3), _answers(CHOSEN, REJECTED), _answers(REF_CHOSEN, REF_REJECTED))
     assert out.chosen_rewards.tolist() == pytest.approx([0.3 * (c - r) for c, r in zip(CHOSEN, REF_CHOSEN, strict=True)], abs=1e-6)

@@ -12,7 +12,7 @@ import torch
 
 from orchestrate.config.load import config_from_dict
 from orchestrate.data.pipeline import prepare_data, samples_for
-from orchestrate.methods.preference.config import PreferenceSection
+from orchestrate.methods.preference.config import REFERENCE_FREE, PreferenceSection
 from orchestrate.methods.preference.losses import pair_loss
 from orchestrate.methods.preference.objective import PreferenceObjective, answer_logps, step_metrics
 from orchestrate.methods.preference.reference import adapter_reference, module_reference
@@ -70,15 +70,17 @@ def test_packed_answers_have_the_log_probabilities_they_have_padded(tmp_path, fa
     assert max(abs(a - b) for k in alone for a, b in zip(alone[k], _by_record(batch, leaked)[k], strict=True)) > 1e-3
 
 
-@pytest.mark.parametrize("loss", ["dpo", "ipo", "robust", "orpo"])
+@pytest.mark.parametrize("loss", ["dpo", "ipo", "robust", "hinge", "simpo", "orpo"])
 def test_the_objective_is_the_loss_of_the_log_probabilities_computed_apart(tmp_path, loss):
-    settings = PreferenceSection(loss=loss, **({"label_smoothing": 0.1} if loss == "robust" else {}))
+    settings = PreferenceSection(loss=loss, **({"label_smoothing": 0.1} if loss == "robust" else {}),
+                                 **({"rpo_alpha": 1.0} if loss != "orpo" else {}))
     model, reference = _model("llama", 0), _model("llama", 1)
     batch = _views(tmp_path, False).batch([0, 1, 2])
-    objective = PreferenceObjective(settings, None if loss == "orpo" else module_reference(reference))
+    free = loss in REFERENCE_FREE
+    objective = PreferenceObjective(settings, None if free else module_reference(reference))
     got = objective.loss(model, batch)
     with torch.no_grad():
-        ref = None if loss == "orpo" else answer_logps(reference, batch)
+        ref = None if free else answer_logps(reference, batch)
     expected = pair_loss(settings, answer_logps(model, batch), ref)
     assert float(got.detach()) == pytest.approx(float(expected.loss), abs=1e-6)
     got.backward()  # the gradient reaches the model, not the reference
@@ -87,6 +89,7 @@ def test_the_objective_is_the_loss_of_the_log_probabilities_computed_apart(tmp_p
     margins = expected.chosen_rewards - expected.rejected_rewards
     assert metrics["rewards/margins"] == pytest.approx(float(margins.mean()), abs=1e-6)
     assert metrics["rewards/accuracies"] == pytest.approx(float((margins > 0).float().mean()))
+    assert metrics["nll_loss"] == pytest.approx(float(expected.extras["nll_loss"]), abs=1e-6)
     assert objective.take_sums() == {}
 
 
@@ -118,3 +121,31 @@ def test_kto_metrics_split_desirable_and_undesirable_answers(tmp_path):
     metrics = step_metrics({k: float(v) for k, v in objective.take_sums().items()}, "kto")
     assert torch.isfinite(loss) and metrics["kl"] >= 0
     assert metrics["rewards/margins"] == pytest.approx(metrics["rewards/chosen"] - metrics["rewards/rejected"])
+
+
+def _answer_logp(model, ids: list[int], answer_from: int) -> float:
+    """log π of ids[answer_from:] given what precedes it, the sequence alone, by hand from the logits."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].double().log_softmax(-1)
+    return sum(float(logits[t - 1, ids[t]]) for t in range(answer_from, len(ids)))
+
+
+def test_kto_kl_is_the_clamped_mean_log_ratio_of_each_prompt_with_the_previous_records_answer(tmp_path):
+    # TRL's KTOTrainer (_get_kl_dataset): each prompt with the completion of the record before it; z = max(0,
+    # mean over them of log π − log π_ref), detached. Both orders of two models: one mean is positive.
+    rows = [{"prompt": f"Q{i}:", "completion": "ab" * (1 + i), "label": i % 2 == 0} for i in range(4)]
+    batch = _views(tmp_path, False, "kto", rows).batch([0, 1, 2, 3])
+    ids, scored = batch["input_ids"].tolist(), (batch["labels"] != -100).tolist()
+    prompts = [row[:s.index(True)] for row, s in zip(ids[:4], scored[:4], strict=True)]
+    answers = [[t for t, keep in zip(row, s, strict=True) if keep] for row, s in zip(ids[:4], scored[:4], strict=True)]
+    mismatched = [(prompts[k] + answers[(k - 1) % 4], len(prompts[k])) for k in range(4)]
+    first, second = _model("llama", 0), _model("llama", 1)
+    found = []
+    for policy, reference in ((first, second), (second, first)):
+        hand = sum(_answer_logp(policy, s, a) - _answer_logp(reference, s, a) for s, a in mismatched) / 4
+        objective = PreferenceObjective(PreferenceSection(loss="kto"), module_reference(reference))
+        objective.loss(policy, batch)
+        kl = step_metrics({k: float(v) for k, v in objective.take_sums().items()}, "kto")["kl"]
+        assert kl == pytest.approx(max(0.0, hand), abs=1e-4)
+        found.append(kl)
+    assert max(found) > 0.01 and min(found) == 0.0

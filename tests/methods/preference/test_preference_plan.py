@@ -88,14 +88,16 @@ def test_auto_takes_the_first_placement_that_fits_and_says_why():
     assert not replicated.fits and replicated.reason in chosen.placement_reason  # what auto said
 
 
-def test_full_fine_tuning_on_cpu_ranks_replicates_the_reference_and_orpo_has_none():
+@pytest.mark.parametrize("free", ["orpo", "simpo"])
+def test_full_fine_tuning_on_cpu_ranks_replicates_the_reference_and_the_reference_free_losses_have_none(free):
     hw = cpu_hardware(2)
     tiny = {"seq_len": 32, "micro_batch_size": 2}
     dpo = plan_for(_config({"method": "full", **tiny}, {"loss": "dpo"}, TINY_GPT2), hw)
     assert dpo.chosen.placements[REFERENCE] == "replicated" and dpo.chosen.memory.gpu["reference_weights"] > 0
-    orpo = plan_for(_config({"method": "full", **tiny}, {"loss": "orpo"}, TINY_GPT2), hw)
-    assert REFERENCE not in orpo.chosen.placements and "reference_weights" not in orpo.chosen.memory.gpu
-    assert PREFERENCE.report(orpo)[0] == ["preference: orpo, no reference model"]
+    plan = plan_for(_config({"method": "full", **tiny}, {"loss": free}, TINY_GPT2), hw)
+    assert REFERENCE not in plan.chosen.placements and "reference_weights" not in plan.chosen.memory.gpu
+    assert "reference_forward" not in plan.chosen.memory.gpu
+    assert PREFERENCE.report(plan)[0] == [f"preference: {free}, no reference model"]
 
 
 def _yaml(tmp_path: Path, preference: dict, train: dict | None = None) -> Path:

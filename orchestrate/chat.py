@@ -39,7 +39,7 @@ def _plan(run: RunDir):
     if not run.plan.is_file():
         raise UserError(f"{run.path} is not a run directory", [Problem(
             "RUN_DIR", f"{run.plan} does not exist", "give the directory `orchestrate launch` trained into")])
-    return RunPlan.read(run.plan)
+    return RunPlan.read(run.plan, read_only=True)
 
 
 def _end_of_turn(tok) -> list[int]:

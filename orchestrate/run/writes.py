@@ -35,7 +35,7 @@ def link_error(link: Path, run_dir: Path) -> UserError:
         target = os.readlink(link)
     except OSError:
         target = "somewhere else"
-    return UserError("a write into the run directory went through a symbolic link; refused", [Problem(
+    return UserError("refused to write through a symbolic link in the run directory", [Problem(
         str(link), f"a symbolic link to {target}, placed while the run was going: orchestrate writes only "
         f"inside {run_dir} and never through a link (nothing was written there)",
         f"remove the link (rm {link}) and `orchestrate launch CONFIG --resume --run-dir {run_dir}`")])
@@ -69,7 +69,7 @@ def write_file(run_dir: Path, path: Path, text: str) -> None:
     path = Path(path)
     refuse_links_on(run_dir, path.parent)
     directory = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    tmp = f".{path.name}.tmp-{os.getpid()}"
+    tmp = f"{path.name}.tmp-{os.getpid()}"
     try:
         try:
             os.unlink(tmp, dir_fd=directory)  # what a crash left (a link there is removed, not followed)

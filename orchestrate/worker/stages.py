@@ -204,7 +204,7 @@ def save_model(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, data
                 save_tokenizer(data.tokenizer_dir, out, template, trust)
         if data.label_names is not None:
             write_labels(staged.model, data.label_names)
-    lines = [line.replace(str(staged.path), str(run.path)) for line in lines]
+    lines = [line.replace(str(staged.path), str(run.path)) for line in lines]  # where it went once moved
     names = [*plan.files.backend, *([plan.files.accelerate_config] if plan.files.accelerate_config else [])]
     extra = "".join(f"      {line}\n" for line in lines)
     print(f"done. model:   {run.model}\n{extra}"

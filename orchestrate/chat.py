@@ -47,7 +47,7 @@ def _plan(run: RunDir):
     if not run.plan.is_file():
         raise UserError(f"{run.path} is not a run directory", [Problem(
             "RUN_DIR", f"{run.plan} does not exist", "give the directory `orchestrate launch` trained into")])
-    return RunPlan.read(run.plan)
+    return RunPlan.read(run.plan, read_only=True)
 
 
 def _saved_template(tok) -> ChatTemplate:

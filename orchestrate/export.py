@@ -26,6 +26,7 @@ from orchestrate.model.meta import build_meta_model
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import HF_CONFIG, PLAN_COPY, engine_errors, find_checkpoint, read_meta
 from orchestrate.run.layout import EXPORT_MARKER_FILE, check_output_dir, os_errors_as_user_errors
+from orchestrate.run.versions import OtherVersion
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -171,10 +172,12 @@ def _read_checkpoint(ckpt: Path, run_dir: Path, merge: bool, fmt: str = "hf"):
             str(ckpt), f"no {HF_CONFIG}: it was written by orchestrate.save from your own loop's module",
             "restore it in your script with orchestrate.load(), then save the module as you like")])
     try:
-        plan = RunPlan.read(ckpt / PLAN_COPY)
+        plan = RunPlan.read(ckpt / PLAN_COPY, read_only=True)
         trust = plan.config.model.trust_remote_code
         hf_config = AutoConfig.from_pretrained(ckpt / HF_CONFIG, trust_remote_code=trust)
         layout = StateLayout.of(build_meta_model(hf_config, task=plan.config.model.task, trust_remote_code=trust))
+    except OtherVersion:
+        raise
     except Exception as exc:  # a checkpoint without a manifest may hold any damage
         raise UserError(f"the checkpoint {ckpt} cannot be read", [Problem(
             str(ckpt), f"{type(exc).__name__}: {exc}", "export an older checkpoint of the run (--step N)")]) from exc

@@ -10,10 +10,17 @@ Sequence length, packing and the validation split are not part of the key: they 
 at load time (`blocks.py`), so changing them never tokenises again. An entry appears only complete:
 it is written into a temporary directory and renamed into place; a rebuild (`--force`) swaps the
 new entry in only once it is complete, so nothing prepared is lost to a failed run.
+
+An entry is used only when its meta.json names the key it is looked up by (`entry_mismatch`): one
+replaced by a copy of another entry would otherwise be a hit and train on the other data; a
+mismatch is a miss, rebuilt. An entry or an entry file that is a symbolic link is refused
+(`refuse_links`). A full disk while an entry is written is one message naming the cache directory
+(`no_space`), the temporary directory removed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -105,9 +112,66 @@ def check_ids(stream: TokenStream, vocab_size: int) -> None:
                        f"tokenizer has {vocab_size:,} ids (the file was changed after it was written)")
 
 
-def temp_dir_for(entry: Path) -> Path:
+def refuse_links(entry: Path) -> None:
+    """UserError when `entry` or a file in it is a symbolic link: the entry would be read from (and a
+    rebuild would replace) whatever it points at. Links are looked at, never followed."""
+    links = [entry] if entry.is_symlink() else [p for p in entry.iterdir() if p.is_symlink()] if entry.is_dir() else []
+    if links:
+        raise UserError(f"the data cache entry {entry} holds a symbolic link", [Problem(
+            "data.cache_dir", f"{link} is a symbolic link to {os.readlink(link)}: a cache entry is read only "
+            "from files the cache wrote", f"remove it (rm {link}); the entry is rebuilt on the next launch")
+            for link in links[:5]])
+
+
+def entry_mismatch(entry: Path, key: str, sources: list[str]) -> str | None:
+    """Why the complete entry at `entry` is not the one of `key` (None: it is). Its meta.json
+    records the key it was built for and how many sources it holds; an entry replaced by a copy of
+    another one names another key. Source names are not compared: one key is read from several
+    copies of the same file (the demo corpus in a run directory and in the cache)."""
+    try:
+        meta = json.loads((entry / META_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"its {META_FILE} cannot be read ({exc})"
+    if not isinstance(meta, dict) or meta.get("key") != key:
+        found = meta.get("key") if isinstance(meta, dict) else None
+        return f"its {META_FILE} is the entry of key {found!r}, not {key!r} (copied from another entry)"
+    if len(meta.get("sources") or []) != len(sources):
+        return f"its {META_FILE} lists {len(meta.get('sources') or [])} source(s), not the {len(sources)} looked up"
+    return None
+
+
+def no_space(exc: BaseException) -> bool:
+    """True when `exc`, or an exception it was raised from, is a full disk or quota (libraries such as
+    `datasets` wrap the OSError in their own)."""
+    while exc is not None:
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
+def disk_full(cache_dir: Path, what: str, input_bytes: int | None) -> UserError:
+    """The one message for a full disk while writing into the cache: where, and what was known of the need."""
+    try:
+        free = f"{shutil.disk_usage(cache_dir).free / 2**20:,.1f} MiB free now"
+    except OSError:
+        free = "its free space cannot be read"
+    need = (f"; the input is {input_bytes / 2**20:,.1f} MiB, and tokenising needs about that much scratch space "
+            "plus the entry" if input_bytes is not None else "")
+    return UserError("the data cache ran out of space", [Problem(
+        "data.cache_dir", f"no space left on device in {cache_dir} while writing {what} ({free}{need}); "
+        "the partial entry was removed",
+        "free space there, or set data.cache_dir to a disk with room")])
+
+
+def temp_dir_name(entry: Path) -> Path:
     """A unique sibling of `entry`: several nodes may prepare into one shared cache at once."""
-    tmp = entry.with_name(f".tmp-{entry.name}-{socket.gethostname()}-{os.getpid()}")
+    return entry.with_name(f".tmp-{entry.name}-{socket.gethostname()}-{os.getpid()}")
+
+
+def temp_dir_for(entry: Path) -> Path:
+    """`temp_dir_name(entry)`, created empty."""
+    tmp = temp_dir_name(entry)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     return tmp

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,11 +26,16 @@ from orchestrate.data.cache import (
     OFFSETS_FILE,
     TOKENS_FILE,
     TokenStream,
+    disk_full,
     entry_key,
+    entry_mismatch,
     entry_name,
+    no_space,
     open_entry,
     publish,
+    refuse_links,
     temp_dir_for,
+    temp_dir_name,
 )
 from orchestrate.data.checks import check_num_proc, cpu_cores, ensure_cache_dir
 from orchestrate.data.doc_labels import write_labels
@@ -96,26 +102,42 @@ def ensure_stream(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, c
                   num_proc: int | str = "auto", progress: bool = False, force: bool = False,
                   may_build: bool = True, poll_s: float = 1.0) -> StreamResult:
     """The cache entry of `sources` tokenised by `tokenizer`, built if missing (or if `force`).
-    Ranks with `may_build` False wait for the entry instead (another local rank builds it)."""
+    Ranks with `may_build` False wait for the entry instead (another local rank builds it). An entry
+    whose meta.json is another key's is a miss, rebuilt with a line saying so (`entry_mismatch`); a
+    link in the cache entry is refused (`refuse_links`); a full disk is one message (`disk_full`)."""
     key = entry_key(stream_identity(sources, spec, tokenizer))
     entry = cache_dir / entry_name(_label(sources), key)
     failed = cache_dir / f".failed-{entry.name}"
-    if (entry / META_FILE).is_file() and not force:
+    described = [s.describe() for s in sources]
+    refuse_links(entry)
+    stale = entry_mismatch(entry, key, described) if (entry / META_FILE).is_file() else None
+    if (entry / META_FILE).is_file() and stale is None and not force:
         return StreamResult(open_entry(entry), built=False)
     if not may_build:
-        _wait_for(entry, failed, poll_s)
+        _wait_for(entry, key, described, failed, poll_s)
         return StreamResult(open_entry(entry), built=False)
+    if stale is not None:
+        print(f"data cache entry {entry} does not belong to these sources: {stale}; tokenising again",
+              file=sys.stderr, flush=True)
     ensure_cache_dir(cache_dir)
-    tmp = temp_dir_for(entry)
+    tmp = temp_dir_name(entry)
     try:
+        temp_dir_for(entry)
         _build(sources, spec, tokenizer, tmp, key, _num_proc(num_proc, sources), progress)
-        publish(tmp, entry, replace=force)
+        publish(tmp, entry, replace=force or stale is not None)
     except BaseException as exc:
+        shutil.rmtree(tmp, ignore_errors=True)  # first: on a full disk, the space the marker below needs
+        error = disk_full(cache_dir, f"the entry {entry.name}", total_bytes(sources)) if no_space(exc) else exc
         # Tell the waiting ranks of this attempt, which would otherwise wait forever: a rank that
         # got SIGTERM only sets a flag (orchestrate/worker/signals.py) and keeps waiting.
-        message = exc.headline if isinstance(exc, UserError) else f"{type(exc).__name__}: {exc}"
-        failed.write_text(json.dumps({"attempt": _attempt(), "error": message}))
-        raise
+        message = error.headline if isinstance(error, UserError) else f"{type(error).__name__}: {error}"
+        try:
+            failed.write_text(json.dumps({"attempt": _attempt(), "error": message}))
+        except OSError:
+            pass  # a disk too full for the marker: the waiting ranks see the same full disk
+        if error is exc:
+            raise
+        raise error from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a successful rename; left-overs of a failure
     failed.unlink(missing_ok=True)
@@ -128,8 +150,9 @@ def _attempt() -> str:
     return f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '')}"
 
 
-def _wait_for(entry: Path, failed: Path, poll_s: float) -> None:
-    while not (entry / META_FILE).is_file():
+def _wait_for(entry: Path, key: str, described: list[str], failed: Path, poll_s: float) -> None:
+    """Until the entry of `key` is in place (one that is another key's is being rebuilt by local rank 0)."""
+    while not (entry / META_FILE).is_file() or entry_mismatch(entry, key, described) is not None:
         try:
             marker = json.loads(failed.read_text())
         except (OSError, ValueError):
@@ -138,6 +161,7 @@ def _wait_for(entry: Path, failed: Path, poll_s: float) -> None:
             raise UserError("the data could not be prepared", [Problem(
                 "data", f"local rank 0 failed: {marker.get('error')}", "see local rank 0's error above")])
         time.sleep(poll_s)
+    refuse_links(entry)
 
 
 def _label(sources: list[Source]) -> str:
@@ -213,6 +237,8 @@ def _load(source: Source, work: Path, num_proc: int):
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - pyarrow, json, csv, network, ...: all unreadable input
+        if no_space(exc):  # the scratch Arrow copy filled the disk: the input is not to blame
+            raise
         if source.kind == "files" and len(source.files) > 1:
             _find_bad_file(source, work)  # raises naming the one file, when one file is to blame
         raise UserError(f"cannot read {source.describe()}", [Problem(

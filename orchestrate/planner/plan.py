@@ -25,8 +25,8 @@ from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
 from orchestrate.planner.strategy import Strategy, tokens_per_step
+from orchestrate.run.versions import PLAN_SCHEMA_VERSION, check_plan_version, unreadable_other_version
 
-PLAN_SCHEMA_VERSION = 1
 _PLACEMENT = "_placement"
 
 
@@ -233,24 +233,30 @@ class RunPlan(PlanResult):
             self.strategy, self.chosen.gradient_accumulation, self.world_size, self.config.train.seq_len)
 
     @classmethod
-    def read(cls, path: Path) -> RunPlan:
-        """The plan in `path`; a UserError naming it for one this version cannot run (none chosen,
-        another schema) and for a missing, damaged or foreign file."""
+    def read(cls, path: Path, read_only: bool = False) -> RunPlan:
+        """The plan in `path`; a UserError naming it for a missing, damaged or foreign file and for one
+        that chose nothing. `read_only` (`report`, `chat`, `export`): a plan of another schema version is
+        read as far as it goes; else (`--resume`) it is refused (`orchestrate.run.versions`)."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise _unreadable(path, exc) from None
-        if isinstance(data, dict) and (data.get("schema_version") != PLAN_SCHEMA_VERSION
-                                       or data.get("chosen_candidate") is None):
-            raise UserError(f"{path} is not a runnable plan of this version", [Problem(
-                str(path), f"schema_version {data.get('schema_version')!r}" if data.get("chosen_candidate")
-                else "no feasible strategy was chosen (see `orchestrate plan`)",
+        check_plan_version(data, Path(path), read_only)
+        if isinstance(data, dict) and data.get("chosen_candidate") is None:
+            raise UserError(f"{path} is not a runnable plan", [Problem(
+                str(path), "no feasible strategy was chosen (see `orchestrate plan`)",
                 "plan the run again: `orchestrate launch CONFIG` (a new run directory)")])
+        other = isinstance(data, dict) and data.get("schema_version") != PLAN_SCHEMA_VERSION
         try:
             return cls.model_validate(data)
         except UserError as exc:  # its config no longer validates
+            if other:
+                raise unreadable_other_version(path, data["schema_version"], exc.headline) from None
             raise UserError(f"the plan {path} cannot be used", exc.problems) from None
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            if other:
+                raise unreadable_other_version(path, data["schema_version"], f"{type(exc).__name__}: "
+                                               f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
             raise _unreadable(path, exc) from None
 
 

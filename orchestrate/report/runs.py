@@ -41,7 +41,7 @@ def load_run(run_dir: Path) -> Run:
             str(metrics_path), "metrics.jsonl holds no step records",
             "report on a run that trained at least one step")])
     _check_numbers(records, metrics_path)
-    plan = RunPlan.read(plan_path)  # a UserError for a plan that chose nothing: nothing ran
+    plan = RunPlan.read(plan_path, read_only=True)  # a UserError for a plan that chose nothing: nothing ran
     return Run(run_dir.resolve().name, run_dir, plan, records)
 
 

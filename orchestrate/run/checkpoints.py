@@ -40,6 +40,7 @@ import xxhash
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.layout import PLAN_FILE
+from orchestrate.run.writes import write_file
 
 if TYPE_CHECKING:
     from orchestrate.planner.plan import RunPlan
@@ -131,8 +132,13 @@ def read_meta(ckpt_dir: Path) -> CheckpointMeta:
     return CheckpointMeta.from_dict(data, str(path))
 
 
+def run_dir_of(ckpt_dir: Path) -> Path:
+    """The run directory a checkpoint directory (RUN_DIR/checkpoints/<name>) belongs to."""
+    return Path(ckpt_dir).parent.parent
+
+
 def write_meta(ckpt_dir: Path, meta: CheckpointMeta) -> None:
-    (Path(ckpt_dir) / META_FILE).write_text(json.dumps(meta.to_dict(), indent=1) + "\n")
+    write_file(run_dir_of(ckpt_dir), Path(ckpt_dir) / META_FILE, json.dumps(meta.to_dict(), indent=1) + "\n")
 
 
 def rank_file(ckpt_dir: Path, rank: int) -> Path:
@@ -298,7 +304,7 @@ def write_manifest(ckpt_dir: Path, algorithm: str | None = None) -> dict[str, An
              for p in _files(ckpt_dir)}
     manifest = {"format": MANIFEST_FORMAT, "algorithm": algorithm, "files": files,
                 "bytes": sum(f["size"] for f in files.values())}
-    (ckpt_dir / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1) + "\n")
+    write_file(run_dir_of(ckpt_dir), ckpt_dir / MANIFEST_FILE, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 

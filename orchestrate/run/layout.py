@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrate.errors import Problem, UserError
+from orchestrate.run.writes import write_file
 
 PLAN_FILE = "plan.json"
 CONFIG_FILE = "config.yaml"
@@ -229,9 +230,7 @@ def check_no_links(run_dir: Path, writes: Iterable[str] = ()) -> None:
 
 def write_requeue(run_dir: Path, record: dict[str, Any]) -> Path:
     path = Path(run_dir) / REQUEUE_FILE
-    tmp = path.with_name(REQUEUE_FILE + ".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    tmp.replace(path)
+    write_file(run_dir, path, json.dumps(record) + "\n")  # whole, never through a link
     return path
 
 
@@ -250,14 +249,12 @@ def clear_requeue(run_dir: Path) -> None:
 
 
 def write_oom_record(run_dir: Path, rank: int, record: dict[str, Any]) -> Path:
-    """RUN_DIR/oom/rank-<rank>.json, written whole (tmp + rename): each rank its own file, since after
-    an out-of-memory error no collective is safe."""
+    """RUN_DIR/oom/rank-<rank>.json, written whole (`write_file`: temporary + rename, never through a
+    link): each rank its own file, since after an out-of-memory error no collective is safe."""
     folder = Path(run_dir) / OOM_DIR
     folder.mkdir(exist_ok=True)
     path = folder / f"rank-{rank}.json"
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record) + "\n")
-    tmp.replace(path)
+    write_file(run_dir, path, json.dumps(record) + "\n")
     return path
 
 

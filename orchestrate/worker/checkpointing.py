@@ -49,6 +49,7 @@ from orchestrate.run.checkpoints import (
     write_manifest,
     write_meta,
 )
+from orchestrate.run.writes import refuse_links_in, refuse_links_on, write_file
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import TrainEngine
@@ -107,8 +108,8 @@ def reseed(seed: int, rank: int, step: int, device: torch.device) -> None:
         torch.cuda.manual_seed(value)
 
 
-def _write_json(path: Path, data: Any) -> None:
-    path.write_text(json.dumps(data, indent=1) + "\n")
+def _write_json(run_dir: Path, path: Path, data: Any) -> None:
+    write_file(run_dir, path, json.dumps(data, indent=1) + "\n")
 
 
 # --- the collective part -----------------------------------------------------------------------
@@ -154,8 +155,10 @@ class Checkpointer:
                 write_manifest(tmp)  # last: a directory with a manifest is complete
             except OSError as exc:
                 raise self._write_failed(step, tmp, exc) from exc
+            refuse_links_in(self.run_dir, tmp)  # a link placed in it while the engine wrote
+            refuse_links_on(self.run_dir, final)
             _publish(tmp, final)
-            _point_latest(self.root, name)
+            _point_latest(self.run_dir, name)
             self._prune()
         self._barrier()  # nobody goes on (or exits) before the checkpoint is published
         self.last_save_s = time.perf_counter() - start
@@ -164,15 +167,16 @@ class Checkpointer:
     def _write(self, step: int, tmp: Path, sampler_state: dict[str, Any]) -> None:
         rank = self.rank.rank
         if rank == 0:
+            refuse_links_on(self.run_dir, tmp)  # RUN_DIR/checkpoints linked elsewhere while the run trained
             shutil.rmtree(tmp, ignore_errors=True)  # what a crash during an earlier save left
             (tmp / RANKS_DIR).mkdir(parents=True)
         self._barrier()
-        _write_json(rank_file(tmp, rank), {"rank": rank, "step": step, "rng": rng_state(self.rank.device),
+        _write_json(self.run_dir, rank_file(tmp, rank), {"rank": rank, "step": step, "rng": rng_state(self.rank.device),
                                             "sampler": sampler_state})
         self.engine.save_checkpoint(tmp, {"step": step})
         if rank == 0:
             write_meta(tmp, CheckpointMeta.of(self.plan, step, self.rank.world_size, sampler_state, torch.__version__))
-            _write_json(tmp / PLAN_COPY, self.plan.to_dict())
+            _write_json(self.run_dir, tmp / PLAN_COPY, self.plan.to_dict())
             if (self.model_dir / HF_CONFIG).is_file():  # a user's own module (orchestrate.prepare) has none
                 shutil.copyfile(self.model_dir / HF_CONFIG, tmp / HF_CONFIG)
 
@@ -314,10 +318,8 @@ def _publish(tmp: Path, final: Path) -> None:
     os.rename(tmp, final)
 
 
-def _point_latest(root: Path, name: str) -> None:
-    tmp = root / (LATEST_FILE + ".tmp")
-    tmp.write_text(name + "\n")
-    os.replace(tmp, root / LATEST_FILE)  # atomic: readers see the old or the new name, never half
+def _point_latest(run_dir: Path, name: str) -> None:
+    write_file(run_dir, checkpoint_root(run_dir) / LATEST_FILE, name + "\n")  # whole: the old or the new name, never half
 
 
 def _remove(path: Path) -> None:

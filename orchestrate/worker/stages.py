@@ -30,9 +30,10 @@ from orchestrate.loading.packed_attention import packing_notice
 from orchestrate.methods.registry import active_methods, base_runtime, method_data, runtimes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.checkpoints import checkpoint_root, newest_checkpoint
-from orchestrate.run.layout import RunDir, check_no_links, clear_requeue
+from orchestrate.run.layout import ADAPTER_DIR, MODEL_DIR, RunDir, check_no_links, clear_requeue
 from orchestrate.run.lock import check_worker_may_run
 from orchestrate.run.resume_rules import check_resumable
+from orchestrate.run.writes import staged_dir
 from orchestrate.worker.callbacks.base import Callback
 from orchestrate.worker.callbacks.generate import EvalGenerate
 from orchestrate.worker.callbacks.standard import Checkpoints, Evaluation, MetricsFile, Progress, StopOnSignal
@@ -187,18 +188,23 @@ def callbacks(plan: RunPlan, rank: Rank, data: TrainData, start_step: int, resum
 
 def save_model(plan: RunPlan, run: RunDir, rank: Rank, engine: TrainEngine, data: TrainData) -> None:
     """What the methods save (collective): the base method the consolidated Hugging Face model, the
-    add-ons what they change or add; then the tokenizer next to it."""
-    lines = [line for runtime in runtimes(plan.config) for line in runtime.save(plan, engine, run, rank)]
-    if not rank.is_main:
-        return
-    if all(runtime.saves_tokenizer for runtime in runtimes(plan.config)):  # your own module has none
-        # None: the byte tokenizer, as tokenizer.json; the YAML's chat template saved with it, and an
-        # adapter a method saved gets the same tokenizer (PeftModel + AutoTokenizer from one directory).
-        template, trust = saved_chat_template(plan.config), plan.config.model.trust_remote_code
-        for out in (run.model, *([run.adapter] if run.adapter.is_dir() else [])):
-            save_tokenizer(data.tokenizer_dir, out, template, trust)
-    if data.label_names is not None:
-        write_labels(run.model, data.label_names)
+    add-ons what they change or add; then the tokenizer next to it. All of it is written into
+    RUN_DIR/.tmp-save and moved into RUN_DIR/model (and adapter) once complete, so a link placed at
+    either while the run trained is refused, not written through (`orchestrate.run.writes`)."""
+    with staged_dir(run.path, (MODEL_DIR, ADAPTER_DIR), writer=rank.is_main) as staging:
+        staged = RunDir(staging)  # its model and adapter are the staged ones
+        lines = [line for runtime in runtimes(plan.config) for line in runtime.save(plan, engine, staged, rank)]
+        if not rank.is_main:
+            return
+        if all(runtime.saves_tokenizer for runtime in runtimes(plan.config)):  # your own module has none
+            # None: the byte tokenizer, as tokenizer.json; the YAML's chat template saved with it, and an
+            # adapter a method saved gets the same tokenizer (PeftModel + AutoTokenizer from one directory).
+            template, trust = saved_chat_template(plan.config), plan.config.model.trust_remote_code
+            for out in (staged.model, *([staged.adapter] if staged.adapter.is_dir() else [])):
+                save_tokenizer(data.tokenizer_dir, out, template, trust)
+        if data.label_names is not None:
+            write_labels(staged.model, data.label_names)
+    lines = [line.replace(str(staged.path), str(run.path)) for line in lines]  # where it went once moved
     names = [*plan.files.backend, *([plan.files.accelerate_config] if plan.files.accelerate_config else [])]
     extra = "".join(f"      {line}\n" for line in lines)
     print(f"done. model:   {run.model}\n{extra}"

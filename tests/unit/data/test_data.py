@@ -328,7 +328,7 @@ def test_a_failed_rebuild_keeps_the_prepared_entry_and_leaves_no_temporary(tmp_p
     assert sorted(p.name for p in entry.parent.iterdir()) == [f".failed-{entry.name}", entry.name]  # no .tmp-*, .old-*
     # Ranks waiting for the entry in the same attempt learn of the failure instead of waiting forever.
     with pytest.raises(UserError, match="KeyboardInterrupt"):
-        _wait_for(entry.parent / "not-there", entry.parent / f".failed-{entry.name}", poll_s=0.01)
+        _wait_for(entry.parent / "not-there", "key", [], entry.parent / f".failed-{entry.name}", poll_s=0.01)
     monkeypatch.undo()
     prepare_data(cfg, force=True)
     assert sorted(p.name for p in entry.parent.iterdir()) == [entry.name]  # a success clears the marker

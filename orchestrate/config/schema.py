@@ -54,7 +54,10 @@ class RunConfig(Section):
 
     @property
     def sequences_per_sample(self) -> int:
-        """Sequences one training sample is: a preference record's chosen and rejected (two), else one."""
+        """Sequences one training sample is: a preference record's chosen and rejected (two), a GRPO
+        prompt's completions (num_generations), else one."""
+        if self.grpo is not None:
+            return self.grpo.num_generations
         return SEQUENCES_PER_RECORD if self.preference is not None else 1
 
     @model_validator(mode="after")

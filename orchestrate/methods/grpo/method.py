@@ -112,13 +112,16 @@ class Grpo(Method):
         rows = s.micro_batch_size * section.num_generations
         parts = rollout_bytes(plan.shape, section, rows, plan.config.train.seq_len, compute_bytes(s))
         training = gpu.get("activations", 0) + gpu.get("logits", 0)
-        gib = 2 ** 30
-        detail = ", ".join(f"{k} {v / gib:.2f} GiB" for k, v in parts.items())
+        detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
         lines = [f"grpo: {section.num_generations} completions of <= {section.max_completion_length} tokens per prompt, "
                  f"{rows} rows per micro-batch; loss {section.loss_type}, beta {section.beta}",
-                 f"grpo phases: rollout {sum(parts.values()) / gib:.2f} GiB ({detail}); training "
-                 f"{training / gib:.2f} GiB (activations and logits); the peak is the larger"]
+                 f"grpo phases: rollout {_size(sum(parts.values()))} ({detail}); training {_size(training)} "
+                 "(activations and logits); the peak is the larger"]
         return lines, {"grpo_phases": {"rollout": parts, "training": training}}
+
+
+def _size(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
 GRPO = Grpo()

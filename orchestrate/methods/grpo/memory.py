@@ -67,12 +67,14 @@ def kept_bytes(rows: int, seq_len: int, accumulation: int) -> float:
 def rollout_seconds(shape: ModelShape, settings: GrpoSection, hw: HardwareProfile, rows: int, seq_len: int,
                     weight_bytes: float, c: int, peak_flops: float) -> float:
     """Seconds of one micro-batch's rollout: the decode steps at the memory bandwidth (the weights and
-    the half-full KV cache per token), the prefill and scoring forwards at the achieved FLOP rate."""
+    the half-full KV cache per token), the prefill and π_old's forward at the achieved FLOP rate. The
+    reference's forward (beta > 0) is priced as its auxiliary model's, on every micro-batch (it runs
+    once per num_iterations steps: an overestimate with num_iterations > 1)."""
     completion = settings.max_completion_length
     prompt = max(1, seq_len - completion)
     bandwidth = hw.gpu.memory_bandwidth if hw.has_gpu else CPU_MEMORY_BANDWIDTH
     decode = completion * (weight_bytes + kv_cache_bytes(shape, rows, prompt + completion / 2, c)) / bandwidth
-    scoring = (settings.num_iterations > 1) + (settings.beta > 0)  # π_old, the reference
+    scoring = settings.num_iterations > 1  # π_old (the reference's forward is its auxiliary model's, priced there)
     flops = rows * (prompt * forward_flops_per_token(shape, prompt)
                     + scoring * seq_len * forward_flops_per_token(shape, seq_len))
     rate = peak_flops * k.GPU_MFU if hw.has_gpu else hw.cpu_cores * k.CPU_ACHIEVED_FLOPS_PER_CORE

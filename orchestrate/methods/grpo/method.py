@@ -74,6 +74,18 @@ class Grpo(Method):
     def active(self, config: RunConfig) -> bool:
         return config.grpo is not None
 
+    def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
+        """The mean reward, first step -> last, and the held-out one of the last evaluation."""
+        rewarded = [r for r in records if "reward" in r]
+        if not rewarded:
+            return []
+        lines = [f"- reward: {rewarded[0]['reward']:.4f} -> {rewarded[-1]['reward']:.4f} (completions' mean "
+                 f"length {rewarded[-1]['completions/mean_length']:.1f})"]
+        evaluated = [r for r in records if r.get("eval_reward") is not None]
+        if evaluated:
+            lines.append(f"- held-out reward at step {evaluated[-1]['step']}: {evaluated[-1]['eval_reward']:.4f}")
+        return lines
+
     def terms(self, config: RunConfig, shape: ModelShape, hw: HardwareProfile,
               auxiliary: dict[str, ModelShape]) -> MethodTerms:
         """The training forward over micro_batch_size × num_generations rows of train.seq_len (prompt +

@@ -31,9 +31,10 @@ def exact_match(column: str, pattern: str | None) -> RewardFunction:
     def reward(prompts, completions, **columns):
         out = []
         for completion, expected in zip(completions, columns[column], strict=True):
-            found = compiled.search(completion) if compiled else None
-            answer = (found.group(1) if found and found.groups() else found.group(0) if found else None) \
-                if compiled else completion
+            answer = completion
+            if compiled is not None:
+                found = compiled.search(completion)
+                answer = None if found is None else found.group(1 if compiled.groups else 0)
             out.append(float(answer is not None and _text(answer) == _text(expected)))
         return out
 

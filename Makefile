@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast test-unit test-methods test-e2e demo chat-sft chat-dpo preference bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
+.PHONY: install test test-fast test-unit test-methods test-e2e demo chat-sft chat-dpo preference grpo bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -73,6 +73,12 @@ chat-dpo: install
 preference: install
 	$(PY) examples/preference/make_pairs.py examples/preference/data
 	$(ORCH) launch --gpus $(GPUS) examples/preference/model.yaml $(ARGS)
+
+# GRPO on generated prompts (docs/grpo.md, examples/grpo/): a tiny model built from its config, rewarded
+# for repeating the prompt's word.
+grpo: install
+	$(PY) examples/grpo/make_prompts.py
+	$(ORCH) launch --gpus $(GPUS) examples/grpo/model.yaml $(ARGS)
 
 # The BERT examples (docs/tasks.md): the classifier's labelled CSVs, then each run on $(GPUS) ranks.
 bert-data:

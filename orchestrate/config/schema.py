@@ -19,6 +19,7 @@ from orchestrate.config.strategy import StrategySection
 from orchestrate.config.train import DEFAULT_OUTPUT_DIR, TrainSection
 from orchestrate.methods.custom.config import check_custom_sections
 from orchestrate.methods.distill.config import DistillSection
+from orchestrate.methods.grpo.config import GrpoSection
 from orchestrate.methods.preference.config import SEQUENCES_PER_RECORD, PreferenceSection
 from orchestrate.methods.prune.config import PruneSection
 
@@ -44,13 +45,19 @@ class RunConfig(Section):
     """Knowledge distillation from a frozen teacher (orchestrate/methods/distill/config.py); null: none."""
     preference: PreferenceSection | None = None
     """Preference tuning: DPO, IPO, ORPO, KTO on preference records (docs/preference.md); null: none."""
+    grpo: GrpoSection | None = Field(default=None, exclude_if=lambda section: section is None)
+    """Online RL with GRPO: completions sampled and rewarded while training (docs/grpo.md); null: none
+    (left out of a dumped config then: the plans of other runs read as before it existed)."""
 
     source_dir: Path | None = Field(default=None, exclude=True)
     """Directory of the YAML file, for resolving relative paths (set by the loader, not by the user)."""
 
     @property
     def sequences_per_sample(self) -> int:
-        """Sequences one training sample is: a preference record's chosen and rejected (two), else one."""
+        """Sequences one training sample is: a preference record's chosen and rejected (two), a GRPO
+        prompt's completions (num_generations), else one."""
+        if self.grpo is not None:
+            return self.grpo.num_generations
         return SEQUENCES_PER_RECORD if self.preference is not None else 1
 
     @model_validator(mode="after")

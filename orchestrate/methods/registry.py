@@ -22,6 +22,7 @@ from orchestrate.loading.packed_attention import packed_attention
 from orchestrate.methods.custom.method import CUSTOM
 from orchestrate.methods.distill.method import DISTILL
 from orchestrate.methods.full.method import FULL
+from orchestrate.methods.grpo.method import GRPO
 from orchestrate.methods.lora.config import LoraSection, QuantizationSection
 from orchestrate.methods.lora.method import LORA
 from orchestrate.methods.preference.method import PREFERENCE
@@ -61,8 +62,8 @@ def _plugin_methods(builtin: list[Method]) -> list[Method]:
     return sorted(found, key=lambda m: m.name)
 
 
-_METHODS: list[Method] = [FULL, LORA, DISTILL, PREFERENCE, PRUNE,
-                          *_plugin_methods([FULL, LORA, DISTILL, PREFERENCE, PRUNE, CUSTOM]), CUSTOM]
+_METHODS: list[Method] = [FULL, LORA, DISTILL, PREFERENCE, GRPO, PRUNE,
+                          *_plugin_methods([FULL, LORA, DISTILL, PREFERENCE, GRPO, PRUNE, CUSTOM]), CUSTOM]
 
 AUTO_METHODS = ("full", "lora", "qlora")
 """train.method auto, most faithful first: every weight trained; a low-rank update of a frozen base in

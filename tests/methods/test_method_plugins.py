@@ -109,7 +109,7 @@ def test_a_plug_in_method_is_found_runs_in_hook_order_and_plans(stepmark):
                           text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     found = json.loads(done.stdout)
-    assert found["methods"] == ["full", "lora", "distill", "preference", "prune", "stepmark", "custom"]
+    assert found["methods"] == ["full", "lora", "distill", "preference", "grpo", "prune", "stepmark", "custom"]
     assert found["active"] == ["full", "stepmark"]
     assert found["exit"] == 0 and json.loads(found["plan"])["stepmark"] is True
 

@@ -36,8 +36,8 @@ def _config(*parts: dict):
 
 
 def test_each_config_has_one_base_method_and_its_add_ons_in_hook_order():
-    assert [m.name for m in methods()][:6] == ["full", "lora", "distill", "preference", "prune", "custom"]
-    assert sum(m.base for m in methods()) == 3 and sum(m.objective for m in methods()) == 2
+    assert [m.name for m in methods()][:7] == ["full", "lora", "distill", "preference", "grpo", "prune", "custom"]
+    assert sum(m.base for m in methods()) == 3 and sum(m.objective for m in methods()) == 3
     config = _config(BASES["qlora"], ADDONS["distill"])
     assert base_method(config).name == "lora"
     assert [m.name for m in active_methods(config)] == ["lora", "distill"]

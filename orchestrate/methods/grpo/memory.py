@@ -1,0 +1,81 @@
+"""What a GRPO step costs beyond the training forward (docs/grpo.md). Pure.
+
+A step has two phases, and its peak is the larger (the memory model adds what the first exceeds of the
+second: `PricedTerms.before_activations`):
+
+- rollout, under no_grad before the training forward: HF `generate` over micro_batch_size ×
+  num_generations rows holds the KV cache of every row's prompt + completion positions (2 × layers ×
+  kv_heads × head_dim per position, compute dtype), the prefill's largest transient (one block's MLP
+  intermediates over the prompt positions: 3 × intermediate_size), and the sampling's fp32 scores of
+  the last position (logits up-cast, temperature, top-p's sorted values, int64 indices, probabilities:
+  SAMPLING_BYTES_PER_VOCAB); then the no_grad scoring forwards over the same rows of train.seq_len
+  (π_old with num_iterations > 1, the reference with beta > 0): a reference forward's outputs
+  (preference/memory.py `chunked_reference_forward_bytes`, chunked as the loss is).
+- training: the forward over the rows (MethodTerms.sample_rows = num_generations) with its activations
+  and logits (the planner's own terms, one chunk's logits with train.loss_chunks), and the rollouts kept
+  for the step's micro-batches (ids, masks, π_old and reference log-probabilities: KEPT_BYTES_PER_POSITION).
+
+Time: generation is memory-bound (each decoded token reads every weight once and the KV cache so far,
+for all rows at once), plus the prefill and the scoring forwards at the FLOP rate; once per
+num_iterations steps, for every micro-batch.
+"""
+
+from __future__ import annotations
+
+from orchestrate.hardware.profile import HardwareProfile
+from orchestrate.methods.grpo.config import GrpoSection
+from orchestrate.methods.preference.memory import chunked_reference_forward_bytes
+from orchestrate.model.shape import ModelShape
+from orchestrate.planner import constants as k
+from orchestrate.planner.auxiliary import forward_flops_per_token
+
+ROLLOUT = "rollout"
+KEPT = "rollouts_kept"
+SAMPLING_BYTES_PER_VOCAB = 4 * 4 + 8
+"""fp32 logits, their tempered and top-p-filtered copies and probabilities (4 × 4 bytes), the sort's int64 indices."""
+KEPT_BYTES_PER_POSITION = 8 + 8 + 4 + 4
+"""Per kept position: int64 ids and attention mask, fp32 π_old and reference log-probabilities."""
+NF4_BYTES_PER_PARAMETER = 0.5 + 4 / 64
+"""A 4-bit weight and its block's fp32 absmax (blocks of 64; bitsandbytes NF4)."""
+CPU_MEMORY_BANDWIDTH = 20e9
+"""Host memory bandwidth assumed for a CPU rank's generation (bytes/s)."""
+
+
+def kv_cache_bytes(shape: ModelShape, rows: int, positions: int, c: int) -> float:
+    return 2.0 * shape.num_layers * shape.num_kv_heads * shape.head_dim * rows * positions * c
+
+
+def rollout_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: int, c: int) -> dict[str, float]:
+    """The rollout phase's parts (bytes) for `rows` sequences of seq_len (prompt + completion)."""
+    prompt = max(1, seq_len - settings.max_completion_length)
+    return {"kv_cache": kv_cache_bytes(shape, rows, seq_len, c),
+            "prefill": 3.0 * rows * prompt * shape.intermediate_size * c,
+            "sampling": float(rows * shape.vocab_size * SAMPLING_BYTES_PER_VOCAB)}
+
+
+def scoring_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: int, chunks: int, c: int) -> float:
+    """The no_grad scoring forwards after sampling (π_old, the reference): one at a time, so one's outputs."""
+    if settings.num_iterations == 1 and not settings.beta:
+        return 0.0
+    return chunked_reference_forward_bytes(shape, rows, seq_len, chunks, c)
+
+
+def kept_bytes(rows: int, seq_len: int, accumulation: int) -> float:
+    return float(accumulation * rows * seq_len * KEPT_BYTES_PER_POSITION)
+
+
+def rollout_seconds(shape: ModelShape, settings: GrpoSection, hw: HardwareProfile, rows: int, seq_len: int,
+                    weight_bytes: float, c: int, peak_flops: float) -> float:
+    """Seconds of one micro-batch's rollout: the decode steps at the memory bandwidth (the weights and
+    the half-full KV cache per token), the prefill and π_old's forward at the achieved FLOP rate. The
+    reference's forward (beta > 0) is priced as its auxiliary model's, on every micro-batch (it runs
+    once per num_iterations steps: an overestimate with num_iterations > 1)."""
+    completion = settings.max_completion_length
+    prompt = max(1, seq_len - completion)
+    bandwidth = hw.gpu.memory_bandwidth if hw.has_gpu else CPU_MEMORY_BANDWIDTH
+    decode = completion * (weight_bytes + kv_cache_bytes(shape, rows, prompt + completion / 2, c)) / bandwidth
+    scoring = settings.num_iterations > 1  # π_old (the reference's forward is its auxiliary model's, priced there)
+    flops = rows * (prompt * forward_flops_per_token(shape, prompt)
+                    + scoring * seq_len * forward_flops_per_token(shape, seq_len))
+    rate = peak_flops * k.GPU_MFU if hw.has_gpu else hw.cpu_cores * k.CPU_ACHIEVED_FLOPS_PER_CORE
+    return decode + flops / rate

@@ -1,0 +1,53 @@
+"""How the planner prices a GRPO run (orchestrate/methods/grpo/memory.py): the issue's case, a
+Qwen2.5-1.5B-shaped model under QLoRA with 8 completions of 1,024 tokens after a 256-token prompt, fits
+one 8 GiB card and the plan names both phases; the rollout phase is the KV cache, the prefill and the
+sampling scores, and counts where it exceeds the training step's activations and logits; the search
+keeps to DDP, the one sharding GRPO has run under."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrate import api
+from orchestrate.config.load import config_from_dict
+from orchestrate.hardware.flags import HardwareFlags
+from orchestrate.methods.grpo.memory import ROLLOUT, kv_cache_bytes, rollout_bytes
+from orchestrate.methods.grpo.method import GRPO
+from orchestrate.methods.registry import method_terms
+from orchestrate.model.formulas import shape_from_dict
+from orchestrate.planner.memory import estimate_memory
+from tests.unit.planner.test_memory_model import strat
+
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo" / "qwen2.5-1.5b.yaml"
+GPU_8GIB = HardwareFlags(gpus=1, gpu_mem="8GiB", cpu_mem="32GiB", calibration=False)
+
+
+def test_qwen2_5_1_5b_qlora_with_8_completions_of_1024_tokens_fits_one_8_gib_card():
+    plan = api.plan_from_file(EXAMPLE, [], GPU_8GIB.resolve())
+    assert api.is_runnable(plan)
+    chosen = plan.chosen
+    assert chosen.strategy.backend == "ddp" and chosen.memory.gpu_total <= 8 * 2**30
+    assert chosen.strategy.micro_batch_size == 1  # one prompt: its 8 completions are the forward's 8 rows
+    lines, keys = GRPO.report(plan)
+    assert any("rollout" in line and "training" in line for line in lines)
+    assert set(keys["grpo_phases"]) == {"rollout", "training"}
+    assert keys["grpo_phases"]["rollout"]["kv_cache"] == kv_cache_bytes(plan.shape, 8, 1280, 2)
+
+
+def test_the_rollout_phase_counts_where_it_exceeds_the_training_step():
+    config = config_from_dict({
+        "model": {"architecture": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
+                                   "num_hidden_layers": 64, "num_attention_heads": 8, "num_key_value_heads": 8,
+                                   "vocab_size": 1000, "max_position_embeddings": 8192}},
+        "train": {"seq_len": 4096, "global_batch_size": 8},
+        "grpo": {"num_generations": 16, "max_completion_length": 4000, "rewards": [{"kind": "format", "pattern": "x"}]}})
+    shape, hw = shape_from_dict(config.model.architecture), GPU_8GIB.resolve()
+    terms = method_terms(config, shape, hw)
+    s = strat(micro=1, ac=True)
+    memory = estimate_memory(shape, hw, s, 4096, methods=terms)
+    rows = 16  # one prompt's completions
+    rollout = sum(rollout_bytes(shape, config.grpo, rows, 4096, 2).values())
+    step = memory.gpu["activations"] + memory.gpu["logits"]
+    assert memory.gpu[ROLLOUT] == int(max(0.0, rollout - step)) and memory.gpu[ROLLOUT] > 0
+    priced = terms[-1].priced(terms[-1], hw, s, 4096, 1)
+    assert priced.compute_seconds > 0  # the rollout's time in the step

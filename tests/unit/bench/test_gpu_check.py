@@ -32,6 +32,7 @@ CHUNKED = "-ce8-"
 micro-batch of 8 with recompute: each micro-batch costs each 4-bit linear a fixed time, methods/lora/speed.py)."""
 
 
+@pytest.mark.slow  # seconds of replays or real tokenizer runs: kept out of the fast tier
 def test_dry_run_plans_every_zoo_entry_and_writes_the_json(tmp_path):
     out = tmp_path / "gpu_check.json"
     proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--dry-run", "--json", str(out),

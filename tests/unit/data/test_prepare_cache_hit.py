@@ -10,6 +10,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from orchestrate.data.tokenizer import HFTokenizer
@@ -36,6 +37,7 @@ def test_second_demo_prepare_is_a_hit_without_torch_or_datasets(tmp_path: Path):
 WORDS = ["the", "cat", "sat", "on", "mat"]
 
 
+@pytest.mark.slow  # seconds of replays or real tokenizer runs: kept out of the fast tier
 def test_hf_tokenizer_hit_loads_no_tokenizer_and_a_changed_corpus_misses(tmp_path: Path):
     word_tokenizer(tmp_path / "tok", WORDS)
     corpus = tmp_path / "corpus.txt"

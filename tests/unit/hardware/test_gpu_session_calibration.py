@@ -28,12 +28,14 @@ def ratios(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow  # seconds of replays or real tokenizer runs: kept out of the fast tier
 def test_the_allocated_peak_gives_each_runs_need_within_two_percent(ratios):
     assert len(ratios) == 5
     for name, (_, allocated, need) in ratios.items():
         assert allocated == pytest.approx(need, rel=0.02), name
 
 
+@pytest.mark.slow  # shares the fixture that replans every stored run
 def test_the_reserved_peak_would_have_raised_zero2_plans_by_a_third(ratios):
     reserved, allocated, need = ratios["zero2-optimizer-offload"]
     assert reserved > 1.3 and need < 1.05 and allocated < 1.05

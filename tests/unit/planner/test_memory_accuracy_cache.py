@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 
+@pytest.mark.slow  # seconds of replays or real tokenizer runs: kept out of the fast tier
 @pytest.mark.parametrize("args", [[], ["--lora"]], ids=["full", "lora"])
 def test_every_zoo_point_is_cached_and_within_five_percent(args, tmp_path):
     import json
@@ -44,6 +45,7 @@ def test_the_key_holds_the_rendered_zero3_settings():
         assert spec_key(dataclasses.replace(spec, deepspeed_config=changed)) != spec_key(spec)
 
 
+@pytest.mark.slow  # seconds of replays or real tokenizer runs: kept out of the fast tier
 def test_the_planned_reserve_is_the_fit_over_every_replayed_point():
     # planner/allocator_reserve.py holds what bench/allocator_reserve_fit.py fits to the cached replays
     # (both zoos and the 8- and 16-block points): a re-simulation that moves a point moves the table, or fails here.

@@ -20,6 +20,7 @@ import torch
 from orchestrate.methods.grpo.config import GrpoSection
 from orchestrate.methods.preference.losses import IGNORE_INDEX, next_labels, target_logps
 from orchestrate.methods.preference.objective import final_hidden_states, over_chunks
+from orchestrate.methods.preference.reference import without_dropout
 
 
 @dataclass
@@ -46,16 +47,8 @@ class Rollout:
 
 @contextmanager
 def _sampling(model: torch.nn.Module):
-    dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
-    rates = [m.p for m in dropouts]
-    for m in dropouts:
-        m.p = 0.0
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, p in zip(dropouts, rates, strict=True):
-            m.p = p
+    with without_dropout(model), torch.no_grad():
+        yield
 
 
 def unwrapped(model: torch.nn.Module) -> torch.nn.Module:

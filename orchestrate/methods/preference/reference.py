@@ -30,7 +30,8 @@ def peft_model(model: torch.nn.Module) -> torch.nn.Module:
 
 
 @contextmanager
-def _without_dropout(model: torch.nn.Module):
+def without_dropout(model: torch.nn.Module):
+    """Dropout off in `model` for the block (the reference's forward, a rollout's sampling), restored after."""
     dropouts = [m for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0]
     rates = [m.p for m in dropouts]
     for m in dropouts:
@@ -46,7 +47,7 @@ def adapter_reference(chunks: int = 0) -> ReferenceLogps:
     """The trained model with its adapters disabled and no dropout (under no_grad: nothing recomputed);
     `chunks`: train.loss_chunks (objective.answer_logps)."""
     def logps(model: torch.nn.Module, batch: dict) -> AnswerLogps:
-        with peft_model(model).disable_adapter(), _without_dropout(model):
+        with peft_model(model).disable_adapter(), without_dropout(model):
             return answer_logps(model, batch, chunks)
 
     return logps

@@ -191,8 +191,10 @@ def requeue_code(run_dir: Path, code: int, say: Callable[[str], None]) -> int:
     return EX_TEMPFAIL
 
 
-class StoppedBeforeWorkers(Exception):
-    """A stop signal reached the launcher before torchrun (which handles them itself) started."""
+class StoppedBeforeWorkers(BaseException):
+    """A stop signal reached the launcher before torchrun (which handles them itself) started. A
+    BaseException, as KeyboardInterrupt is: a library's `except Exception` around the data preparation
+    (datasets' readers, the cache's error translation) must not turn a stop into an error or swallow it."""
 
 
 @contextmanager

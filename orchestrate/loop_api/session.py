@@ -95,9 +95,10 @@ def _wrap(plan: RunPlan, model: torch.nn.Module, optimizer: torch.optim.Optimize
     backend = plan.strategy.backend
     if backend == "deepspeed":
         engine = wrap_deepspeed(plan, model, optimizer)
-        # Your loop computes its own loss: the engine's objective is never called (a placeholder).
+        # Your loop computes its own loss: the engine's objective is never called (a placeholder); your
+        # module has no Hugging Face config (orchestrate.save writes its checkpoints, never save_hf_model).
         return engine, DeepSpeedOptimizer(engine), DeepSpeedTrainEngine(engine, plan, rank, run.path,
-                                                                         plain_objective(plan))
+                                                                         plain_objective(plan), hf_config=None)
 
     wrapped = wrap_fsdp(plan, model, optimizer, rank.device) if backend == "fsdp" else \
         wrap_ddp(plan, model, rank.device)

@@ -271,12 +271,13 @@ def report(run_dirs: Sequence[Path], out: Path | None = None) -> Any:
 # --- chat ----------------------------------------------------------------------------------------
 
 
-def chat_model(run_dir: Path, adapter: bool | None = None) -> Any:
+def chat_model(run_dir: Path, adapter: bool | None = None, template: bool | None = None) -> Any:
     """`orchestrate chat`: the run's RUN_DIR/model, or (adapter) its base + RUN_DIR/adapter, with the saved
-    tokenizer and chat template (orchestrate/chat.py)."""
+    tokenizer and chat template; `template` renders prompts with the chat template (True) or raw (False),
+    None as the run rendered its records (orchestrate/chat.py)."""
     from orchestrate.chat import load_chat_model
 
-    return load_chat_model(Path(run_dir), adapter)
+    return load_chat_model(Path(run_dir), adapter, template)
 
 
 def chat_reply(model: Any, messages: list[dict[str, str]], max_new_tokens: int = 256, temperature: float = 0.0,

@@ -4,10 +4,18 @@
 It loads RUN_DIR/model (the trained or merged model), or with `--adapter` (and by default when a LoRA
 / QLoRA run has no RUN_DIR/model) the frozen base as training held it (RUN_DIR/init_model or
 model.name_or_path: NF4 for QLoRA, `model/adapter_loading.py`) plus RUN_DIR/adapter through
-`PeftModel.from_pretrained`. The tokenizer and chat template are the ones saved next to it; the
-conversation is rendered with `add_generation_prompt=True` and the reply ends at EOS or at the
-template's end-of-turn token (the token trained after every answer). Without a chat template (a
-plain-text or prompt-completion run) the prompt is continued as text.
+`PeftModel.from_pretrained`. The tokenizer and chat template are the ones saved next to it.
+
+A prompt is rendered the way training rendered the run's records (data/records.py
+`uses_chat_template`, the data pipeline's own rule, read from RUN_DIR/plan.json and, for
+`data.record_format: auto`, the first training record: data/run_records.py): chat records (and
+records of messages) and, with `data.chat_template` set, prompt-completion and Alpaca records went
+through the chat template, so the conversation is rendered by the saved template with
+`add_generation_prompt=True` and the reply ends at EOS or at the template's end-of-turn token (the
+token trained after every answer). Prompt-completion and Alpaca records without `data.chat_template`,
+and plain text, were raw text: the last message alone becomes the prompt as training built prompts
+(Alpaca's prompt around it; the tokenizer's BOS, nothing after: data/sft_tokens.py
+`completion_prompt_ids`) and the reply ends at EOS. `template` (`--template / --raw`) forces either.
 
 The template renders in the bounded sandbox of orchestrate/data/chat_template.py (a template that
 loops or recurses without end is one error, not a hang); text that is no valid Unicode and a
@@ -25,6 +33,9 @@ from typing import Any
 import jinja2
 
 from orchestrate.data.chat_template import ChatTemplate, limit_error, render
+from orchestrate.data.records import raw_prompt, uses_chat_template
+from orchestrate.data.run_records import run_record_format
+from orchestrate.data.sft_tokens import completion_prompt_ids
 from orchestrate.errors import Problem, UserError
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
@@ -37,10 +48,10 @@ class ChatModel:
     stops: list[int]
     source: Path
     """The directory the weights (or the adapter) came from."""
-
-    @property
-    def has_template(self) -> bool:
-        return bool(self.tokenizer.chat_template)
+    template: bool = True
+    """Render the conversation with the saved chat template; False: the last message as raw text."""
+    record_format: str = "chat"
+    """The run's record format: how a raw prompt is put (`raw_prompt`)."""
 
 
 def _plan(run: RunDir):
@@ -73,10 +84,10 @@ def _positions(model) -> int | None:
 
 def _encode(chat: ChatModel, messages: list[dict[str, str]]) -> list[int]:
     """The conversation's prompt ids: rendered with the generation prompt by the saved template (in
-    the bounded sandbox), or the last message as plain text."""
+    the bounded sandbox), or the last message as the raw prompt training built."""
     tok = chat.tokenizer
-    if not chat.has_template:
-        return tok(messages[-1]["content"])["input_ids"]
+    if not chat.template:
+        return completion_prompt_ids(tok, raw_prompt(chat.record_format, messages[-1]["content"]))
     template = _saved_template(tok)
     try:
         text = render(template, tok, messages, True)[0]
@@ -99,8 +110,24 @@ def _end_of_turn(tok) -> list[int]:
     return [trained[-1]] if trained and trained[-1] in tok.all_special_ids else []
 
 
-def load_chat_model(run_dir: Path, adapter: bool | None = None) -> ChatModel:
-    """The run's model (or base + adapter, see the module doc) with its saved tokenizer, in eval mode."""
+def rendering(plan: RunPlan, run_dir: Path, template: bool | None) -> tuple[bool, str]:
+    """(render with the chat template, the run's record format): as the run rendered its records, or
+    as `template` forces. Forced raw, a run whose data is gone prompts with the text as it is."""
+    if template:
+        return True, "chat"
+    try:
+        record_format, messages = run_record_format(plan.config, plan.files, run_dir)
+    except UserError:
+        if template is None:
+            raise
+        return False, "text"
+    used = uses_chat_template(record_format, plan.config.data.chat_template is not None, messages)
+    return used if template is None else template, record_format
+
+
+def load_chat_model(run_dir: Path, adapter: bool | None = None, template: bool | None = None) -> ChatModel:
+    """The run's model (or base + adapter, see the module doc) with its saved tokenizer, in eval mode;
+    `template`: render with the saved chat template (True) or raw (False), None: as the run did."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -116,7 +143,12 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None) -> ChatModel:
         raise UserError(f"the run has no trained {what}", [Problem(
             "RUN_DIR", f"{source} is missing or incomplete", "let the run finish (or `orchestrate export` a "
             "checkpoint and chat with that run), or choose the other one (--adapter / --model)")])
+    templated, record_format = rendering(plan, run.path, template)
     tok = auto_tokenizer(source, trust)
+    if templated and not tok.chat_template:
+        raise UserError("the run's tokenizer has no chat template", [Problem(
+            "--template" if template else "RUN_DIR", f"{source} holds no chat_template to render the conversation "
+            "with", "chat with --raw (the prompt as text)")])
     device = torch.device("cuda:0" if torch.cuda.is_available() else "cpu")
     if use_adapter:
         from peft import PeftModel
@@ -130,8 +162,8 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None) -> ChatModel:
         model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32, trust_remote_code=trust)
     model.to(device).eval()
     stops = sorted({*([tok.eos_token_id] if tok.eos_token_id is not None else []),
-                    *(_end_of_turn(tok) if tok.chat_template else [])})
-    return ChatModel(model, tok, stops, source)
+                    *(_end_of_turn(tok) if templated else [])})
+    return ChatModel(model, tok, stops, source, templated, record_format)
 
 
 def reply(chat: ChatModel, messages: list[dict[str, str]], max_new_tokens: int = 256, temperature: float = 0.0,

@@ -223,13 +223,16 @@ def export_cmd(run_dir, out, step, merge, fmt, quant):
 @click.option("--system", help="A system message before the conversation.")
 @click.option("--adapter/--model", "adapter", default=None,
               help="Base + RUN_DIR/adapter, or RUN_DIR/model (default: RUN_DIR/model when it exists).")
+@click.option("--template/--raw", "template", default=None,
+              help="Render the prompt with the saved chat template, or as raw text (default: as the run rendered "
+                   "its records).")
 @click.option("--max-new-tokens", type=click.IntRange(min=1, max=2**20), default=256, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0, max=100), default=0.0, show_default=True,
               help="0: greedy decoding.")
 @_user_errors_exit_2
-def chat_cmd(run_dir, prompt, system, adapter, max_new_tokens, temperature):
-    """Talk to the model a run trained, with its saved tokenizer and chat template (streamed)."""
-    model = api.chat_model(Path(run_dir), adapter)
+def chat_cmd(run_dir, prompt, system, adapter, template, max_new_tokens, temperature):
+    """Talk to the model a run trained, with its saved tokenizer, prompting as training did (streamed)."""
+    model = api.chat_model(Path(run_dir), adapter, template)
     history = [{"role": "system", "content": system}] if system else []
 
     def answer(text: str) -> str:

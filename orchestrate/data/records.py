@@ -95,6 +95,44 @@ def detect_format(columns: Iterable[str], data: DataSection) -> str:
     return "text"
 
 
+def uses_chat_template(record_format: str, chat_template_set: bool, messages: bool = False) -> bool:
+    """Whether records of `record_format` are rendered through a chat template: chat records and
+    records whose prompt or answers are lists of messages (`messages`) always (data.chat_template, else
+    the tokenizer's own); prompt-completion, Alpaca and text preference records only when
+    data.chat_template is set (one user and one assistant turn, `as_chat`), else as raw text; plain
+    text never. The one rule of the data pipeline (sft_prepare.py `template_for`) and of
+    `orchestrate chat`, so that chat renders a prompt the way training rendered the run's records."""
+    if record_format == "text":
+        return False
+    return record_format == "chat" or messages or chat_template_set
+
+
+def conversational_column(record_format: str, data: DataSection) -> str | None:
+    """The column that holds a list of messages when prompt-completion or preference records are in
+    TRL's conversational form (rendered by a chat template like a chat); None for other formats."""
+    c = data.columns
+    return {"prompt-completion": c.prompt, "preference": c.chosen, "unpaired-preference": c.completion}.get(record_format)
+
+
+def holds_messages(record: dict[str, Any], record_format: str, data: DataSection) -> bool:
+    """One record of `record_format` in the conversational form (`conversational_column`)."""
+    column = conversational_column(record_format, data)
+    return column is not None and isinstance(record.get(column), list)
+
+
+def alpaca_prompt(instruction: str, extra: str | None = None) -> str:
+    """Stanford Alpaca's prompt of an instruction (and its input, when there is one)."""
+    if extra and extra.strip():
+        return ALPACA_PROMPT.format(instruction=instruction, input=extra)
+    return ALPACA_PROMPT_NO_INPUT.format(instruction=instruction)
+
+
+def raw_prompt(record_format: str, text: str) -> str:
+    """A user's prompt as records of `record_format` put their prompt before the answer without a
+    chat template: Alpaca's prompt around it (as an instruction without input), else the text itself."""
+    return alpaca_prompt(text) if record_format == "alpaca" else text
+
+
 def required_columns(record_format: str, columns: Iterable[str], data: DataSection) -> list[str]:
     c = data.columns
     if record_format == "chat":
@@ -210,9 +248,7 @@ def _whole_sample(record: dict[str, Any], record_format: str, data: DataSection)
     instruction, output, extra = record.get(c.instruction), record.get(c.output), record.get(c.input)
     if _text(instruction) is None or _text(output) is None or (extra is not None and _text(extra) is None):
         return None, f"{c.instruction!r}, {c.output!r} (and {c.input!r} when present) must be text"
-    if extra and extra.strip():
-        return Sample(prompt=ALPACA_PROMPT.format(instruction=instruction, input=extra), completion=output), None
-    return Sample(prompt=ALPACA_PROMPT_NO_INPUT.format(instruction=instruction), completion=output), None
+    return Sample(prompt=alpaca_prompt(instruction, extra), completion=output), None
 
 
 def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: DataSection) -> Sample:

@@ -29,10 +29,12 @@ from orchestrate.data.records import (
     PREFERENCE_FORMATS,
     SFT_FORMATS,
     as_chat,
+    conversational_column,
     lacks_trained_turn,
     record_chars,
     required_columns,
     to_sample,
+    uses_chat_template,
 )
 from orchestrate.data.sft_tokens import TemplateNotIncremental, encode_chat, encode_completion, mask_method
 from orchestrate.errors import Problem, UserError
@@ -81,9 +83,12 @@ class SftSettings:
                 "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "record_chars": self.chars, "version": 3}
 
     def template_for(self, record_format: str, tokenizer: Tokenizer, conversational: bool = False) -> ChatTemplate | None:
-        """The template the records of `record_format` render with (prompt-completion, Alpaca and text
-        preference records only when the YAML names one); a chat (or preference records of messages:
-        `conversational`) with the byte tokenizer or no template is an error."""
+        """The template the records of `record_format` render with (records.py `uses_chat_template`:
+        prompt-completion, Alpaca and text preference records only when the YAML names one; None: raw
+        text); a chat (or records of messages: `conversational`) with the byte tokenizer or no template
+        is an error."""
+        if not uses_chat_template(record_format, self.template is not None, conversational):
+            return None
         if record_format != "chat" and not conversational:
             return self.template
         hf = getattr(tokenizer, "tok", None)
@@ -119,9 +124,10 @@ def _is_bool(feature) -> bool:
 
 
 def is_conversational(ds, record_format: str, data: DataSection) -> bool:
-    """Preference records whose answers are lists of messages (they need a chat template)."""
-    column = data.columns.chosen if record_format == "preference" else data.columns.completion
-    return record_format in PREFERENCE_FORMATS and column in ds.features and _is_list(ds.features[column])
+    """Prompt-completion or preference records whose prompt or answers are lists of messages (they need a
+    chat template; records.py `conversational_column`)."""
+    column = conversational_column(record_format, data)
+    return column is not None and column in ds.features and _is_list(ds.features[column])
 
 
 def check_sft_columns(ds, source: Source, record_format: str, data: DataSection) -> None:

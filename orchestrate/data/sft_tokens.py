@@ -141,20 +141,26 @@ def _wrapping(tok) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return (), ()
 
 
+def completion_prompt_ids(tok, prompt: str) -> list[int]:
+    """The ids a sample without a chat template starts with: the tokenizer's prefix (its BOS) and the
+    prompt's own ids, nothing after them; what `orchestrate chat` feeds a run trained on such samples.
+    `tok`: as `encode_completion`'s."""
+    if tok is None:
+        return list(prompt.encode("utf-8"))
+    return [*_wrapping(tok)[0], *tok(prompt, add_special_tokens=False)["input_ids"]]
+
+
 def encode_completion(tok, prompt: str, completion: str, eos_id: int) -> Encoded:
     """Prompt and completion without a chat template (module docstring). `tok`: a transformers
     tokenizer, or None for the built-in byte tokenizer (UTF-8 bytes, no special tokens)."""
     if tok is None:
-        prefix, suffix = (), ()
-        prompt_ids, completion_ids = list(prompt.encode("utf-8")), list(completion.encode("utf-8"))
+        suffix, completion_ids = (), list(completion.encode("utf-8"))
     else:
-        prefix, suffix = _wrapping(tok)
-        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
-        completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
+        suffix, completion_ids = _wrapping(tok)[1], tok(completion, add_special_tokens=False)["input_ids"]
     end = list(suffix)
     if not (end and end[-1] == eos_id) and not (not end and completion_ids and completion_ids[-1] == eos_id):
         end.append(eos_id)
-    head = [*prefix, *prompt_ids]
+    head = completion_prompt_ids(tok, prompt)
     tail = [*completion_ids, *end]
     answer = [0] * len(head) + [1] * len(tail)
     return Encoded(head + tail, answer, answer)

@@ -1,0 +1,108 @@
+"""`orchestrate chat` renders a prompt the way training rendered the run's records (data/records.py
+`uses_chat_template`, read from RUN_DIR/plan.json and the first training record): a prompt-completion
+or Alpaca run without data.chat_template gets exactly the prompt ids training built (Alpaca's prompt
+around it, no chat template although the tokenizer has one) and stops at EOS only; with
+data.chat_template set it gets the template; `--template` / `--raw` force either."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from orchestrate import api
+from orchestrate.chat import _encode
+from orchestrate.data.method_data import NO_METHOD_DATA
+from orchestrate.data.sft_prepare import ANSWER, SftSettings, tokenize_records
+from orchestrate.data.tokenizer import load_tokenizer
+from orchestrate.errors import UserError
+from orchestrate.planner.strategy import Strategy
+from tests.helpers.chat_tokenizers import family_tokenizer
+from tests.helpers.plans import TINY_GPT2, make_plan
+
+PROMPT = "Uppercase: river"
+RECORDS = {"prompt-completion": {"prompt": PROMPT, "completion": " RIVER"},
+           "alpaca": {"instruction": PROMPT, "output": "RIVER"}}
+
+
+def _run(tmp_path, record_format: str, data: dict | None = None):
+    """A finished run (plan.json, RUN_DIR/model with a tokenizer that has a chat template) trained on
+    one record of `record_format` (data.record_format: auto, detected from the file)."""
+    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
+
+    family_tokenizer(tmp_path / "tok", "qwen2")
+    (tmp_path / "train.jsonl").write_text(json.dumps(RECORDS[record_format]) + "\n")
+    plan = make_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 1), ranks=1, source_dir=tmp_path, config={
+        "model": {"architecture": {**TINY_GPT2, "vocab_size": 400}},
+        "data": {"tokenizer": "tok", "train_files": ["train.jsonl"], **(data or {})}})
+    run = tmp_path / "run"
+    run.mkdir()
+    plan.write(run / "plan.json")
+    model = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in TINY_GPT2.items() if k not in ("model_type", "vocab_size")},
+                                       vocab_size=400))
+    model.save_pretrained(run / "model")
+    AutoTokenizer.from_pretrained(tmp_path / "tok").save_pretrained(run / "model")
+    return run, plan
+
+
+def _training_prompt_ids(plan, record_format: str, tok_dir) -> list[int]:
+    """The ids the data pipeline wrote before the record's answer."""
+    settings = SftSettings.of(plan.config, NO_METHOD_DATA)
+    tokenizer = load_tokenizer(tok_dir)
+    record = RECORDS[record_format]
+    out = tokenize_records({k: [v] for k, v in record.items()}, [0], tokenizer=tokenizer, settings=settings,
+                           record_format=record_format, template=settings.template_for(record_format, tokenizer),
+                           dtype="int64")
+    ids, mask = out["input_ids"][0], out["mask"][0]
+    return ids[: int(np.argmax(mask & ANSWER > 0))].tolist()
+
+
+@pytest.mark.parametrize("record_format", ["prompt-completion", "alpaca"])
+def test_chat_prompts_a_raw_run_with_the_ids_training_built(tmp_path, record_format):
+    run, plan = _run(tmp_path, record_format)
+    chat = api.chat_model(run)
+    assert not chat.template and chat.stops == [chat.tokenizer.eos_token_id]
+    assert _encode(chat, [{"role": "user", "content": PROMPT}]) == _training_prompt_ids(plan, record_format, tmp_path / "tok")
+
+
+def test_template_forces_the_chat_template(tmp_path):
+    run, _ = _run(tmp_path, "prompt-completion")
+    chat = api.chat_model(run, template=True)
+    messages = [{"role": "user", "content": PROMPT}]
+    assert chat.template
+    assert _encode(chat, messages) == chat.tokenizer.apply_chat_template(messages, add_generation_prompt=True)["input_ids"]
+    assert chat.tokenizer.convert_tokens_to_ids("<|im_end|>") in chat.stops
+
+
+def test_a_run_with_data_chat_template_chats_with_the_template(tmp_path):
+    run, _ = _run(tmp_path, "prompt-completion", {"chat_template": "chatml"})
+    assert api.chat_model(run).template
+    assert not api.chat_model(run, template=False).template
+
+
+def test_a_run_whose_data_is_gone_asks_for_the_flag(tmp_path):
+    run, _ = _run(tmp_path, "prompt-completion")
+    (tmp_path / "train.jsonl").unlink()
+    with pytest.raises(UserError, match="cannot tell how the run rendered its records") as info:
+        api.chat_model(run)
+    assert "--template" in str(info.value) and "--raw" in str(info.value)
+    chat = api.chat_model(run, template=False)
+    assert _encode(chat, [{"role": "user", "content": PROMPT}]) == chat.tokenizer(PROMPT)["input_ids"]
+
+
+@pytest.mark.parametrize(("flags", "template"), [([], None), (["--template"], True), (["--raw"], False)])
+def test_the_flag_reaches_the_api(tmp_path, monkeypatch, flags, template):
+    from click.testing import CliRunner
+
+    from orchestrate.cli import cli
+
+    seen = []
+
+    def chat_model(run_dir, adapter, template):
+        seen.append(template)
+        raise UserError("stop here", [])
+
+    monkeypatch.setattr(api, "chat_model", chat_model)
+    CliRunner().invoke(cli, ["chat", str(tmp_path), "--prompt", "hi", *flags])
+    assert seen == [template]

@@ -3,7 +3,7 @@ the trained model with its adapters disabled (preference/reference.py's `peft_mo
 peft), else a frozen replicated copy of the model's initial weights (loading/auxiliary.py
 `build_frozen`); the rewards, imported before the first step (your own function behind
 model.trust_remote_code); the chat template that renders message prompts; then the GRPO objective
-(objective.py) in place of the task's, and its metrics (callback.py)."""
+(objective.py) in place of the task's, and its metrics (`GrpoMetrics`)."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ from orchestrate.data.chat_template import resolve_template, yaml_template
 from orchestrate.data.pipeline import TrainData
 from orchestrate.loading.auxiliary import build_frozen
 from orchestrate.loading.init_weights import ensure_initial_weights
-from orchestrate.methods.grpo.callback import GrpoMetrics
 from orchestrate.methods.grpo.objective import GrpoObjective, ReferenceScores
 from orchestrate.methods.grpo.rewards import reward_functions
 from orchestrate.methods.grpo.rollout import Rollout, completion_logps
+from orchestrate.methods.preference.callback import PreferenceMetrics
 from orchestrate.methods.preference.reference import peft_model
 from orchestrate.methods.runtime import MethodRuntime
 from orchestrate.planner.plan import RunPlan
@@ -55,7 +55,7 @@ def _template(plan: RunPlan, tokenizer: Any) -> Any:
 class GrpoRuntime(MethodRuntime):
     def auxiliary(self, plan: RunPlan, rank: Rank, run: RunDir, data: TrainData) -> dict[str, Any]:
         """The prompts, tokenizer, rewards and reference the objective needs."""
-        chunks = plan.chosen.strategy.loss_chunks
+        chunks = plan.strategy.loss_chunks
         reference = None
         if plan.config.grpo.beta:
             if plan.config.train.method in ("lora", "qlora"):
@@ -80,10 +80,20 @@ class GrpoRuntime(MethodRuntime):
             eos += [i for i in ([extra] if isinstance(extra, int) else extra or []) if i not in eos]
         return GrpoObjective(plan.config, data.train, data.validation, data.tokenizer, _template(plan, data.tokenizer),
                              auxiliary["rewards"], eos, auxiliary["reference"], plan.chosen.gradient_accumulation,
-                             plan.chosen.strategy.loss_chunks)
+                             plan.strategy.loss_chunks)
 
-    def callbacks(self, plan: RunPlan) -> list[GrpoMetrics]:
+    def callbacks(self, plan: RunPlan) -> list[PreferenceMetrics]:
         return [GrpoMetrics()]
+
+
+class GrpoMetrics(PreferenceMetrics):
+    """The GRPO metrics of every step under TRL's names (reward, reward_std, rewards/<name>/mean,
+    completions/mean_length, completions/clipped_ratio, kl, clip_ratio): the objective keeps their sums over
+    the step's micro-batches and adds them up over the ranks (one all-reduce per step). The preference
+    method's step callback with another record (its phase, and the sums dropped before step 1)."""
+
+    def on_step_end(self, training, end) -> None:  # (Training, StepEnd): worker/callbacks/base.py
+        end.add(training.engine.objective.take_metrics(training.rank.device))
 
 
 RUNTIME = GrpoRuntime()

@@ -67,8 +67,9 @@ def user_problem(user: str) -> str | None:
     return f"{user!r} is not a user name (letters, digits, . _ -, not starting with -; 32 at most)"
 
 
-def port_problem(port: int) -> str | None:
-    """Why `port` is not a TCP port to listen on or connect to, or None."""
+def port_problem(port: object) -> str | None:
+    """Why `port` is not a TCP port to listen on or connect to, or None (any value: the text of a port
+    that is no number is named as given)."""
     if isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535:
         return None
     return f"{port!r} is not a TCP port (1 to 65535)"
@@ -82,5 +83,5 @@ def endpoint_problem(text: str) -> str | None:
     host, colon, port = text.rpartition(":") if text.count(":") == 1 or "]:" in text else (text, "", "")
     problem = host_problem(host)
     if problem is None and colon:
-        problem = port_problem(int(port)) if port.isascii() and port.isdigit() else f"{port!r} is not a TCP port (1 to 65535)"
+        problem = port_problem(int(port) if port.isascii() and port.isdigit() else port)
     return problem

@@ -8,6 +8,8 @@ Everything keys off the *unwrapped* model built on the meta device
 
 from __future__ import annotations
 
+import copy
+
 import json
 import os
 from dataclasses import dataclass
@@ -75,6 +77,29 @@ def move_buffers(model: nn.Module, device: torch.device) -> None:
                 module._buffers[name] = buf.to(device)
 
 
+def _recomputed_buffers(model: nn.Module, module: nn.Module, config: Any, names: set[str],
+                        device: torch.device) -> nn.Module:
+    """A module of `module`'s type whose buffers `names` hold transformers' values: built from the config
+    where the constructor takes one (rotary modules), else a shell of `module` without parameters or
+    children whose buffers the model's own `_init_weights` fills (transformers 5 sets Gemma's
+    `embed_scale` there, modeling_gemma.py GemmaPreTrainedModel._init_weights; the embedding table
+    itself is left alone, so no vocabulary-sized copy is made)."""
+    try:
+        with torch.device(device):
+            return type(module)(config=config)
+    except TypeError:
+        init_weights = getattr(model, "_init_weights", None)
+        if init_weights is None:
+            raise
+    shell = copy.copy(module)
+    shell._parameters = {k: None if v is None else nn.Parameter(torch.empty_like(v, device="meta"), v.requires_grad)
+                         for k, v in module._parameters.items()}
+    shell._buffers = {k: torch.empty_like(v, device=device) if k in names else v for k, v in module._buffers.items()}
+    shell._modules = {}
+    init_weights(shell)
+    return shell
+
+
 def restore_non_persistent_buffers(model: nn.Module, device: torch.device) -> None:
     """Recompute buffers that are in no checkpoint (rotary `inv_freq`, ...) after `to_empty`.
 
@@ -93,8 +118,7 @@ def restore_non_persistent_buffers(model: nn.Module, device: torch.device) -> No
                 "model", f"{type(module).__name__} holds non-checkpointed buffers ({', '.join(sorted(names))}) "
                          "that orchestrate cannot recompute after meta-device initialisation",
                 "use a family transformers ships (gpt2, llama, mistral, qwen2, phi3, ...)")])
-        with torch.device(device):
-            fresh = type(module)(config=config)
+        fresh = _recomputed_buffers(model, module, config, names, device)
         for name in names:
             module._buffers[name] = fresh._buffers[name].to(device)
         # transformers 4.x keeps `original_inv_freq` as a plain attribute next to the buffer.

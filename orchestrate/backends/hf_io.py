@@ -9,7 +9,6 @@ Everything keys off the *unwrapped* model built on the meta device
 from __future__ import annotations
 
 import copy
-
 import json
 import os
 from dataclasses import dataclass

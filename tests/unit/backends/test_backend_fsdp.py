@@ -144,6 +144,27 @@ def test_rotary_buffers_are_recomputed_after_to_empty(model_dirs):
         torch.testing.assert_close(model.get_buffer(name), buf, rtol=0, atol=0)
 
 
+
+def test_a_buffer_whose_module_takes_no_config_is_recomputed_by_the_models_own_init():
+    """Gemma's scaled embedding (transformers 5) keeps `embed_scale` = sqrt(hidden) in a non-persistent
+    buffer and takes no config: the model's `_init_weights` fills it, and the embedding table is untouched."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from orchestrate.backends.hf_io import restore_non_persistent_buffers
+    from orchestrate.model.meta import build_meta_model
+
+    cfg = AutoConfig.for_model("gemma", vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    model = build_meta_model(cfg).to_empty(device="cpu")
+    with torch.no_grad():
+        model.get_input_embeddings().weight.fill_(0.5)  # to_empty leaves garbage, NaN maybe
+    restore_non_persistent_buffers(model, torch.device("cpu"))
+    reference = AutoModelForCausalLM.from_config(cfg)
+    assert float(model.get_buffer("model.embed_tokens.embed_scale")) == 8.0
+    for name, buf in reference.named_buffers():
+        torch.testing.assert_close(model.get_buffer(name), buf, rtol=0, atol=0)
+    assert bool((model.get_input_embeddings().weight == 0.5).all())
+
 # ---------------------------------------------------------------- 2 gloo ranks (slow)
 
 def _batches(rank: int, plan) -> list[dict[str, torch.Tensor]]:

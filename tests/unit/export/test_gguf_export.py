@@ -18,7 +18,7 @@ from click.testing import CliRunner
 from orchestrate.cli import cli
 from orchestrate.errors import UserError
 from orchestrate.export import export_checkpoint, read_model_state
-from orchestrate.gguf_export import permute_qk, write_gguf
+from orchestrate.gguf_export import permute_qk
 from orchestrate.planner.strategy import Strategy
 from tests.helpers.chat_tokenizers import family_tokenizer
 from tests.helpers.plans import TINY_GPT2, make_plan

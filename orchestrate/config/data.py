@@ -13,6 +13,9 @@ from orchestrate.methods.custom.config import check_module_path
 
 RecordFormat = Literal["auto", "text", "chat", "prompt-completion", "alpaca", "preference", "unpaired-preference"]
 Role = Literal["system", "user", "assistant", "tool"]
+Truncation = Literal["keep_answer", "keep_start", "drop", "error"]
+OLD_TRUNCATION_NAMES: dict[str, str] = {"truncate": "keep_start"}
+"""Names `data.truncation` had before keep_answer became the default, still accepted."""
 ROLES: tuple[str, ...] = ("system", "user", "assistant", "tool")
 
 SHAREGPT_ROLES: dict[str, str] = {"human": "user", "gpt": "assistant", "model": "assistant",
@@ -156,9 +159,14 @@ class DataSection(Section):
     roles_to_train: list[Role] = Field(default_factory=lambda: ["assistant"])
     """Chat records with train_on_inputs false: the roles whose turns carry the loss."""
 
-    truncation: Literal["truncate", "drop", "error"] = "truncate"
-    """Chat and instruction samples longer than train.seq_len: cut to seq_len (samples left with no
-    trained token are dropped and counted), dropped, or an error naming the first."""
+    truncation: Truncation = "keep_answer"
+    """Chat, instruction and preference samples longer than train.seq_len (docs/sft.md). keep_answer:
+    the prompt is cut from the left (the earliest turns first; a leading BOS token stays) so the
+    answers and their end-of-turn token stay whole; an answer is kept whole or not at all, so a long
+    chat keeps its last answers, and a sample whose last answer alone does not fit is dropped and
+    counted. keep_start: cut to the first seq_len tokens (the answer's end may be lost; samples left
+    with no trained token are dropped and counted; `truncate` is its old name). drop: dropped and
+    counted. error: an error naming the first. A preference pair's two sequences are cut alike."""
 
     @field_validator("roles_to_train")
     @classmethod
@@ -166,6 +174,11 @@ class DataSection(Section):
         if not v:
             raise ValueError("name at least one role (system, user, assistant, tool), or set train_on_inputs: true")
         return v
+
+    @field_validator("truncation", mode="before")
+    @classmethod
+    def _old_truncation_name(cls, v: Any) -> Any:
+        return OLD_TRUNCATION_NAMES.get(v, v) if isinstance(v, str) else v
 
     @field_validator("module")
     @classmethod

@@ -423,7 +423,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
             del ds, mapped
             shutil.rmtree(work / "map", ignore_errors=True)
             shutil.rmtree(work / "hf", ignore_errors=True)
-    records = sft_meta(infos, sources, dropped, cut)
+    records = sft_meta(infos, sources, dropped, cut, getattr(getattr(tokenizer, "tok", None), "bos_token_id", None))
     if not is_sft(records["record_format"]):
         (work / MASK_FILE).unlink()
     if n_docs == 0 and is_sft(records["record_format"]):

@@ -12,10 +12,16 @@ record normalised to what the tokenizer sees (orchestrate/data/sft_tokens.py).
     text               anything else: `text_field` or `data.template`, the loss on every token
 
 Every record is held to a budget where it comes in (`to_sample`, `record_chars`): a text longer than
-the characters that can hold seq_len tokens is cut there before anything renders or tokenises it
-(its first seq_len tokens, all that trains, are unchanged; it still counts as longer than seq_len for
-`data.truncation`), and the messages past that budget keep their role but no text; the cut records
-are counted (`Sample.cut`, meta.json's `records_cut`).
+the characters that can hold seq_len tokens is cut there before anything renders or tokenises it, on
+the side `data.truncation` cuts tokens from (`cuts_from_left`). The other policies keep its start:
+the messages past the budget keep their role but no text (the conversation is split into turns only
+as far as the budget reaches, sft_tokens.py). keep_answer keeps its end: the completion whole and the
+prompt's last characters, or a conversation's last messages: those before the budget, and those before
+its last `budget / BYTES_PER_TOKEN` (each renders a token at least), are left out, the conversation
+starting again at a turn of the role it opened with (after its system message, kept), so templates
+that want alternating roles still take it. The seq_len tokens the policy keeps are unchanged by it;
+the record still counts as longer than seq_len for `data.truncation`; the cut records are counted
+(`Sample.cut`, meta.json's `records_cut`).
 
 Detection (`detect_format`) looks at the column names only; `data.record_format` overrides it and
 `data.template` means text. Bad records are reported, not skipped: `problems` says what is wrong
@@ -165,19 +171,39 @@ def _key(message: dict, configured: str | None, default: str, sharegpt: str) -> 
     return default if message.get(default) is not None or sharegpt not in message else sharegpt
 
 
-def _cut(text: str, chars: int | None) -> str:
-    return text if chars is None or len(text) <= chars else text[:chars]
+def cuts_from_left(data: DataSection) -> bool:
+    """Whether `data.truncation` cuts a long sample's tokens from its left (keep_answer), so the record
+    budget keeps a record's end."""
+    return data.truncation == "keep_answer"
 
 
-def _cut_messages(messages: list[dict[str, Any]], chars: int) -> list[dict[str, Any]]:
-    """The messages with their text past `chars` characters in all cut off (each keeps its role)."""
+def _cut(text: str, chars: int | None, from_left: bool = False) -> str:
+    if chars is None or len(text) <= chars:
+        return text
+    return text[len(text) - chars:] if from_left else text[:chars]
+
+
+def _cut_messages(messages: list[dict[str, Any]], chars: int, from_left: bool) -> list[dict[str, Any]]:
+    """The messages with their text past `chars` characters in all cut off (each keeps its role),
+    counted from the last message's end when `from_left`, else from the first message's start."""
     out = []
-    for message in messages:
+    for message in reversed(messages) if from_left else messages:
         if "content" in message:
-            message = {**message, "content": _cut(message["content"], chars)}
+            message = {**message, "content": _cut(message["content"], chars, from_left)}
             chars -= len(message["content"])
         out.append(message)
-    return out
+    return out[::-1] if from_left else out
+
+
+def _latest_turns(messages: list[dict[str, Any]], most: int) -> list[dict[str, Any]]:
+    """The conversation without the messages before the first that holds text and before its last `most`,
+    from a message of the role it opened with (the module docstring); its system message kept."""
+    first = 1 if messages[0]["role"] == "system" else 0
+    texted = next((i for i, m in enumerate(messages) if m.get("content")), len(messages))
+    start = min(max(texted, len(messages) - most), len(messages) - 1)
+    while start > first and messages[start]["role"] != messages[first]["role"]:
+        start -= 1
+    return messages[:first] + messages[max(start, first):]
 
 
 def normalise_messages(raw: Any, data: DataSection) -> tuple[list[dict[str, Any]] | None, str | None]:
@@ -224,10 +250,19 @@ def to_sample(record: dict[str, Any], record_format: str, data: DataSection,
     """One record of `record_format` as a Sample (its text cut at `chars`, the record budget
     `record_chars`), or (None, what is wrong with it)."""
     sample, problem = _whole_sample(record, record_format, data)
-    if sample is None or chars is None or _chars(sample) <= chars:
+    if sample is None or chars is None:
         return sample, problem
+    from_left, over = cuts_from_left(data), _chars(sample) > chars
     if sample.messages is not None:
-        return Sample(messages=_cut_messages(sample.messages, chars), cut=True), None
+        messages = _cut_messages(sample.messages, chars, from_left) if over else sample.messages
+        if from_left:  # keep_answer: only the turns that can reach the tokens it keeps (module docstring)
+            messages = _latest_turns(messages, chars // BYTES_PER_TOKEN)
+        return (Sample(messages=messages, cut=True) if over or len(messages) < len(sample.messages) else sample), None
+    if not over:
+        return sample, None
+    if from_left:  # a completion past the budget is longer than seq_len: the policy drops it whatever its cut
+        completion = _cut(sample.completion, chars)
+        return Sample(prompt=_cut(sample.prompt, chars - len(completion), True), completion=completion, cut=True), None
     prompt = _cut(sample.prompt, chars)
     return Sample(prompt=prompt, completion=_cut(sample.completion, chars - len(prompt)), cut=True), None
 
@@ -260,7 +295,8 @@ def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: Da
     if record_format == "alpaca":
         extra = record.get(data.columns.input)
         prompt = record[data.columns.instruction] + (f"\n\n{extra}" if extra and extra.strip() else "")
-        prompt = prompt[: len(sample.prompt)] if sample.cut else prompt
+        if sample.cut:  # the chat prompt holds no preamble: cut to the characters the cut prompt kept
+            prompt = _cut(prompt, len(sample.prompt), cuts_from_left(data))
     return Sample(messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}],
                   cut=sample.cut)
 

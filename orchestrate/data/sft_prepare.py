@@ -30,6 +30,7 @@ from orchestrate.data.records import (
     SFT_FORMATS,
     as_chat,
     conversational_column,
+    cuts_from_left,
     lacks_trained_turn,
     record_chars,
     required_columns,
@@ -77,10 +78,15 @@ class SftSettings:
         return cls(config.data, yaml_template(config), methods, record_chars(config.train.seq_len))
 
     def identity(self) -> dict[str, Any]:
+        """The cache key's part: what decides the ids and masks. Of `data.truncation` only the side the
+        record budget cuts from (records.py `cuts_from_left`), named only when it is the left: the
+        entries made before keep_answer, and the runs that resume on them, keep their key."""
         d = self.data
+        left = {"record_cut_from_left": True} if cuts_from_left(d) else {}
         return {"record_format": d.record_format, "columns": d.columns.model_dump(), "roles": dict(sorted(d.roles.items())),
                 "chat_template": self.template.source if self.template else None,
-                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "record_chars": self.chars, "version": 3}
+                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "record_chars": self.chars,
+                **left, "version": 3}
 
     def template_for(self, record_format: str, tokenizer: Tokenizer, conversational: bool = False) -> ChatTemplate | None:
         """The template the records of `record_format` render with (records.py `uses_chat_template`:
@@ -169,8 +175,11 @@ def _encode(record: dict, record_format: str, settings: SftSettings, template: C
     if not data.train_on_inputs and lacks_trained_turn(sample.messages, list(data.roles_to_train)):
         return None, f"it has no {' or '.join(data.roles_to_train)} turn to train on", sample.cut
     try:
+        # keep_answer keeps a conversation's end, its turns already bounded (records.py `to_sample`): every
+        # turn is split; the others keep its start, split only as far as the record budget reaches
+        upto = None if cuts_from_left(data) else settings.chars
         return encode_chat(tokenizer.tok, template, sample.messages, list(data.roles_to_train),
-                           data.train_on_inputs, settings.chars), None, sample.cut
+                           data.train_on_inputs, upto), None, sample.cut
     except TemplateNotIncremental as exc:
         return None, TEMPLATE_PROBLEM + str(exc), sample.cut
     except TemplateLimit as exc:
@@ -237,8 +246,9 @@ def raise_nothing_trainable(source: Source, record_format: str, template: ChatTe
         "and that data.roles_to_train names roles the records have")])
 
 
-def sft_meta(infos: list[dict], sources: list[Source], dropped: int, cut: int = 0) -> dict:
-    """meta.json's account of chat / instruction records (all sources of a stream share one format)."""
+def sft_meta(infos: list[dict], sources: list[Source], dropped: int, cut: int = 0, bos_id: int | None = None) -> dict:
+    """meta.json's account of chat / instruction records (all sources of a stream share one format);
+    `bos_id`: the tokenizer's BOS token, which a sample cut from the left keeps (sft_samples.py)."""
     formats = sorted({info["record_format"] for info in infos})
     if len(formats) > 1:
         raise UserError("the sources hold records of different formats", [Problem(
@@ -250,7 +260,8 @@ def sft_meta(infos: list[dict], sources: list[Source], dropped: int, cut: int = 
     template = first["template"]
     return {"record_format": first["record_format"], "mask_method": first["mask_method"],
             "template_origin": template.origin if template else None,
-            "records": sum(info["records"] for info in infos), "dropped_untrained": dropped, "records_cut": cut}
+            "records": sum(info["records"] for info in infos), "dropped_untrained": dropped, "records_cut": cut,
+            "bos_id": bos_id}
 
 
 def is_sft(record_format: str) -> bool:

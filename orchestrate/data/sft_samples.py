@@ -13,8 +13,20 @@ the training loss covers (`train_on_inputs`, `roles_to_train`): comparable betwe
   packed position ids for one row only). The padding at a block's end is a segment of its own.
 - `PaddedSamples` (`data.packing: false`): one sample per row, padded, with an attention_mask.
 
-Samples longer than seq_len follow `data.truncation` before either (`kept_samples`): cut to their
-first seq_len tokens (and dropped when that leaves nothing to train), dropped, or an error.
+Samples longer than seq_len follow `data.truncation` before either (`kept_samples`, `apply_truncation`):
+
+- keep_answer (the default): the prompt is cut from the left, so the sample keeps its last seq_len
+  tokens: every answer and its end-of-turn token stay, the earliest context goes. A leading BOS token
+  (the tokenizer's, meta.json `bos_id`) stays ahead of the cut, as a model was trained to see one. An
+  answer (mask.bin's ANSWER bits) is kept whole or not at all: a cut that falls inside one, or leaves
+  one first with nothing before it to predict its first token from, moves on to that answer's end, so
+  a long chat keeps its last answers whole; a sample left with no answer (its last answer alone does
+  not fit) or nothing to train is dropped and counted. Position ids restart at 0 at the kept tokens.
+- keep_start: cut to their first seq_len tokens (and dropped when that leaves nothing to train);
+- drop: dropped; error: an error naming the first.
+
+A kept document is read through its window (`window`): its first `head` tokens (0, or 1 for its
+BOS), then the rest after `cut` more tokens.
 
 The rules every view over a cache entry's samples follows are here once, for these and for the
 preference records built on them (orchestrate/methods/preference/samples.py): the truncation policy
@@ -67,6 +79,21 @@ V = TypeVar("V")
 
 
 @dataclass(frozen=True)
+class Truncation:
+    """What `data.truncation` did to a stream's documents."""
+
+    keep: np.ndarray
+    """The documents kept."""
+    heads: np.ndarray
+    """Per kept document: the tokens kept ahead of the cut (1: its BOS, under keep_answer), else 0."""
+    cuts: np.ndarray
+    """Per kept document: the tokens cut after its head, from every sequence alike (keep_answer), else 0."""
+    truncated: int
+    """Documents kept, cut: their prompt from the left (keep_answer), their end (keep_start)."""
+    dropped: int
+
+
+@dataclass(frozen=True)
 class KeptSamples:
     """The samples of a stream that train, after the truncation policy."""
 
@@ -74,35 +101,80 @@ class KeptSamples:
     """Their documents in the stream."""
     lengths: np.ndarray
     """Tokens each keeps (at most seq_len)."""
+    heads: np.ndarray
+    cuts: np.ndarray
+    """Each one's window (`Truncation`): tokens kept ahead of the left cut, tokens cut after them."""
     truncated: int
     dropped: int
-    """Dropped by `drop`, or by `truncate` when the first seq_len tokens train nothing."""
+    """Dropped by `drop`, or by keep_answer / keep_start when what they keep trains nothing."""
 
     def subset(self, positions: np.ndarray) -> KeptSamples:
-        return KeptSamples(self.docs[positions], self.lengths[positions], self.truncated, self.dropped)
+        return KeptSamples(self.docs[positions], self.lengths[positions], self.heads[positions], self.cuts[positions],
+                           self.truncated, self.dropped)
+
+
+def window(values, start: int, length: int, head: int, cut: int) -> np.ndarray:
+    """A sequence stored at values[start: start + length] as kept: its first `head` values, then those
+    after `cut` more."""
+    if not cut:
+        return np.asarray(values[start: start + length])
+    return np.concatenate([values[start: start + head], values[start + head + cut: start + length]])
+
+
+def _answer_cut(bits: np.ndarray, head: int, cut: int) -> int:
+    """`cut` (tokens left out after the first `head`), moved on to the end of the answer it would cut in
+    part, or leave first with no token before it (whose prediction is the answer's first token)."""
+    at = head + cut
+    answer = (bits & ANSWER) > 0
+    if cut and at < len(bits) and answer[at] and (head == 0 or answer[at - 1]):
+        rest = np.flatnonzero(~answer[at:])
+        at += int(rest[0]) if len(rest) else len(bits) - at
+    return at - head
+
+
+def _keeps_something(bits: np.ndarray, head: int, cut: int) -> bool:
+    """The window trains a token, and keeps an answer when the sequence has one."""
+    kept = window(bits, 0, len(bits), head, cut)
+    return bool((kept & TRAINED).any()) and (bool((kept & ANSWER).any()) or not (bits & ANSWER).any())
+
+
+def _cut_from_left(firsts: list[int], bits: list[np.ndarray], seq_len: int, bos_id: int | None) -> tuple[int, int] | None:
+    """(head, cut) of a long document's window under keep_answer, its sequences (their first ids and
+    their mask bits) cut alike; None when it cannot keep an answer whole (the module docstring)."""
+    head = int(bos_id is not None and all(first == bos_id and not b[0] & ANSWER for first, b in zip(firsts, bits, strict=True)))
+    cut = max(_answer_cut(b, head, max(len(b) - seq_len, 0)) for b in bits)
+    whole = all(_answer_cut(b, head, cut) == cut and _keeps_something(b, head, cut) for b in bits)
+    return (head, cut) if whole else None
 
 
 def apply_truncation(stream: TokenStream, mask: np.ndarray, sides: np.ndarray, seq_len: int, policy: str,
-                     too_long: Callable[[np.ndarray], UserError]) -> tuple[np.ndarray, int, int]:
-    """(the documents kept, truncated, dropped) under `data.truncation`, for a stream whose document d
-    holds sequences of sides[d] tokens one after the other (a sample: one; a preference pair: its
-    chosen, then its rejected). A document is long when a sequence is longer than seq_len: error
-    raises `too_long(the long documents)`; drop drops it; truncate cuts every sequence at seq_len and
-    drops the document when one of them keeps no trained token (nothing left to learn or compare)."""
+                     too_long: Callable[[np.ndarray], UserError]) -> Truncation:
+    """`data.truncation` over a stream whose document d holds sequences of sides[d] tokens one after
+    the other (a sample: one; a preference pair: its chosen, then its rejected; a length 0: none). A
+    document is long when a sequence is longer than seq_len: error raises `too_long(the long
+    documents)`; drop drops it; keep_answer cuts every sequence's prompt alike (`_cut_from_left`);
+    keep_start cuts every sequence at seq_len and drops the document when one of them keeps no
+    trained token (nothing left to learn or compare)."""
     long = np.flatnonzero(sides.max(axis=1) > seq_len)
     if len(long) and policy == "error":
         raise too_long(long)
     drop = np.zeros(len(sides), dtype=bool)
+    heads, cuts = np.zeros(len(sides), dtype=np.int64), np.zeros(len(sides), dtype=np.int64)
     if policy == "drop":
         drop[long] = True
-    else:
-        for d in long.tolist():
-            begin = int(stream.offsets[d])
-            for length in sides[d].tolist():
-                drop[d] |= not (np.asarray(mask[begin: begin + min(seq_len, length)]) & TRAINED).any()
-                begin += length
+    for d in long.tolist() if policy != "drop" else []:
+        starts = int(stream.offsets[d]) + np.concatenate([[0], np.cumsum(sides[d])[:-1]])
+        spans = [(int(b), int(n)) for b, n in zip(starts, sides[d], strict=True) if n]
+        bits = [np.asarray(mask[b: b + n]) for b, n in spans]
+        if policy == "keep_answer":
+            kept = _cut_from_left([int(stream.tokens[b]) for b, _ in spans], bits, seq_len, stream.meta.get("bos_id"))
+            drop[d] = kept is None
+            heads[d], cuts[d] = kept or (0, 0)
+        else:
+            drop[d] = not all((b[:seq_len] & TRAINED).any() for b in bits)
     keep = np.flatnonzero(~drop)
-    return keep, 0 if policy == "drop" else len(long) - int(drop.sum()), int(drop.sum())
+    return Truncation(keep, heads[keep], cuts[keep], 0 if policy == "drop" else len(long) - int(drop.sum()),
+                      int(drop.sum()))
 
 
 def labels_of(ids: np.ndarray, bits: np.ndarray, labelled: int = TRAINED) -> np.ndarray:
@@ -113,6 +185,10 @@ def labels_of(ids: np.ndarray, bits: np.ndarray, labelled: int = TRAINED) -> np.
     return labels
 
 
+FIXES = "raise train.seq_len, or set data.truncation: keep_answer (the prompt cut from the left), keep_start or drop"
+"""What a sample too long under `data.truncation: error` can do instead."""
+
+
 def kept_samples(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: str, where: str) -> KeptSamples:
     lengths = np.diff(np.asarray(stream.offsets)).astype(np.int64)
 
@@ -120,10 +196,11 @@ def kept_samples(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: st
         first = int(long[0])
         return UserError(f"{len(long)} sample(s) are longer than train.seq_len {seq_len}", [Problem(
             "data.truncation", f"sample {first} of {where} has {lengths[first]} tokens (and {len(long) - 1} more are too "
-            "long)", f"raise train.seq_len, or set data.truncation: truncate (cut to {seq_len}) or drop")])
+            "long)", FIXES)])
 
-    keep, truncated, dropped = apply_truncation(stream, mask, lengths[:, None], seq_len, policy, too_long)
-    return KeptSamples(keep, np.minimum(lengths[keep], seq_len), truncated, dropped)
+    cut = apply_truncation(stream, mask, lengths[:, None], seq_len, policy, too_long)
+    return KeptSamples(cut.keep, np.minimum(lengths[cut.keep] - cut.cuts, seq_len), cut.heads, cut.cuts,
+                       cut.truncated, cut.dropped)
 
 
 class SampleView:
@@ -157,21 +234,27 @@ class _Samples(SampleView):
         super().__init__(stream, mask, kept, seq_len)
         self.labelled = labelled
 
+    def _window(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, mask bits) of kept sample k as the truncation policy kept it."""
+        kept = self.kept
+        start, head, cut = int(self._offsets[kept.docs[k]]), int(kept.heads[k]), int(kept.cuts[k])
+        length = int(kept.lengths[k]) + cut
+        return (window(self._tokens, start, length, head, cut).astype(np.int64),
+                window(self._mask, start, length, head, cut))
+
     def _sample(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         """(ids, labels) of kept sample k."""
-        start = int(self._offsets[self.kept.docs[k]])
-        end = start + int(self.kept.lengths[k])
-        ids = np.asarray(self._tokens[start:end], dtype=np.int64)
-        return ids, labels_of(ids, np.asarray(self._mask[start:end]), self.labelled)
+        ids, bits = self._window(k)
+        return ids, labels_of(ids, bits, self.labelled)
 
     def prompt_and_answer(self, k: int) -> tuple[list[int], list[int]] | None:
         """Kept sample k cut before its last answer: the prompt a model answers, and the answer (None
         when the sample has no answer, or none that starts after a prompt)."""
-        start = int(self._offsets[self.kept.docs[k]])
-        answer = (np.asarray(self._mask[start: start + int(self.kept.lengths[k])]) & ANSWER) > 0
+        ids, bits = self._window(k)
+        answer = (bits & ANSWER) > 0
         if not answer.any():
             return None
-        ids = np.asarray(self._tokens[start: start + len(answer)], dtype=np.int64).tolist()
+        ids = ids.tolist()
         last = int(np.flatnonzero(answer)[-1])
         first = last
         while first > 0 and answer[first - 1]:
@@ -278,13 +361,17 @@ def summary(stream: TokenStream, tokenized: list[str], seconds: float, noun: str
 
 def truncation_counts(meta: dict, kept: Kept, config, untrained: str, cut_empty: str) -> list[tuple[int, str]]:
     """The summary's counts of what did not train whole: dropped when tokenised (`untrained`: why), their
-    text cut at the record budget (orchestrate/data/records.py), cut to seq_len, dropped by the policy (truncate: `cut_empty`, what the cut left)."""
-    seq_len = config.train.seq_len
+    text cut at the record budget (orchestrate/data/records.py), and what `data.truncation` cut or
+    dropped (keep_start: `cut_empty`, what the cut left)."""
+    seq_len, policy = config.train.seq_len, config.data.truncation
+    cut, dropped = {
+        "keep_answer": (f"had their prompt cut from the left to fit seq_len {seq_len} (keep_answer)",
+                        f"dropped: an answer that does not fit in seq_len {seq_len}"),
+        "keep_start": (f"cut to their first {seq_len} tokens (keep_start)", f"dropped: {cut_empty}"),
+    }.get(policy, ("", f"dropped: longer than seq_len {seq_len} ({policy})"))
     return [(meta.get("dropped_untrained", 0), f"dropped when tokenised: {untrained}"),
             (meta.get("records_cut", 0), "with text cut before tokenising (far longer than seq_len)"),
-            (kept.truncated, f"cut to seq_len {seq_len}"),
-            (kept.dropped, f"dropped: longer than seq_len {seq_len} (drop)" if config.data.truncation == "drop"
-             else f"dropped: {cut_empty}")]
+            (kept.truncated, cut), (kept.dropped, dropped)]
 
 
 def describe_sft(stream: TokenStream, train: SftSamples, validation: SftSamples, config, tokenized: list[str],

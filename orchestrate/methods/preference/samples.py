@@ -16,9 +16,13 @@ documents in the cache entry; unpaired adds `desirable`).
   packed chat samples (orchestrate/data/sft_samples.py), transformers keeps each sequence's attention
   within it (a block-diagonal mask from the position ids, or flash-attention's varlen path: `flatten`).
 
-Sequences longer than seq_len follow `data.truncation`: cut (every sequence of a record at seq_len:
-a pair's two share their prompt, so both keep the same prompt tokens; a record left with a sequence
-without answer tokens is dropped and counted), the record dropped, or an error.
+Sequences longer than seq_len follow `data.truncation` (orchestrate/data/sft_samples.py), over a
+record's sequences alike: keep_answer (the default) cuts the prompt from the left by the same tokens in
+both sequences of a pair (they share it), so both answers stay whole, a leading BOS kept; a record
+whose answer does not fit is dropped and counted. An unpaired answer's mismatched sequence (its kept
+prompt, the previous record's answer) is cut from the left of its prompt too when it is longer than
+seq_len. keep_start cuts every sequence at seq_len (both keep the same prompt tokens; a record left
+with a sequence without answer tokens is dropped and counted); drop drops the record; error refuses it.
 
 What every view over chat-path samples shares is orchestrate/data/sft_samples.py's, used here: the
 truncation policy (over a record's two sequences), the labels, a view's length and shape, the
@@ -39,6 +43,7 @@ from orchestrate.data.cache import TokenStream
 from orchestrate.data.packing import Blocks, best_fit_decreasing
 from orchestrate.data.sft_prepare import REJECTED, TRAINED
 from orchestrate.data.sft_samples import (
+    FIXES,
     SampleView,
     apply_truncation,
     flattened,
@@ -47,6 +52,7 @@ from orchestrate.data.sft_samples import (
     read_mask,
     summary,
     truncation_counts,
+    window,
 )
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.preference.config import UNPAIRED as UNPAIRED_LOSSES
@@ -64,11 +70,15 @@ class KeptRecords:
     """Their documents in the stream."""
     sides: np.ndarray
     """(records, 2) int64: the stored length of each sequence (unpaired: the answer's, then 0)."""
+    heads: np.ndarray
+    cuts: np.ndarray
+    """Each one's window, its sequences' alike (sft_samples.py `Truncation`)."""
     truncated: int
     dropped: int
 
     def subset(self, positions: np.ndarray) -> KeptRecords:
-        return KeptRecords(self.docs[positions], self.sides[positions], self.truncated, self.dropped)
+        return KeptRecords(self.docs[positions], self.sides[positions], self.heads[positions], self.cuts[positions],
+                           self.truncated, self.dropped)
 
 
 def stored_sides(stream: TokenStream, mask: np.ndarray, paired: bool) -> np.ndarray:
@@ -91,18 +101,18 @@ def kept_records(stream: TokenStream, mask: np.ndarray, seq_len: int, policy: st
         first = int(long[0])
         return UserError(f"{len(long)} preference record(s) have a sequence longer than train.seq_len {seq_len}", [Problem(
             "data.truncation", f"record {first} of {where} has sequences of {' and '.join(map(str, sides[first][:1 + paired]))} "
-            f"tokens (and {len(long) - 1} more records are too long)",
-            f"raise train.seq_len, or set data.truncation: truncate (every sequence cut to {seq_len}) or drop")])
+            f"tokens (and {len(long) - 1} more records are too long)", FIXES)])
 
     # an unpaired record is one sequence: its second side (0 tokens) is no sequence to keep an answer in
-    keep, truncated, dropped = apply_truncation(stream, mask, sides[:, :1 + paired], seq_len, policy, too_long)
-    return KeptRecords(keep, sides[keep], truncated, dropped)
+    cut = apply_truncation(stream, mask, sides[:, :1 + paired], seq_len, policy, too_long)
+    return KeptRecords(cut.keep, sides[cut.keep], cut.heads, cut.cuts, cut.truncated, cut.dropped)
 
 
 class _Preferences(SampleView):
-    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool):
+    def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool,
+                 keep_answer: bool):
         super().__init__(stream, mask, kept, seq_len)
-        self.paired = paired
+        self.paired, self.keep_answer = paired, keep_answer
 
     @property
     def stream_key(self) -> str:
@@ -114,25 +124,28 @@ class _Preferences(SampleView):
         return len(self._offsets) - 1
 
     def _span(self, k: int, side: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, mask bits) of sequence `side` of kept record k, as stored."""
-        start = int(self._offsets[self.kept.docs[k]]) + int(self.kept.sides[k, :side].sum())
-        end = start + int(self.kept.sides[k, side])
-        return np.asarray(self._tokens[start:end], dtype=np.int64), np.asarray(self._mask[start:end])
+        """(ids, mask bits) of sequence `side` of kept record k, as the truncation policy kept it."""
+        kept = self.kept
+        start = int(self._offsets[kept.docs[k]]) + int(kept.sides[k, :side].sum())
+        head, cut, length = int(kept.heads[k]), int(kept.cuts[k]), int(kept.sides[k, side])
+        return window(self._tokens, start, length, head, cut).astype(np.int64), window(self._mask, start, length, head, cut)
 
     def _labelled(self, ids: np.ndarray, bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         ids, bits = ids[: self.seq_len], bits[: self.seq_len]
         return ids, labels_of(ids, bits)
 
     def sequences(self, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
-        """(ids, labels) of kept record k's two sequences, cut at seq_len (module docstring)."""
+        """(ids, labels) of kept record k's two sequences, within seq_len (module docstring)."""
         if self.paired:
             return [self._labelled(*self._span(k, 0)), self._labelled(*self._span(k, 1))]
         ids, bits = self._span(k, 0)
         other_ids, other_bits = self._span((k - 1) % self.samples, 0)
         prompt = int(np.argmax(bits & TRAINED))  # the answer's first token
         answer = int(np.argmax(other_bits & TRAINED))
-        mismatched = (np.concatenate([ids[:prompt], other_ids[answer:]]),
-                      np.concatenate([bits[:prompt], other_bits[answer:]]))
+        # keep_answer: the prompt's earliest tokens (after its BOS) make room for the other answer
+        head, over = int(self.kept.heads[k]), prompt + len(other_ids) - answer - self.seq_len
+        kept = np.r_[0:head, head + over:prompt] if self.keep_answer and over > 0 else np.arange(prompt)
+        mismatched = (np.concatenate([ids[kept], other_ids[answer:]]), np.concatenate([bits[kept], other_bits[answer:]]))
         return [self._labelled(ids, bits), self._labelled(*mismatched)]
 
     def desirable(self, k: int) -> bool:
@@ -160,7 +173,7 @@ class PaddedPreferences(_Preferences):
     @classmethod
     def like(cls, view: _Preferences) -> PaddedPreferences:
         """The records of `view`, padded one sequence per row."""
-        return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired)
+        return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired, view.keep_answer)
 
     def records_at(self, positions: np.ndarray) -> np.ndarray:
         """The kept records of these samples: one each."""
@@ -187,15 +200,15 @@ class PaddedPreferences(_Preferences):
 
 class PackedPreferences(_Preferences):
     def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool,
-                 flatten: bool = False):
-        super().__init__(stream, mask, kept, seq_len, paired)
+                 keep_answer: bool, flatten: bool = False):
+        super().__init__(stream, mask, kept, seq_len, paired, keep_answer)
         self.flatten = flatten
         self.blocks: Blocks = best_fit_decreasing(self.record_lengths(), 2 * seq_len)
 
     def record_lengths(self) -> np.ndarray:
-        """Tokens each kept record takes in a block (both its sequences, each cut at seq_len)."""
+        """Tokens each kept record takes in a block (both its sequences, each within seq_len)."""
         if self.paired:
-            return np.minimum(self.kept.sides, self.seq_len).sum(axis=1)
+            return np.minimum(self.kept.sides - self.kept.cuts[:, None], self.seq_len).sum(axis=1)
         return np.array([sum(len(ids) for ids, _ in self.sequences(k)) for k in range(self.samples)], dtype=np.int64)
 
     def records_at(self, positions: np.ndarray) -> np.ndarray:
@@ -256,9 +269,10 @@ def preference_views(train: TokenStream, validation: TokenStream | None, config,
     paired = train.meta.get("record_format") == PAIRED
 
     def view(stream: TokenStream, kept: KeptRecords, validating: bool) -> PreferenceSamples:
+        keep_answer = data.truncation == "keep_answer"
         if data.packing:  # validation is labelled as training: a preference loss is on the answers anyway
-            return PackedPreferences(stream, read_mask(stream), kept, seq_len, paired, flatten)
-        return PaddedPreferences(stream, read_mask(stream), kept, seq_len, paired)
+            return PackedPreferences(stream, read_mask(stream), kept, seq_len, paired, keep_answer, flatten)
+        return PaddedPreferences(stream, read_mask(stream), kept, seq_len, paired, keep_answer)
 
     def kept_of(stream: TokenStream, where: str) -> KeptRecords:
         return kept_records(stream, read_mask(stream), seq_len, data.truncation, where, paired)

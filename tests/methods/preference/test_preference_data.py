@@ -1,7 +1,8 @@
 """Preference records become the right sequences: pairs (text or messages, with a prompt or an implicit
 one) and labelled answers are detected from their columns, each sequence's tokens and labels are
 checked one by one against what is written down here (the loss on the answers only, never the
-prompt), chosen and rejected are cut at seq_len alike, packed records keep every sequence apart with
+prompt), chosen and rejected are cut alike (by default their shared prompt from the left, so both
+answers stay whole; an unpaired answer's mismatched sequence too), packed records keep every sequence apart with
 its own positions, and every bad input is one error with the YAML path and a fix."""
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import pytest
 from orchestrate.config.load import config_from_dict
 from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.chat_templates import CHATML
-from orchestrate.data.pipeline import prepare_data, samples_for
+from orchestrate.data.pipeline import describe_prepared, prepare_data, samples_for
 from orchestrate.data.records import detect_format
 from orchestrate.errors import UserError
 from orchestrate.methods.registry import method_data
@@ -128,10 +129,37 @@ def test_a_chat_template_in_the_yaml_renders_text_pairs_as_one_turn_each(tmp_pat
                          "paris", "<|im_end|>"]
 
 
-def test_long_pairs_are_cut_alike_and_keep_their_prompt(tmp_path):
+def test_a_long_pair_keeps_both_answers_whole_and_cuts_its_prompt_alike(tmp_path):
+    rows = [{"prompt": "P" * 20 + "Q:", "chosen": "abc", "rejected": "de"},  # 26 and 25 tokens: 16 prompt tokens go
+            {"prompt": "Q:", "chosen": "a" * 20, "rejected": "b"}]           # the chosen answer alone is too long
+    _jsonl(tmp_path / "prefs.jsonl", rows)
+    config = _config(tmp_path, {"train_files": ["prefs.jsonl"]}, seq_len=10)
+    assert config.data.truncation == "keep_answer"
+    methods = method_data(config)
+    prepared = prepare_data(config, methods=methods)
+    train, _ = samples_for(prepared, config, methods=methods)
+    assert (train.samples, train.kept.truncated, train.kept.dropped) == (1, 1, 1)
+    (c_ids, c_labels), (r_ids, r_labels) = train.sequences(0)
+    assert c_ids.tolist() == [*b"PPPPQ:abc", 256] and r_ids.tolist() == [*b"PPPPQ:de", 256]
+    assert [x for x in c_labels.tolist() if x != IGNORE_INDEX] == [*b"abc", 256]
+    assert [x for x in r_labels.tolist() if x != IGNORE_INDEX] == [*b"de", 256]
+    assert ("pairs: 1 had their prompt cut from the left to fit seq_len 10 (keep_answer); 1 dropped: an answer "
+            "that does not fit in seq_len 10") in describe_prepared(prepared, config, methods)
+
+
+def test_a_long_unpaired_answer_and_its_mismatched_sequence_keep_their_answers(tmp_path):
+    rows = [{"prompt": "A" * 20, "completion": "x", "label": True}, {"prompt": "B:", "completion": "yz", "label": False}]
+    train, _ = _views(tmp_path, rows, seq_len=8, preference={"loss": "kto"})
+    (own, own_labels), (mismatched, _) = train.sequences(0)
+    assert own.tolist() == [*b"AAAAAAx", 256] and [x for x in own_labels.tolist() if x != IGNORE_INDEX] == [ord("x"), 256]
+    assert mismatched.tolist() == [*b"AAAAAyz", 256]  # its prompt cut further, so the other answer fits whole
+    assert train.kept.truncated == 1
+
+
+def test_long_pairs_are_cut_alike_at_their_end_under_keep_start(tmp_path):
     rows = [{"prompt": "Q:", "chosen": "a" * 20, "rejected": "b" * 3},       # the chosen sequence is cut
             {"prompt": "P" * 12, "chosen": "x", "rejected": "y"}]           # the prompt fills seq_len: dropped
-    train, _ = _views(tmp_path, rows, seq_len=10)
+    train, _ = _views(tmp_path, rows, {"truncation": "keep_start"}, seq_len=10)
     assert train.samples == 1 and train.kept.truncated == 1 and train.kept.dropped == 1
     (c_ids, c_labels), (r_ids, r_labels) = train.sequences(0)
     assert len(c_ids) == 10 and len(r_ids) == 6
@@ -139,7 +167,11 @@ def test_long_pairs_are_cut_alike_and_keep_their_prompt(tmp_path):
     assert (c_labels[2:] != IGNORE_INDEX).all() and (c_labels[:2] == IGNORE_INDEX).all()
 
 
-@pytest.mark.parametrize(("policy", "kept", "dropped"), [("truncate", 2, 0), ("drop", 1, 1)])
+@pytest.mark.parametrize(("policy", "kept", "dropped"), [
+    ("keep_answer", 1, 1),   # the chosen answer alone is longer than seq_len
+    ("keep_start", 2, 0),
+    ("drop", 1, 1),
+])
 def test_the_truncation_policy_applies_to_whole_pairs(tmp_path, policy, kept, dropped):
     rows = [PAIR, {"prompt": "Q:", "chosen": "a" * 40, "rejected": "b"}]
     train, _ = _views(tmp_path, rows, {"truncation": policy}, seq_len=24)

@@ -279,9 +279,9 @@ def render_parts(parts: list[Part], settings: SftSettings, tokenizer: Tokenizer)
         raise _unmixable(parts, formats)
     renderings = []
     for part, f, s, n in zip(parts, formats, own, native, strict=True):
-        settings.methods.check_records(f, part.source.where)
         if f not in SFT_FORMATS and s.data.system_prompt is not None:
             raise _system_prompt_unused(part.source, f, settings.data)
+        settings.methods.check_records(f, part.source.where)
         if not is_sft(f):
             renderings.append(Rendering(f, s))
             continue

@@ -381,6 +381,8 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
     with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f, \
             open(work / MASK_FILE, "wb") as mask_f:
         np.zeros(1, np.int64).tofile(off_f)
+        # Every source is read before any is tokenised: the mix needs their sizes, and the stream one
+        # record format that their formats decide together (their scratch copies stay until the end).
         parts = [part for source in sources for part in read_parts(source, work / "hf", num_proc)]
         record_format, renderings = _renderings(parts, spec, tokenizer)
         chosen, mix = _chosen(parts, renderings, spec.mix)

@@ -274,7 +274,7 @@ def system_prompt(record: dict[str, Any], data: DataSection) -> tuple[str | None
     value = record.get(data.columns.system)
     if value is not None and not isinstance(value, str):
         return None, f"{data.columns.system!r} holds {type(value).__name__}, not text"
-    return (value if value and value.strip() else data.system_prompt), None
+    return (value if value and value.strip() else data.system_prompt or None), None
 
 
 def _with_system(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:

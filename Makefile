@@ -10,7 +10,7 @@ ARGS    ?=
 # The CPU build of torch CI and this repo's machines use; see constraints-ci.txt.
 CONSTRAINTS := -c constraints-ci.txt
 
-.PHONY: install test test-fast test-unit test-methods test-e2e demo chat-sft chat-dpo preference grpo bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
+.PHONY: install test test-fast test-unit test-methods test-e2e demo chat-base chat-sft chat-mix chat-dpo preference grpo bert-data bert-classifier bert-mlm plan launch config slurm report example-report lint bench clean services-start services-stop
 
 install: $(VENV)/.installed
 
@@ -51,12 +51,17 @@ demo: install
 # a tiny base pre-trained on generated text (once), then QLoRA on the chats and one question to the result.
 CHAT_SFT := examples/chat-sft
 CHAT_RUN := runs/chat-sft-$(shell date +%Y%m%d-%H%M%S)
-chat-sft: install
+chat-base: install
 	$(PY) $(CHAT_SFT)/make_chats.py $(CHAT_SFT)/data
 	test -d $(CHAT_SFT)/data/tokenizer || $(ORCH) tokenizer train $(CHAT_SFT)/tokenizer.yaml --vocab-size 640 --out $(CHAT_SFT)/data/tokenizer
 	test -f runs/chat-sft-base/model/model.safetensors || $(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/base.yaml --run-dir runs/chat-sft-base
+chat-sft: chat-base
 	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/model.yaml --run-dir $(CHAT_RUN) $(ARGS)
 	$(ORCH) chat $(CHAT_RUN) --adapter --prompt "Upper-case this word: lantern"
+
+# The same QLoRA on three sources in three shapes, mixed by weight (docs/sft.md "Several datasets").
+chat-mix: chat-base
+	$(ORCH) launch --gpus $(GPUS) $(CHAT_SFT)/mix.yaml --run-dir runs/chat-mix-$(shell date +%Y%m%d-%H%M%S) $(ARGS)
 
 # DPO after the newest chat-sft run (docs/preference.md): chat pairs preferring the answer with "!",
 # full fine-tuning of that run's RUN_DIR/model, its reference the SFT model; then one question to the

@@ -6,7 +6,12 @@ The held-out prompts (held_out.jsonl) ask for the same words in phrasings and se
 chats did not combine. A model that learned the task answers them exactly; one that learned only to
 continue text does not.
 
-    python examples/chat-sft/make_chats.py OUT_DIR [--chats 600] [--held-out 60] [--seed 0]
+Beside chats.jsonl it writes the same task in two other shapes, for examples/chat-sft/mix.yaml
+(docs/sft.md "Several datasets"): alpaca.jsonl (instruction / input / output) and sharegpt.jsonl
+(conversations of from / value), each with the system message in a `system` column as LLaMA-Factory's
+formats hold it.
+
+    python examples/chat-sft/make_chats.py OUT_DIR [--chats 600] [--held-out 60] [--alpaca 200] [--sharegpt 300] [--seed 0]
 """
 
 from __future__ import annotations
@@ -66,6 +71,24 @@ def make(chats: int, held_out: int, seed: int) -> tuple[list[dict], list[dict]]:
     return train, test
 
 
+def _system(chat: dict) -> dict:
+    system = [m["content"] for m in chat["messages"] if m["role"] == "system"]
+    return {"system": system[0]} if system else {}
+
+
+def as_alpaca(chat: dict) -> dict:
+    """The chat as an Alpaca record: the question the instruction, the answer the output."""
+    user, answer = chat["messages"][-2]["content"], chat["messages"][-1]["content"]
+    return {**_system(chat), "instruction": user, "input": "", "output": answer}
+
+
+def as_sharegpt(chat: dict) -> dict:
+    """The chat as a ShareGPT record: human and gpt turns of from / value."""
+    turns = [m for m in chat["messages"] if m["role"] != "system"]
+    return {**_system(chat), "conversations": [{"from": "human" if m["role"] == "user" else "gpt", "value": m["content"]}
+                                               for m in turns]}
+
+
 FACTS = ["The word {w} in capital letters is {W}.", "{w} becomes {W} in capitals.", "In block letters, {w} is {W}.",
          "Shouted, {w} reads {W}."]
 
@@ -87,15 +110,21 @@ def main() -> None:
     parser.add_argument("out", type=Path)
     parser.add_argument("--chats", type=int, default=600)
     parser.add_argument("--held-out", type=int, default=60)
+    parser.add_argument("--alpaca", type=int, default=200)
+    parser.add_argument("--sharegpt", type=int, default=300)
     parser.add_argument("--corpus-lines", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     train, test = make(args.chats, args.held_out, args.seed)
+    alpaca = [as_alpaca(c) for c in make(args.alpaca, 0, args.seed + 1)[0]]
+    sharegpt = [as_sharegpt(c) for c in make(args.sharegpt, 0, args.seed + 2)[0]]
     args.out.mkdir(parents=True, exist_ok=True)
-    for name, rows in (("chats.jsonl", train), ("held_out.jsonl", test)):
+    for name, rows in (("chats.jsonl", train), ("held_out.jsonl", test), ("alpaca.jsonl", alpaca),
+                       ("sharegpt.jsonl", sharegpt)):
         (args.out / name).write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     (args.out / "base_corpus.txt").write_text("\n".join(base_corpus(args.corpus_lines, args.seed)) + "\n", encoding="utf-8")
-    print(f"wrote {len(train)} chats, {len(test)} held-out prompts and {args.corpus_lines} lines of base text to {args.out}")
+    print(f"wrote {len(train)} chats, {len(test)} held-out prompts, {len(alpaca)} Alpaca and {len(sharegpt)} ShareGPT "
+          f"records and {args.corpus_lines} lines of base text to {args.out}")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from orchestrate.config.section import Auto, Section
+from orchestrate.config.section import MAX_COUNT, Auto, Section
 from orchestrate.methods.custom.config import check_module_path
 
 RecordFormat = Literal["auto", "text", "chat", "prompt-completion", "alpaca", "preference", "unpaired-preference"]
@@ -49,6 +49,52 @@ class Columns(Section):
     """Preference records: the dispreferred answer."""
     label: str = "label"
     """Unpaired preference records (KTO): whether `completion` is desirable (true / false)."""
+    system: str = "system"
+    """Chat, prompt-completion and Alpaca records: the optional column holding a record's system prompt
+    (LLaMA-Factory's `system` column of its alpaca and sharegpt formats, data/README.md), which becomes
+    its first turn (docs/sft.md "System prompts")."""
+
+
+class DatasetSource(Section):
+    """One entry of `data.datasets`: where its records are, how they read, and how many the mix takes.
+    The keys follow Axolotl's `datasets:` list (path, name, split) and LLaMA-Factory's dataset_info.json
+    (per-dataset `columns`; its `num_samples` is `samples` here)."""
+
+    path: str
+    """A file, directory or glob pattern (relative to the YAML file's directory), a `save_to_disk`
+    directory, or a dataset name passed to `datasets.load_dataset` (e.g. "tatsu-lab/alpaca": a name is
+    one or two words joined by "/", without a data file's extension)."""
+
+    name: str | None = None
+    """The configuration of a dataset name (`load_dataset(path, name)`; Axolotl's `name`)."""
+
+    split: str = "train"
+    """The split of a dataset name or of a `save_to_disk` DatasetDict directory."""
+
+    record_format: RecordFormat | None = None
+    """This source's record format; null: `data.record_format` (auto: detected from this source's own
+    columns, whatever the other sources hold)."""
+
+    columns: Columns | None = None
+    """This source's column names, over `data.columns` (the keys given here replace those), e.g.
+    {messages: conversations, role: from, content: value} for ShareGPT."""
+
+    system_prompt: str | None = None
+    """This source's default system prompt, instead of `data.system_prompt`; "" gives this source none."""
+
+    weight: float | None = Field(default=None, gt=0)
+    """This source's share of the mixed stream, relative to the other sources' weights (docs/sft.md
+    "Several datasets"). Give every source without `samples` a weight, or none (every record of each)."""
+
+    samples: int | None = Field(default=None, ge=1, le=MAX_COUNT)
+    """Exactly this many records of this source, chosen by `train.seed`: without replacement when the
+    source holds as many, else every record as many whole times as fit and the rest without replacement."""
+
+    @model_validator(mode="after")
+    def _one_amount(self) -> DatasetSource:
+        if self.weight is not None and self.samples is not None:
+            raise ValueError("give `weight` (a share of the mix) or `samples` (an exact count), not both")
+        return self
 
 
 class DataSection(Section):
@@ -65,6 +111,17 @@ class DataSection(Section):
     reads locally: text (.txt), JSON / JSON-lines (.json, .jsonl), CSV (.csv, .tsv), Parquet
     (.parquet), Arrow (.arrow), optionally compressed (.gz, .zst, ...), or a directory written by
     `Dataset.save_to_disk`. Relative paths are resolved against the directory of the YAML file."""
+
+    datasets: list[DatasetSource] = Field(default_factory=list)
+    """Instead of `train_files` / `dataset`: several sources, each read and detected on its own (files of
+    other columns or formats load side by side), then mixed into one stream by `weight` or `samples`
+    (docs/sft.md "Several datasets"). `train_files` is the one-source shorthand of this list."""
+
+    stopping_strategy: Literal["first_exhausted", "all_exhausted"] = "first_exhausted"
+    """`datasets` with weights: how large the mix is (the names of `datasets.interleave_datasets`).
+    first_exhausted: the largest mix that takes no record twice (the source that is short for its share
+    decides it); all_exhausted: the smallest mix that takes every record, repeating the records of the
+    sources that are short for their share."""
 
     dataset: str | None = None
     """Instead of `train_files`: a name or path passed unchanged to `datasets.load_dataset` (a Hub
@@ -159,6 +216,12 @@ class DataSection(Section):
     roles_to_train: list[Role] = Field(default_factory=lambda: ["assistant"])
     """Chat records with train_on_inputs false: the roles whose turns carry the loss."""
 
+    system_prompt: str | None = None
+    """A system prompt given to every chat, prompt-completion and Alpaca sample that has none of its own
+    (no system turn, no text in the `system` column): the first turn through a chat template; without
+    one, the text before the prompt (an Alpaca prompt's, in place of its preamble). A source of
+    `datasets` may set its own."""
+
     truncation: Truncation = "keep_answer"
     """Chat, instruction and preference samples longer than train.seq_len (docs/sft.md). keep_answer:
     the prompt is cut from the left (the earliest turns first; a leading BOS token stays) so the
@@ -196,6 +259,29 @@ class DataSection(Section):
     def _one_source(self) -> DataSection:
         if self.train_files and self.dataset is not None:
             raise ValueError("give `train_files` or `dataset`, not both")
+        if self.datasets and (self.train_files or self.dataset is not None):
+            given = "train_files" if self.train_files else "dataset"
+            raise ValueError(f"give `datasets` or `{given}`, not both (list the {given} as one more "
+                             "`- path: ...` entry of datasets)")
+        weighted = [i for i, d in enumerate(self.datasets) if d.weight is not None]
+        unweighted = [i for i, d in enumerate(self.datasets) if d.weight is None and d.samples is None]
+        if weighted and unweighted:
+            raise ValueError(f"datasets[{unweighted[0]}] has no weight while datasets[{weighted[0]}] has one: "
+                             "weights are shares of the mix; give every source without `samples` a weight, or none")
         if self.validation_files and self.validation_split is not None:
             raise ValueError("give `validation_files` or `validation_split`, not both")
         return self
+
+    def for_source(self, listed: int | None) -> DataSection:
+        """This section as entry `listed` of `datasets` reads its records (its record_format, columns and
+        system_prompt over these); the section itself for None (train_files, dataset)."""
+        if listed is None:
+            return self
+        entry, update = self.datasets[listed], {}
+        if entry.record_format is not None:
+            update["record_format"] = entry.record_format
+        if entry.columns is not None:
+            update["columns"] = self.columns.model_copy(update=entry.columns.model_dump(exclude_unset=True))
+        if entry.system_prompt is not None:
+            update["system_prompt"] = entry.system_prompt or None
+        return self.model_copy(update=update)

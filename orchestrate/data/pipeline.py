@@ -24,6 +24,7 @@ from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
 from orchestrate.data.identity import check_same_data, data_identity
 from orchestrate.data.method_data import NO_METHOD_DATA, MethodData
+from orchestrate.data.mixing import Mix, mix_line
 from orchestrate.data.mlm import MLMMasker, mask_token_id
 from orchestrate.data.prepare import TextSpec, ensure_stream
 from orchestrate.data.sampler import DistributedBlockSampler
@@ -121,10 +122,10 @@ def check_data_config(config: RunConfig, max_positions: int, vocab_size: int,
     if methods.own is not None:
         return methods.own.check(config)
     problems = check_entries(config)
-    if not (data.train_files or data.dataset or data.generate_demo_corpus):
+    if not (data.train_files or data.datasets or data.dataset or data.generate_demo_corpus):
         problems.append(Problem("data.train_files", "no training files given",
-                                "list files under data.train_files, name a dataset in data.dataset, "
-                                "or set data.generate_demo_corpus: true"))
+                                "list files under data.train_files (or sources under data.datasets), name a dataset "
+                                "in data.dataset, or set data.generate_demo_corpus: true"))
     if config.train.seq_len > max_positions:
         problems.append(Problem("train.seq_len", f"{config.train.seq_len} is longer than the model's "
                                 f"{max_positions} positions", f"use train.seq_len <= {max_positions}"))
@@ -187,7 +188,8 @@ def prepare_data(config: RunConfig, plan_files: RunFiles | None = None, plan_dir
 def text_spec(config: RunConfig, methods: MethodData) -> TextSpec:
     labelled = config.model.task == "sequence-classification"
     sft = SftSettings.of(config, methods) if config.model.task == "causal-lm" else None  # chat / instruction records
-    return TextSpec(config.data.text_field, config.data.template, config.data.label_field if labelled else None, sft)
+    return TextSpec(config.data.text_field, config.data.template, config.data.label_field if labelled else None, sft,
+                    Mix.of(config))
 
 
 def samples_for(prepared: PreparedData, config: RunConfig, flatten: bool = False,
@@ -285,7 +287,17 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
 
 
 def describe_prepared(prepared: PreparedData, config: RunConfig, methods: MethodData = NO_METHOD_DATA) -> str:
-    """One line for people: what was tokenised or found in the cache, and what it gives."""
+    """One line for people: what was tokenised or found in the cache, and what it gives (and, for
+    data.datasets, what each source gave)."""
+    text = _describe_stream(prepared, config, methods)
+    if "mix" not in prepared.train.meta:
+        return text
+    summary, cache_line, cache = text.rpartition("\n  cache: ")  # the mix before the cache's line
+    mix = f"\n  {mix_line(prepared.train.meta['mix'])}"
+    return summary + mix + cache_line + cache if cache_line else text + mix
+
+
+def _describe_stream(prepared: PreparedData, config: RunConfig, methods: MethodData) -> str:
     train, validation = samples_for(prepared, config, methods=methods)
     if (reader := methods.reader(prepared.train.meta.get("record_format", "text"))) is not None:
         return reader.describe(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)

@@ -39,15 +39,17 @@ from orchestrate.data.cache import (
 )
 from orchestrate.data.checks import check_num_proc, cpu_cores, ensure_cache_dir
 from orchestrate.data.doc_labels import write_labels
-from orchestrate.data.records import detect_format
+from orchestrate.data.mixing import Mix
+from orchestrate.data.reading import Part, read_parts
+from orchestrate.data.records import expected_shapes
 from orchestrate.data.sft_prepare import (
     MASK_FILE,
+    Rendering,
     SftSettings,
-    check_sft_columns,
-    is_conversational,
     is_sft,
     raise_nothing_trainable,
     raise_record_problems,
+    render_parts,
     sft_meta,
     tokenize_records,
 )
@@ -74,6 +76,9 @@ class TextSpec:
     sft: SftSettings | None = None
     """Causal LM: how chat and instruction records become samples (None: plain text only)."""
 
+    mix: Mix | None = None
+    """`data.datasets`: how many records of each source the stream takes (mixing.py)."""
+
     def fields(self) -> list[str]:
         return [self.text_field] if self.template is None else template_fields(self.template)
 
@@ -83,6 +88,8 @@ class TextSpec:
             identity["label_field"] = self.label_field
         if self.sft is not None:
             identity["sft"] = self.sft.identity()
+        if self.mix is not None:
+            identity["mix"] = self.mix.identity()
         return identity
 
 
@@ -194,68 +201,19 @@ def progress_bars(enabled: bool):
         (datasets.enable_progress_bars if was else datasets.disable_progress_bars)()
 
 
-def _root_cause(exc: BaseException) -> str:
-    while exc.__cause__ is not None or exc.__context__ is not None:
-        exc = exc.__cause__ or exc.__context__
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
-
-
-def _load(source: Source, work: Path, num_proc: int):
-    """The source as one `datasets.Dataset`; read failures become a UserError naming the file."""
-    import datasets
-
-    try:
-        if source.kind == "disk":
-            ds = datasets.load_from_disk(str(source.files[0]))
-            if isinstance(ds, datasets.DatasetDict):
-                if source.split not in ds:
-                    raise UserError(f"{source.files[0]} has no split {source.split!r}", [Problem(
-                        source.where, f"its splits are {sorted(ds)}", "set data.split / data.validation_split")])
-                ds = ds[source.split]
-            return ds
-        if source.kind == "dataset":
-            # Passed through unchanged. A Hub download stays in the user's ordinary HF cache (reused
-            # by a later rebuild); the Arrow copy of a local directory is scratch, like files'.
-            local = {"cache_dir": str(work / "hf")} if Path(source.name).exists() else {}
-            return datasets.load_dataset(source.name, source.config_name, split=source.split, **local)
-        # Local files become scratch Arrow first: datasets' "Generating train split" bar for that says
-        # nothing our own tokenising progress does not (a Hub download above keeps its bars).
-        shown = datasets.utils.logging.is_progress_bar_enabled()
-        datasets.utils.logging.disable_progress_bar()
-        try:
-            ds = datasets.load_dataset(source.builder, data_files=[str(p) for p in source.files], split="train",
-                                       cache_dir=str(work / "hf"), num_proc=num_proc if len(source.files) > 1 else None,
-                                       **dict(source.options))
-            # The JSON reader keeps bytes that are no UTF-8 in its strings (sources.py sniffs a file's head
-            # only); checked here, once per build, they are this read error instead of one inside the map.
-            ds.data.validate(full=True)
-            return ds
-        finally:
-            if shown:
-                datasets.utils.logging.enable_progress_bar()
-    except UserError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - pyarrow, json, csv, network, ...: all unreadable input
-        if no_space(exc):  # the scratch Arrow copy filled the disk: the input is not to blame
-            raise
-        if source.kind == "files" and len(source.files) > 1:
-            _find_bad_file(source, work)  # raises naming the one file, when one file is to blame
-        raise UserError(f"cannot read {source.describe()}", [Problem(
-            source.where, _root_cause(exc), "check that the file is valid " + (source.builder or "data"))]) from None
-
-
-def _find_bad_file(source: Source, work: Path) -> None:
-    for path in source.files:
-        _load(Source("files", source.where, source.builder, (path,), source.options), work / "probe", 1)
-
-
-def _check_columns(ds, source: Source, spec: TextSpec) -> None:
+def _check_columns(ds, source: Source, spec: TextSpec, detected: SftSettings | None = None) -> None:
+    """The text columns of plain-text records (`detected`: the settings of records whose format was
+    detected as text for want of another shape: a missing text column is then a shape of none)."""
     import datasets
 
     columns = ds.column_names
     where = "data.template" if spec.template is not None else "data.text_field"
     missing = [f for f in spec.fields() if f not in columns]
+    if missing and detected is not None and detected.data.record_format == "auto" and spec.template is None:
+        raise UserError(f"{source.describe()} holds records of no known shape", [Problem(
+            source.where, f"{source.describe()} has the columns {columns}, none of the shapes records may have "
+            f"({expected_shapes(detected.data)})", "name its columns in data.columns (or in this source's columns "
+            "under data.datasets), point data.text_field at its column of plain text, or set the record_format")])
     if missing:
         fix = ("set data.template to use the columns above" if spec.template is not None else
                f"set data.text_field to the column that holds the text (one of {columns})")
@@ -343,11 +301,11 @@ def tokenize_batch(batch: dict, *, tokenizer: Tokenizer, spec: TextSpec, paragra
 def iter_documents(sources: list[Source], spec: TextSpec, work: Path, batch_size: int = _MAP_BATCH):
     """Batches of documents of every source, read as `ensure_stream` reads them (for tokenizer training)."""
     for source in sources:
-        ds = _load(source, work, 1)
-        source_spec, paragraphs = _spec_for(source, spec)
-        _check_columns(ds, source, source_spec)
-        for batch in ds.iter(batch_size=batch_size):
-            yield documents(batch, source_spec, paragraphs)
+        for part in read_parts(source, work, 1):
+            source_spec, paragraphs = _spec_for(part.source, spec)
+            _check_columns(part.ds, part.source, source_spec)
+            for batch in part.ds.iter(batch_size=batch_size):
+                yield documents(batch, source_spec, paragraphs)
 
 
 def _spec_for(source: Source, spec: TextSpec) -> tuple[TextSpec, bool]:
@@ -357,22 +315,48 @@ def _spec_for(source: Source, spec: TextSpec) -> tuple[TextSpec, bool]:
     return source_spec, paragraphs
 
 
-def _mapped(ds, source: Source, spec: TextSpec, tokenizer: Tokenizer, work: Path, key: str, i: int,
-            num_proc: int, dtype: str) -> tuple[object, dict]:
-    """The source's records tokenised by `Dataset.map`, and what the format says about them (for meta.json)."""
+def _renderings(parts: list[Part], spec: TextSpec, tokenizer: Tokenizer) -> tuple[str, list[Rendering]]:
+    """The stream's record format and each part's rendering (sft_prepare.py `render_parts`), every
+    part's columns checked before any is tokenised."""
+    if spec.sft is None:
+        record_format, renderings = "text", [Rendering("text")] * len(parts)
+    else:
+        record_format, renderings = render_parts(parts, spec.sft, tokenizer)
+    for part, rendering in zip(parts, renderings, strict=True):
+        if not is_sft(rendering.record_format):
+            _check_columns(part.ds, part.source, _spec_for(part.source, spec)[0], rendering.settings)
+    return record_format, renderings
+
+
+def _chosen(parts: list[Part], renderings: list[Rendering], mix: Mix | None) -> tuple[list, list[dict] | None]:
+    """The rows of each part the mix takes (None: all) and meta.json's account of the mix."""
+    listed = [part.source.listed for part in parts]
+    if mix is None or None in listed:  # validation files, or no data.datasets: every record
+        return [None] * len(parts), None
+    rows, sizes = mix.rows(listed, [len(part.ds) for part in parts])
+    empty = next((i for i, size in enumerate(sizes) if size == 0), None)
+    if empty is not None:
+        raise UserError("a source holds no records", [Problem(
+            f"data.datasets[{empty}]", f"{mix.labels[empty]} holds no records", "fill it or remove it from the list")])
+    formats: list[list[str]] = [[] for _ in mix.labels]  # an entry's parts may differ (files of other columns)
+    for entry, rendering in zip(listed, renderings, strict=True):
+        if rendering.record_format not in formats[entry]:
+            formats[entry].append(rendering.record_format)
+    return rows, mix.account(sizes, [" + ".join(f) for f in formats])
+
+
+def _mapped(ds, source: Source, rendering: Rendering, spec: TextSpec, tokenizer: Tokenizer, work: Path, key: str,
+            i: int, num_proc: int, dtype: str) -> tuple[object, dict]:
+    """The part's records tokenised by `Dataset.map`, and what the format says about them (for meta.json)."""
     source_spec, paragraphs = _spec_for(source, spec)
-    record_format = detect_format(ds.column_names, spec.sft.data) if spec.sft is not None else "text"
-    if spec.sft is not None:
-        spec.sft.methods.check_records(record_format, source.where)
+    record_format, template = rendering.record_format, rendering.template
     info: dict = {"record_format": record_format}
     if is_sft(record_format):
-        check_sft_columns(ds, source, record_format, spec.sft.data)
-        template = spec.sft.template_for(record_format, tokenizer, is_conversational(ds, record_format, spec.sft.data))
-        fn = functools.partial(tokenize_records, tokenizer=tokenizer, settings=spec.sft, record_format=record_format,
-                               template=template, dtype=dtype)
-        info.update(template=template, mask_method=spec.sft.mask_method(template, record_format), records=len(ds))
+        fn = functools.partial(tokenize_records, tokenizer=tokenizer, settings=rendering.settings,
+                               record_format=record_format, template=template, dtype=dtype)
+        info.update(template=template, mask_method=rendering.settings.mask_method(template, record_format),
+                    records=len(ds))
     else:
-        _check_columns(ds, source, source_spec)
         fn = functools.partial(tokenize_batch, tokenizer=tokenizer, spec=source_spec, paragraphs=paragraphs, dtype=dtype)
     mapped = ds.map(fn, batched=True, batch_size=_MAP_BATCH, remove_columns=ds.column_names,
                     with_indices=is_sft(record_format),
@@ -397,9 +381,14 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
     with progress_bars(progress), open(work / TOKENS_FILE, "wb") as tok_f, open(work / OFFSETS_FILE, "wb") as off_f, \
             open(work / MASK_FILE, "wb") as mask_f:
         np.zeros(1, np.int64).tofile(off_f)
-        for i, source in enumerate(sources):
-            ds = _load(source, work, num_proc)
-            mapped, info = _mapped(ds, source, spec, tokenizer, work, key, i, num_proc, dtype.name)
+        # Every source is read before any is tokenised: the mix needs their sizes, and the stream one
+        # record format that their formats decide together (their scratch copies stay until the end).
+        parts = [part for source in sources for part in read_parts(source, work / "hf", num_proc)]
+        record_format, renderings = _renderings(parts, spec, tokenizer)
+        chosen, mix = _chosen(parts, renderings, spec.mix)
+        for i, (part, rendering, rows) in enumerate(zip(parts, renderings, chosen, strict=True)):
+            ds = part.ds if rows is None else part.ds.select(rows)
+            mapped, info = _mapped(ds, part.source, rendering, spec, tokenizer, work, key, i, num_proc, dtype.name)
             infos.append(info)
             bar = tqdm(total=len(mapped), desc="writing tokens", unit="doc", disable=not progress)
             for table in mapped.with_format("arrow").iter(batch_size=16 * _MAP_BATCH):
@@ -422,8 +411,9 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
             bar.close()
             del ds, mapped
             shutil.rmtree(work / "map", ignore_errors=True)
-            shutil.rmtree(work / "hf", ignore_errors=True)
-    records = sft_meta(infos, sources, dropped, cut, getattr(getattr(tokenizer, "tok", None), "bos_token_id", None))
+        del parts
+        shutil.rmtree(work / "hf", ignore_errors=True)
+    records = sft_meta(record_format, infos, dropped, cut, getattr(getattr(tokenizer, "tok", None), "bos_token_id", None))
     if not is_sft(records["record_format"]):
         (work / MASK_FILE).unlink()
     if n_docs == 0 and is_sft(records["record_format"]):
@@ -437,7 +427,7 @@ def _build(sources: list[Source], spec: TextSpec, tokenizer: Tokenizer, work: Pa
             "eos_id": tokenizer.eos_id, "vocab_size": tokenizer.vocab_size, "tokenizer": tokenizer.fingerprint(),
             "sources": [s.describe() for s in sources], "text": spec.identity(), "num_proc": num_proc,
             "prepare_seconds": round(time.perf_counter() - start, 3), "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            **records}
+            **records, **({"mix": mix} if mix is not None else {})}
     if spec.label_field is not None:
         meta["label_names"] = write_labels(work, labels)
     (work / META_FILE).write_text(json.dumps(meta, indent=1) + "\n")

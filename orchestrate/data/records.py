@@ -23,9 +23,14 @@ that want alternating roles still take it. The seq_len tokens the policy keeps a
 the record still counts as longer than seq_len for `data.truncation`; the cut records are counted
 (`Sample.cut`, meta.json's `records_cut`).
 
+A record's system prompt (its `system` column, else `data.system_prompt`) is its first turn when a
+chat template renders it; without one it is the text before the prompt (in an Alpaca prompt, in place
+of the preamble, as LLaMA-Factory's `alpaca` template takes its system: data/template.py).
+
 Detection (`detect_format`) looks at the column names only; `data.record_format` overrides it and
 `data.template` means text. Bad records are reported, not skipped: `problems` says what is wrong
-with one record, and the caller raises one error naming the first few with the YAML path.
+with one record, and the caller raises one error naming the first few with the YAML path. Sources of
+different formats make one stream when they are all chat and instruction records (`stream_format`).
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ ALPACA_PROMPT = ("Below is an instruction that describes a task, paired with an 
                  "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n")
 ALPACA_PROMPT_NO_INPUT = ("Below is an instruction that describes a task. Write a response that appropriately "
                           "completes the request.\n\n### Instruction:\n{instruction}\n\n### Response:\n")
+ALPACA_PREAMBLES = (ALPACA_PROMPT.split("\n\n", 1)[0], ALPACA_PROMPT_NO_INPUT.split("\n\n", 1)[0])
+"""The first paragraph of each prompt: what a system prompt replaces."""
 
 
 def messages_column(columns: Iterable[str], data: DataSection) -> str | None:
@@ -126,11 +133,13 @@ def holds_messages(record: dict[str, Any], record_format: str, data: DataSection
     return column is not None and isinstance(record.get(column), list)
 
 
-def alpaca_prompt(instruction: str, extra: str | None = None) -> str:
-    """Stanford Alpaca's prompt of an instruction (and its input, when there is one)."""
-    if extra and extra.strip():
-        return ALPACA_PROMPT.format(instruction=instruction, input=extra)
-    return ALPACA_PROMPT_NO_INPUT.format(instruction=instruction)
+def alpaca_prompt(instruction: str, extra: str | None = None, system: str | None = None) -> str:
+    """Stanford Alpaca's prompt of an instruction (and its input, when there is one); a system prompt
+    in place of its preamble."""
+    with_input = bool(extra and extra.strip())
+    prompt = (ALPACA_PROMPT.format(instruction=instruction, input=extra) if with_input
+              else ALPACA_PROMPT_NO_INPUT.format(instruction=instruction))
+    return prompt if system is None else system + prompt[len(ALPACA_PREAMBLES[0 if with_input else 1]):]
 
 
 def raw_prompt(record_format: str, text: str) -> str:
@@ -154,15 +163,38 @@ def required_columns(record_format: str, columns: Iterable[str], data: DataSecti
     return []
 
 
+def expected_shapes(data: DataSection) -> str:
+    """The shapes records may have, in this section's column names (for the error of a source of none)."""
+    c = data.columns
+    return (f"chat: a {c.messages!r} (or {SHAREGPT_MESSAGES!r}) list; prompt-completion: {c.prompt!r} + "
+            f"{c.completion!r}; alpaca: {c.instruction!r} + {c.output!r}; preference: {c.chosen!r} + "
+            f"{c.rejected!r}; plain text: {data.text_field!r} (data.text_field)")
+
+
+def stream_format(formats: list[str], templated: bool) -> str | None:
+    """The record format of one stream made of sources of `formats`: theirs when they share one; for
+    chat and instruction records of different formats, rendered alike (`templated`: all through the chat
+    template as chat, else all as raw prompt and completion); None when they cannot share a stream
+    (text, preference pairs or labelled answers beside anything else: another loss)."""
+    if len(set(formats)) == 1:
+        return formats[0]
+    if all(f in SFT_FORMATS for f in formats):
+        return "chat" if templated else "prompt-completion"
+    return None
+
+
 @dataclass(frozen=True)
 class Sample:
     """One record as the tokenizer sees it: a conversation, or a prompt and its completion."""
 
     messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
+    """The prompt as raw text renders it (after the system prompt, when there is one)."""
     completion: str | None = None
     cut: bool = False
     """Its text was cut at the record budget (`record_chars`)."""
+    system: str | None = None
+    """A prompt-completion or Alpaca record's system prompt (`as_chat` makes it the first turn)."""
 
 
 def _key(message: dict, configured: str | None, default: str, sharegpt: str) -> str:
@@ -249,7 +281,10 @@ def to_sample(record: dict[str, Any], record_format: str, data: DataSection,
               chars: int | None = None) -> tuple[Sample | None, str | None]:
     """One record of `record_format` as a Sample (its text cut at `chars`, the record budget
     `record_chars`), or (None, what is wrong with it)."""
-    sample, problem = _whole_sample(record, record_format, data)
+    system, problem = system_prompt(record, data)
+    if problem is not None:
+        return None, problem
+    sample, problem = _whole_sample(record, record_format, data, system)
     if sample is None or chars is None:
         return sample, problem
     from_left, over = cuts_from_left(data), _chars(sample) > chars
@@ -262,28 +297,48 @@ def to_sample(record: dict[str, Any], record_format: str, data: DataSection,
         return sample, None
     if from_left:  # a completion past the budget is longer than seq_len: the policy drops it whatever its cut
         completion = _cut(sample.completion, chars)
-        return Sample(prompt=_cut(sample.prompt, chars - len(completion), True), completion=completion, cut=True), None
+        return Sample(prompt=_cut(sample.prompt, chars - len(completion), True), completion=completion, cut=True,
+                      system=sample.system), None
     prompt = _cut(sample.prompt, chars)
-    return Sample(prompt=prompt, completion=_cut(sample.completion, chars - len(prompt)), cut=True), None
+    return Sample(prompt=prompt, completion=_cut(sample.completion, chars - len(prompt)), cut=True,
+                  system=sample.system), None
 
 
-def _whole_sample(record: dict[str, Any], record_format: str, data: DataSection) -> tuple[Sample | None, str | None]:
+def system_prompt(record: dict[str, Any], data: DataSection) -> tuple[str | None, str | None]:
+    """(the record's system prompt: its `system` column's text, else `data.system_prompt`, else None;
+    None) or (None, what is wrong with the column). A blank or missing cell is no system prompt."""
+    value = record.get(data.columns.system)
+    if value is not None and not isinstance(value, str):
+        return None, f"{data.columns.system!r} holds {type(value).__name__}, not text"
+    return (value if value and value.strip() else data.system_prompt or None), None
+
+
+def _with_system(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """The conversation with `system` as its first turn, unless it opens with a system turn of its own."""
+    if system is None or messages[0]["role"] == "system":
+        return messages
+    return [{"role": "system", "content": system}, *messages]
+
+
+def _whole_sample(record: dict[str, Any], record_format: str, data: DataSection,
+                  system: str | None) -> tuple[Sample | None, str | None]:
     c = data.columns
     if record_format == "chat":
         messages, problem = normalise_messages(record.get(messages_column(record, data)), data)
-        return (Sample(messages=messages), None) if messages else (None, problem)
+        return (Sample(messages=_with_system(messages, system)), None) if messages else (None, problem)
     if record_format == "prompt-completion":
         prompt, completion = record.get(c.prompt), record.get(c.completion)
         if isinstance(prompt, list) and isinstance(completion, list):  # conversational prompt-completion
             messages, problem = normalise_messages(prompt + completion, data)
-            return (Sample(messages=messages), None) if messages else (None, problem)
+            return (Sample(messages=_with_system(messages, system)), None) if messages else (None, problem)
         if _text(prompt) is None or _text(completion) is None:
             return None, f"{c.prompt!r} and {c.completion!r} must both be text (or both lists of messages)"
-        return Sample(prompt=prompt, completion=completion), None
+        raw = prompt if system is None else f"{system}\n\n{prompt}"
+        return Sample(prompt=raw, completion=completion, system=system), None
     instruction, output, extra = record.get(c.instruction), record.get(c.output), record.get(c.input)
     if _text(instruction) is None or _text(output) is None or (extra is not None and _text(extra) is None):
         return None, f"{c.instruction!r}, {c.output!r} (and {c.input!r} when present) must be text"
-    return Sample(prompt=alpaca_prompt(instruction, extra), completion=output), None
+    return Sample(prompt=alpaca_prompt(instruction, extra, system), completion=output, system=system), None
 
 
 def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: DataSection) -> Sample:
@@ -291,14 +346,15 @@ def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: Da
     `data.chat_template` set): Alpaca's instruction and input in the user turn, without its preamble."""
     if sample.messages is not None:
         return sample
-    prompt = sample.prompt
     if record_format == "alpaca":
         extra = record.get(data.columns.input)
         prompt = record[data.columns.instruction] + (f"\n\n{extra}" if extra and extra.strip() else "")
-        if sample.cut:  # the chat prompt holds no preamble: cut to the characters the cut prompt kept
-            prompt = _cut(prompt, len(sample.prompt), cuts_from_left(data))
-    return Sample(messages=[{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}],
-                  cut=sample.cut)
+    else:
+        prompt = record[data.columns.prompt]
+    if sample.cut:  # the chat prompt holds no preamble: cut to the characters the cut prompt kept
+        prompt = _cut(prompt, len(sample.prompt), cuts_from_left(data))
+    turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}]
+    return Sample(messages=_with_system(turns, sample.system), cut=sample.cut)
 
 
 def lacks_trained_turn(messages: list[dict[str, Any]], roles_to_train: list[str]) -> bool:

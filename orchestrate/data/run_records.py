@@ -4,8 +4,9 @@ format and whether they hold lists of messages, decided as the data pipeline dec
 rendered the records (records.py `uses_chat_template`).
 
 `data.record_format` (or `data.template`: plain text) says the format; with `auto` it is detected from
-the columns of the first record of the first training source, read by streaming it (the data is not
-prepared again). Data that cannot be read any more is one error whose fix is to say it: `--template`
+the columns of the first record of each training source (each `data.datasets` entry with its own
+settings), read by streaming it (the data is not prepared again), and the sources' formats make the
+stream's as the data pipeline made it (records.py `stream_format`). Data that cannot be read any more is one error whose fix is to say it: `--template`
 or `--raw`.
 """
 
@@ -14,11 +15,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.data.records import conversational_column, detect_format, holds_messages
+from orchestrate.data.records import (
+    SFT_FORMATS,
+    conversational_column,
+    detect_format,
+    holds_messages,
+    stream_format,
+    uses_chat_template,
+)
 from orchestrate.data.sources import Source, resolve_sources
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
+    from orchestrate.config.data import DataSection
     from orchestrate.config.schema import RunConfig
     from orchestrate.planner.plan import RunFiles
 
@@ -49,14 +58,31 @@ def first_record(source: Source) -> dict[str, Any]:
 def run_record_format(config: RunConfig, plan_files: RunFiles | None, run_dir: Path) -> tuple[str, bool]:
     """(the record format of the run's training records, whether they hold lists of messages)."""
     data = config.data
-    known = detect_format((), data) if data.record_format != "auto" or data.template is not None else None
-    if known is not None and conversational_column(known, data) is None:
+    known = _named_format(data)
+    if known is not None and conversational_column(known, data) is None and not data.datasets:
         return known, False
     try:
         sources = resolve_sources(config, plan_files, run_dir)
     except UserError as exc:
         raise UserError("cannot tell how the run rendered its records", [*exc.problems, Problem(
             "RUN_DIR", "the run's training data cannot be found", FORCE)]) from None
-    record = first_record(sources.train[0])
+    found = [_source_format(source, data.for_source(source.listed)) for source in sources.train]
+    formats = [f for f, _ in found]
+    templated = any(f in SFT_FORMATS and uses_chat_template(f, data.chat_template is not None, m) for f, m in found)
+    record_format = stream_format(formats, templated) or formats[0]
+    return record_format, any(m for f, m in found if f == record_format)
+
+
+def _named_format(data: DataSection) -> str | None:
+    """The format the section names (record_format, or a template: text); None for auto."""
+    return detect_format((), data) if data.record_format != "auto" or data.template is not None else None
+
+
+def _source_format(source: Source, data: DataSection) -> tuple[str, bool]:
+    """(one source's record format, whether its records hold lists of messages)."""
+    known = _named_format(data)
+    if known is not None and conversational_column(known, data) is None:
+        return known, False
+    record = first_record(source)
     record_format = known or detect_format(record, data)
     return record_format, holds_messages(record, record_format, data)

@@ -3,6 +3,11 @@ cache key), the column checks, and the `Dataset.map` function that writes each r
 loss mask (entry/mask.bin, one uint8 per token: TRAINED, plus ANSWER on the answers, which evaluation
 cuts held-out samples at) and what is wrong with it.
 
+The sources of one stream render alike (`render_parts`): chat and instruction records of different
+formats mix (prompt-completion and Alpaca records become one user and one assistant turn of the chat
+template when any source is a chat, as LLaMA-Factory renders every format through one template);
+text, preference pairs or labelled answers beside other records are one error naming both files.
+
 A bad record is not raised inside `Dataset.map` (its worker processes would lose the error's
 problems): the function returns its problem as a column and `raise_record_problems` raises one
 error naming the first few with the YAML path. A record whose template renders no trained token is
@@ -11,7 +16,7 @@ left out and counted (`dropped_untrained` in meta.json); none trainable at all i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -31,9 +36,11 @@ from orchestrate.data.records import (
     as_chat,
     conversational_column,
     cuts_from_left,
+    detect_format,
     lacks_trained_turn,
     record_chars,
     required_columns,
+    stream_format,
     to_sample,
     uses_chat_template,
 )
@@ -43,6 +50,7 @@ from orchestrate.errors import Problem, UserError
 if TYPE_CHECKING:
     from orchestrate.config.data import DataSection
     from orchestrate.config.schema import RunConfig
+    from orchestrate.data.reading import Part
     from orchestrate.data.sources import Source
     from orchestrate.data.tokenizer import Tokenizer
 
@@ -83,10 +91,20 @@ class SftSettings:
         entries made before keep_answer, and the runs that resume on them, keep their key."""
         d = self.data
         left = {"record_cut_from_left": True} if cuts_from_left(d) else {}
-        return {"record_format": d.record_format, "columns": d.columns.model_dump(), "roles": dict(sorted(d.roles.items())),
-                "chat_template": self.template.source if self.template else None,
-                "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train), "record_chars": self.chars,
-                **left, "version": 3}
+        identity = {"record_format": d.record_format, "columns": d.columns.model_dump(),
+                    "roles": dict(sorted(d.roles.items())), "chat_template": self.template.source if self.template else None,
+                    "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train),
+                    "record_chars": self.chars, "system_prompt": d.system_prompt,
+                    **left, "version": 4}
+        if d.datasets:  # each source's own reading of its records
+            identity["datasets"] = [{"record_format": e.record_format, "system_prompt": e.system_prompt,
+                                     "columns": e.columns.model_dump(exclude_unset=True) if e.columns else None}
+                                    for e in d.datasets]
+        return identity
+
+    def for_source(self, listed: int | None) -> SftSettings:
+        """These settings as entry `listed` of data.datasets reads its records (`DataSection.for_source`)."""
+        return self if listed is None else replace(self, data=self.data.for_source(listed))
 
     def template_for(self, record_format: str, tokenizer: Tokenizer, conversational: bool = False) -> ChatTemplate | None:
         """The template the records of `record_format` render with (records.py `uses_chat_template`:
@@ -246,19 +264,75 @@ def raise_nothing_trainable(source: Source, record_format: str, template: ChatTe
         "and that data.roles_to_train names roles the records have")])
 
 
-def sft_meta(infos: list[dict], sources: list[Source], dropped: int, cut: int = 0, bos_id: int | None = None) -> dict:
-    """meta.json's account of chat / instruction records (all sources of a stream share one format);
+@dataclass(frozen=True)
+class Rendering:
+    """How one part of a stream becomes documents."""
+
+    record_format: str
+    settings: SftSettings | None = None
+    """Its source's settings (None: plain text of a task without records)."""
+    template: ChatTemplate | None = None
+
+
+def render_parts(parts: list[Part], settings: SftSettings, tokenizer: Tokenizer) -> tuple[str, list[Rendering]]:
+    """The stream's record format (records.py `stream_format`) and how each part renders: each part's
+    format detected from its own columns (its source's settings), checked by the run's methods; every
+    chat and instruction part through the chat template when any one needs it."""
+    own = [settings.for_source(part.source.listed) for part in parts]
+    formats = [detect_format(part.ds.column_names, s.data) for part, s in zip(parts, own, strict=True)]
+    native = [uses_chat_template(f, s.template is not None, is_conversational(part.ds, f, s.data))
+              for part, f, s in zip(parts, formats, own, strict=True)]
+    templated = any(n and f in SFT_FORMATS for f, n in zip(formats, native, strict=True))
+    record_format = stream_format(formats, templated)
+    if record_format is None:
+        raise _unmixable(parts, formats)
+    renderings = []
+    for part, f, s, n in zip(parts, formats, own, native, strict=True):
+        if f not in SFT_FORMATS and s.data.system_prompt is not None:
+            raise _system_prompt_unused(part.source, f, settings.data)
+        settings.methods.check_records(f, part.source.where)
+        if not is_sft(f):
+            renderings.append(Rendering(f, s))
+            continue
+        check_sft_columns(part.ds, part.source, f, s.data)
+        conversational = is_conversational(part.ds, f, s.data)
+        as_chat_too = templated and f in SFT_FORMATS and not n  # an instruction record in a chat stream
+        renderings.append(Rendering(f, s, s.template_for("chat" if as_chat_too else f, tokenizer, conversational)))
+    return record_format, renderings
+
+
+def _system_prompt_unused(source: Source, record_format: str, data: DataSection) -> UserError:
+    listed = source.listed
+    own = listed is not None and data.datasets[listed].system_prompt is not None
+    return UserError("a system prompt is given for records without turns", [Problem(
+        f"data.datasets[{listed}].system_prompt" if own else "data.system_prompt",
+        f"{source.describe()} holds {record_format} records; a default system prompt is the first turn of chat, "
+        "prompt-completion and Alpaca records only",
+        "remove it (preference records of messages carry their own system turn in the prompt)")])
+
+
+def _unmixable(parts: list[Part], formats: list[str]) -> UserError:
+    """The error of a stream whose parts hold records of losses that differ, naming the first two."""
+    other = next(k for k, f in enumerate(formats) if stream_format([formats[0], f], False) is None)
+    a, b = parts[0].source, parts[other].source
+    pair = {formats[0], formats[other]}
+    why = ("preference records train with a preference loss, other records with the next-token loss"
+           if pair & set(PREFERENCE_FORMATS) else
+           "plain text trains every token of one packed stream, chat and instruction records their answers")
+    return UserError("the training sources hold records that cannot share one stream", [Problem(
+        b.where, f"{a.describe()} holds {formats[0]} records and {b.describe()} holds {formats[other]} records: {why}",
+        "train on them in separate runs (the second from the first's output), or convert one; a source whose "
+        "format was detected wrongly takes its own record_format (data.datasets[i].record_format)")])
+
+
+def sft_meta(record_format: str, infos: list[dict], dropped: int, cut: int = 0, bos_id: int | None = None) -> dict:
+    """meta.json's account of chat / instruction records (`record_format`: the stream's, `render_parts`);
     `bos_id`: the tokenizer's BOS token, which a sample cut from the left keeps (sft_samples.py)."""
-    formats = sorted({info["record_format"] for info in infos})
-    if len(formats) > 1:
-        raise UserError("the sources hold records of different formats", [Problem(
-            sources[0].where, f"{', '.join(s.describe() for s in sources)} hold {' and '.join(formats)} records",
-            "train on one record format at a time (data.record_format names it)")])
+    if not is_sft(record_format):
+        return {"record_format": record_format}
     first = infos[0]
-    if not is_sft(first["record_format"]):
-        return {"record_format": first["record_format"]}
     template = first["template"]
-    return {"record_format": first["record_format"], "mask_method": first["mask_method"],
+    return {"record_format": record_format, "mask_method": first["mask_method"],
             "template_origin": template.origin if template else None,
             "records": sum(info["records"] for info in infos), "dropped_untrained": dropped, "records_cut": cut,
             "bos_id": bos_id}

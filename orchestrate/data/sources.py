@@ -1,5 +1,6 @@
-"""What to read: the data section's files, directories, globs or dataset name, resolved into
-`Source`s (one `datasets.load_dataset` / `load_from_disk` call each), and their fingerprint.
+"""What to read: the data section's files, directories, globs or dataset name (or each entry of
+`data.datasets`), resolved into `Source`s (one `datasets.load_dataset` / `load_from_disk` call each),
+and their fingerprint.
 
 The fingerprint identifies the *content* cheaply: files up to `HASH_CONTENT_BYTES` are hashed (so a
 generated demo corpus written into every new run directory is still the same data), larger ones are
@@ -12,6 +13,7 @@ from __future__ import annotations
 import glob
 import hashlib
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,8 @@ SNIFF_BYTES = 2**20
 the file is binary or in another encoding, refused at once rather than after the parser read it all."""
 SPARSE_MIN_BYTES = 64 * 2**20
 """Files this large whose disk blocks hold under half their size are sparse (holes of zeros): refused."""
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+"""A Hub dataset id: a name, or an owner and a name (huggingface_hub's `validate_repo_id` rule, roughly)."""
 
 
 def _has_hole(path: Path) -> bool:
@@ -92,6 +96,8 @@ class Source:
     """Dataset name or path for kind "dataset"; also the split (`split`) of a DatasetDict directory."""
     config_name: str | None = None
     split: str | None = None
+    listed: int | None = None
+    """The entry of `data.datasets` it belongs to (None: train_files, dataset or the demo corpus)."""
 
     def describe(self) -> str:
         if self.kind == "dataset":
@@ -120,7 +126,8 @@ def _is_disk_dataset(path: Path) -> bool:
     return path.is_dir() and any((path / m).is_file() for m in _DISK_MARKERS)
 
 
-def _expand(config: RunConfig, entry: str, where: str, problems: list[Problem]) -> list[Path | Source]:
+def _expand(config: RunConfig, entry: str, where: str, problems: list[Problem], split: str,
+            listed: int | None) -> list[Path | Source]:
     """Files (or a ready `disk` Source) named by one train/validation entry."""
     path = config.resolve_path(entry)
     if _GLOB_CHARS & set(entry):
@@ -129,7 +136,7 @@ def _expand(config: RunConfig, entry: str, where: str, problems: list[Problem]) 
             problems.append(Problem(where, f"the pattern {path} matches no file", "check the pattern"))
         return list(found)
     if _is_disk_dataset(path):
-        return [Source("disk", where, files=(path,), split=config.data.split)]
+        return [Source("disk", where, files=(path,), split=split, listed=listed)]
     if path.is_dir():
         found = sorted(p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
                                                                                p.relative_to(path).parts)
@@ -145,20 +152,21 @@ def _expand(config: RunConfig, entry: str, where: str, problems: list[Problem]) 
     return [path]
 
 
-def _group(config: RunConfig, entries: list[str], key: str, problems: list[Problem]) -> list[Source]:
-    """Consecutive files of the same builder become one Source (one load_dataset call)."""
+def _group(config: RunConfig, entries: list[tuple[str, str]], problems: list[Problem], split: str | None = None,
+           listed: int | None = None) -> list[Source]:
+    """Consecutive files of the same builder become one Source (one load_dataset call). `entries`:
+    (path, its YAML key); `split` of a save_to_disk directory; `listed`: the data.datasets entry."""
     sources: list[Source] = []
     pending: list[tuple[Path, str, str, tuple]] = []
 
     def flush() -> None:
         if pending:
             _, where, builder, options = pending[0]
-            sources.append(Source("files", where, builder, tuple(p for p, *_ in pending), options))
+            sources.append(Source("files", where, builder, tuple(p for p, *_ in pending), options, listed=listed))
             pending.clear()
 
-    for i, entry in enumerate(entries):
-        where = f"{key}[{i}]"
-        for item in _expand(config, entry, where, problems):
+    for entry, where in entries:
+        for item in _expand(config, entry, where, problems, split or config.data.split, listed):
             if isinstance(item, Source):
                 flush()
                 sources.append(item)
@@ -189,11 +197,34 @@ def _group(config: RunConfig, entries: list[str], key: str, problems: list[Probl
     return sources
 
 
+def _keyed(entries: list[str], key: str) -> list[tuple[str, str]]:
+    return [(entry, f"{key}[{i}]") for i, entry in enumerate(entries)]
+
+
+def is_hub_name(path: str) -> bool:
+    """Whether a `data.datasets` path that names nothing on disk is a dataset name for `load_dataset`
+    rather than a missing file: an id of the Hub's shape without a data file's extension."""
+    return _HUB_NAME.fullmatch(path) is not None and _builder_of(Path(path), "auto") is None
+
+
+def _listed(config: RunConfig, problems: list[Problem]) -> list[Source]:
+    """The sources of each `data.datasets` entry, in order (an entry's files may need several loads)."""
+    sources: list[Source] = []
+    for i, entry in enumerate(config.data.datasets):
+        where, local = f"data.datasets[{i}]", config.resolve_path(entry.path)
+        if local.exists() or _GLOB_CHARS & set(entry.path) or not is_hub_name(entry.path):
+            sources += _group(config, [(entry.path, where)], problems, entry.split, i)
+        else:
+            sources.append(Source("dataset", where, name=entry.path, config_name=entry.name, split=entry.split, listed=i))
+    return sources
+
+
 def check_entries(config: RunConfig) -> list[Problem]:
     """Every missing, empty or unsupported train/validation file, without reading any data."""
     problems: list[Problem] = []
-    _group(config, config.data.train_files, "data.train_files", problems)
-    _group(config, config.data.validation_files, "data.validation_files", problems)
+    _group(config, _keyed(config.data.train_files, "data.train_files"), problems)
+    _listed(config, problems)
+    _group(config, _keyed(config.data.validation_files, "data.validation_files"), problems)
     return problems
 
 
@@ -212,7 +243,9 @@ def resolve_sources(config: RunConfig, plan_files: RunFiles | None = None,
             name = str(local) if local.exists() else data.dataset
             train = [Source("dataset", "data.dataset", name=name, config_name=data.dataset_config, split=data.split)]
     elif data.train_files:
-        train = _group(config, data.train_files, "data.train_files", problems)
+        train = _group(config, _keyed(data.train_files, "data.train_files"), problems)
+    elif data.datasets:
+        train = _listed(config, problems)
     elif data.generate_demo_corpus:
         if plan_files and plan_files.demo_corpus and plan_dir is not None:
             path = plan_dir / plan_files.demo_corpus
@@ -225,11 +258,12 @@ def resolve_sources(config: RunConfig, plan_files: RunFiles | None = None,
     else:
         raise UserError("no training data", [Problem(
             "data.train_files", "no training files given",
-            "list files under data.train_files, name a dataset in data.dataset, or set data.generate_demo_corpus: true")])
+            "list files under data.train_files (or sources under data.datasets), name a dataset in data.dataset, "
+            "or set data.generate_demo_corpus: true")])
 
     validation: list[Source] = []
     if data.validation_files:
-        validation = _group(config, data.validation_files, "data.validation_files", problems)
+        validation = _group(config, _keyed(data.validation_files, "data.validation_files"), problems)
     elif data.validation_split is not None:
         if len(train) != 1 or train[0].kind not in ("dataset", "disk"):
             problems.append(Problem("data.validation_split", "a split can only be taken from data.dataset or "
@@ -254,6 +288,8 @@ def source_identity(source: Source) -> dict:
     """What the cache key records about one source (see the module docstring)."""
     ident: dict = {"kind": source.kind, "builder": source.builder, "options": [list(o) for o in source.options],
                    "split": source.split, "config": source.config_name}
+    if source.listed is not None:  # absent otherwise: the keys of train_files and dataset stay what they were
+        ident["listed"] = source.listed
     if source.kind == "files":
         ident["files"] = [_file_identity(p) for p in source.files]
     elif source.kind == "disk":

@@ -107,26 +107,27 @@ def iter_records_as_text(sources, config: RunConfig, named: NamedTemplate, work:
     rendered are left to `orchestrate prepare` to report), plain-text records as they are."""
     from transformers.utils.chat_template_utils import render_jinja_template
 
-    from orchestrate.data.prepare import _load
+    from orchestrate.data.reading import read_parts
     from orchestrate.data.records import as_chat, detect_format, to_sample
     from orchestrate.data.sft_prepare import is_sft
 
     tokens = {"bos_token": named.bos or "", "eos_token": named.eos}
     for source in sources:
-        ds = _load(source, work, 1)
-        record_format = detect_format(ds.column_names, config.data)
-        if not is_sft(record_format):
-            yield from iter_documents([source], TextSpec(config.data.text_field, config.data.template), work)
-            continue
-        for batch in ds.iter(batch_size=1000):
-            texts = []
-            for row in range(len(next(iter(batch.values())))):
-                record = {k: v[row] for k, v in batch.items()}
-                sample, _ = to_sample(record, record_format, config.data)
-                if sample is not None:
-                    chat = as_chat(sample, record, record_format, config.data)
-                    texts.append(render_jinja_template([chat.messages], chat_template=named.source, **tokens)[0][0])
-            yield texts
+        data = config.data.for_source(source.listed)
+        for part in read_parts(source, work, 1):
+            record_format = detect_format(part.ds.column_names, data)
+            if not is_sft(record_format):
+                yield from iter_documents([part.source], TextSpec(data.text_field, data.template), work)
+                continue
+            for batch in part.ds.iter(batch_size=1000):
+                texts = []
+                for row in range(len(next(iter(batch.values())))):
+                    record = {k: v[row] for k, v in batch.items()}
+                    sample, _ = to_sample(record, record_format, data)
+                    if sample is not None:
+                        chat = as_chat(sample, record, record_format, data)
+                        texts.append(render_jinja_template([chat.messages], chat_template=named.source, **tokens)[0][0])
+                yield texts
 
 
 def _chat_tokenizer(tokenizer, named: NamedTemplate):

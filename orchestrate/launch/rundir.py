@@ -17,6 +17,7 @@ import yaml
 from orchestrate.backends.accelerate_export import render_accelerate_config
 from orchestrate.backends.registry import get_backend
 from orchestrate.config.schema import RunConfig
+from orchestrate.data.sources import is_hub_name
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.alloc_conf import launch_alloc_env
 from orchestrate.hardware.profile import HardwareProfile
@@ -70,6 +71,9 @@ def resolved_config_dict(config: RunConfig) -> dict[str, Any]:
     d = data["data"]
     d["train_files"] = [absolute(p) for p in d["train_files"]]
     d["validation_files"] = [absolute(p) for p in d["validation_files"]]
+    for entry in d["datasets"]:  # a local path (or pattern); a dataset name stays a name
+        if not is_hub_name(entry["path"]) or config.resolve_path(entry["path"]).exists():
+            entry["path"] = absolute(entry["path"])
     if d["tokenizer"]:
         d["tokenizer"] = absolute(d["tokenizer"])
     if d.get("cache_dir"):
@@ -132,7 +136,7 @@ def _write_run_files(plan: RunPlan, run_dir: Path, rendered: dict[str, str] | No
     (run_dir / ACCELERATE_FILE).write_text(render_accelerate_config(plan, run_dir))
     files.accelerate_config = ACCELERATE_FILE
 
-    if config.data.generate_demo_corpus and not config.data.train_files:
+    if config.data.generate_demo_corpus and not (config.data.train_files or config.data.datasets):
         write_demo_corpus(run_dir / DEMO_CORPUS_FILE, config.train.seed)
         files.demo_corpus = DEMO_CORPUS_FILE
 

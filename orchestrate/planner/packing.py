@@ -52,9 +52,9 @@ class SamplePacking:
 def _plain_text_files(config: RunConfig) -> bool:
     """Data that can only be plain text: the demo corpus, or .txt / .md files (compressed or not)."""
     d = config.data
-    if d.generate_demo_corpus and not d.train_files and d.dataset is None:
+    if d.generate_demo_corpus and not d.train_files and not d.datasets and d.dataset is None:
         return True
-    names = [f.lower() for f in d.train_files]
+    names = [f.lower() for f in [*d.train_files, *(e.path for e in d.datasets)]]
     names = [n[: -len(z)] if (z := next((z for z in _COMPRESSION if n.endswith(z)), "")) else n for n in names]
     return bool(names) and all(n.endswith(_PLAIN_TEXT_SUFFIXES) for n in names)
 

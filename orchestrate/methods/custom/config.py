@@ -51,8 +51,8 @@ def check_custom_sections(config: Any) -> None:
     custom = config.model.module is not None
     if config.data.module is not None and not custom:
         raise ValueError("data.module feeds model.module: set model.module, or use data.train_files / data.dataset")
-    if custom and (config.data.train_files or config.data.dataset):
-        raise ValueError("model.module trains on data.module: remove data.train_files / data.dataset")
+    if custom and (config.data.train_files or config.data.datasets or config.data.dataset):
+        raise ValueError("model.module trains on data.module: remove data.train_files / data.datasets / data.dataset")
     if config.model.example_input is not None:
         if not custom:
             raise ValueError("model.example_input describes the inputs of model.module: set model.module")

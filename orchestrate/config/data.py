@@ -167,7 +167,9 @@ class DataSection(Section):
     packing: bool = True
     """Plain text: join documents with the EOS id and cut the stream into `train.seq_len` blocks (no
     padding). Chat and instruction records: whole samples fitted into blocks of seq_len, each attending
-    only to itself (position ids restart per sample). If false, every document or sample is one row,
+    only to itself (position ids restart per sample). Preference records: each micro-batch's records
+    fitted whole into blocks of 2 x seq_len (a sample is still a record: train.global_batch_size counts
+    pairs either way). If false, every document or sample is one row,
     truncated to `seq_len` and padded, with an attention mask and padded positions left out of the loss."""
 
     tokenizer: str | None = None

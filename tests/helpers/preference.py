@@ -15,8 +15,8 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "preference"
 
 
 class PreferenceRuns:
-    """run(name, method, steps, train=..., **preference) -> the run directory, trained once per name (loss
-    kto: on the pairs' answers labelled, chosen desirable)."""
+    """run(name, method, steps, train=..., data=..., **preference) -> the run directory, trained once per
+    name (loss kto: on the pairs' answers labelled, chosen desirable)."""
 
     def __init__(self, root: Path, pairs: int = 400, held_out: int = 40, seed: int = 0):
         self.root = root
@@ -28,7 +28,7 @@ class PreferenceRuns:
         self.done: dict[str, Path] = {}
 
     def __call__(self, name: str, method: str = "full", steps: int = 40, train: dict | None = None,
-                 **preference) -> Path:
+                 data: dict | None = None, **preference) -> Path:
         if name in self.done:
             return self.done[name]
         config = yaml.safe_load((EXAMPLE / "model.yaml").read_text())
@@ -39,7 +39,7 @@ class PreferenceRuns:
         kto = preference.get("loss") == "kto"  # labelled answers, not pairs
         config["data"].update(train_files=[str(self.root / ("answers.jsonl" if kto else "pairs.jsonl"))],
                               validation_files=[str(self.root / ("held_out_answers.jsonl" if kto else "held_out.jsonl"))],
-                              cache_dir=str(self.root / "cache"))
+                              cache_dir=str(self.root / "cache"), **(data or {}))
         config["preference"].update(preference)
         if preference.get("loss") in ("orpo", "kto"):  # the example's rpo_alpha is for the pairwise losses
             config["preference"].pop("rpo_alpha", None)

@@ -5,8 +5,8 @@ the two sequences (samples.py) of every record the run reads into RUN_DIR/refere
 (freed before the trained model is built, so the two never share memory).
 
 The records read are known before step 1 (`records_read`): those of the training samples at the first
-max_steps x global_batch_size positions of the sampler's seeded stream (TrainData.blocks_read;
-a packed sample holds several records), every record from an epoch on, and every validation record.
+max_steps x global_batch_size positions of the sampler's seeded stream (TrainData.blocks_read: a
+sample is a record, packed or not), every record from an epoch on, and every validation record.
 A run shorter than an epoch pays for its own records only, as distillation's precomputed teacher.
 
 The files are made from what `identity` names: the streams' cache keys, the settings that decide the

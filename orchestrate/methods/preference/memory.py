@@ -3,9 +3,10 @@ lives (its weights, gathered blocks, first pass, forward seconds) is an auxiliar
 priced in orchestrate/planner/auxiliary.py; what is the preference method's own is here:
 
 - Two sequences per record (samples.py): the trained model's forward sees 2 x micro_batch_size
-  sequences of seq_len (`MethodTerms.sample_rows`, method.py); its answer log-probabilities cost
-  what the task's cross-entropy costs (losses.token_logps computes them the same way; the storage
-  counter sees them equal), so the planner's logits term covers them.
+  sequences of seq_len, padded, or the micro_batch_size records packed into at most micro_batch_size
+  rows of 2 x seq_len, priced at that worst case (`MethodTerms.sample_rows`, method.py); its answer
+  log-probabilities cost what the task's cross-entropy costs (losses.token_logps computes them the
+  same way; the storage counter sees them equal), so the planner's logits term covers them.
 - The reference forward (adapter, replicated, sharded, offload) runs before the model's, under
   no_grad: its logits and their log-softmax, REFERENCE_FORWARD_BYTES_PER_TOKEN_VOCAB beyond the
   logits, are freed before the model's forward holds any activation, so it adds only what exceeds the
@@ -56,8 +57,8 @@ def reference_model(shape: ModelShape, placement: str, adapter: bool) -> Auxilia
     vocab = shape.vocab_size
 
     def output_bytes(placement: str, tokens: int, c: int) -> float:
-        # precomputed: at most a record per position of a row (packed: records of one token per
-        # sequence in blocks of 2 x seq_len); live: its forward is the method's own term (method.py)
+        # precomputed: priced per position, a bound on the micro_batch_size records a micro-batch reads
+        # packed or padded (samples.py); live: its forward is the method's own term (method.py)
         return CACHED_BYTES_PER_RECORD * tokens if placement == "precomputed" else 0.0
 
     def first_pass_output_bytes(tokens: int, c: int) -> float:

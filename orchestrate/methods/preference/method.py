@@ -40,12 +40,14 @@ _WHY = {"adapter": "the base with the adapters disabled: no extra weights",
 
 def preference_terms(reference: AuxiliaryModel | None, packed: bool, problems: tuple[Problem, ...] = ()) -> MethodTerms:
     """A preference plan: both sequences of every record in the trained model's forward, 2 x
-    micro_batch_size rows of seq_len or, packed (data.packing: whole records in blocks of 2 x seq_len,
-    samples.py), micro_batch_size rows of 2 x seq_len; the reference as an auxiliary model (None: simpo, orpo)
-    and its forward's bytes. With train.loss_chunks the model's and a live reference's log-probabilities
-    are computed one chunk of positions at a time (objective.py), so the planner's logits term and the
-    reference's forward price one chunk's logits. Its objective reads whole sequences (the worker refuses
-    a sequence split); the plan's notes name the longest seq_len that fits."""
+    micro_batch_size rows of seq_len or, packed (data.packing: a micro-batch's micro_batch_size records
+    whole in as few blocks of 2 x seq_len as they need, samples.py), micro_batch_size rows of 2 x
+    seq_len, the most they can need (every record two sequences of seq_len); the reference as an
+    auxiliary model (None: simpo, orpo) and its forward's bytes. With train.loss_chunks the model's and
+    a live reference's log-probabilities are computed one chunk of positions at a time (objective.py),
+    so the planner's logits term and the reference's forward price one chunk's logits. Its objective
+    reads whole sequences (the worker refuses a sequence split); the plan's notes name the longest
+    seq_len that fits."""
     return MethodTerms(chunks_loss=True, splits_sequence=False, find_longest_seq_len=True,
                        sample_rows=SEQUENCES_PER_RECORD, packed_rows=packed,
                        auxiliary=(reference,) if reference is not None else (),
@@ -75,19 +77,25 @@ class Preference(Method):
     runtime = "orchestrate.methods.preference.runtime"
     data = "orchestrate.methods.preference.data"
     saves = (REFERENCE_LOGPS_DIR,)
-    metric_keys = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl")
-    """What callback.py records per step (TRL's names)."""
+    metric_keys = ("rewards/", "logps/", "logps_margin", "nll_loss", "log_odds_ratio", "log_odds_chosen", "kl",
+                   "pairs/", "answers/")
+    """What callback.py records per step (TRL's names, and the records a step trained on)."""
 
     def active(self, config: RunConfig) -> bool:
         return config.preference is not None
 
     def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
-        """The rewards, first step -> last, and the held-out ones of the last evaluation."""
+        """The rewards, first step -> last, the records a step trained on, and the held-out rewards of
+        the last evaluation."""
         first, last = records[0], records[-1]
         if "rewards/margins" not in last:
             return []
         train = "; ".join(f"{k.split('/')[1]} {first[k]:.4f} -> {last[k]:.4f}" for k in _REWARD_KEYS if k in last)
         lines = [f"- rewards ({config.preference.loss}): {train}"]
+        counted = next((key for key in ("pairs/step", "answers/step") if key in last), None)
+        if counted is not None:
+            lines.append(f"- {counted.split('/')[0]} per step: {last[counted]} (train.global_batch_size "
+                         f"{config.train.global_batch_size})")
         evaluated = [r for r in records if r.get("eval_rewards/margins") is not None]
         if evaluated:
             final = evaluated[-1]

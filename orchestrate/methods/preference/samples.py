@@ -11,10 +11,17 @@ documents in the cache entry; unpaired adds `desirable`).
 
 - `PaddedPreferences` (`data.packing: false`): one sequence per row of seq_len, 2b rows for b records,
   with an attention_mask.
-- `PackedPreferences` (`data.packing: true`): whole records fitted into blocks of 2 x seq_len
-  (best-fit decreasing), position ids restarting at 0 for every sequence, no attention_mask: as for
-  packed chat samples (orchestrate/data/sft_samples.py), transformers keeps each sequence's attention
-  within it (a block-diagonal mask from the position ids, or flash-attention's varlen path: `flatten`).
+- `PackedPreferences` (`data.packing: true`): a micro-batch's records fitted whole into as few
+  blocks of 2 x seq_len as they need (best-fit decreasing), position ids restarting at 0 for every
+  sequence, no attention_mask: as for packed chat samples (orchestrate/data/sft_samples.py),
+  transformers keeps each sequence's attention within it (a block-diagonal mask from the position ids,
+  or flash-attention's varlen path: `flatten`).
+
+Either view's samples are records: the sampler deals records, so `train.global_batch_size` counts
+pairs (or answers) whether packed or not, as TRL's per_device_train_batch_size counts pairs with
+padding_free too (trl/trainer/dpo_trainer.py `DPOTrainer.concatenated_forward` flattens a batch's
+sequences into one row). Packing changes the rows a micro-batch takes, never the records in it: the
+loss stays a mean over a step's records.
 
 Sequences longer than seq_len follow `data.truncation` (orchestrate/data/sft_samples.py), over a
 record's sequences alike: keep_answer (the default) cuts the prompt from the left by the same tokens in
@@ -40,7 +47,7 @@ import numpy as np
 
 from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.cache import TokenStream
-from orchestrate.data.packing import Blocks, best_fit_decreasing
+from orchestrate.data.packing import best_fit_decreasing
 from orchestrate.data.sft_prepare import REJECTED, TRAINED
 from orchestrate.data.sft_samples import (
     FIXES,
@@ -160,6 +167,10 @@ class _Preferences(SampleView):
         first = int(trained[0])
         return (ids[:first].tolist(), ids[first: int(trained[-1]) + 1].tolist()) if first > 0 else None
 
+    def records_at(self, positions: np.ndarray) -> np.ndarray:
+        """The kept records of these samples: one each."""
+        return np.asarray(positions, dtype=np.int64)
+
     def _extras(self, records: list[int]) -> dict[str, torch.Tensor]:
         import torch
 
@@ -174,10 +185,6 @@ class PaddedPreferences(_Preferences):
     def like(cls, view: _Preferences) -> PaddedPreferences:
         """The records of `view`, padded one sequence per row."""
         return cls(view.stream, view._mask, view.kept, view.seq_len, view.paired, view.keep_answer)
-
-    def records_at(self, positions: np.ndarray) -> np.ndarray:
-        """The kept records of these samples: one each."""
-        return np.asarray(positions, dtype=np.int64)
 
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
@@ -199,11 +206,15 @@ class PaddedPreferences(_Preferences):
 
 
 class PackedPreferences(_Preferences):
+    """Records, one per sample as padded (the sampler deals records, so a micro-batch holds
+    micro_batch_size of them and a step global_batch_size, packed or not); `batch` fits its records whole
+    into as few blocks of 2 x seq_len as they need (best-fit decreasing): between 1 and one per record."""
+
     def __init__(self, stream: TokenStream, mask: np.ndarray, kept: KeptRecords, seq_len: int, paired: bool,
                  keep_answer: bool, flatten: bool = False):
         super().__init__(stream, mask, kept, seq_len, paired, keep_answer)
         self.flatten = flatten
-        self.blocks: Blocks = best_fit_decreasing(self.record_lengths(), 2 * seq_len)
+        self.lengths = self.record_lengths()
 
     def record_lengths(self) -> np.ndarray:
         """Tokens each kept record takes in a block (both its sequences, each within seq_len)."""
@@ -211,20 +222,26 @@ class PackedPreferences(_Preferences):
             return np.minimum(self.kept.sides - self.kept.cuts[:, None], self.seq_len).sum(axis=1)
         return np.array([sum(len(ids) for ids, _ in self.sequences(k)) for k in range(self.samples)], dtype=np.int64)
 
-    def records_at(self, positions: np.ndarray) -> np.ndarray:
-        """The kept records packed into these samples (blocks), sorted."""
-        members = [self.blocks.of(int(b)) for b in np.asarray(positions).tolist()]
-        return np.sort(np.concatenate(members)).astype(np.int64) if members else np.zeros(0, dtype=np.int64)
+    @property
+    def fill(self) -> float:
+        """The share of a block of 2 x seq_len an average record takes: about the rows a packed
+        micro-batch needs per record when it holds many."""
+        return float(self.lengths.mean()) / (2 * self.seq_len) if self.samples else 0.0
+
+    def packed(self, records: list[int]) -> list[list[int]]:
+        """These records in blocks of 2 x seq_len, each block's in order (best-fit decreasing, longest first)."""
+        blocks = best_fit_decreasing(self.lengths[records], 2 * self.seq_len)
+        return [[records[i] for i in blocks.of(b).tolist()] for b in range(len(blocks))]
 
     def batch(self, positions: list[int] | np.ndarray) -> dict[str, torch.Tensor]:
         import torch
 
-        rows, width = len(positions), 2 * self.seq_len
+        blocks = self.packed(np.asarray(positions, dtype=np.int64).tolist())
+        rows, width = len(blocks), 2 * self.seq_len
         ids = np.full((rows, width), self._pad, dtype=np.int64)
         labels = np.full((rows, width), IGNORE_INDEX, dtype=np.int64)
         pos = np.zeros((rows, width), dtype=np.int64)
         sequence = np.full((rows, width), -1, dtype=np.int64)
-        blocks = [self.blocks.of(b).tolist() for b in np.asarray(positions).tolist()]
         records = [k for block in blocks for k in block]
         n, j = len(records), 0
         for row, block in enumerate(blocks):
@@ -287,8 +304,8 @@ def describe_preferences(stream: TokenStream, train: PreferenceSamples, validati
     seq_len = config.train.seq_len
     what = "pairs" if train.paired else "answers"
     if isinstance(train, PackedPreferences):
-        split = (f"{train.samples:,} train {what} in {len(train):,} blocks of {2 * seq_len} (packing efficiency "
-                 f"{100 * train.blocks.efficiency:.1f} %) / {validation.samples:,} validation {what}")
+        split = (f"{train.samples:,} train / {validation.samples:,} validation {what}, each micro-batch's packed "
+                 f"into blocks of {2 * seq_len} (a record fills {100 * train.fill:.1f} % of one on average)")
     else:
         split = f"{train.samples:,} train / {validation.samples:,} validation {what}, each sequence padded to {seq_len}"
     counts = truncation_counts(stream.meta, train.kept, config, "an answer without tokens",

@@ -6,7 +6,9 @@ fine-tuning, LoRA and QLoRA, and with the log-probabilities in chunks (train.los
 them; every reference placement this machine can run gives the losses of
 `replicated` within 1e-6 (adapter against replicated under LoRA); KTO on the same answers labelled
 rewards the desirable ones above the undesirable; a run resumed from its mid-run
-checkpoint ends bit-identical and reuses its precomputed reference log-probabilities.
+checkpoint ends bit-identical and reuses its precomputed reference log-probabilities; with
+data.packing a step trains on global_batch_size pairs (the padded run's, to its losses) and resumes
+bit-identical too.
 
 Each run is built once per module (a fixture shared by the tests); the learning check with
 repeats over seeds is bench/preference_learning.py."""
@@ -107,6 +109,30 @@ def test_a_resumed_run_is_bit_exact_and_reuses_its_precomputed_reference(runs):
     assert table.stat().st_mtime_ns == written  # the complete first pass of the same data and reference: reused
 
 
+def test_a_packed_run_trains_on_the_padded_run_s_pairs_each_step(runs):
+    """data.packing: true packs each micro-batch's pairs into rows of 2 x seq_len; a step still trains on
+    train.global_batch_size pairs, the ones the padded run reads, so the losses are the padded run's."""
+    long = {"seq_len": 64}  # a pair takes about a third of a row of 128: two or three share one
+    padded = runs("full-64", "full", PLACEMENT_STEPS, train=long)
+    packed = runs("full-packed-64", "full", PLACEMENT_STEPS, train=long, data={"packing": True})
+    batch = json.loads((packed / "plan.json").read_text())["config"]["train"]["global_batch_size"]
+    assert [r["pairs/step"] for r in _metrics(packed)] == [batch] * PLACEMENT_STEPS
+    assert [r["pairs/step"] for r in _metrics(padded)] == [batch] * PLACEMENT_STEPS
+    assert _losses(packed) == pytest.approx(_losses(padded), abs=1e-5)
+
+
+def test_a_resumed_packed_run_is_bit_exact(runs):
+    """The packed rows of a micro-batch depend on its pairs only: the resumed steps pack them alike."""
+    long = {"seq_len": 64}
+    run_dir = runs("full-packed-64", "full", PLACEMENT_STEPS, train=long, data={"packing": True})
+    resumed = _roll_back(run_dir, run_dir.parent / "resumed-packed", PLACEMENT_STEPS // 2)
+    code, out = _launch(run_dir.parent / "full-packed-64.yaml", resumed, 2, "--resume")
+    assert code == 0, out[-3000:]
+    got, want = _weights(resumed / "model"), _weights(run_dir / "model")
+    assert not [k for k in want if not (got[k] == want[k]).all()], "weights differ from the uninterrupted run"
+    assert _losses(resumed) == _losses(run_dir)
+
+
 def test_the_rewards_reach_the_report_and_every_tracker_s_scalars(runs, tmp_path):
     from orchestrate.planner.plan import RunPlan
     from orchestrate.report.summary import write_report
@@ -116,6 +142,7 @@ def test_the_rewards_reach_the_report_and_every_tracker_s_scalars(runs, tmp_path
     write_report([run_dir], tmp_path)
     summary = (tmp_path / "summary.md").read_text()
     assert "- rewards (dpo): chosen 0.0000 -> " in summary and "- held-out rewards at step 40: " in summary
+    assert "- pairs per step: 8 (train.global_batch_size 8)" in summary
     final = _metrics(run_dir)[-1]
     scalars = step_scalars(final, RunPlan.read(run_dir / "plan.json"))
     for key in ("rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracies"):

@@ -1,7 +1,9 @@
 """Family-style tokenizers built locally (no download): a byte-level BPE learned from a few sentences,
 the family's special tokens, and its post-processor, as the family's own tokenizer behaves with
 `add_special_tokens=True` (Llama-3, Mistral and Gemma prepend their BOS; Qwen2 and Phi-3-instruct add
-nothing). BOS / EOS names follow each family's tokenizer_config.json (the instruct models')."""
+nothing). BOS / EOS names follow each family's tokenizer_config.json (the instruct models').
+`sentencepiece_tokenizer` builds the other kind Llama-2, Mistral v0.1-v0.3 and Gemma ship: a SentencePiece
+model converted to a byte_fallback BPE tokenizer.json."""
 
 from __future__ import annotations
 
@@ -44,6 +46,55 @@ def family_tokenizer(directory: Path, family: str, with_template: bool = True, t
     tok = PreTrainedTokenizerFast(tokenizer_object=raw, bos_token=bos, eos_token=eos, unk_token=None,
                                   pad_token=eos, chat_template=chat)
     tok.save_pretrained(directory)
+    return directory
+
+
+SENTENCEPIECE_FORMS = ("hub", "transformers")
+"""How a SentencePiece-converted tokenizer.json spells its spaces. "hub": as Llama-2's, Mistral's and
+Gemma's repositories ship it, a normalizer (Prepend "▁" then Replace " " by "▁"; Gemma's Replace only).
+"transformers": as transformers 5 rewrites it when it loads and saves such a tokenizer (what a run does
+with data.tokenizer): LlamaTokenizer drops the normalizer for a Metaspace pre-tokenizer that prepends on
+the first section only; GemmaTokenizer keeps the Replace and adds a Split on " "."""
+
+
+def sentencepiece_tokenizer(directory: Path, family: str, form: str = "transformers") -> Path:
+    """A SentencePiece-converted tokenizer of `family` ("mistral": Llama-2's and Mistral's layout; "gemma")
+    saved in `directory` in `form` (SENTENCEPIECE_FORMS), laid out as transformers' LlamaConverter writes
+    one (convert_slow_tokenizer.py): a BPE with byte_fallback whose vocabulary is <unk>, the family's
+    special tokens, the 256 byte tokens <0x00>..<0xFF>, then the pieces (learned here from CORPUS within
+    words that start with "▁", as SentencePiece splits), and whose merges are every split of a piece into
+    two pieces, in the pieces' order (transformers' `generate_merges`, what its SentencePieceExtractor
+    makes of a tokenizer.model). The family's bos is prepended and its named chat template set."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, GemmaTokenizerFast, LlamaTokenizerFast, PreTrainedTokenizerFast
+    from transformers.tokenization_utils_base import generate_merges
+
+    from orchestrate.data.chat_templates import NAMED_TEMPLATES
+
+    specials, bos, eos, named = FAMILIES[family]
+    prefix = family != "gemma"  # Gemma's SentencePiece model adds no dummy prefix
+    pieces = Tokenizer(models.BPE())
+    pieces.pre_tokenizer = pre_tokenizers.Metaspace(prepend_scheme="first" if prefix else "never")
+    pieces.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=110, show_progress=False))
+    learned = sorted(pieces.get_vocab(), key=pieces.get_vocab().get)
+    vocab = {t: i for i, t in enumerate(dict.fromkeys(
+        ["<unk>", *specials, *(f"<0x{b:02X}>" for b in range(256)), *learned]))}
+    raw = Tokenizer(models.BPE(vocab, generate_merges(vocab), unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    replace = normalizers.Replace(" ", "▁")
+    raw.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), replace]) if prefix else replace
+    raw.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     *([decoders.Strip(" ", 1, 0)] if prefix else [])])
+    raw.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A {bos} $B",
+                                                       special_tokens=[(bos, vocab[bos])])
+    # The family's class is what its tokenizer_config.json names, and what makes transformers rewrite it.
+    wrapper = (PreTrainedTokenizerFast if form == "hub" else GemmaTokenizerFast if family == "gemma"
+               else LlamaTokenizerFast)
+    tok = wrapper(tokenizer_object=raw, bos_token=bos, eos_token=eos, unk_token="<unk>", pad_token=eos,
+                  additional_special_tokens=[s for s in specials if s not in (bos, eos)],
+                  chat_template=NAMED_TEMPLATES[named].source)
+    tok.save_pretrained(directory)
+    if form == "transformers":
+        AutoTokenizer.from_pretrained(directory).save_pretrained(directory)
     return directory
 
 

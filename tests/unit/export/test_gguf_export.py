@@ -2,11 +2,16 @@
 (one DDP step on one gloo rank, real checkpoint files) with a locally trained family tokenizer, exported
 and read back with llama.cpp's own `gguf.GGUFReader`: every tensor is the checkpoint's (after undoing
 llama.cpp's q/k permutation and Gemma's norm + 1) within the type's rounding, the hyper-parameters,
-tokenizer, chat template and special ids are the run's, and the Modelfile stops on the run's eos.
-Families GGUF does not cover, tokenizers it cannot carry and files it would overwrite are refused."""
+tokenizer, chat template and special ids are the run's, and the Modelfile stops on the run's eos (and
+Gemma's end of turn). A SentencePiece-converted tokenizer (Llama-2's, Mistral's, Gemma's kind) is written
+as llama.cpp's "llama" vocabulary, which llama.cpp's SPM algorithm (transcribed below) tokenizes as the
+HF tokenizer does. Families GGUF does not cover, tokenizers it cannot carry and files it would overwrite
+are refused."""
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 from pathlib import Path
 
@@ -18,9 +23,9 @@ from click.testing import CliRunner
 from orchestrate.cli import cli
 from orchestrate.errors import UserError
 from orchestrate.export import export_checkpoint, read_model_state
-from orchestrate.gguf_export import permute_qk
+from orchestrate.gguf_export import permute_qk, write_gguf
 from orchestrate.planner.strategy import Strategy
-from tests.helpers.chat_tokenizers import family_tokenizer
+from tests.helpers.chat_tokenizers import CORPUS, family_tokenizer, sentencepiece_tokenizer
 from tests.helpers.plans import TINY_GPT2, make_plan
 from tests.helpers.word_tokenizers import word_tokenizer
 
@@ -66,9 +71,10 @@ def _run(root: Path, arch: dict, tokenizer: Path | None) -> Path:
     return root / "run"
 
 
-def _family_run(root: Path, model_type: str, **shape) -> tuple[Path, Path]:
+def _family_run(root: Path, model_type: str, tokenizer: Path | None = None, **shape) -> tuple[Path, Path]:
+    """A run of `model_type` whose tokenizer is `tokenizer`, else its family tokenizer (ARCHS)."""
     extra, tokenizer_family, _ = ARCHS[model_type]
-    tokenizer = family_tokenizer(root / "tokenizer", tokenizer_family)
+    tokenizer = tokenizer or family_tokenizer(root / "tokenizer", tokenizer_family)
     return _run(root, {"model_type": model_type, **SHAPE, **extra, **shape}, tokenizer), tokenizer
 
 
@@ -127,10 +133,15 @@ def _check_tensors(reader, state: dict[str, torch.Tensor], model_type: str, conf
             assert (np.abs(got.reshape(-1, 32) - blocks) <= bound).all(), gguf_name
 
 
-def _exported(root: Path, model_type: str) -> tuple[dict[str, torch.Tensor], Path]:
+def _exported(root: Path, model_type: str, tokenizer: Path | None = None) -> tuple[dict[str, torch.Tensor], Path]:
     """(the model's tensors, its tokenizer) exported from a trained run's checkpoint as root/out/model.gguf."""
-    run, tokenizer = _family_run(root, model_type)
+    run, tokenizer = _family_run(root, model_type, tokenizer)
     return read_model_state(export_checkpoint(run, root / "out", fmt="gguf", say=print)), tokenizer
+
+
+def _stops(tok, model_type: str) -> list[str]:
+    """The Modelfile's stops: the eos, and Gemma's end of turn (GemmaModel.set_vocab's eot)."""
+    return [tok.eos_token, *(["<end_of_turn>"] if model_type == "gemma" else [])]
 
 
 @pytest.mark.parametrize("model_type", list(ARCHS))
@@ -163,10 +174,123 @@ def test_each_family_round_trips_its_tensors_hyper_parameters_and_tokenizer(tmp_
     assert fields["tokenizer.ggml.eos_token_id"] == tok.eos_token_id
     assert fields.get("tokenizer.ggml.bos_token_id") == tok.bos_token_id
     assert fields["tokenizer.ggml.add_bos_token"] is (tok.bos_token_id is not None)
+    assert fields["tokenizer.ggml.add_eos_token"] is False
+    assert fields.get("tokenizer.ggml.eot_token_id") == (tok.convert_tokens_to_ids("<end_of_turn>")
+                                                         if model_type == "gemma" else None)
     assert len(fields["tokenizer.ggml.merges"]) == len(
         json.loads((tokenizer_dir / "tokenizer.json").read_text())["model"]["merges"])
     assert fields["tokenizer.chat_template"] == tok.chat_template
-    assert (tmp_path / "out" / "Modelfile").read_text() == f'FROM ./model.gguf\nPARAMETER stop "{tok.eos_token}"\n'
+    assert (tmp_path / "out" / "Modelfile").read_text() == "FROM ./model.gguf\n" + "".join(
+        f'PARAMETER stop "{stop}"\n' for stop in _stops(tok, model_type))
+
+
+def _llama_cpp_spm(fields: dict, text: str) -> list[int]:
+    """llama.cpp's tokenization of plain `text` with a GGUF's "llama" (SPM) vocabulary, transcribed from
+    llama-vocab.cpp: a space before the text when add_space_prefix, spaces as "▁" (llama_escape_whitespace),
+    then llm_tokenizer_spm_session::tokenize: UTF-8 characters as symbols, the adjacent pair whose joined
+    text is a token of the highest score merged first (the leftmost among equals), until none is; a
+    symbol that is no token is written as its bytes' <0xNN> tokens. A bos first when add_bos_token."""
+    ids = {token: i for i, token in enumerate(fields["tokenizer.ggml.tokens"])}
+    scores = fields["tokenizer.ggml.scores"]
+    symbols = list((" " + text if fields["tokenizer.ggml.add_space_prefix"] else text).replace(" ", "\u2581"))
+    after, before = [*range(1, len(symbols)), -1], list(range(-1, len(symbols) - 1))
+    queue: list[tuple[float, int, int, int]] = []
+
+    def try_pair(left: int, right: int) -> None:
+        if left >= 0 and right >= 0 and symbols[left] + symbols[right] in ids:
+            size = len(symbols[left]) + len(symbols[right])
+            heapq.heappush(queue, (-scores[ids[symbols[left] + symbols[right]]], left, right, size))
+
+    for i in range(1, len(symbols)):
+        try_pair(i - 1, i)
+    while queue:
+        _, left, right, size = heapq.heappop(queue)
+        if not symbols[left] or not symbols[right] or len(symbols[left]) + len(symbols[right]) != size:
+            continue  # one of the two has merged since
+        symbols[left], symbols[right] = symbols[left] + symbols[right], ""
+        after[left] = after[right]
+        if after[right] >= 0:
+            before[after[right]] = left
+        try_pair(before[left], left)
+        try_pair(left, after[left])
+    out = [fields["tokenizer.ggml.bos_token_id"]] if fields["tokenizer.ggml.add_bos_token"] else []
+    i = 0
+    while i != -1:
+        out += [ids[symbols[i]]] if symbols[i] in ids else [ids[f"<0x{b:02X}>"] for b in symbols[i].encode()]
+        i = after[i]
+    return out
+
+
+SENTENCEPIECE_RUNS = [
+    # (model_type, family of sentencepiece_tokenizer, its form): Llama-2 and Mistral share a layout
+    ("llama", "mistral", "transformers"),
+    ("mistral", "mistral", "hub"),
+    ("gemma", "gemma", "transformers"),
+]
+
+
+@pytest.mark.parametrize(("model_type", "family", "form"), SENTENCEPIECE_RUNS)
+def test_a_sentencepiece_tokenizer_is_written_as_the_llama_vocabulary_llama_cpp_tokenizes_as_hf(
+        tmp_path, model_type, family, form):
+    from transformers import AutoTokenizer
+
+    tokenizer = sentencepiece_tokenizer(tmp_path / "tokenizer", family, form)
+    state, _ = _exported(tmp_path, model_type, tokenizer)
+    reader = gguf.GGUFReader(tmp_path / "out" / "model.gguf")
+    _check_tensors(reader, state, model_type, {**SHAPE, **ARCHS[model_type][0]}, q8_rows=False)
+    fields = _fields(reader)
+    tok = AutoTokenizer.from_pretrained(tokenizer)
+    vocab = {i: t for t, i in tok.get_vocab().items()}
+    assert fields["tokenizer.ggml.model"] == "llama" and fields["tokenizer.ggml.pre"] == "default"
+    assert "tokenizer.ggml.merges" not in fields
+    assert fields["tokenizer.ggml.tokens"] == [vocab.get(i, f"[PAD{i}]") for i in range(416)]
+    assert len(fields["tokenizer.ggml.scores"]) == 416
+    types = dict(enumerate(fields["tokenizer.ggml.token_type"]))
+    byte_ids = {tok.convert_tokens_to_ids(f"<0x{b:02X}>") for b in range(256)}
+    assert {i for i, t in types.items() if t == gguf.TokenType.BYTE} == byte_ids
+    assert {i for i, t in types.items() if t == gguf.TokenType.CONTROL} == set(tok.all_special_ids)
+    assert {i for i, t in types.items() if t == gguf.TokenType.UNUSED} == set(range(416)) - set(vocab)
+    assert (fields["tokenizer.ggml.bos_token_id"], fields["tokenizer.ggml.eos_token_id"],
+            fields["tokenizer.ggml.unknown_token_id"]) == (tok.bos_token_id, tok.eos_token_id, tok.unk_token_id)
+    assert fields["tokenizer.ggml.add_bos_token"] is True and fields["tokenizer.ggml.add_eos_token"] is False
+    first_piece = tok.convert_ids_to_tokens(tok("a", add_special_tokens=False)["input_ids"])[0]
+    assert fields["tokenizer.ggml.add_space_prefix"] is first_piece.startswith("\u2581")
+    assert fields.get("tokenizer.ggml.eot_token_id") == (tok.convert_tokens_to_ids("<end_of_turn>")
+                                                         if model_type == "gemma" else None)
+    assert fields["tokenizer.chat_template"] == tok.chat_template
+    assert (tmp_path / "out" / "Modelfile").read_text() == "FROM ./model.gguf\n" + "".join(
+        f'PARAMETER stop "{stop}"\n' for stop in _stops(tok, model_type))
+
+    # Every string of up to three of the corpus's letters, the corpus, and text outside the vocabulary
+    # (bytes), as llama.cpp would tokenize them: the scores make its merges the BPE's.
+    letters = sorted(set("".join(CORPUS)) - {" "})
+    texts = ["".join(p) for n in (1, 2, 3) for p in itertools.product(letters, repeat=n)]
+    texts += [*sorted(set(CORPUS)), "the dog sees  the élan", "naïve café ☕"]
+    hf = tok(texts)["input_ids"]
+    assert [text for text, ids in zip(texts, hf, strict=True) if _llama_cpp_spm(fields, text) != ids] == []
+
+
+def test_a_sentencepiece_tokenizer_llama_cpp_cannot_read_as_hf_does_is_refused(tmp_path):
+    """Without all 256 byte tokens llama.cpp's byte fallback has no token to look up; a Metaspace that
+    splits the text into words is a split llama.cpp's SPM tokenizer does not make."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("llama", **SHAPE)
+    for change, message in (("drop a byte token", "byte tokens"), ("split on spaces", "does not cover this tokenizer")):
+        tokenizer = sentencepiece_tokenizer(tmp_path / change, "mistral", "hub")
+        data = json.loads((tokenizer / "tokenizer.json").read_text())
+        if change == "drop a byte token":
+            del data["model"]["vocab"]["<0x00>"]
+        else:
+            data["normalizer"] = None
+            data["pre_tokenizer"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first",
+                                     "split": True}
+        (tokenizer / "tokenizer.json").write_text(json.dumps(data))
+        (tmp_path / "out").mkdir(exist_ok=True)
+        with pytest.raises(UserError, match=message) as err:
+            write_gguf({}, config, tokenizer, tmp_path / "out", "f16", print)
+        assert "convert_hf_to_gguf.py" in str(err.value)
+        assert not (tmp_path / "out" / "model.gguf").exists()
 
 
 def test_q8_0_keeps_its_block_error_and_falls_back_to_f16_where_rows_do_not_divide(tmp_path):

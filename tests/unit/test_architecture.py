@@ -130,7 +130,7 @@ def test_cli_imports_only_the_api_the_errors_and_the_run_contract():
 
 LAYERS = ("errors", "ports", "library_messages", "run", "config", "hardware", "model", "planner", "data",
           "loading", "backends", "methods", "simulate", "worker", "report", "planning", "launch", "transports",
-          "agent", "loop_api", "gguf_export", "export", "chat", "presets", "api", "cli", "__main__", "__init__")
+          "agent", "loop_api", "gguf_vocab", "gguf_export", "export", "chat", "presets", "api", "cli", "__main__", "__init__")
 """The packages (and top-level modules) from the lowest to the highest: a package builds on the ones
 before it. The data flow (config -> hardware -> model -> plan -> backend -> worker) reads left to right;
 methods/ sits above what it hands values to (planner, data, backends) and below the worker that runs it."""

@@ -207,7 +207,8 @@ class DataSection(Section):
 
     chat_template: str | None = None
     """The chat template of chat records: null uses the tokenizer's own (`chat_template` in its
-    tokenizer_config.json / chat_template.jinja); a name (chatml, llama-3, mistral, phi-3, gemma), a
+    tokenizer_config.json / chat_template.jinja); a name (chatml, llama-3, mistral, phi-3, gemma, zephyr,
+    alpaca, or what users call them: qwen2.5, llama3, llama-3.1, phi3, gemma2, ...; docs/sft.md), a
     .jinja file, or inline Jinja otherwise. Saved with the tokenizer in RUN_DIR/model and RUN_DIR/adapter.
     Set, it also renders prompt-completion and Alpaca records as one user and one assistant turn."""
 

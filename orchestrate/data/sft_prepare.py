@@ -249,7 +249,7 @@ def raise_record_problems(problems: list[str], source: Source, record_format: st
             "data.chat_template", f"{template.origin if template else 'the template'}: {first}, so the answers' "
             "tokens cannot be found by rendering the conversation turn by turn",
             "render message.content in every assistant turn and wrap it (with its end-of-turn token) in "
-            "{% generation %} ... {% endgeneration %}, or use a named template (chatml, llama-3, mistral, phi-3, gemma)")])
+            "{% generation %} ... {% endgeneration %}, or use a named template (chatml, llama-3, mistral, phi-3, gemma, zephyr, alpaca)")])
     shown = "; ".join(problems[:_SHOWN]) + (f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else "")
     raise UserError(f"{len(problems)} {record_format} record(s) of {source.describe()} cannot be trained on", [Problem(
         source.where, shown, "fix or remove those records (data.roles maps other role names; "

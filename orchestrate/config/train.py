@@ -150,11 +150,12 @@ class TrainSection(Section):
 
     num_epochs: float | None = Field(default=None, gt=0, le=MAX_COUNT, validate_default=True,
                                      exclude_if=lambda v: v is None)
-    """Instead of `max_steps`: passes over the training samples (packed blocks when packed, padded
-    samples or records otherwise), fractional allowed (0.5: half of them). The steps are
-    ceil(num_epochs x ceil(samples / global_batch_size)), as transformers' Trainer counts them
-    (`set_initial_training_values`); the samples are known once the data is prepared, so the plan
-    says "steps resolved at prepare" and the prepare line and the workers give the number."""
+    """Instead of `max_steps`: passes over the training samples, the sampler's: packed blocks of text or
+    chat samples when packed, else the samples themselves; preference records (pairs) either way.
+    Fractional allowed (0.5: half of them). The steps are ceil(num_epochs x ceil(samples /
+    global_batch_size)), as transformers' Trainer counts them (`set_initial_training_values`); the
+    samples are known once the data is prepared, so the plan says "steps resolved at prepare" and the
+    prepare line and the workers give the number."""
 
     neftune_noise_alpha: float | None = Field(default=None, gt=0, exclude_if=lambda v: v is None)
     """NEFTune (Jain et al. 2023, "NEFTune: Noisy Embeddings Improve Instruction Finetuning"): add

@@ -41,6 +41,9 @@ def plan_with_shape(config: RunConfig, hardware: HardwareProfile, shape: ModelSh
     check that teacher and student share a vocabulary), and a note for each measured correction applied."""
     plan = weigh(config, hardware, shape, auxiliary_shapes(config, shape))
     plan.notes += [correction_note(c) for c in hardware.memory_corrections]
+    if config.train.num_epochs is not None:  # the samples an epoch has are known once the data is prepared
+        plan.notes.append(f"length: {config.train.length()}: ceil(num_epochs x ceil(training samples / "
+                          f"global_batch_size {config.train.global_batch_size}))")
     return plan
 
 

@@ -4,7 +4,8 @@ Pure (no I/O, no devices, no deepspeed import) so the launcher can write it for 
 diff and reuse, and the worker passes the very same dict to `deepspeed.initialize`.
 
 The file carries "optimizer" (AdamW) and "scheduler" (WarmupCosineLR) blocks so it runs as it is
-under a stock DeepSpeed script. The orchestrate backend strips both (`engine_config`) and hands
+under a stock DeepSpeed script; with `train.num_epochs` no scheduler block (WarmupCosineLR needs the
+total steps, which follow from the prepared data: the script sets its own). The orchestrate backend strips both (`engine_config`) and hands
 DeepSpeed its own AdamW (DeepSpeedCPUAdam when offloaded) and the LambdaLR of
 `orchestrate/backends/schedule.py`, so DeepSpeed, FSDP2 and DDP runs follow the very same curve.
 
@@ -82,7 +83,8 @@ def render_config(plan: RunPlan) -> dict[str, Any]:
     if "nvme" in (strategy.offload_optimizer, strategy.offload_params):
         cfg["aio"] = dict(_AIO)
     cfg["optimizer"] = _optimizer(plan)
-    cfg["scheduler"] = _scheduler(plan)
+    if plan.config.train.num_epochs is None:  # else the step count follows from the data (no total to write)
+        cfg["scheduler"] = _scheduler(plan)
     return cfg
 
 
@@ -105,7 +107,8 @@ def engine_config(plan: RunPlan) -> dict[str, Any]:
     `_configure_optimizer`, `_configure_lr_scheduler`), but stripping them keeps the dict free of
     a second, unused optimizer description and the run identical to one from before the blocks existed."""
     cfg = render_config(plan)
-    del cfg["optimizer"], cfg["scheduler"]
+    del cfg["optimizer"]
+    cfg.pop("scheduler", None)
     return cfg
 
 

@@ -50,7 +50,7 @@ def hf_deepspeed_config(plan: RunPlan) -> dict[str, Any]:
     """deepspeed.json with "auto" wherever the Trainer fills the value, and no scheduler block."""
     check_plan(plan)
     cfg = render_config(plan)
-    del cfg["scheduler"]
+    cfg.pop("scheduler", None)
     for key in _AUTO_TOP:
         cfg[key] = "auto"
     cfg["bf16"]["enabled"] = "auto"
@@ -69,7 +69,8 @@ def training_args(plan: RunPlan) -> dict[str, Any]:
     return {
         "per_device_train_batch_size": strategy.micro_batch_size,
         "gradient_accumulation_steps": plan.chosen.gradient_accumulation,
-        "max_steps": train.max_steps,
+        # train.num_epochs: the Trainer counts its steps from the data as orchestrate does (TrainSection.epoch_steps)
+        **({"max_steps": train.max_steps} if train.num_epochs is None else {"num_train_epochs": train.num_epochs}),
         "learning_rate": opt.lr,
         "adam_beta1": opt.betas[0],
         "adam_beta2": opt.betas[1],
@@ -82,6 +83,7 @@ def training_args(plan: RunPlan) -> dict[str, Any]:
         "bf16": strategy.precision == "bf16",
         "fp16": strategy.precision == "fp16",
         "seed": train.seed,
+        **({"neftune_noise_alpha": train.neftune_noise_alpha} if train.neftune_noise_alpha is not None else {}),
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from orchestrate.config.section import MAX_COUNT, Auto, Section
 from orchestrate.methods.custom.config import check_module_path
@@ -207,7 +207,8 @@ class DataSection(Section):
 
     chat_template: str | None = None
     """The chat template of chat records: null uses the tokenizer's own (`chat_template` in its
-    tokenizer_config.json / chat_template.jinja); a name (chatml, llama-3, mistral, phi-3, gemma), a
+    tokenizer_config.json / chat_template.jinja); a name (chatml, llama-3, mistral, phi-3, gemma, zephyr,
+    alpaca, or what users call them: qwen2.5, llama3, llama-3.1, phi3, gemma2, ...; docs/sft.md), a
     .jinja file, or inline Jinja otherwise. Saved with the tokenizer in RUN_DIR/model and RUN_DIR/adapter.
     Set, it also renders prompt-completion and Alpaca records as one user and one assistant turn."""
 
@@ -233,6 +234,13 @@ class DataSection(Section):
     with no trained token are dropped and counted; `truncate` is its old name). drop: dropped and
     counted. error: an error naming the first. A preference pair's two sequences are cut alike."""
 
+    last_turn_only: bool = Field(default=False, exclude_if=lambda v: not v)
+    """Chat records: only the conversation's last turn of `roles_to_train` (by default its final
+    assistant answer, with its end-of-turn token) carries the loss; the turns before it are context
+    (LLaMA-Factory's `mask_history`). Under `truncation: keep_answer` a long chat keeps that answer
+    (the prompt is cut from the left); under keep_start a last answer past seq_len is cut away and the
+    sample, left with nothing to train, is dropped (counted). Part of the data cache key."""
+
     @field_validator("roles_to_train")
     @classmethod
     def _some_role(cls, v: list[str]) -> list[str]:
@@ -244,6 +252,13 @@ class DataSection(Section):
     @classmethod
     def _old_truncation_name(cls, v: Any) -> Any:
         return OLD_TRUNCATION_NAMES.get(v, v) if isinstance(v, str) else v
+
+    @field_validator("last_turn_only")
+    @classmethod
+    def _last_turn_of_answers(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("train_on_inputs"):
+            raise ValueError("train_on_inputs trains every token, last_turn_only one turn: set one of them")
+        return v
 
     @field_validator("module")
     @classmethod

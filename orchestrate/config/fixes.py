@@ -32,6 +32,9 @@ _BY_KEY = {
     "micro_batch_size": "give a positive whole number or auto",
     "num_proc": "give a positive whole number or auto",
     "zero_stage": "give 0, 1, 2, 3 or auto",
+    "last_turn_only": "set train_on_inputs: false to train the last answer only, or last_turn_only: false",
+    "num_epochs": "keep one of train.max_steps (optimizer steps) and train.num_epochs (passes over the data); "
+                  "`--set train.max_steps=null` clears the file's max_steps",
 }
 
 

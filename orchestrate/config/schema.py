@@ -72,7 +72,20 @@ class RunConfig(Section):
         if self.model.num_labels is not None and self.model.task != "sequence-classification":
             raise ValueError("model.num_labels is for model.task sequence-classification only")
         check_custom_sections(self)
+        self._neftune_objective()
         return self
+
+    def _neftune_objective(self) -> None:
+        # NEFTune noises the trained model's embeddings in training forwards only: a preference or GRPO
+        # loss would set noised log-probabilities against a noiseless reference / sampling policy.
+        if self.train.neftune_noise_alpha is None:
+            return
+        if self.model.module is not None:
+            raise ValueError("train.neftune_noise_alpha noises a Hugging Face model's input embeddings; "
+                             "model.module has none: remove it")
+        if self.preference is not None or self.grpo is not None:
+            raise ValueError("train.neftune_noise_alpha is for supervised fine-tuning: preference: and grpo: "
+                             "compare the model's log-probabilities with a noiseless reference; remove it")
 
     def output_root(self) -> Path:
         """train.output_dir resolved; unset (a config not loaded from a file): `runs` beside the source."""

@@ -4,9 +4,10 @@ orchestrate/methods/lora/config.py."""
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_serializer, model_validator
 
 from orchestrate.config.requirements import (
     check_fused_kernels_library,
@@ -144,8 +145,24 @@ class TrainSection(Section):
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
     """Learning-rate schedule: linear warm-up then cosine decay."""
 
-    max_steps: int = Field(default=100, gt=0, le=MAX_COUNT)
-    """Optimizer steps to train."""
+    max_steps: int | None = Field(default=100, gt=0, le=MAX_COUNT)
+    """Optimizer steps to train (100 when neither it nor `num_epochs` is given; give one of the two)."""
+
+    num_epochs: float | None = Field(default=None, gt=0, le=MAX_COUNT, validate_default=True,
+                                     exclude_if=lambda v: v is None)
+    """Instead of `max_steps`: passes over the training samples, the sampler's: packed blocks of text or
+    chat samples when packed, else the samples themselves; preference records (pairs) either way.
+    Fractional allowed (0.5: half of them). The steps are ceil(num_epochs x ceil(samples /
+    global_batch_size)), as transformers' Trainer counts them (`set_initial_training_values`); the
+    samples are known once the data is prepared, so the plan says "steps resolved at prepare" and the
+    prepare line and the workers give the number."""
+
+    neftune_noise_alpha: float | None = Field(default=None, gt=0, exclude_if=lambda v: v is None)
+    """NEFTune (Jain et al. 2023, "NEFTune: Noisy Embeddings Improve Instruction Finetuning"): add
+    uniform noise in [-m, m], m = alpha / sqrt(seq_len x hidden_size), to the input embeddings in
+    training forwards only (never at evaluation or generation), as transformers'
+    `neftune_post_forward_hook` (TRL's and transformers' name); seq_len is `train.seq_len`, the packed
+    block or padded row; the paper uses 5 to 15. null: off. Not with `preference:` or `grpo:`."""
 
     grad_clip: float = Field(default=1.0, ge=0)
     """Clip the global gradient norm to this value; 0 disables clipping."""
@@ -209,3 +226,56 @@ class TrainSection(Section):
     @classmethod
     def _trackers_installed(cls, v: list[str]) -> list[str]:
         return check_trackers(v)  # a missing library fails here, at plan time, not inside the worker
+
+    @model_validator(mode="before")
+    @classmethod
+    def _epochs_replace_default_steps(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("num_epochs") is not None and "max_steps" not in data:
+            data = {**data, "max_steps": None}
+        return data
+
+    @field_validator("num_epochs")
+    @classmethod
+    def _one_length(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if "max_steps" not in info.data:  # max_steps itself failed: its own problem says why
+            return v
+        steps = info.data["max_steps"]
+        if v is not None and steps is not None:
+            raise ValueError(f"give train.max_steps ({steps}) or train.num_epochs ({v:g}), not both")
+        if v is None and steps is None:
+            raise ValueError("give train.max_steps or train.num_epochs: how long to train")
+        return v
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: Any) -> dict[str, Any]:
+        # A worker resolves num_epochs into max_steps over its data (`resolved`); what is written out
+        # (plan.json, a checkpoint's plan copy) is the length as the user gave it.
+        data = handler(self)
+        if self.num_epochs is not None:
+            data.pop("max_steps", None)
+        return data
+
+    def epoch_steps(self, samples: int) -> int:
+        """Optimizer steps of `num_epochs` passes over `samples` training samples: transformers'
+        `Trainer.set_initial_training_values` (trainer.py) takes num_update_steps_per_epoch =
+        ceil(len(dataloader) / gradient_accumulation_steps), len(dataloader) = ceil(samples /
+        (per-device batch x world size)), so ceil(samples / global batch), and max_steps =
+        ceil(num_train_epochs x num_update_steps_per_epoch). A step here always takes a whole global
+        batch (the sampler runs on into the next epoch where HF's last batch is short)."""
+        assert self.num_epochs is not None  # internal invariant: called for epoch-based runs only
+        return max(1, math.ceil(self.num_epochs * math.ceil(samples / self.global_batch_size)))
+
+    def resolved(self, samples: int) -> TrainSection:
+        """This section with `max_steps` the steps of `num_epochs` over `samples` (the section itself
+        when num_epochs is unset). Not validated again, and serialised as written (`_as_written`)."""
+        if self.num_epochs is None:
+            return self
+        return self.model_copy(update={"max_steps": self.epoch_steps(samples)})
+
+    def length(self) -> str:
+        """How long the run trains, for people: "100 steps", or "2 epochs (steps resolved at prepare)" /
+        "2 epochs = 155 steps" once resolved."""
+        if self.num_epochs is None:
+            return f"{self.max_steps} steps"
+        epochs = f"{self.num_epochs:g} epoch{'' if self.num_epochs == 1 else 's'}"
+        return f"{epochs} = {self.max_steps} steps" if self.max_steps is not None else f"{epochs} (steps resolved at prepare)"

@@ -1,5 +1,6 @@
 """Which chat template renders a run's conversations: the YAML's `data.chat_template` (a name of
-`chat_templates.NAMED_TEMPLATES`, a .jinja file, or inline Jinja), else the tokenizer's own.
+`chat_templates.NAMED_TEMPLATES` or one of its `ALIASES`, a .jinja file, or inline Jinja), else the
+tokenizer's own.
 
 The template runs in a bounded copy of transformers' sandboxed Jinja environment (`render`): it can
 format strings, not import or call anything, so a template from the YAML is no code opt-in; and a
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from orchestrate.data.chat_templates import NAMED_TEMPLATES
+from orchestrate.data.chat_templates import known_names, named_template
 from orchestrate.errors import Problem, UserError
 
 if TYPE_CHECKING:
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
 _GENERATION = re.compile(r"\{%-?\s*generation\s*-?%\}")
 """transformers' own test for `{% generation %}` markers (utils/chat_template_utils.py render_jinja_template)."""
-_NAMES = ", ".join(NAMED_TEMPLATES)
+_NAMES = known_names()
 RENDER_SECONDS = 10.0
 """Wall-clock budget of one render: real templates render a conversation in milliseconds."""
 CALL_DEPTH = 64
@@ -204,8 +205,8 @@ def yaml_template(config: RunConfig) -> ChatTemplate | None:
         return None
     if "{{" in given or "{%" in given:
         return ChatTemplate(given, "inline")
-    if given in NAMED_TEMPLATES:
-        return ChatTemplate(NAMED_TEMPLATES[given].source, given)
+    if (named := named_template(given)) is not None:
+        return ChatTemplate(named.source, given if given == named.name else f"{given} ({named.name})")
     path = config.resolve_path(given)
     if path.suffix == ".jinja" or path.is_file():
         try:

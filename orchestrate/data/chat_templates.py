@@ -1,15 +1,20 @@
-"""The named chat templates `data.chat_template` may give (chatml, llama-3, mistral, phi-3, gemma).
+"""The named chat templates `data.chat_template` may give (chatml, llama-3, mistral, phi-3, gemma,
+zephyr, alpaca) and the names users type for them (`ALIASES`: llama3, llama-3.1, qwen2.5, ...).
 
 Each follows its family's published turn format (the model cards and tokenizer_config.json files of
-Qwen2-Instruct, Meta-Llama-3-Instruct, Mistral-7B-Instruct, Phi-3-mini-instruct and Gemma-it): the
-same header, end-of-turn and BOS tokens, so a tokenizer of that family encodes a conversation as the
-family's own template would. Written here (not copied), with two deliberate choices:
+Qwen2-Instruct, Meta-Llama-3-Instruct, Mistral-7B-Instruct, Phi-3-mini-instruct, Gemma-it and
+HuggingFaceH4/zephyr-7b-beta; Alpaca's as Axolotl writes it as a chat template,
+src/axolotl/utils/chat_templates/templates/alpaca.jinja): the same header, end-of-turn and BOS
+tokens, so a tokenizer of that family encodes a conversation as the family's own template would.
+Written here (not copied), with two deliberate choices:
 
 - every assistant turn is wrapped in `{% generation %}` ... `{% endgeneration %}`, content plus its
   end-of-turn token, so transformers' `apply_chat_template(..., return_assistant_tokens_mask=True)`
   marks exactly the tokens the loss trains (docs/sft.md); the newline after the end-of-turn token is
   outside (the model stops at the token and never has to produce it);
-- no default system prompt is invented (Qwen2's template adds one).
+- no default system prompt is invented (Qwen2's template adds one, Qwen2.5's "You are Qwen, created
+  by Alibaba Cloud...", Llama 3.1's a knowledge-cutoff header, Stanford Alpaca's prompt its "Below
+  is an instruction..." preamble): the aliases name the family's turn format, not those defaults.
 
 Templates without a system role (Mistral, Gemma) put the system message in front of the first user
 turn, as Mistral's v0.3 and Gemma 3's templates do. Tool results are passed through as their own turn
@@ -112,4 +117,58 @@ GEMMA = NamedTemplate(
     "{%- if add_generation_prompt -%}{{- '<start_of_turn>model\\n' -}}{%- endif -%}",
     ("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), "<bos>", "<end_of_turn>")
 
-NAMED_TEMPLATES: dict[str, NamedTemplate] = {t.name: t for t in (CHATML, LLAMA3, MISTRAL, PHI3, GEMMA)}
+# zephyr-7b-beta's tokenizer_config.json: every turn "<|role|>\n" + content + eos_token + "\n", the
+# generation prompt "<|assistant|>\n" (its roles are plain text in that tokenizer, atomic in ours).
+ZEPHYR = NamedTemplate(
+    "zephyr",
+    "{%- for message in messages -%}" + _CONTENT +
+    "{{- '<|' + message.role + '|>\n' -}}"
+    "{%- if message.role == 'assistant' -%}"
+    "{%- generation -%}{{- content -}}" + _TOOL_CALLS + "{{- eos_token -}}{%- endgeneration -%}"
+    "{%- else -%}{{- content + eos_token -}}{%- endif -%}"
+    "{{- '\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|assistant|>\n' -}}{%- endif -%}",
+    ("<s>", "</s>", "<|system|>", "<|user|>", "<|assistant|>", "<|tool|>"), "<s>", "</s>")
+
+# Axolotl's alpaca.jinja: BOS, the system text as it is, "### Instruction:\n" + a user turn,
+# "### Response:\n" + an answer + eos_token, turns apart by a blank line, the generation prompt
+# "\n\n### Response:\n". A tool result is Stanford Alpaca's "### Input:" (context for the answer).
+ALPACA = NamedTemplate(
+    "alpaca",
+    "{{- bos_token -}}"
+    "{%- for message in messages -%}" + _CONTENT +
+    "{%- if not loop.first -%}{{- '\n\n' -}}{%- endif -%}"
+    "{%- if message.role == 'assistant' -%}"
+    "{{- '### Response:\n' -}}"
+    "{%- generation -%}{{- content -}}" + _TOOL_CALLS + "{{- eos_token -}}{%- endgeneration -%}"
+    "{%- elif message.role == 'user' -%}{{- '### Instruction:\n' + content -}}"
+    "{%- elif message.role == 'tool' -%}{{- '### Input:\n' + content -}}"
+    "{%- else -%}{{- content -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '\n\n### Response:\n' -}}{%- endif -%}",
+    ("<s>", "</s>"), "<s>", "</s>")
+
+NAMED_TEMPLATES: dict[str, NamedTemplate] = {t.name: t for t in (CHATML, LLAMA3, MISTRAL, PHI3, GEMMA, ZEPHYR, ALPACA)}
+
+ALIASES: dict[str, str] = {
+    **dict.fromkeys(("qwen", "qwen2", "qwen-2", "qwen2.5", "qwen-2.5", "qwen_25"), "chatml"),
+    **dict.fromkeys(("llama3", "llama-3.1", "llama3.1", "llama-3.2", "llama3.2", "llama-3.3", "llama3.3"), "llama-3"),
+    **dict.fromkeys(("mixtral", "mistral_v1"), "mistral"),
+    **dict.fromkeys(("phi3", "phi_3", "phi-3.5", "phi3.5", "phi_35"), "phi-3"),
+    **dict.fromkeys(("gemma2", "gemma-2", "gemma3", "gemma-3"), "gemma"),
+}
+"""Names users type (model names, and Axolotl's `chat_template` names: qwen_25, phi_3, phi_35,
+mistral_v1) for the families whose turn format a named template writes. Not Qwen3 (its template drops
+earlier turns' reasoning), nor Phi-4 (<|im_sep|>), nor Llama 2 (<<SYS>>): other formats."""
+
+
+def named_template(name: str) -> NamedTemplate | None:
+    """The named template `name` (a name or an alias, any case) stands for; None for another name."""
+    key = name.strip().lower()
+    return NAMED_TEMPLATES.get(ALIASES.get(key, key))
+
+
+def known_names() -> str:
+    """The names and aliases, for the message of an unknown one."""
+    return f"{', '.join(NAMED_TEMPLATES)} (also {', '.join(ALIASES)})"

@@ -288,8 +288,9 @@ def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedDat
 
 def describe_prepared(prepared: PreparedData, config: RunConfig, methods: MethodData = NO_METHOD_DATA) -> str:
     """One line for people: what was tokenised or found in the cache, and what it gives (and, for
-    data.datasets, what each source gave)."""
-    text = _describe_stream(prepared, config, methods)
+    data.datasets, what each source gave; with train.num_epochs, the steps they make: `epochs_line`)."""
+    train, validation = samples_for(prepared, config, methods=methods)
+    text = _describe_stream(prepared, config, methods, train, validation) + epochs_line(config, len(train))
     if "mix" not in prepared.train.meta:
         return text
     summary, cache_line, cache = text.rpartition("\n  cache: ")  # the mix before the cache's line
@@ -297,8 +298,18 @@ def describe_prepared(prepared: PreparedData, config: RunConfig, methods: Method
     return summary + mix + cache_line + cache if cache_line else text + mix
 
 
-def _describe_stream(prepared: PreparedData, config: RunConfig, methods: MethodData) -> str:
-    train, validation = samples_for(prepared, config, methods=methods)
+def epochs_line(config: RunConfig, samples: int) -> str:
+    """train.num_epochs over `samples` training samples as optimizer steps (what every worker resolves,
+    worker/stages.py `resolve_steps`); empty for a run of train.max_steps."""
+    train = config.train
+    if train.num_epochs is None:
+        return ""
+    return (f"\n  {train.resolved(samples).length()} ({samples:,} training samples per epoch, "
+            f"global batch {train.global_batch_size})")
+
+
+def _describe_stream(prepared: PreparedData, config: RunConfig, methods: MethodData, train: Samples,
+                     validation: Samples) -> str:
     if (reader := methods.reader(prepared.train.meta.get("record_format", "text"))) is not None:
         return reader.describe(prepared.train, train, validation, config, prepared.tokenized, prepared.seconds)
     if isinstance(train, PackedSamples | PaddedSamples):

@@ -95,7 +95,8 @@ class SftSettings:
                     "roles": dict(sorted(d.roles.items())), "chat_template": self.template.source if self.template else None,
                     "train_on_inputs": d.train_on_inputs, "roles_to_train": list(d.roles_to_train),
                     "record_chars": self.chars, "system_prompt": d.system_prompt,
-                    **left, "version": 4}
+                    **left, "version": 4,
+                    **({"last_turn_only": True} if d.last_turn_only else {})}  # absent when off: the keys made before it stay
         if d.datasets:  # each source's own reading of its records
             identity["datasets"] = [{"record_format": e.record_format, "system_prompt": e.system_prompt,
                                      "columns": e.columns.model_dump(exclude_unset=True) if e.columns else None}
@@ -126,7 +127,7 @@ class SftSettings:
     def mask_method(self, template: ChatTemplate | None, record_format: str = "chat") -> str:
         if record_format in PREFERENCE_FORMATS:
             return PREFERENCE_ANSWERS
-        return mask_method(template, self.data.roles_to_train, self.data.train_on_inputs)
+        return mask_method(template, self.data.roles_to_train, self.data.train_on_inputs, self.data.last_turn_only)
 
 
 def _is_list(feature) -> bool:
@@ -197,7 +198,7 @@ def _encode(record: dict, record_format: str, settings: SftSettings, template: C
         # turn is split; the others keep its start, split only as far as the record budget reaches
         upto = None if cuts_from_left(data) else settings.chars
         return encode_chat(tokenizer.tok, template, sample.messages, list(data.roles_to_train),
-                           data.train_on_inputs, upto), None, sample.cut
+                           data.train_on_inputs, upto, data.last_turn_only), None, sample.cut
     except TemplateNotIncremental as exc:
         return None, TEMPLATE_PROBLEM + str(exc), sample.cut
     except TemplateLimit as exc:
@@ -248,7 +249,7 @@ def raise_record_problems(problems: list[str], source: Source, record_format: st
             "data.chat_template", f"{template.origin if template else 'the template'}: {first}, so the answers' "
             "tokens cannot be found by rendering the conversation turn by turn",
             "render message.content in every assistant turn and wrap it (with its end-of-turn token) in "
-            "{% generation %} ... {% endgeneration %}, or use a named template (chatml, llama-3, mistral, phi-3, gemma)")])
+            "{% generation %} ... {% endgeneration %}, or use a named template (chatml, llama-3, mistral, phi-3, gemma, zephyr, alpaca)")])
     shown = "; ".join(problems[:_SHOWN]) + (f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else "")
     raise UserError(f"{len(problems)} {record_format} record(s) of {source.describe()} cannot be trained on", [Problem(
         source.where, shown, "fix or remove those records (data.roles maps other role names; "

@@ -19,6 +19,11 @@ own end-of-turn token, no EOS is appended. The trained tokens are
 
 Either way the span includes the end-of-turn token after the answer, so the model learns to stop.
 
+`data.last_turn_only` keeps the last turn of a trained role alone (LLaMA-Factory's `mask_history`,
+data/processor/supervised.py: every pair but the last labelled IGNORE_INDEX): its start is where the
+conversation rendered up to it ends, so only that turn's marked spans (markers) or its own span
+(turn by turn) are trained, from a few renders whatever the conversation's length.
+
 Prompt-completion and Alpaca without a chat template: the tokenizer's own special tokens around the
 text (what `tokenizer(text)` adds: Llama's BOS, nothing for GPT-2 or Qwen), prompt and completion
 encoded apart (so the prompt's ids are those `tokenizer(prompt)` gives at inference), then EOS unless
@@ -37,6 +42,7 @@ MARKERS = "generation markers (transformers' return_assistant_tokens_mask)"
 INCREMENTAL = "incremental rendering"
 ALL_TOKENS = "every token (train_on_inputs)"
 COMPLETION = "the completion and its EOS"
+LAST_TURN = ", the last trained turn only (data.last_turn_only)"
 
 
 class TemplateNotIncremental(ValueError):
@@ -54,17 +60,41 @@ class Encoded:
     where evaluation cuts a held-out sample into prompt and reference (`train.eval_generate`)."""
 
 
-def mask_method(template: ChatTemplate | None, roles_to_train: list[str], train_on_inputs: bool) -> str:
+def mask_method(template: ChatTemplate | None, roles_to_train: list[str], train_on_inputs: bool,
+                last_turn_only: bool = False) -> str:
     """How the trained tokens of a sample are found (reported in the data summary and meta.json)."""
     if train_on_inputs:
         return ALL_TOKENS
     if template is None:
         return COMPLETION
-    return MARKERS if template.has_generation_markers and list(roles_to_train) == ["assistant"] else INCREMENTAL
+    found = MARKERS if template.has_generation_markers and list(roles_to_train) == ["assistant"] else INCREMENTAL
+    return found + LAST_TURN if last_turn_only else found
 
 
 def _render(tok, template: ChatTemplate, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
     return render(template, tok, messages, generation_prompt)[0]
+
+
+def _turn(tok, template: ChatTemplate, messages: list[dict[str, Any]], i: int, full: str,
+          before: str) -> tuple[str, tuple[int, int]]:
+    """(the conversation rendered up to and including turn i, the character span of turn i in `full`);
+    `before`: the conversation rendered up to turn i. An assistant turn starts after the generation
+    prompt (its header untrained); its end leaves out trailing whitespace."""
+    message = messages[i]
+    upto = _render(tok, template, messages[: i + 1], False)
+    if not full.startswith(upto):
+        raise TemplateNotIncremental(f"turn {i} renders differently once later turns follow")
+    start, end = len(before), len(upto.rstrip())
+    if message["role"] == "assistant":
+        if i > 0:
+            prompt = _render(tok, template, messages[:i], True)
+            if not upto.startswith(prompt):
+                raise TemplateNotIncremental(f"the generation prompt before turn {i} is not where its answer starts")
+            start = len(prompt)
+        content = (message.get("content") or "").strip()
+        if content and content not in full[start:end]:
+            raise TemplateNotIncremental(f"turn {i} (assistant): its content is not rendered inside its answer")
+    return upto, (start, end)
 
 
 def _spans(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained: list[str],
@@ -76,25 +106,25 @@ def _spans(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained:
     for i, message in enumerate(messages):
         if upto_chars is not None and len(before) > upto_chars:
             break
-        upto = _render(tok, template, messages[: i + 1], False)
-        if not full.startswith(upto):
-            raise TemplateNotIncremental(f"turn {i} renders differently once later turns follow")
-        start, end = len(before), len(upto.rstrip())
-        if message["role"] == "assistant":
-            if i > 0:
-                prompt = _render(tok, template, messages[:i], True)
-                if not upto.startswith(prompt):
-                    raise TemplateNotIncremental(f"the generation prompt before turn {i} is not where its answer starts")
-                start = len(prompt)
-            content = (message.get("content") or "").strip()
-            if content and content not in full[start:end]:
-                raise TemplateNotIncremental(f"turn {i} (assistant): its content is not rendered inside its answer")
-            if end > start:
-                answers.append((start, end))
-        if message["role"] in trained and end > start:
+        upto, (start, end) = _turn(tok, template, messages, i, full, before)
+        if end > start and message["role"] == "assistant":
+            answers.append((start, end))
+        if end > start and message["role"] in trained:
             turns.append((start, end))
         before = upto
     return answers, turns
+
+
+def _last_turn(tok, template: ChatTemplate, messages: list[dict[str, Any]], trained: list[str],
+               full: str) -> tuple[int, tuple[int, int]]:
+    """(where the conversation before the last turn of a `trained` role ends, that turn's span), from
+    two or three renders whatever the conversation's length (`last_turn_only`). The caller has checked
+    that such a turn exists (records.py `lacks_trained_turn`)."""
+    i = max(k for k, m in enumerate(messages) if m["role"] in trained)
+    before = _render(tok, template, messages[:i], False) if i > 0 else ""
+    if not full.startswith(before):
+        raise TemplateNotIncremental(f"turn {i - 1} renders differently once later turns follow")
+    return len(before), _turn(tok, template, messages, i, full, before)[1]
 
 
 def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
@@ -110,24 +140,29 @@ def _overlapping(offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -
 
 
 def encode_chat(tok, template: ChatTemplate, messages: list[dict[str, Any]], roles_to_train: list[str],
-                train_on_inputs: bool, upto_chars: int | None = None) -> Encoded:
+                train_on_inputs: bool, upto_chars: int | None = None, last_turn_only: bool = False) -> Encoded:
     """A conversation's ids and mask (module docstring). `tok`: a fast transformers tokenizer.
     `upto_chars`: the rendered characters that can hold the tokens kept (the record budget,
-    records.py), past which the turn-by-turn rendering stops."""
+    records.py), past which the turn-by-turn rendering stops. `last_turn_only`: the mask keeps the
+    last turn of `roles_to_train` alone (`data.last_turn_only`)."""
     full, generation = render(template, tok, messages, False)
     enc = tok(full, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
     trained = list(roles_to_train)
-    if template.has_generation_markers:
-        answer = _overlapping(offsets, generation)
-        if train_on_inputs or trained == ["assistant"]:
-            return Encoded(ids, [1] * len(ids) if train_on_inputs else answer, answer)
-        return Encoded(ids, _overlapping(offsets, _spans(tok, template, messages, trained, full, upto_chars)[1]), answer)
-    answers, turns = _spans(tok, template, messages, trained, full, upto_chars)
+    markers = template.has_generation_markers
+    by_markers = markers and trained == ["assistant"]  # the marked spans are the trained ones
+    answers, turns = generation, []
+    if not markers or not (train_on_inputs or by_markers or last_turn_only):
+        spans = _spans(tok, template, messages, trained, full, upto_chars)
+        answers, turns = (answers, spans[1]) if markers else spans
     answer = _overlapping(offsets, answers)
     if train_on_inputs:
         return Encoded(ids, [1] * len(ids), answer)
-    return Encoded(ids, answer if trained == ["assistant"] else _overlapping(offsets, turns), answer)
+    if last_turn_only:
+        starts, span = _last_turn(tok, template, messages, trained, full)
+        return Encoded(ids, _overlapping(offsets, [g for g in generation if g[0] >= starts] if by_markers else [span]),
+                       answer)
+    return Encoded(ids, answer if by_markers else _overlapping(offsets, turns), answer)
 
 
 @lru_cache(maxsize=8)

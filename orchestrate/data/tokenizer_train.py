@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.cache import cache_dir_of, temp_dir_for
-from orchestrate.data.chat_templates import NAMED_TEMPLATES, NamedTemplate
+from orchestrate.data.chat_templates import NamedTemplate, known_names, named_template
 from orchestrate.data.checks import check_vocab_size, ensure_cache_dir
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.prepare import TextSpec, iter_documents, progress_bars
@@ -95,11 +95,12 @@ def _named_template(config: RunConfig) -> NamedTemplate | None:
     given = config.data.chat_template
     if given is None:
         return None
-    if given not in NAMED_TEMPLATES:
+    named = named_template(given)
+    if named is None:
         raise UserError("the tokenizer trainer knows the special tokens of the named templates only", [Problem(
-            "data.chat_template", f"{given[:60]!r} is not one of {', '.join(NAMED_TEMPLATES)}",
+            "data.chat_template", f"{given[:60]!r} is not one of {known_names()}",
             "name one of those for `orchestrate tokenizer train` (the run may then use any template)")])
-    return NAMED_TEMPLATES[given]
+    return named
 
 
 def iter_records_as_text(sources, config: RunConfig, named: NamedTemplate, work: Path):

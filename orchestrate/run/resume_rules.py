@@ -41,7 +41,10 @@ def resume_problems(meta: CheckpointMeta, plan: RunPlan) -> list[Problem]:
         problems.append(Problem("train.precision", f"the checkpoint trained in {saved['precision']}, this plan in "
                                 f"{strategy.precision}", f"set train.precision: {saved['precision']}, {EXPORT_FIX}"))
     train = plan.config.train
-    if meta.step > train.max_steps:
+    if train.num_epochs is not None and train.max_steps is not None and meta.step > train.max_steps:
+        problems.append(Problem("train.num_epochs", f"{train.length()} end before the checkpoint's step {meta.step}",
+                                "raise train.num_epochs, or export that checkpoint"))
+    elif train.max_steps is not None and meta.step > train.max_steps:  # num_epochs: once the worker resolved it
         problems.append(Problem("train.max_steps", f"{train.max_steps} is before the checkpoint's step {meta.step}",
                                 f"set train.max_steps to at least {meta.step}, or export that checkpoint"))
     for key, then, now in (("seq_len", meta.seq_len, train.seq_len),

@@ -51,6 +51,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     resume_from = stages.checkpoint_to_resume(plan, run, rank)  # checked before anything is built
     preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
     data = stages.build_data(plan, run, rank)  # first: a classifier's labels size its head
+    plan = stages.resolve_steps(plan, data, resume_from)  # train.num_epochs as steps over this data, on every rank
     tensors = stages.count_tensors(rank)  # CPU: the live-tensor peak the memory verdict compares
     auxiliary = stages.build_auxiliary(plan, run, rank, data)  # before the trained model (see the function)
     engine, model_dir = stages.build_engine(plan, run, rank, data.label_names, auxiliary)

@@ -19,13 +19,15 @@ from orchestrate.backends.base import TrainEngine
 from orchestrate.backends.rank import Rank
 from orchestrate.backends.registry import get_backend
 from orchestrate.backends.sequence_parallel import use_ulysses_attention
+from orchestrate.config.section import MAX_COUNT
 from orchestrate.data import build_data as build_token_data
 from orchestrate.data.chat_template import saved_chat_template
 from orchestrate.data.pipeline import TrainData
 from orchestrate.data.tokenizer import save_tokenizer
-from orchestrate.errors import UserError
+from orchestrate.errors import Problem, UserError
 from orchestrate.loading.init_weights import ensure_initial_weights
 from orchestrate.loading.labels import write_labels
+from orchestrate.loading.neftune import add_neftune
 from orchestrate.loading.packed_attention import packing_notice
 from orchestrate.methods.registry import active_methods, base_runtime, method_data, runtimes
 from orchestrate.planner.plan import RunPlan
@@ -109,6 +111,24 @@ def build_data(plan: RunPlan, run: RunDir, rank: Rank) -> TrainData:
                             sequence=sequence, methods=methods)
 
 
+def resolve_steps(plan: RunPlan, data: TrainData, resume_from: Path | None) -> RunPlan:
+    """The plan with train.num_epochs as optimizer steps over this data (`TrainSection.resolved`): its
+    training samples are the sampler's, the same on every rank and in every resume (a checkpoint of
+    other data is refused), so every rank stops, decays the learning rate and checkpoints at the same
+    step, as the launcher's prepare line said. The checkpoint to resume must lie within them."""
+    train = plan.config.train
+    if train.num_epochs is None:
+        return plan
+    resolved = train.resolved(data.sampler.num_blocks)
+    if resolved.max_steps > MAX_COUNT:
+        raise UserError("train.num_epochs gives too many steps", [Problem(
+            "train.num_epochs", f"{resolved.length()} is more than {MAX_COUNT:,}", "lower train.num_epochs")])
+    plan = plan.model_copy(update={"config": plan.config.model_copy(update={"train": resolved})})
+    if resume_from is not None:
+        check_resumable(resume_from, plan)
+    return plan
+
+
 def count_tensors(rank: Rank) -> TensorPeak | None:
     """On a CPU rank, the live CPU tensor bytes from here on (orchestrate/worker/tensor_peak.py: torch
     keeps no CPU allocator statistics); None on a GPU rank, whose peaks come from torch.cuda."""
@@ -131,7 +151,8 @@ def build_auxiliary(plan: RunPlan, run: RunDir, rank: Rank, data: TrainData) -> 
 def build_engine(plan: RunPlan, run: RunDir, rank: Rank, labels: list[str] | None,
                  auxiliary: dict[str, Any]) -> tuple[TrainEngine, Path]:
     """Initial weights -> the backend's model (built by the base method, with the methods' model
-    transforms), wrapper, optimizer and schedule, training the objective of the task and the methods;
+    transforms), wrapper, optimizer and schedule, training the objective of the task and the methods
+    (with NEFTune's noise on its embeddings where train.neftune_noise_alpha asks, loading/neftune.py);
     returns the engine and the model directory it started from."""
     hf_logging.disable_progress_bar()  # "Writing model shards" bars would interleave across ranks
     backend = get_backend(plan.strategy.backend)
@@ -140,6 +161,8 @@ def build_engine(plan: RunPlan, run: RunDir, rank: Rank, labels: list[str] | Non
                            partial(base_runtime(plan.config).build_model, plan))
     if rank.sequence is not None:  # attention over the whole sequence: all-to-all over heads in the group
         use_ulysses_attention(engine.model, rank.sequence, plan.strategy.micro_batch_size)
+    if (alpha := plan.config.train.neftune_noise_alpha) is not None:  # noised embeddings in training forwards
+        add_neftune(engine.model, alpha, plan.config.train.seq_len)
     return engine, model_dir
 
 
@@ -176,7 +199,7 @@ def callbacks(plan: RunPlan, rank: Rank, data: TrainData, start_step: int, resum
     the others see, and with train.eval_generate the generated answers), the observers, checkpoints,
     stop signals last."""
     tokens = plan.tokens_per_step
-    intro = [f"training {plan.chosen.name} on {rank.world_size} rank(s): {plan.config.train.max_steps} steps "
+    intro = [f"training {plan.chosen.name} on {rank.world_size} rank(s): {plan.config.train.length()} "
              f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {start_step})")

@@ -95,7 +95,7 @@ def pruned_parameters(shape: ModelShape, prune: PruneSection) -> int:
 
 def _problems(config: RunConfig, shape: ModelShape) -> list[Problem]:
     prune, out = config.prune, []
-    if prune.schedule.end_step > config.train.max_steps:
+    if config.train.max_steps is not None and prune.schedule.end_step > config.train.max_steps:  # num_epochs: unknown here
         out.append(Problem("prune.schedule.end_step", f"{prune.schedule.end_step} is after train.max_steps "
                            f"({config.train.max_steps}): the target sparsity would never be reached",
                            f"use end_step <= {config.train.max_steps}, or raise train.max_steps"))

@@ -26,7 +26,7 @@ def follow_metrics(plan: RunPlan, run_dir: Path, console: Console | None):
         yield
         return
 
-    total = plan.config.train.max_steps
+    total = plan.config.train.max_steps  # None for train.num_epochs: the workers resolve it, the bar counts up
     bar = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[status]}"), TimeRemainingColumn(), console=console)
     task = bar.add_task("train", total=total, status="starting workers")

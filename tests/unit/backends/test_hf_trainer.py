@@ -81,6 +81,21 @@ def test_transformers_fills_it_without_mismatch_for_any_world_size(world_size):
     assert cfg["gradient_clipping"] == plan.config.train.grad_clip
 
 
+def test_epochs_and_neftune_go_to_the_trainer_as_its_own_arguments():
+    # The Trainer counts epochs as steps over its dataloader as orchestrate does (TrainSection.epoch_steps);
+    # deepspeed.json has no scheduler block then (WarmupCosineLR needs the total, known at prepare only).
+    from orchestrate.backends.deepspeed_render import render_config
+
+    plan = make_plan(ZERO2_BF16, config={"train": {**TRAIN, "max_steps": None, "num_epochs": 1.5,
+                                                   "neftune_noise_alpha": 5.0}})
+    args = training_args(plan)
+    assert (args["num_train_epochs"], args["neftune_noise_alpha"]) == (1.5, 5.0) and "max_steps" not in args
+    assert "scheduler" not in render_config(plan)
+    steps = training_args(_plan())
+    assert steps["max_steps"] == 8 and "num_train_epochs" not in steps and "neftune_noise_alpha" not in steps
+    assert render_config(_plan())["scheduler"]["params"]["total_num_steps"] == 8
+
+
 def test_a_plan_without_deepspeed_is_refused():
     with pytest.raises(UserError, match="strategy.backend=deepspeed"):
         hf_deepspeed_config(_plan(Strategy("fsdp", 3, "none", "none", "fp32", False, 2)))

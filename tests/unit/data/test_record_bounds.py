@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -183,6 +184,49 @@ def test_bytes_not_utf8_past_the_sniffed_head_are_one_error(tmp_path):
 def test_a_pipe_is_refused(tmp_path):
     err = _file_refused(tmp_path, "fifo.txt", lambda p: os.mkfifo(p))
     assert "not a regular file" in str(err)
+
+
+def test_a_pipe_a_pattern_matches_is_refused_not_passed_over(tmp_path):
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    err = _refused(_config(tmp_path, {"train_files": ["*.jsonl"]}))
+    assert "fifo.jsonl is not a regular file" in str(err)
+
+
+def _finishes(fn, seconds: float = 10):
+    """fn()'s result or exception, or a failure when it blocks past `seconds` (a read of a FIFO
+    waits for a writer forever: the thread is left blocked, a daemon)."""
+    done: list = []
+
+    def run():
+        try:
+            done.append(("value", fn()))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            done.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert done, f"blocked for more than {seconds} s"
+    return done[0]
+
+
+def test_a_chat_template_that_is_a_pipe_is_refused_without_reading_it(tmp_path):
+    os.mkfifo(tmp_path / "template.jinja")
+    config = _config(tmp_path, _chat_data(tmp_path, [_turns(("user", "hello"), ("assistant", "yes"))],
+                                          chat_template="template.jinja"))
+    kind, err = _finishes(lambda: chat_template.yaml_template(config))
+    assert kind == "error" and isinstance(err, UserError), err
+    assert err.problems[0].where == "data.chat_template" and "is not a regular file" in str(err)
+
+
+@pytest.mark.parametrize(("content", "says"), [(b"x" * (chat_template.FILE_BYTES + 1), "a chat template is a few KiB"),
+                                               (b"{{ 'caf\xe9' }}", "is not UTF-8: byte")])
+def test_a_chat_template_file_too_large_or_not_utf8_is_refused(tmp_path, content, says):
+    (tmp_path / "template.jinja").write_bytes(content)
+    config = _config(tmp_path, {"train_files": ["chat.jsonl"], "chat_template": "template.jinja"})
+    with pytest.raises(UserError, match="chat template file cannot be read") as info:
+        chat_template.yaml_template(config)
+    assert says in str(info.value)
 
 
 # --- labels ------------------------------------------------------------------------------------------

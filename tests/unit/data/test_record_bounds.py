@@ -264,3 +264,12 @@ def test_a_cut_conversation_keeps_its_configured_columns_and_roles(tmp_path):
                       columns={"messages": "dialog", "role": "speaker", "content": "text"})
     prepared = prepare_data(_config(tmp_path, data, seq_len=seq_len))
     assert prepared.train.meta["records_cut"] == 1
+
+
+def test_a_lone_surrogate_anywhere_in_a_record_is_found_before_a_tokenizer_sees_it():
+    """Python's json reads an unpaired \\ud800 escape as a lone surrogate, which no tokenizer encodes
+    (a TypeError inside it): the record's problem instead (sft_prepare.py `_tokens`, GRPO's prompts)."""
+    from orchestrate.data.records import lone_surrogate
+
+    assert lone_surrogate({"messages": [{"content": "fine é 🙂"}, {"content": ["x", "a\udce9"]}]}) == "U+DCE9"
+    assert lone_surrogate({"prompt": "fine é 🙂", "n": 3, "x": None}) is None

@@ -58,10 +58,27 @@ def _from_architecture(arch: dict) -> PretrainedConfig:
             "whose config.json maps custom code (with trust_remote_code: true)")])
     kwargs = {k: v for k, v in arch.items() if k != "model_type"}
     try:
-        return AutoConfig.for_model(model_type, **kwargs)
+        return AutoConfig.for_model(model_type, **{**_ids_outside_vocabulary(CONFIG_MAPPING[model_type], kwargs),
+                                                   **kwargs})
     except (TypeError, *_config_errors()) as exc:
         raise UserError("invalid model architecture", [Problem(
             where, " ".join(str(exc).split()), "fix the value named above")]) from None
+
+
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""The config fields of a model's special tokens (transformers' names), which generation reads."""
+
+
+def _ids_outside_vocabulary(config_class, kwargs: dict) -> dict[str, None]:
+    """None for each special-token id the architecture leaves to the family's default when that
+    default lies outside its vocabulary: GPT-2's 50256 in a 640-token model would be saved as its
+    EOS (the worker gives the run's tokenizer's ids instead: loading/init_weights.py)."""
+    defaults = config_class()
+    vocab = kwargs.get("vocab_size", getattr(defaults, "vocab_size", None))
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return {}
+    return {name: None for name in SPECIAL_TOKEN_IDS if name not in kwargs
+            and isinstance(default := getattr(defaults, name, None), int) and not 0 <= default < vocab}
 
 
 def _from_name_or_path(config: RunConfig) -> PretrainedConfig:

@@ -24,7 +24,7 @@ from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
 from orchestrate.loading.labels import apply_labels
 from orchestrate.methods.custom.module import ModuleConfig
-from orchestrate.model.meta import load_model_config
+from orchestrate.model.meta import base_model_gone, load_model_config
 from orchestrate.model.tasks import auto_class
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import INIT_MODEL_DIR
@@ -126,9 +126,12 @@ def existing_weights_dir(plan: RunPlan, run_dir: Path) -> Path:
         path = plan.config.resolve_path(name)
         if has_weights(path):
             return path
+        if (gone := base_model_gone(plan.config, run_dir)) is not None:
+            raise gone
         if not path.exists():
             return _hub_snapshot(name, download=False)
     return Path(run_dir) / INIT_MODEL_DIR
+
 
 
 def ensure_initial_weights(plan: RunPlan, run_dir: Path, local_rank: int, labels: list[str] | None = None,
@@ -149,7 +152,9 @@ def ensure_initial_weights(plan: RunPlan, run_dir: Path, local_rank: int, labels
         path = plan.config.resolve_path(name)
         if has_weights(path):
             return path
-        if not path.exists():  # a Hub name (the config loader already rejected bad local paths)
+        if (gone := base_model_gone(plan.config, run_dir)) is not None:  # moved since the launcher checked it
+            raise gone
+        if not path.exists():  # a Hub name
             if local_rank == 0:
                 _hub_snapshot(name, download=True)
             _barrier()

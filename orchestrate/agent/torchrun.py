@@ -11,8 +11,8 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL
-from orchestrate.run.layout import LOG_DIR, OOM_DIR, WORKER_MODULE
+from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL, HOST_OOM_KILLED
+from orchestrate.run.layout import LOG_DIR, OOM_DIR, WORKER_MODULE, read_oom_records
 from orchestrate.worker import forked
 from orchestrate.worker.forked import RankBoard, share_board
 from orchestrate.worker.forked import run as run_worker
@@ -42,14 +42,17 @@ def _failure_told(rank: int, failure, run_dir: Path) -> tuple[str, int]:
     if forked.BOARD is not None and code == EX_PEER_LOST:
         own, silent = forked.BOARD.ranks_in(RankBoard.FAILED), forked.BOARD.ranks_in(RankBoard.RUNNING)
         if own or silent:
-            what = "failed" if own else "died without an error of its own (killed by a signal: kill -9, or the out-of-memory killer)"
+            what = "failed" if own else ("died without an error of its own (killed by a signal: kill -9, or the "
+                                         f"kernel's out-of-memory killer: {HOST_OOM_KILLED})")
             return (f"worker rank {(own or silent)[0]} {what}; rank {rank} then lost contact with it; the ranks' "
                     f"output: {run_dir / LOG_DIR}"), 1
     if code is not None and code < 0:
         name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else f"signal {-code}"
-        how = f"was killed by {name}" + (" (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else "")
+        how = f"was killed by {name}" + (f" (kill -9, or the kernel's out-of-memory killer: {HOST_OOM_KILLED})"
+                                         if -code == signal.SIGKILL else "")
     elif code == EX_OUT_OF_MEMORY:
-        how = f"ran out of device memory (exit {code}; its record: {run_dir / OOM_DIR})"
+        memory = "host" if any(r.get("memory") == "host" for r in read_oom_records(run_dir)) else "device"
+        how = f"ran out of {memory} memory (exit {code}; its record: {run_dir / OOM_DIR})"
     else:
         how = f"failed with exit code {code}"
     return f"worker rank {rank} {how}; its output: {failure_output(failure.error_file, run_dir)}", \

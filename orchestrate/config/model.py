@@ -36,7 +36,10 @@ class ModelSection(Section):
 
     architecture: dict[str, Any] | None = None
     """An inline transformers config, e.g. `{model_type: llama, hidden_size: 2048, ...}`; the model
-    is built from it with freshly initialised weights (pre-training)."""
+    is built from it with freshly initialised weights (pre-training). `bos_token_id`, `eos_token_id`
+    and `pad_token_id` left out are the run's tokenizer's (the byte tokenizer: 256 as BOS and EOS),
+    not the family's defaults, in the model and the config.json / generation_config.json it is
+    saved with."""
 
     task: Literal["causal-lm", "masked-lm", "sequence-classification"] = "causal-lm"
     """What the model learns: next-token prediction (causal-lm, AutoModelForCausalLM), BERT-style

@@ -46,6 +46,7 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
         self._size: dict[int, int] = {}  # id(node) -> expanded node count; shared (aliased) nodes once
+        self._written = 0  # nodes as written (an alias not expanded): past MAX_NODES without any alias
 
     def compose_node(self, parent, index):
         self._depth += 1
@@ -63,9 +64,14 @@ class _BoundedLoader(yaml.SafeLoader):
                                "remove the recursive alias")
         else:
             self._size[id(node)] = 1 + sum(self._size[id(child)] for child in _children(node))
+            self._written += 1
+            if self._written > MAX_NODES:  # refused where the count is passed, not after parsing the rest
+                raise _Refused(node.start_mark, f"holds more than {MAX_NODES:,} values (keys, items and scalars) "
+                               "by this line; a config holds a few hundred", "check that this is the right file "
+                               "(not a data file); long lists of values belong in data files")
         if self._size[id(node)] > MAX_NODES:
-            raise _Refused(node.start_mark, f"expands to more than {MAX_NODES:,} values (through aliases)",
-                           "write the values out instead of nesting aliases (*name) of aliases")
+            raise _Refused(node.start_mark, f"expands to more than {MAX_NODES:,} values (keys, items and scalars) "
+                           "through aliases", "write the values out instead of nesting aliases (*name) of aliases")
         return node
 
     def construct_mapping(self, node, deep=False):

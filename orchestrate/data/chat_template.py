@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import functools
 import re
+import stat
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import jinja2
@@ -37,6 +39,8 @@ CALL_DEPTH = 64
 """Nested calls (macros calling macros) one render may make."""
 OUTPUT_CHARS = 64 * 2**20
 """Characters one render may produce, and the largest string a `*` or a call's size argument may ask for."""
+FILE_BYTES = 1 << 20
+"""The largest .jinja file read: real chat templates are a few KiB (Llama-3's tool template about 5)."""
 
 
 class TemplateLimit(jinja2.exceptions.SecurityError):
@@ -208,15 +212,30 @@ def yaml_template(config: RunConfig) -> ChatTemplate | None:
     if (named := named_template(given)) is not None:
         return ChatTemplate(named.source, given if given == named.name else f"{given} ({named.name})")
     path = config.resolve_path(given)
-    if path.suffix == ".jinja" or path.is_file():
-        try:
-            return ChatTemplate(path.read_text(encoding="utf-8"), str(path))
-        except (OSError, UnicodeDecodeError) as exc:
-            raise UserError("the chat template file cannot be read", [Problem(
-                "data.chat_template", f"{path}: {exc}", "point it at a readable .jinja file")]) from None
+    if path.suffix == ".jinja" or path.exists():
+        return ChatTemplate(_read_template_file(path), str(path))
     raise UserError("unknown chat template", [Problem(
         "data.chat_template", f"{given!r} is no template name and no file",
         f"use one of {_NAMES}, a .jinja file, or inline Jinja ({{% for message in messages %}}...)")])
+
+
+def _read_template_file(path: Path) -> str:
+    """A .jinja file's text, checked before it is read: a regular file (a FIFO would block the read
+    forever), at most FILE_BYTES, UTF-8."""
+    fix = "point data.chat_template at a .jinja file of UTF-8 text (or give a template name, or inline Jinja)"
+    try:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):
+            problem = f"{path} is not a regular file (a pipe, socket, device or directory)"
+        elif st.st_size > FILE_BYTES:
+            problem = f"{path} holds {st.st_size:,} bytes; a chat template is a few KiB (at most {FILE_BYTES:,})"
+        else:
+            return path.read_bytes().decode("utf-8")
+    except OSError as exc:
+        problem = f"{path}: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
+        problem = f"{path} is not UTF-8: byte {exc.start} ({exc.object[exc.start]:#04x}) is no UTF-8 character"
+    raise UserError("the chat template file cannot be read", [Problem("data.chat_template", problem, fix)])
 
 
 def saved_chat_template(config: RunConfig) -> str | None:

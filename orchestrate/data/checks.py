@@ -49,10 +49,31 @@ def ensure_cache_dir(path: Path) -> Path:
     return path
 
 
-def require_training_samples(count: int, tokens: int, seq_len: int, packing: bool, where: str) -> None:
-    """`orchestrate prepare` must not succeed with data no run can train on."""
+def too_long(kept: int, dropped: int, seq_len: int, policy: str) -> tuple[str, str]:
+    """(message, fix) when the samples `data.truncation` dropped for their length (`dropped`, beside
+    the `kept` ones) leave too few: that, and what to set, rather than "add data"."""
+    which = f"all {dropped:,} samples are" if kept == 0 else f"{dropped:,} of the {kept + dropped:,} samples are"
+    if policy == "drop":
+        return (f"{which} longer than train.seq_len {seq_len}, and data.truncation: drop leaves each out",
+                "raise train.seq_len, or set data.truncation: keep_answer (each prompt cut from the left so that "
+                "its answers fit)")
+    if policy == "keep_answer":
+        return (f"{which} longer than train.seq_len {seq_len} with their prompt cut away: their last answer alone "
+                "does not fit", "raise train.seq_len, or shorten the answers (data.truncation: keep_start trains "
+                f"each sample's first {seq_len} tokens, cutting its answer)")
+    return (f"{which} longer than train.seq_len {seq_len}, and cut to their first {seq_len} tokens they have no "
+            "token left to train on (the prompt fills them)", "raise train.seq_len so that the answers start within "
+            "it, or shorten the prompts")
+
+
+def require_training_samples(count: int, tokens: int, seq_len: int, packing: bool, where: str,
+                             dropped: tuple[int, int, str] | None = None) -> None:
+    """`orchestrate prepare` must not succeed with data no run can train on. `dropped`: (samples
+    kept, samples dropped for their length, data.truncation) of chat / instruction / preference data."""
     if count > 0:
         return
+    if dropped is not None and dropped[1] > 0:
+        raise UserError("no sample fits train.seq_len", [Problem(where, *too_long(*dropped[:2], seq_len, dropped[2]))])
     if packing:
         message = f"the corpus has {tokens:,} tokens, shorter than one block of train.seq_len {seq_len}"
         fix = f"add data, or lower train.seq_len to {tokens} or less" if tokens else "add data"

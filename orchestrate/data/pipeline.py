@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.blocks import LabelledDocuments, PackedBlocks, PaddedDocuments, Subset, split_ids
 from orchestrate.data.cache import TokenStream, cache_dir_of, check_ids
-from orchestrate.data.checks import ensure_cache_dir, require_training_samples
+from orchestrate.data.checks import ensure_cache_dir, require_training_samples, too_long
 from orchestrate.data.corpus import write_demo_corpus
 from orchestrate.data.doc_labels import label_ids, read_labels
 from orchestrate.data.identity import check_same_data, data_identity
@@ -266,7 +266,7 @@ def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_
         raise UserError("sequence parallelism cannot keep packed samples apart", [Problem(
             "data.packing", "chat and instruction samples packed into one sequence would attend to each other",
             "set data.packing: false (padded samples), or train.sequence_parallel: 1")])
-    require_sample_per_rank(len(train), world_size, prepared, config)
+    require_sample_per_rank(train, world_size, prepared, config)
     sampler = DistributedBlockSampler(len(train), rank, world_size, config.train.seed,
                                       data_identity(config, prepared.train, prepared.validation))
     masker = None
@@ -277,13 +277,27 @@ def build_data(plan: RunPlan, plan_dir: Path, rank: int, world_size: int, local_
                      sequence)
 
 
-def require_sample_per_rank(samples: int, world_size: int, prepared: PreparedData, config: RunConfig) -> None:
+def dropped_for_length(train: Samples, config: RunConfig) -> tuple[int, int, str] | None:
+    """(samples kept, samples the truncation policy dropped for their length, data.truncation) of
+    chat / instruction / preference samples; None for plain text (cut into blocks, nothing dropped)."""
+    kept = getattr(train, "kept", None)
+    return None if kept is None else (len(kept.docs), kept.dropped, config.data.truncation)
+
+
+def require_sample_per_rank(train: Samples, world_size: int, prepared: PreparedData, config: RunConfig) -> None:
+    samples = len(train)
     if samples < world_size:
+        where = prepared.sources.train[0].where
+        dropped = dropped_for_length(train, config)
+        if dropped is not None and dropped[1] > 0:
+            message, fix = too_long(*dropped[:2], config.train.seq_len, dropped[2])
+            raise UserError("not enough training samples fit train.seq_len", [Problem(
+                where, f"{message}: {samples} training sample(s) for {world_size} ranks", fix)])
         names = "; ".join(s.describe() for s in prepared.sources.train)
         unit = f"block(s) of {config.train.seq_len} tokens" if config.data.packing else "document(s)"
         raise UserError("not enough training data", [Problem(
-            prepared.sources.train[0].where, f"{names} give {samples} training {unit}, "
-            f"fewer than the {world_size} ranks", "add data or lower train.seq_len")])
+            where, f"{names} give {samples} training {unit}, fewer than the {world_size} ranks",
+            "add data or lower train.seq_len")])
 
 
 def describe_prepared(prepared: PreparedData, config: RunConfig, methods: MethodData = NO_METHOD_DATA) -> str:
@@ -337,7 +351,7 @@ def prepare_for_plan(plan: RunPlan, plan_dir: Path, methods: MethodData, progres
                             methods=methods)
     check_labels(plan.config, prepared)  # before any worker starts
     train, validation = samples_for(prepared, plan.config, methods=methods)
-    require_sample_per_rank(len(train), plan.world_size, prepared, plan.config)
+    require_sample_per_rank(train, plan.world_size, prepared, plan.config)
     check_eval_generate(plan.config, train, validation)
     if resumed is not None:
         check_same_data(resumed[1], data_identity(plan.config, prepared.train, prepared.validation), resumed[0])
@@ -367,6 +381,7 @@ def prepare_from_config(config: RunConfig, methods: MethodData, *, progress: boo
     tokenizer, _ = tokenizer_for(config, shape.vocab_size)
     prepared = prepare_data(config, tokenizer=tokenizer, progress=progress, force=force, methods=methods)
     check_labels(config, prepared)  # the launcher's check, so `orchestrate prepare` refuses the same data
-    require_training_samples(len(samples_for(prepared, config, methods=methods)[0]), int(prepared.train.meta["tokens"]),
-                             config.train.seq_len, config.data.packing, prepared.sources.train[0].where)
+    train = samples_for(prepared, config, methods=methods)[0]
+    require_training_samples(len(train), int(prepared.train.meta["tokens"]), config.train.seq_len, config.data.packing,
+                             prepared.sources.train[0].where, dropped_for_length(train, config))
     return describe_prepared(prepared, config, methods)

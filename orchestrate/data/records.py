@@ -61,6 +61,20 @@ FIRST_BUDGET = 256
 one step keep the tokenised cache entry (seq_len is a view over it), a change across one rebuilds it."""
 
 
+def lone_surrogate(value: Any) -> str | None:
+    """The first lone surrogate in a record's strings (nested in lists and mappings), as U+XXXX; None
+    when every string is text. Python's json reads a `\\ud800` escape without its pair as one, and
+    no tokenizer encodes it."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"U+{ord(value[exc.start]):04X}"
+        return None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, list | tuple) else ()
+    return next((found for item in items if (found := lone_surrogate(item)) is not None), None)
+
+
 def record_chars(seq_len: int) -> int:
     """Characters of a record's text that hold more than its first seq_len tokens (BYTES_PER_TOKEN),
     seq_len rounded up to a step of BUDGET_STEP (part of the cache key)."""

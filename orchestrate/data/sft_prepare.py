@@ -38,6 +38,7 @@ from orchestrate.data.records import (
     cuts_from_left,
     detect_format,
     lacks_trained_turn,
+    lone_surrogate,
     record_chars,
     required_columns,
     stream_format,
@@ -211,6 +212,9 @@ def _tokens(record: dict, record_format: str, settings: SftSettings, template: C
             tokenizer: Tokenizer) -> tuple[tuple[list[int], np.ndarray] | None, str | None, bool]:
     """(ids, mask.bin bits) of one record, None when it trains nothing; or (None, what is wrong); and
     whether its text was cut at the record budget."""
+    surrogate = lone_surrogate(record)
+    if surrogate is not None:
+        return None, f"its text holds the lone surrogate {surrogate}, which is no character", False
     reader = settings.methods.reader(record_format)
     if reader is not None:  # a method's own records (preference pairs)
         return (*reader.tokens(record, record_format, settings.data, template, tokenizer), False)

@@ -131,7 +131,8 @@ def _expand(config: RunConfig, entry: str, where: str, problems: list[Problem], 
     """Files (or a ready `disk` Source) named by one train/validation entry."""
     path = config.resolve_path(entry)
     if _GLOB_CHARS & set(entry):
-        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        # Every match but directories: a pipe or device it matches is refused by `sniff`, not passed over.
+        found = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if not Path(p).is_dir())
         if not found:
             problems.append(Problem(where, f"the pattern {path} matches no file", "check the pattern"))
         return list(found)

@@ -153,6 +153,16 @@ def load_tokenizer(tokenizer_dir: Path | None, memo_dir: Path | None = None,
     return ByteTokenizer() if tokenizer_dir is None else HFTokenizer(tokenizer_dir, memo_dir, trust_remote_code)
 
 
+def special_token_ids(tokenizer: Tokenizer) -> dict[str, int | None]:
+    """The bos / eos / pad ids (transformers' config names) of a model trained with `tokenizer`: the
+    byte tokenizer's end-of-document id as BOS and EOS (GPT-2's convention: one <|endoftext|>), no
+    pad; a Hugging Face tokenizer's own (its EOS as `HFTokenizer.eos_id` has it)."""
+    if isinstance(tokenizer, ByteTokenizer):
+        return {"bos_token_id": BYTE_EOS, "eos_token_id": BYTE_EOS, "pad_token_id": None}
+    tok = tokenizer.tok
+    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tok.pad_token_id}
+
+
 def auto_tokenizer(directory: Path, trust_remote_code: bool):
     """`AutoTokenizer.from_pretrained(directory)` with `trust_remote_code` always given: left unset,
     transformers asks at a TTY whether to run a directory's `auto_map` code, and a "y" there would

@@ -24,9 +24,11 @@ from orchestrate.hardware.units import format_bytes
 from orchestrate.launch.calibration_record import record_oom_ratio
 from orchestrate.launch.resume import pinned_config
 from orchestrate.launch.rundir import prepare_run
+from orchestrate.planner.memory import node_host_bytes
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planning import feasible_plan
 from orchestrate.run.checkpoints import newest_checkpoint
+from orchestrate.run.exits import HOST_MEMORY_HELP
 from orchestrate.run.layout import read_oom_records
 from orchestrate.run.resume_rules import check_resumable
 
@@ -52,6 +54,18 @@ class OutOfMemory:
         return (f"rank {w['rank']} ran out of memory at step {w['step']} ({w['phase']}): it needed at least "
                 f"{format_bytes(w['needed_at_least_bytes'])} where {w['strategy']} predicted "
                 f"{format_bytes(w['predicted_bytes'])}")
+
+
+def host_out_of_memory(record: dict[str, Any], plan: RunPlan) -> str:
+    """The launcher's message on a rank out of host memory: which rank, where, how much it asked
+    for, what the plan predicted for the node's RAM, and what would help (no re-plan: the planner's
+    host prediction did not fail, the host did)."""
+    where = f"at step {record['step']} ({record['phase']})" if record.get("step") is not None else record["phase"]
+    asked = (f"; it asked for {format_bytes(record['requested_bytes'])} more" if record.get("requested_bytes") else "")
+    node = node_host_bytes(plan.chosen.memory, plan.hardware)
+    return (f"rank {record['rank']} (node {record['node']}) ran out of host memory (RAM) {where}{asked}; the plan "
+            f"predicted {format_bytes(node)} of the node's {format_bytes(plan.hardware.cpu_memory_bytes)} "
+            f"({record['message'].splitlines()[0][:200]}). What would help: {HOST_MEMORY_HELP}")
 
 
 def read_out_of_memory(run_dir: Path) -> OutOfMemory | None:
@@ -82,10 +96,15 @@ def replan(plan: RunPlan, run_dir: Path, oom: OutOfMemory) -> RunPlan:
 
 
 def recover(plan: RunPlan, run_dir: Path, attempt: int, say) -> RunPlan | None:
-    """After the workers ended: None when they did not run out of memory, or when retries are off or
-    used up, or nothing fits any more (each said); else the new plan, said with why."""
+    """After the workers ended: None when they did not run out of memory, or ran out of host memory,
+    or when retries are off or used up, or nothing fits any more (each said); else the new plan,
+    said with why."""
     oom = read_out_of_memory(run_dir)
     if oom is None:
+        return None
+    host = next((r for r in oom.records if r.get("memory") == "host"), None)
+    if host is not None:
+        say(host_out_of_memory(host, plan))
         return None
     retries = plan.config.train.oom_retries
     say(f"out of memory: {oom.why()}")

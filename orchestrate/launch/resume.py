@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from orchestrate.backends.registry import get_backend
 from orchestrate.errors import Problem, UserError
+from orchestrate.model.meta import base_model_gone
 from orchestrate.planner.plan import RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.planning import feasible_plan
@@ -96,6 +97,9 @@ def plan_for_resume(config: RunConfig, hardware: HardwareProfile, run_dir: Path)
     intact checkpoint cannot continue under the plan or the changed config, or when the run has
     checkpoints but none is intact (starting from step 0 would replace them)."""
     old = RunPlan.read(run_dir / PLAN_FILE)
+    base = config.model.name_or_path
+    if base is not None and not config.resolve_path(base).exists() and (gone := base_model_gone(old.config, run_dir)):
+        raise gone  # the local base moved and the config does not say where: not a Hub id to re-plan with
     found = newest_checkpoint(run_dir, full=True)
     ckpt = found.chosen.path if found.chosen else None
     unchanged = (old.hardware.nodes == hardware.nodes and old.world_size == hardware.world_size

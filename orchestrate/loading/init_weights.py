@@ -19,10 +19,12 @@ from pathlib import Path
 import torch
 
 from orchestrate.backends.deepspeed_import import import_deepspeed_lean
+from orchestrate.data.tokenizer import load_tokenizer, special_token_ids
+from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
 from orchestrate.loading.labels import apply_labels
 from orchestrate.methods.custom.module import ModuleConfig
-from orchestrate.model.meta import load_model_config
+from orchestrate.model.meta import base_model_gone, load_model_config
 from orchestrate.model.tasks import auto_class
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import INIT_MODEL_DIR
@@ -55,8 +57,18 @@ def _hub_snapshot(name: str, download: bool) -> Path:
 
 
 def initial_config(plan: RunPlan, labels: list[str] | None):
-    """The transformers config the initial model is built from, with the data's labels for a classifier."""
+    """The transformers config the initial model is built from, with the data's labels for a
+    classifier and, for a model built from `model.architecture`, the special-token ids of the run's
+    tokenizer that the architecture does not set: the family's defaults name other tokens (GPT-2's
+    50256, outside a 640-token vocabulary), and the saved config.json and generation_config.json
+    (derived from it) would carry them."""
     hf_config = load_model_config(plan.config)
+    architecture = plan.config.model.architecture
+    if architecture is not None:
+        tokenizer = load_tokenizer(tokenizer_dir_of(plan.config), trust_remote_code=plan.config.model.trust_remote_code)
+        for name, value in special_token_ids(tokenizer).items():
+            if name not in architecture and (value is not None or name != "pad_token_id"):
+                setattr(hf_config, name, value)
     if labels is not None:
         apply_labels(hf_config, labels)
     return hf_config
@@ -114,9 +126,12 @@ def existing_weights_dir(plan: RunPlan, run_dir: Path) -> Path:
         path = plan.config.resolve_path(name)
         if has_weights(path):
             return path
+        if (gone := base_model_gone(plan.config, run_dir)) is not None:
+            raise gone
         if not path.exists():
             return _hub_snapshot(name, download=False)
     return Path(run_dir) / INIT_MODEL_DIR
+
 
 
 def ensure_initial_weights(plan: RunPlan, run_dir: Path, local_rank: int, labels: list[str] | None = None,
@@ -137,7 +152,9 @@ def ensure_initial_weights(plan: RunPlan, run_dir: Path, local_rank: int, labels
         path = plan.config.resolve_path(name)
         if has_weights(path):
             return path
-        if not path.exists():  # a Hub name (the config loader already rejected bad local paths)
+        if (gone := base_model_gone(plan.config, run_dir)) is not None:  # moved since the launcher checked it
+            raise gone
+        if not path.exists():  # a Hub name
             if local_rank == 0:
                 _hub_snapshot(name, download=True)
             _barrier()

@@ -14,12 +14,15 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import yaml
+
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.methods.custom.activations import custom_shape
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.model.shape import ModelShape
 from orchestrate.model.tasks import auto_class, task_of_architectures
+from orchestrate.run.layout import RunDir
 
 if TYPE_CHECKING:
     from torch import nn
@@ -58,11 +61,57 @@ def _from_architecture(arch: dict) -> PretrainedConfig:
             "whose config.json maps custom code (with trust_remote_code: true)")])
     kwargs = {k: v for k, v in arch.items() if k != "model_type"}
     try:
-        return AutoConfig.for_model(model_type, **kwargs)
+        return AutoConfig.for_model(model_type, **{**_ids_outside_vocabulary(CONFIG_MAPPING[model_type], kwargs),
+                                                   **kwargs})
     except (TypeError, *_config_errors()) as exc:
         raise UserError("invalid model architecture", [Problem(
             where, " ".join(str(exc).split()), "fix the value named above")]) from None
 
+
+SPECIAL_TOKEN_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+"""The config fields of a model's special tokens (transformers' names), which generation reads."""
+
+
+def _ids_outside_vocabulary(config_class, kwargs: dict) -> dict[str, None]:
+    """None for each special-token id the architecture leaves to the family's default when that
+    default lies outside its vocabulary: GPT-2's 50256 in a 640-token model would be saved as its
+    EOS (the worker gives the run's tokenizer's ids instead: loading/init_weights.py)."""
+    defaults = config_class()
+    vocab = kwargs.get("vocab_size", getattr(defaults, "vocab_size", None))
+    if not isinstance(vocab, int) or isinstance(vocab, bool):
+        return {}
+    return {name: None for name in SPECIAL_TOKEN_IDS if name not in kwargs
+            and isinstance(default := getattr(defaults, name, None), int) and not 0 <= default < vocab}
+
+
+def local_model_gone(name: str, path: Path, was_local: bool = False,
+                     where: str = "model.name_or_path") -> UserError | None:
+    """The error for a `model.name_or_path` that is a local directory and is not there, None when it
+    is there or may be a Hub id. Local: `was_local` (a run found a directory there:
+    loading/init_weights.py `base_model_gone`), or a name no Hub repo id has (absolute, ./, ~). A
+    moved or deleted base is said to be gone from where it was, not looked up on the Hub."""
+    if path.exists() or (not was_local and _HUB_NAME.match(name) and not Path(name).expanduser().is_absolute()):
+        return None
+    return UserError("the model directory is not there", [Problem(
+        where, f"{path} does not exist (moved or deleted?): the model is read from that local directory",
+        "put the model directory back at that path (or a link to where it is now); in a new config, check the "
+        "path (relative paths start at the YAML file's directory)")])
+
+
+def base_model_gone(config: RunConfig, run_dir: Path) -> UserError | None:
+    """The error for a run whose local base model directory is no longer where the run read it (None:
+    it is there, or the base is a Hub model). The run's config.yaml names a local base by its
+    absolute path (launch/rundir.py `resolved_config_dict`); plan.json keeps the name as written,
+    which ("models/tiny") could also be a Hub repo id."""
+    name = config.model.name_or_path
+    if name is None:
+        return None
+    try:
+        written = yaml.safe_load(RunDir(Path(run_dir)).config.read_text())["model"]["name_or_path"]
+    except (OSError, yaml.YAMLError, TypeError, KeyError):
+        written = None
+    was_local = isinstance(written, str) and Path(written).is_absolute()
+    return local_model_gone(name, Path(written) if was_local else config.resolve_path(name), was_local)
 
 def _from_name_or_path(config: RunConfig) -> PretrainedConfig:
     from transformers import AutoConfig
@@ -79,11 +128,10 @@ def _from_name_or_path(config: RunConfig) -> PretrainedConfig:
                 "point it at a model directory (config.json is enough for planning; weights are "
                 "needed only to fine-tune), or use model.architecture for a model from scratch")])
         source = str(path)
-    elif _HUB_NAME.match(name) and not Path(name).expanduser().is_absolute():
-        source = name
+    elif (gone := local_model_gone(name, path)) is not None:
+        raise gone
     else:
-        raise UserError("model directory not found", [Problem(
-            where, f"{path} does not exist", "check the path (relative paths start at the YAML file's directory)")])
+        source = name
     try:
         return AutoConfig.from_pretrained(source, trust_remote_code=config.model.trust_remote_code)
     except OSError as exc:

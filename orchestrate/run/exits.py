@@ -16,10 +16,21 @@ EX_PEER_LOST = 69
 stopped first); not this rank's fault, so the launcher blames another (orchestrate.agent.torchrun)."""
 
 EX_OUT_OF_MEMORY = 71
-"""sysexits.h EX_OSERR (a system resource ran out): a worker's device ran out of memory; it wrote
-RUN_DIR/oom/rank-<N>.json (the peak it reached, the step, the phase, the prediction). The launcher
-re-plans with the shortfall added and resumes (launch/oom_replan.py); `orchestrate launch` itself exits
+"""sysexits.h EX_OSERR (a system resource ran out): a worker's device or host ran out of memory; it
+wrote RUN_DIR/oom/rank-<N>.json (which memory, the step, the phase; for the device the peak it
+reached and the prediction). The launcher re-plans a device shortfall and resumes
+(launch/oom_replan.py); a host one it words with HOST_MEMORY_HELP; `orchestrate launch` itself exits
 with it when it could not recover."""
+
+HOST_MEMORY_HELP = ("a smaller train.micro_batch_size, less offload to host memory (strategy.offload: none, "
+                    "strategy.offload_params: false), fewer ranks on the node, a lower "
+                    "strategy.cpu_memory_headroom (the plan then leaves more RAM free), or more RAM; "
+                    "train.oom_retries re-plans device out-of-memory errors only, not this")
+"""What would help when a worker ran out of host memory (RAM), told by the launcher and the agent."""
+
+HOST_OOM_KILLED = ("if `dmesg` shows 'Out of memory: Killed process', host memory ran out; what would help: "
+                   + HOST_MEMORY_HELP)
+"""The hint on a worker killed by SIGKILL: the kernel's out-of-memory killer leaves no other trace."""
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)

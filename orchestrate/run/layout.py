@@ -55,7 +55,7 @@ REFERENCE_LOGPS_DIR = "reference_logps"
 """preference.placement precomputed: the reference's answer log-probabilities per record (numpy memmaps)."""
 REQUEUE_FILE = "REQUEUE"
 OOM_DIR = "oom"
-"""A worker that ran out of device memory writes oom/rank-<N>.json (`write_oom_record`); the
+"""A worker that ran out of device or host memory writes oom/rank-<N>.json (`write_oom_record`); the
 launcher reads them (`read_oom_records`) and clears them before the next start."""
 MARKER_FILE = ".orchestrate-run"
 """Written first into every run directory: what makes a directory orchestrate's (`write_marker`)."""

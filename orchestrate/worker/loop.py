@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrate.worker.callbacks.base import Callback, StepEnd, Training, in_order
 from orchestrate.worker.metrics import gather_step_stats
 from orchestrate.worker.objective import loss_tokens
-from orchestrate.worker.oom import StepOutOfMemory
+from orchestrate.worker.oom import StepOutOfMemory, host_out_of_memory
 
 if TYPE_CHECKING:
     from orchestrate.backends.base import StepResult
@@ -40,7 +40,8 @@ def step_record(training: Training, step: int, result: StepResult, step_time: fl
 
 def run_loop(training: Training, callbacks: list[Callback], tensors: TensorPeak | None = None) -> bool:
     """Steps start_step+1 .. max_steps; returns True when a callback stopped the loop early. An
-    out-of-memory error in a step is raised as StepOutOfMemory (the step, the engine's phase).
+    out-of-memory error in a step, of the device or the host, is raised as StepOutOfMemory (the step,
+    the engine's phase, which memory).
     `tensors`: the live-tensor counter of a CPU run, whose peak each step's record carries; it stops
     after its first steps (worker/tensor_peak.py) and at the end of the loop."""
     import torch
@@ -64,6 +65,10 @@ def run_loop(training: Training, callbacks: list[Callback], tensors: TensorPeak 
                     torch.cuda.synchronize(rank.device)
             except torch.OutOfMemoryError as error:
                 raise StepOutOfMemory(step, getattr(engine, "phase", "step")) from error
+            except (RuntimeError, MemoryError) as error:
+                if not host_out_of_memory(error):
+                    raise
+                raise StepOutOfMemory(step, getattr(engine, "phase", "step"), "host") from error
             step_time = time.perf_counter() - start
             # One collective per step: the stats all-gather carries the stop flag too.
             stats = gather_step_stats(result.loss, rank.node, rank.device,

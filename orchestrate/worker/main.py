@@ -25,29 +25,57 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrate.errors import UserError
 from orchestrate.run.exits import EX_OUT_OF_MEMORY, EX_PEER_LOST, EX_TEMPFAIL, EXIT_USER_ERROR
 from orchestrate.worker.callbacks.base import Training
-from orchestrate.worker.oom import StepOutOfMemory, record_oom
+from orchestrate.worker.oom import StepOutOfMemory, host_out_of_memory, record_oom
 from orchestrate.worker.orphans import PR_SET_NAME, guard_parent, prctl
 from orchestrate.worker.preload import start_preload
 from orchestrate.worker.signals import StopRequest
+
+if TYPE_CHECKING:
+    import threading
+
+    from orchestrate.backends.rank import Rank
+    from orchestrate.planner.plan import RunPlan
+    from orchestrate.run.layout import RunDir
 
 
 def train(plan_path: Path, stop: StopRequest) -> int:
     """Run the plan on this rank; returns the exit status: 0 when done, EX_TEMPFAIL when a signal
     stopped it early (RUN_DIR/REQUEUE says from which checkpoint to resume), EX_OUT_OF_MEMORY when
-    a step ran out of device memory (RUN_DIR/oom/rank-<N>.json says where). Collective."""
-    import torch.distributed as dist
-
+    the device or the host ran out of memory (RUN_DIR/oom/rank-<N>.json says where). Collective."""
     from orchestrate.worker import stages
-    from orchestrate.worker.loop import run_loop
 
     plan, run = stages.read_plan(plan_path)
     stages.check_run_dir(run)
     preload = start_preload(plan)  # the model's code imports while the ranks meet (worker/preload.py)
     rank = stages.start_process_group(plan)
+    # Out of memory: no barrier, no destroy_process_group: a peer may be gone or stuck in a collective;
+    # torchrun stops the others. The launcher reads the record: it re-plans a device shortfall
+    # (launch/oom_replan.py) and words a host one.
+    try:
+        return _train(plan, run, rank, preload, stop)
+    except StepOutOfMemory as oom:
+        record_oom(plan, rank, run.path, oom.step, oom.phase, oom.__cause__ or oom, oom.memory)
+        return EX_OUT_OF_MEMORY
+    except (RuntimeError, MemoryError) as error:
+        if not host_out_of_memory(error):
+            raise
+        record_oom(plan, rank, run.path, None, "outside a training step (start-up, evaluation, checkpoint or save)",
+                   error, "host")
+        return EX_OUT_OF_MEMORY
+
+
+def _train(plan: RunPlan, run: RunDir, rank: Rank, preload: threading.Thread, stop: StopRequest) -> int:
+    """The recipe once this rank is in its process group (`train`)."""
+    import torch.distributed as dist
+
+    from orchestrate.worker import stages
+    from orchestrate.worker.loop import run_loop
+
     resume_from = stages.checkpoint_to_resume(plan, run, rank)  # checked before anything is built
     preload.join()  # before anything else touches transformers: its lazy modules are not thread-safe
     data = stages.build_data(plan, run, rank)  # first: a classifier's labels size its head
@@ -58,13 +86,7 @@ def train(plan_path: Path, stop: StopRequest) -> int:
     checkpointer, start_step = stages.resume(plan, run, rank, engine, model_dir, data, resume_from)
     stages.release_start_up_cache(rank)
     training = Training(plan, rank, run, engine, data, checkpointer, stop, start_step)
-    try:
-        stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from), tensors)
-    except StepOutOfMemory as oom:
-        # No barrier, no destroy_process_group: a peer may be gone or stuck in a collective; torchrun
-        # stops the others. The launcher reads the record and re-plans (launch/oom_replan.py).
-        record_oom(plan, rank, run.path, oom.step, oom.phase, oom.__cause__ or oom)
-        return EX_OUT_OF_MEMORY
+    stopped = run_loop(training, stages.callbacks(plan, rank, data, start_step, resume_from), tensors)
     if not stopped:
         stages.save_model(plan, run, rank, engine, data)
     dist.barrier()

@@ -10,6 +10,8 @@ weights and the same per-step losses.
 from __future__ import annotations
 
 import json
+import random
+import re
 import shutil
 import signal
 import subprocess
@@ -187,6 +189,72 @@ def test_ddp_resumed_after_a_crash_is_bit_identical(reference, tmp_path):
     code, out = _launch(config, run_dir, 2, "--resume")
     assert code == 0, out
     _assert_identical(run_dir, ref)
+
+
+def _state_bytes(value) -> object:
+    """A checkpoint state with every tensor as its raw bytes (dtype and shape kept): equal only when
+    byte-identical (torch.equal calls -0.0 and 0.0 equal)."""
+    if isinstance(value, torch.Tensor):
+        flat = value.detach().contiguous().cpu().reshape(-1)
+        return (str(value.dtype), tuple(value.shape), flat.view(torch.uint8).numpy().tobytes())
+    if isinstance(value, dict):
+        return {k: _state_bytes(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_state_bytes(v) for v in value]
+    return value
+
+
+def _kill_tree(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process under it at once, as the OOM killer or a lost node does."""
+    import psutil
+
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    for p in tree:
+        p.kill()
+    psutil.wait_procs(tree, timeout=30)
+    proc.communicate()
+
+
+SIGNAL_SEED = 38
+
+
+@pytest.mark.slow
+def test_signals_at_random_moments_then_resume_give_byte_identical_model_and_optimizer(reference, tmp_path):
+    """A SIGTERM to the launcher at a seeded random moment (a step, an evaluation or a checkpoint
+    write under way), `--resume`, a SIGKILL of every process of that launch at another, `--resume`
+    again: the final model file and the last checkpoint's model and optimizer state are
+    byte-identical to the uninterrupted run's, and every step's loss is the same."""
+    config, ref = reference("ddp")
+    rng = random.Random(SIGNAL_SEED)
+    run_dir = tmp_path / "run"
+
+    proc = _cli("launch", config, "--gpus", 2, "--run-dir", run_dir)
+    _wait_for_step(run_dir, proc, rng.randint(1, 8))
+    time.sleep(rng.uniform(0, 0.5))
+    proc.send_signal(signal.SIGTERM)
+    code, out = _finish(proc)
+    assert code == 75, out
+    stopped = json.loads((run_dir / "REQUEUE").read_text())["stopped_at"]
+
+    proc = _cli("launch", config, "--gpus", 2, "--run-dir", run_dir, "--resume")
+    _wait_for_step(run_dir, proc, stopped + rng.randint(1, MAX_STEPS - stopped - 4))
+    time.sleep(rng.uniform(0, 0.5))
+    _kill_tree(proc)
+
+    code, out = _launch(config, run_dir, 2, "--resume")
+    assert code == 0, out
+    resumed = re.search(r"from step (\d+)", out)
+    assert resumed and stopped <= int(resumed.group(1)) < MAX_STEPS, out  # a resume, not a fresh start
+    assert (run_dir / "model" / "model.safetensors").read_bytes() == (ref / "model" / "model.safetensors").read_bytes()
+    _assert_identical(run_dir, ref)
+    last = f"step-{MAX_STEPS:08d}"
+    states = sorted(p.relative_to(ref / "checkpoints" / last) for p in (ref / "checkpoints" / last).rglob("*.pt"))
+    assert states, "the checkpoint holds no torch state"
+    for name in states:
+        got, want = (torch.load(root / "checkpoints" / last / name, map_location="cpu", weights_only=False)
+                     for root in (run_dir, ref))
+        assert "optimizer" not in want or want["optimizer"]["state"], name
+        assert _state_bytes(got) == _state_bytes(want), f"{name} differs from the uninterrupted run's"
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,10 @@ the backward of one step, for tests/unit/launch/test_oom_recovery.py (a CPU mach
 - ORCHESTRATE_TEST_INJECT_OOM_REQUEST: the bytes the error says it "Tried to allocate" (on CPU the
   record's measured need, worker/oom.py);
 - ORCHESTRATE_TEST_INJECT_OOM_ATTEMPTS: how many launches of the run fail (default 1), counted by the
-  out-of-memory corrections the plan carries (one per re-plan).
+  out-of-memory corrections the plan carries (one per re-plan);
+- ORCHESTRATE_TEST_INJECT_OOM_MEMORY: "device" (default: torch.OutOfMemoryError, as CUDA's allocator
+  raises it) or "host" (the RuntimeError torch's CPU allocator raises when malloc fails,
+  c10/core/impl/alloc_cpu.cpp).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ def main(argv: list[str]) -> int:
     fail_at = int(os.environ["ORCHESTRATE_TEST_INJECT_OOM_AT_STEP"])
     request = int(os.environ["ORCHESTRATE_TEST_INJECT_OOM_REQUEST"])
     attempts = int(os.environ.get("ORCHESTRATE_TEST_INJECT_OOM_ATTEMPTS", "1"))
+    host = os.environ.get("ORCHESTRATE_TEST_INJECT_OOM_MEMORY", "device") == "host"
     replans = sum(c.source.startswith("out-of-memory") for c in plan.hardware.memory_corrections)
     accumulation = plan.chosen.gradient_accumulation
     state = {"start": 0, "backwards": 0}
@@ -45,6 +49,9 @@ def main(argv: list[str]) -> int:
         first_of_step = state["backwards"] % accumulation == 0
         state["backwards"] += 1
         if step == fail_at and first_of_step and replans < attempts:
+            if host:
+                raise RuntimeError(f"DefaultCPUAllocator: can't allocate memory: you tried to allocate {request} "
+                                   "bytes. Error code 12 (Cannot allocate memory)")
             raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {request} bytes. "
                                          "(injected by tests/helpers/oom_worker.py)")
         return backward(self, *args, **kwargs)

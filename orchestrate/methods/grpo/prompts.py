@@ -21,8 +21,9 @@ import numpy as np
 from orchestrate.config.schema import RunConfig
 from orchestrate.data.method_data import OwnData
 from orchestrate.data.pipeline import TrainData
-from orchestrate.data.records import normalise_messages
+from orchestrate.data.records import lone_surrogate, normalise_messages
 from orchestrate.data.sampler import DistributedBlockSampler
+from orchestrate.data.sources import sniff
 from orchestrate.data.tokenizer import load_tokenizer
 from orchestrate.data.tokenizer_choice import tokenizer_dir_of
 from orchestrate.errors import Problem, UserError
@@ -36,30 +37,59 @@ WHERE = "data.train_files"
 
 
 def _read(config: RunConfig, entries: list[str], where: str) -> list[dict[str, Any]]:
+    """Every record of the files, each line checked where it is read (data/sources.py `sniff`: a
+    regular file of UTF-8 text; one JSON object per line)."""
     records = []
     for entry in entries:
         path = config.resolve_path(entry)
         paths = sorted(path.parent.glob(path.name)) if any(ch in path.name for ch in "*?[") else [path]
         for p in paths:
-            if not p.is_file():
-                raise UserError("GRPO prompts not found", [Problem(where, f"{p} is not a file",
+            if not p.exists():
+                raise UserError("GRPO prompts not found", [Problem(where, f"{p} does not exist",
                                                                    "give JSON-lines files of prompt records")])
-            for n, line in enumerate(Path(p).read_text().splitlines(), 1):
+            unfit = sniff(p, "json")
+            if unfit is not None:
+                raise UserError("GRPO prompts cannot be read", [Problem(where, unfit,
+                                                                        "give JSON-lines files of prompt records")])
+            for n, line in enumerate(p.read_bytes().splitlines(), 1):
                 if line.strip():
-                    try:
-                        records.append(json.loads(line))
-                    except json.JSONDecodeError as exc:
-                        raise UserError("GRPO prompts are not JSON lines", [Problem(
-                            where, f"{p} line {n}: {exc}", "one JSON object per line")]) from None
+                    records.append(_record(line, p, n, where))
     return records
+
+
+def _record(line: bytes, path: Path, n: int, where: str) -> dict[str, Any]:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError("GRPO prompts are not UTF-8", [Problem(
+            where, f"{path} line {n}: byte {exc.start} ({line[exc.start]:#04x}) is no UTF-8 character",
+            "save the file as UTF-8 (convert it with iconv)")]) from None
+    except json.JSONDecodeError as exc:
+        raise UserError("GRPO prompts are not JSON lines", [Problem(
+            where, f"{path} line {n}: {exc}", "one JSON object per line")]) from None
+    if not isinstance(record, dict):
+        raise UserError("GRPO prompts are not JSON objects", [Problem(
+            where, f"{path} line {n} holds {type(record).__name__}, not an object",
+            '{"prompt": ..., "answer": ...}: one JSON object per line')])
+    surrogate = lone_surrogate(record)
+    if surrogate is not None:
+        raise UserError("a GRPO prompt holds no text", [Problem(
+            where, f"{path} line {n} holds the lone surrogate {surrogate} (a \\u escape without its pair), "
+            "which no tokenizer encodes", "write the character itself, or both halves of its surrogate pair")])
+    return record
 
 
 def _check(records: list[dict[str, Any]], config: RunConfig, where: str) -> None:
     prompt, columns = config.data.columns.prompt, {r.column for r in config.grpo.rewards if r.column}
     for n, record in enumerate(records):
         missing = [c for c in (prompt, *sorted(columns)) if c not in record]
+        what = None
         if missing or not isinstance(record[prompt], str | list):
             what = f"has no {missing}" if missing else f"its {prompt!r} is neither text nor messages"
+        elif isinstance(record[prompt], list):
+            wrong = normalise_messages(record[prompt], config.data)[1]
+            what = f"its {prompt!r} messages: {wrong}" if wrong else None
+        if what is not None:
             raise UserError("a GRPO record cannot be used", [Problem(
                 where, f"record {n} {what}", f"every record needs {prompt!r} (text or chat messages) and the "
                 "columns the rewards read")])

@@ -339,9 +339,10 @@ def plan_commands(hosts: Sequence[Host], program: Sequence[str], *, python: str 
         raise UserError("no hosts to launch on", [Problem("--hosts", "the hostfile lists no hosts")])
     addresses = [resolve_address(h.name, options) for h in hosts]
     if is_loopback(addresses[0]) and not all(is_loopback(a) for a in addresses):
+        named = "" if addresses[0] == hosts[0].name else f" (it is {addresses[0]})"
         raise UserError("the first host cannot host the rendezvous", [Problem(
-            f"hostfile:{hosts[0].line}", f"{hosts[0].name} is {addresses[0]}, which the other hosts cannot reach",
-            "name the first host by an address the others can reach")])
+            f"hostfile:{hosts[0].line}", f"{hosts[0].name}{named} is a loopback address, which the other hosts "
+            "cannot reach", "name the first host by an address the others can reach")])
     if rdzv_port:
         port = str(rdzv_port)
     else:

@@ -278,3 +278,48 @@ def test_message_answers_need_a_chat_template(tmp_path):
            "rejected": [{"role": "assistant", "content": "no"}]}
     _, problem = _problem(tmp_path, [row], {"tokenizer": "tok"})
     assert problem.where == "data.tokenizer" and "chat_template" in problem.fix
+
+
+def test_pairs_whose_answers_alone_exceed_seq_len_are_told_as_that_under_keep_answer(tmp_path):
+    """keep_answer cuts the prompt away, yet an answer longer than seq_len cannot train: the message
+    says the answers alone do not fit, not "add data" nor to set the policy it already has."""
+    from orchestrate.data.pipeline import require_sample_per_rank
+
+    rows = [{"prompt": "P", "chosen": "x" * 30 + str(i), "rejected": "y"} for i in range(3)]
+    _jsonl(tmp_path / "prefs.jsonl", rows)
+    config = _config(tmp_path, {"train_files": ["prefs.jsonl"], "truncation": "keep_answer"}, seq_len=24)
+    methods = method_data(config)
+    prepared = prepare_data(config, methods=methods)
+    train, _ = samples_for(prepared, config, methods=methods)
+    with pytest.raises(UserError) as refused:
+        require_sample_per_rank(train, 2, prepared, config)
+    (problem,) = refused.value.problems
+    assert problem.message.startswith("all 3 samples are longer than train.seq_len 24 with their prompt cut away: "
+                                      "their last answer alone does not fit")
+    assert "shorten the answers" in problem.fix and "add data" not in str(refused.value)
+
+
+@pytest.mark.parametrize(("policy", "says", "fix"), [
+    ("drop", "data.truncation: drop leaves each out", "set data.truncation: keep_answer"),
+    ("truncate", "cut to their first 24 tokens they have no token left to train on", "raise train.seq_len"),
+])
+def test_pairs_all_longer_than_seq_len_are_told_as_that_not_as_too_little_data(tmp_path, policy, says, fix):
+    """Every pair's prompt alone fills seq_len: `prepare` and the launcher say all pairs were longer
+    than train.seq_len and what to set, not "add data"."""
+    from orchestrate.data.checks import require_training_samples
+    from orchestrate.data.pipeline import dropped_for_length, require_sample_per_rank
+
+    rows = [{"prompt": "P" * 30 + str(i), "chosen": "x", "rejected": "y"} for i in range(3)]
+    _jsonl(tmp_path / "prefs.jsonl", rows)
+    config = _config(tmp_path, {"train_files": ["prefs.jsonl"], "truncation": policy}, seq_len=24)
+    methods = method_data(config)
+    prepared = prepare_data(config, methods=methods)
+    train, _ = samples_for(prepared, config, methods=methods)
+    with pytest.raises(UserError) as by_prepare:
+        require_training_samples(len(train), 99, 24, False, "data.train_files[0]", dropped_for_length(train, config))
+    with pytest.raises(UserError) as by_launcher:
+        require_sample_per_rank(train, 2, prepared, config)
+    for error in (by_prepare.value, by_launcher.value):
+        (problem,) = error.problems
+        assert problem.message.startswith("all 3 samples are longer than train.seq_len 24") and says in problem.message
+        assert fix in problem.fix and "add data" not in str(error)

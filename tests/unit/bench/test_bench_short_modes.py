@@ -269,3 +269,22 @@ def test_sft_learning_short_prints_the_three_arms(tmp_path, capsys):
     out = capsys.readouterr().out
     (row,) = [line for line in out.splitlines() if line.startswith("| full |")]
     assert len(re.findall(r"\d+\.\d/60 \(\d+\)", row)) == 3
+
+
+@pytest.mark.slow
+def test_fuzz_short_tries_every_input_surface_and_finds_nothing_broken(capsys):
+    """bench/fuzz.py --short: a row per input surface (tests/helpers/input_fuzz.py), each with inputs
+    tried, every one of them holding the surface's invariants, and the peak memory within its bound."""
+    from bench.fuzz import SHORT_EXAMPLES, main
+    from tests.helpers.input_fuzz import all_surfaces
+
+    status = main(["--short"])
+    lines = _lines(capsys)
+    assert status == 0, "\n".join(lines)
+    names = [name for name, _ in all_surfaces(None)]
+    rows = {line[:len(name)]: line[len(name):].split() for line in lines[1:] for name in names
+            if line.startswith(name + " ")}
+    assert list(rows) == names
+    for tried, held, broke, _seconds in rows.values():
+        assert 0 < int(tried) <= SHORT_EXAMPLES and held == tried and broke == "0"
+    assert any(line.startswith("peak RSS") for line in lines)

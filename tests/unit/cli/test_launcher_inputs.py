@@ -46,3 +46,19 @@ def test_slurm_quotes_a_run_directory_with_spaces_in_the_script_and_the_hint(tmp
     hint = next(line for line in result.output.splitlines() if line.startswith("submit with: "))
     assert shlex.split(hint.removeprefix("submit with: ")) == ["sbatch", str(run / "job.sbatch")]
     assert f'#SBATCH "--chdir={run}"' in (run / "job.sbatch").read_text().splitlines()
+
+
+def test_an_ipv6_loopback_first_host_is_bracketed_alone_and_refused_before_other_hosts(tmp_path):
+    """`[::1]` as the first host (addresses.py): alone, it is the rendezvous host, bracketed in the
+    endpoint and plain after ssh's `--`; before another host, which cannot reach it, it is refused."""
+    alone = tmp_path / "alone"
+    alone.write_text("[::1] slots=1\n")
+    result = invoke("launch", CONFIG, "--hosts", alone, "--dry-run", "--run-dir", tmp_path / "run")
+    assert result.exit_code == 0, result.output
+    line = next(x for x in (tmp_path / "run" / "launch.sh").read_text().splitlines() if x.startswith("ssh "))
+    argv = shlex.split(line.removesuffix(" &"))
+    assert argv[argv.index("--") + 1] == "::1" and "--rdzv-endpoint=[::1]:PORT" in shlex.split(argv[-1])
+    two = tmp_path / "two"
+    two.write_text("[::1] slots=1\nnode-b slots=1\n")
+    assert_one_message(invoke("launch", CONFIG, "--hosts", two, "--dry-run", "--run-dir", tmp_path / "run2"),
+                       "hostfile:1", "::1 is a loopback address, which the other hosts cannot reach")

@@ -48,6 +48,17 @@ def test_billion_laughs_is_refused_fast_with_the_line(tmp_path):
     assert "aliases" in str(err) and "line" in err.problems[0].where
 
 
+def test_many_plain_keys_are_refused_by_the_value_count_without_blaming_aliases(tmp_path):
+    path = write(tmp_path, MINIMAL + "".join(f"k{i}: 1\n" for i in range(60_000)))
+    err = refused(path)
+    assert "holds more than 100,000 values (keys, items and scalars) by this line" in str(err)
+    assert "aliases" not in str(err) and "not a data file" in err.problems[0].fix
+    # Refused where the count passes 100,000 (two values a key, near key 50,000), not at the end of the
+    # file (line 60,005) after parsing the other 10,000 keys.
+    line = int(err.problems[0].where.removeprefix(f"{path} (line ").removesuffix(")"))
+    assert 49_900 < line < 50_100
+
+
 def test_recursive_alias_is_refused(tmp_path):
     err = refused(write(tmp_path, MINIMAL + "x: &x [*x]\n"))
     assert "contains it" in str(err)

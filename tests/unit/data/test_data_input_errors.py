@@ -1,6 +1,6 @@
 """Data inputs refused with one UserError before work starts: a cache_dir that cannot be written,
-num_proc above the cores, 0 training blocks, a vocabulary larger than the corpus gives, seq_len past
-the model's positions on `plan`."""
+num_proc above the cores, 0 training blocks, every sample longer than seq_len, a vocabulary larger
+than the corpus gives, seq_len past the model's positions on `plan`."""
 
 from __future__ import annotations
 
@@ -126,3 +126,26 @@ def test_plan_refuses_seq_len_past_the_positions(config_path):
     assert [(p.where, p.message) for p in err.problems] == [
         ("train.seq_len", "512 is longer than the model's max_position_embeddings 256")]
     assert isinstance(plan_from_file(config_path, ["train.seq_len=256"], load_preset("rtx3070")), RunPlan)
+
+
+def test_chat_samples_all_longer_than_seq_len_say_so_and_what_to_set(tmp_path):
+    """Under data.truncation: drop, every conversation longer than seq_len leaves nothing: `prepare`
+    says that and names data.truncation and train.seq_len, not "shorter than one block, add data"."""
+    import json
+
+    from orchestrate.data.chat_templates import CHATML
+    from tests.helpers.chat_tokenizers import word_chat_tokenizer
+
+    word_chat_tokenizer(tmp_path / "tok", ["user", "assistant", "hello", "there"], ["<|endoftext|>", "<|im_start|>",
+                        "<|im_end|>"], eos="<|im_end|>", template=CHATML.source)
+    long = " ".join(["hello there"] * 40)
+    (tmp_path / "chat.jsonl").write_text("".join(json.dumps({"messages": [
+        {"role": "user", "content": long}, {"role": "assistant", "content": long}]}) + "\n" for _ in range(4)))
+    (tmp_path / "model.yaml").write_text(textwrap.dedent(CONFIG).replace("corpus.txt", "chat.jsonl")
+                                         .replace("seq_len: 128", "seq_len: 32")
+                                         + "  tokenizer: tok\n  truncation: drop\n  validation_ratio: 0.0\n")
+    err = _refused(_prepare, tmp_path / "model.yaml")
+    (problem,) = err.problems
+    assert problem.where == "data.train_files[0]"
+    assert problem.message == "all 4 samples are longer than train.seq_len 32, and data.truncation: drop leaves each out"
+    assert "raise train.seq_len, or set data.truncation: keep_answer" in problem.fix

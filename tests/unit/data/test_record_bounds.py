@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -185,6 +186,49 @@ def test_a_pipe_is_refused(tmp_path):
     assert "not a regular file" in str(err)
 
 
+def test_a_pipe_a_pattern_matches_is_refused_not_passed_over(tmp_path):
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    err = _refused(_config(tmp_path, {"train_files": ["*.jsonl"]}))
+    assert "fifo.jsonl is not a regular file" in str(err)
+
+
+def _finishes(fn, seconds: float = 10):
+    """fn()'s result or exception, or a failure when it blocks past `seconds` (a read of a FIFO
+    waits for a writer forever: the thread is left blocked, a daemon)."""
+    done: list = []
+
+    def run():
+        try:
+            done.append(("value", fn()))
+        except Exception as exc:  # noqa: BLE001 - handed to the test
+            done.append(("error", exc))
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert done, f"blocked for more than {seconds} s"
+    return done[0]
+
+
+def test_a_chat_template_that_is_a_pipe_is_refused_without_reading_it(tmp_path):
+    os.mkfifo(tmp_path / "template.jinja")
+    config = _config(tmp_path, _chat_data(tmp_path, [_turns(("user", "hello"), ("assistant", "yes"))],
+                                          chat_template="template.jinja"))
+    kind, err = _finishes(lambda: chat_template.yaml_template(config))
+    assert kind == "error" and isinstance(err, UserError), err
+    assert err.problems[0].where == "data.chat_template" and "is not a regular file" in str(err)
+
+
+@pytest.mark.parametrize(("content", "says"), [(b"x" * (chat_template.FILE_BYTES + 1), "a chat template is a few KiB"),
+                                               (b"{{ 'caf\xe9' }}", "is not UTF-8: byte")])
+def test_a_chat_template_file_too_large_or_not_utf8_is_refused(tmp_path, content, says):
+    (tmp_path / "template.jinja").write_bytes(content)
+    config = _config(tmp_path, {"train_files": ["chat.jsonl"], "chat_template": "template.jinja"})
+    with pytest.raises(UserError, match="chat template file cannot be read") as info:
+        chat_template.yaml_template(config)
+    assert says in str(info.value)
+
+
 # --- labels ------------------------------------------------------------------------------------------
 
 
@@ -220,3 +264,12 @@ def test_a_cut_conversation_keeps_its_configured_columns_and_roles(tmp_path):
                       columns={"messages": "dialog", "role": "speaker", "content": "text"})
     prepared = prepare_data(_config(tmp_path, data, seq_len=seq_len))
     assert prepared.train.meta["records_cut"] == 1
+
+
+def test_a_lone_surrogate_anywhere_in_a_record_is_found_before_a_tokenizer_sees_it():
+    """Python's json reads an unpaired \\ud800 escape as a lone surrogate, which no tokenizer encodes
+    (a TypeError inside it): the record's problem instead (sft_prepare.py `_tokens`, GRPO's prompts)."""
+    from orchestrate.data.records import lone_surrogate
+
+    assert lone_surrogate({"messages": [{"content": "fine é 🙂"}, {"content": ["x", "a\udce9"]}]}) == "U+DCE9"
+    assert lone_surrogate({"prompt": "fine é 🙂", "n": 3, "x": None}) is None

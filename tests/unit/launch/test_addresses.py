@@ -17,6 +17,7 @@ from orchestrate.launch.addresses import (
     user_problem,
 )
 from orchestrate.launch.torchrun_args import LaunchOptions
+from tests.helpers.input_fuzz import check_rendezvous_flags, rendezvous_flags
 
 GOOD_HOSTS = ["node-a", "node_b", "gpu01.cluster.example.org", "10.0.0.7", "localhost", "::1", "[::1]",
               "fe80::1%eth0", "2001:db8::42", "A" * 63]
@@ -78,3 +79,11 @@ def test_an_accepted_host_is_one_plain_word_that_no_program_reads_as_an_option(h
         plain = plain_host(host)
         assert not plain.startswith("-") and plain.isascii() and plain.isprintable()
         assert not set(plain) & set(" \t\n;$`'\"\\/|&<>(){}*?#!~")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(rendezvous_flags)
+def test_any_rendezvous_flags_are_one_user_error_or_plain_words(flags):
+    """`--master-port / --master-addr / --rdzv-endpoint` as typed: one UserError naming each bad flag,
+    or values that reach torchrun as one plain word each."""
+    check_rendezvous_flags(flags)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrate.run.exits import EX_TEMPFAIL
+from orchestrate.run.exits import EX_TEMPFAIL, HOST_OOM_KILLED
 
 
 def _failure(rank: int, exitcode: int, error_file: str = "<N/A>"):
@@ -36,8 +36,10 @@ def test_a_rank_killed_by_sigkill_is_blamed_not_the_one_torchrun_terminated(monk
 
     failures = {0: _failure(0, -int(signal.SIGTERM)), 1: _failure(1, -int(signal.SIGKILL))}
     code, said = _run_with(monkeypatch, tmp_path, ChildFailedError("orchestrate.worker", failures))
-    assert said == [f"worker rank 1 was killed by SIGKILL (kill -9, or the out-of-memory killer); its output: "
-                    f"{tmp_path / 'logs'}"]
+    assert said == [f"worker rank 1 was killed by SIGKILL (kill -9, or the kernel's out-of-memory killer: "
+                    f"{HOST_OOM_KILLED}); its output: {tmp_path / 'logs'}"]
+    assert "if `dmesg` shows 'Out of memory: Killed process', host memory ran out" in said[0]
+    assert "smaller train.micro_batch_size" in said[0] and "train.oom_retries re-plans device" in said[0]
     assert code == 1
 
 

@@ -131,6 +131,22 @@ def test_recover_stops_with_the_planner_s_refusal_when_nothing_fits(tmp_path):
     assert RunPlan.read(run_dir / "plan.json").chosen.name == plan.chosen.name  # nothing rewritten
 
 
+def test_a_host_oom_is_told_as_host_memory_with_what_would_help_and_is_not_replanned(tmp_path):
+    config = _config(tmp_path)
+    plan, run_dir = _written_run(tmp_path, config, HardwareFlags(gpus=2).resolve())
+    host = {**_record(plan, 1, 7 * GIB), "memory": "host", "message": "DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 7516192768 bytes. Error code 12 (Cannot allocate memory)"}
+    write_oom_record(run_dir, 0, _record(plan, 0, 2 * plan.chosen.memory.gpu_total))  # a device record beside it
+    write_oom_record(run_dir, 1, host)
+    said: list[str] = []
+    assert recover(plan, run_dir, 0, said.append) is None
+    (told,) = said
+    assert told.startswith("rank 1 (node 0) ran out of host memory (RAM) at step 3 (backward); it asked for 7.00 GiB")
+    assert "smaller train.micro_batch_size" in told and "strategy.offload: none" in told
+    assert "train.oom_retries re-plans device out-of-memory errors only" in told
+    assert RunPlan.read(run_dir / "plan.json").chosen.name == plan.chosen.name  # nothing re-planned
+
+
 def test_no_record_means_no_recovery(tmp_path):
     config = _config(tmp_path)
     plan, run_dir = _written_run(tmp_path, config, HardwareFlags(gpus=2).resolve())
@@ -161,6 +177,31 @@ def test_an_injected_oom_at_step_3_is_replanned_and_resumed_from_step_2(tmp_path
     assert records[-1]["predicted_gpu_bytes_per_rank"] == result.plan.chosen.memory.gpu_total
     assert (result.run_dir / "model" / "model.safetensors").is_file()
     assert read_oom_records(result.run_dir) == []  # cleared by the successful start
+
+
+@pytest.mark.slow
+def test_a_worker_out_of_host_memory_ends_the_launch_with_one_message_naming_it(tmp_path, monkeypatch):
+    """2 gloo ranks, rank 0's backward of step 3 raising what torch's CPU allocator raises when the host
+    is out of memory: exit 71 with a few lines naming host memory, the rank and what would help, no
+    traceback, no re-plan."""
+    from orchestrate.api import launch, launch_request
+    from orchestrate.launch.torchrun_args import LaunchOptions
+    from orchestrate.run.exits import EX_OUT_OF_MEMORY
+    from orchestrate.transports.local.transport import LocalTorchrun
+
+    config = _config(tmp_path)
+    monkeypatch.setenv("ORCHESTRATE_TEST_INJECT_OOM_AT_STEP", "3")
+    monkeypatch.setenv("ORCHESTRATE_TEST_INJECT_OOM_REQUEST", str(7 * GIB))
+    monkeypatch.setenv("ORCHESTRATE_TEST_INJECT_OOM_MEMORY", "host")
+    transport = LocalTorchrun(LaunchOptions(worker_module="tests.helpers.oom_worker"))
+    result = launch(launch_request(config, HardwareFlags(gpus=2).resolve(), run_dir=tmp_path / "run"), transport)
+    text = "\n".join(result.messages)
+    assert result.exit_code == EX_OUT_OF_MEMORY, text
+    assert "worker rank 0 ran out of host memory (exit 71" in text
+    assert "rank 0 (node 0) ran out of host memory (RAM) at step 3 (backward); it asked for 7.00 GiB" in text
+    assert "re-plan" not in text.replace("re-plans device", "") and "Traceback" not in text
+    log = "".join(p.read_text() for p in (result.run_dir / "logs").rglob("*.log"))
+    assert "rank 0: out of host memory at step 3 (backward)" in log and "Traceback" not in log
 
 
 class _AlwaysOutOfMemory:

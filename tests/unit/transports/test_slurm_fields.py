@@ -10,63 +10,13 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from orchestrate.errors import UserError
 from orchestrate.transports.slurm import cluster as slurm_cluster
-from orchestrate.transports.slurm.job import SlurmJob, render_sbatch, sbatch_word
+from orchestrate.transports.slurm.job import render_sbatch, sbatch_word
 from tests.daemons import require_slurm, wait_job
-
-PYTHON = "/opt/venv/bin/python"
-_C_SPACE = " \t\n\v\f\r"
-
-
-def sbatch_words(line: str) -> list[str]:
-    """The words sbatch reads from one `#SBATCH ...` line: split at unquoted whitespace, '...' and
-    "..." group, a backslash escapes the next character but whitespace (inside quotes too), an
-    unquoted # ends the line."""
-    words, i, rest = [], 0, line[len("#SBATCH"):]
-    while True:
-        while i < len(rest) and rest[i] in _C_SPACE:
-            i += 1
-        word, quote, escaped = None, "", False
-        while i < len(rest) and (quote or rest[i] not in _C_SPACE):
-            c = rest[i]
-            i += 1
-            if escaped:
-                escaped = False
-            elif c == "\\":
-                escaped = True
-                continue
-            elif quote:
-                if c == quote:
-                    quote = ""
-                    continue
-            elif c in "\"'":
-                quote, word = c, word or ""
-                continue
-            elif c == "#":
-                return words + ([word] if word is not None else [])
-            word = (word or "") + c
-        assert not quote, f"sbatch: unmatched {quote} in {line!r}"
-        if word is None:
-            return words
-        words.append(word)
-
-
-def header_words(script: str) -> list[list[str]]:
-    """Each #SBATCH line's words, up to the first line sbatch takes for a command."""
-    lines = []
-    for line in script.split("\n")[1:]:
-        if line.startswith("#SBATCH"):
-            lines.append(sbatch_words(line))
-        elif line.strip() and not line.lstrip().startswith("#"):
-            return lines
-    return lines
-
-
-def _job(**kw) -> SlurmJob:
-    return SlurmJob(**{"run_dir": Path("/runs/x"), "nodes": 2, "procs_per_node": 1, "python": PYTHON, **kw})
+from tests.helpers.input_fuzz import check_slurm_field, header_words, sbatch_words, slurm_fields
+from tests.helpers.input_fuzz import slurm_job as _job
 
 
 def test_the_sbatch_word_splitter_reads_lines_as_sbatch_does():
@@ -118,41 +68,13 @@ def test_plain_values_stay_bare():
     assert sbatch_word("--comment=a b") == '"--comment=a b"'
 
 
-_TEXT = st.one_of(
-    st.from_regex(r"\A[a-z0-9][a-z0-9_.,-]{0,10}\Z"),
-    st.text(st.one_of(st.sampled_from(list("az09-_.,+ \"'#%\\\n\t$;=")), st.characters()), max_size=14))
-
-
-_VALID = {"partition": "gpu", "account": "proj42", "job_name": "run", "time": "4:00:00", "mem": "64G",
-          "directory": "x", "extra": "note"}
-
-
-def _expected_words(v: dict[str, str]) -> list[str]:
-    run_dir = Path("/runs") / v["directory"]
-    return [f"--job-name={v['job_name']}", f"--partition={v['partition']}", f"--account={v['account']}",
-            f"--time={v['time']}", f"--mem={v['mem']}", f"--chdir={run_dir}",
-            f"--output={str(run_dir).replace('%', '%%')}/slurm-%j.out", f"--comment={v['extra']}"]
-
-
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(field=st.sampled_from(sorted(_VALID)), value=_TEXT)
-def test_sbatch_fields_either_come_back_as_one_word_each_or_one_user_error(field, value):
+@given(slurm_fields)
+def test_sbatch_fields_either_come_back_as_one_word_each_or_one_user_error(field_value):
     """Any value in any field: one UserError, or a script whose #SBATCH lines sbatch splits into
     exactly one word each, the intended ones among them (the partition one option value, the paths
     whole)."""
-    v = {**_VALID, field: value}
-    job = _job(partition=v["partition"], account=v["account"], job_name=v["job_name"], time=v["time"],
-               mem=v["mem"], run_dir=Path("/runs") / v["directory"], extra_sbatch=("--comment=" + v["extra"],))
-    try:
-        script = render_sbatch(job)
-    except UserError as e:
-        assert e.problems
-        return
-    words = header_words(script)
-    assert all(len(w) == 1 for w in words), words
-    flat = [w[0] for w in words]
-    assert set(_expected_words(v)) <= set(flat), (_expected_words(v), flat)
-    assert len(flat) == script.count("\n#SBATCH ")
+    check_slurm_field(field_value)
 
 
 @pytest.mark.daemons

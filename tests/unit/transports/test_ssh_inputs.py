@@ -10,27 +10,15 @@ from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from orchestrate.errors import UserError
-from orchestrate.launch.addresses import plain_host
 from orchestrate.transports.ssh.hosts import Host, NodeCommand, SshOptions, parse_hostfile, ssh_command_line
 from orchestrate.transports.ssh.remote import plan_commands
 from tests.daemons import require_sshd
-
-PYTHON = "/venv/bin/python"
-FULL = SshOptions(user="alice", port=2222, key_filename="/k/id", ssh_config=Path("/c/ssh config"),
-                  known_hosts=Path("/c/known_hosts"))
-
-
-def _ssh_argv(host: str, options: SshOptions = FULL) -> list[str]:
-    return shlex.split(ssh_command_line(NodeCommand(host, 0, (PYTHON, "-c", "pass"), (("K", "v w"),)), options))
-
-
-def _destination(argv: list[str]) -> tuple[str, list[str]]:
-    """The host and what follows it, as OpenSSH reads argv: options end at the first `--`."""
-    end = argv.index("--")
-    return argv[end + 1], argv[end + 2:]
+from tests.helpers.input_fuzz import SSH_PYTHON as PYTHON
+from tests.helpers.input_fuzz import check_hostfile, hostfile_lines
+from tests.helpers.input_fuzz import ssh_argv as _ssh_argv
+from tests.helpers.input_fuzz import ssh_destination as _destination
 
 
 def test_hosts_that_ssh_or_a_shell_would_misread_are_refused_with_every_line_number():
@@ -78,28 +66,12 @@ def test_ssh_flags_are_checked_where_they_come_in():
         SshOptions(known_hosts=Path("/k/%d"))
 
 
-_NAMES = st.one_of(
-    st.from_regex(r"\A[a-z0-9][a-z0-9_.-]{0,12}\Z"),
-    st.sampled_from(["::1", "[fd00::1]", "10.0.0.1", "-oProxyCommand=touch${IFS}/x", "a;b", "a@b", "a:22"]),
-    st.text(st.one_of(st.sampled_from(list("az09-_.:[]%@;$`'\"# \n\t/\\=")), st.characters()), max_size=16))
-
-
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(st.lists(st.tuples(_NAMES, st.integers(0, 4) | st.integers(1, 4)), min_size=1, max_size=3))
+@given(hostfile_lines)
 def test_a_hostfile_either_yields_hosts_ssh_reads_as_one_destination_or_one_user_error(lines):
     """Any hostfile: a UserError, or hosts each of which is exactly one argv element after `--` in
     the ssh command line (the host as written, IPv6 without brackets), never an option."""
-    text = "".join(f"{name} slots={slots}\n" for name, slots in lines)
-    try:
-        hosts = parse_hostfile(text, "hosts.txt")
-    except UserError as e:
-        assert e.problems and all(p.where.startswith("hosts.txt") for p in e.problems)
-        return
-    for host in hosts:
-        destination, rest = _destination(_ssh_argv(host.name))
-        assert destination == host.name and not destination.startswith("-") and len(rest) == 1
-    if all(name.isprintable() and not any(c.isspace() or c == "#" for c in name) for name, _ in lines):
-        assert [h.name for h in hosts] == [plain_host(name) for name, _ in lines]
+    check_hostfile(lines)
 
 
 @pytest.mark.daemons

@@ -1,7 +1,8 @@
-"""A worker's out-of-memory record: the step loop turns torch.OutOfMemoryError into the step and the
-engine's phase, the record holds the measured need and the plan's prediction, and PyTorch's
-"Tried to allocate" sizes are read as the allocator writes them (one process, a fake engine); on a
-GPU the need adds what lies outside the allocator as planned (torch's statistics stubbed)."""
+"""A worker's out-of-memory record: the step loop turns torch.OutOfMemoryError (and the host's: torch's
+CPU allocator's RuntimeError, MemoryError) into the step and the engine's phase, the record holds
+which memory ran out, the measured need and the plan's prediction, and PyTorch's "Tried to allocate"
+sizes are read as the allocator writes them (one process, a fake engine); on a GPU the need adds
+what lies outside the allocator as planned (torch's statistics stubbed)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,13 @@ from orchestrate.planner.strategy import Strategy
 from orchestrate.run.layout import RunDir, clear_oom_records, read_oom_records
 from orchestrate.worker.callbacks.base import Training
 from orchestrate.worker.loop import run_loop
-from orchestrate.worker.oom import StepOutOfMemory, oom_record, record_oom, requested_bytes
+from orchestrate.worker.oom import (
+    StepOutOfMemory,
+    host_out_of_memory,
+    oom_record,
+    record_oom,
+    requested_bytes,
+)
 from orchestrate.worker.signals import StopRequest
 from tests.helpers.engines import cpu_rank
 from tests.helpers.plans import make_plan
@@ -27,14 +34,15 @@ DDP = Strategy("ddp", 0, "none", "none", "fp32", False, 2)
 class _FailingEngine:
     """Runs steps until `fail_at`, whose `phase` part raises as CUDA's allocator would."""
 
-    def __init__(self, fail_at: int, phase: str) -> None:
+    def __init__(self, fail_at: int, phase: str, error: BaseException | None = None) -> None:
         self.fail_at, self.fail_phase, self.phase, self.steps = fail_at, phase, "forward", 0
+        self.error = error or torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has ...")
 
     def train_step(self, micro_batches) -> StepResult:
         self.steps += 1
         for self.phase in ("forward", "backward", "optimizer"):
             if self.steps == self.fail_at and self.phase == self.fail_phase:
-                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has ...")
+                raise self.error
         return StepResult(loss=1.0, grad_norm=0.5, lr=1e-3)
 
 
@@ -47,6 +55,43 @@ def test_the_loop_reports_the_step_and_phase_of_an_oom(tmp_path, phase):
         run_loop(training, [])
     assert (caught.value.step, caught.value.phase) == (3, phase)
     assert isinstance(caught.value.__cause__, torch.OutOfMemoryError)
+
+
+HOST_OOM = ("DefaultCPUAllocator: can't allocate memory: you tried to allocate 7516192768 bytes. Error code 12 "
+            "(Cannot allocate memory)")
+"""torch's CPU allocator when posix_memalign fails (c10/core/impl/alloc_cpu.cpp)."""
+
+
+@pytest.mark.parametrize(("error", "host"), [
+    (RuntimeError(HOST_OOM), True),
+    (RuntimeError("DefaultCPUAllocator: not enough memory: you tried to allocate 64 bytes."), True),
+    (MemoryError(), True),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB."), False),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+])
+def test_host_out_of_memory_is_told_by_the_cpu_allocator_s_message_or_memory_error(error, host):
+    assert host_out_of_memory(error) is host
+
+
+@pytest.mark.parametrize("error", [RuntimeError(HOST_OOM), MemoryError()])
+def test_the_loop_reports_a_host_oom_as_host_memory_and_the_record_says_so(tmp_path, error):
+    plan = make_plan(DDP, ranks=1, config={"train": {"max_steps": 5, "global_batch_size": 4}})
+    training = Training(plan, cpu_rank(), RunDir(tmp_path), _FailingEngine(2, "backward", error), CausalBatches(),
+                        UnsavedCheckpointer(), StopRequest(), 0)
+    with pytest.raises(StepOutOfMemory) as caught:
+        run_loop(training, [])
+    assert (caught.value.step, caught.value.phase, caught.value.memory) == (2, "backward", "host")
+    record = oom_record(plan, cpu_rank(), 2, "backward", caught.value.__cause__, "host")
+    assert record["memory"] == "host" and record["message"] == (str(error) or "MemoryError")
+    assert record["requested_bytes"] == (7516192768 if str(error) else 0)
+
+
+def test_an_error_that_is_no_oom_leaves_the_loop_as_it_is(tmp_path):
+    plan = make_plan(DDP, ranks=1, config={"train": {"max_steps": 5, "global_batch_size": 4}})
+    engine = _FailingEngine(2, "forward", RuntimeError("mat1 and mat2 shapes cannot be multiplied"))
+    training = Training(plan, cpu_rank(), RunDir(tmp_path), engine, CausalBatches(), UnsavedCheckpointer(), StopRequest(), 0)
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        run_loop(training, [])
 
 
 @pytest.mark.parametrize(("message", "size"), [

@@ -11,6 +11,10 @@ second: `PricedTerms.before_activations`):
   SAMPLING_BYTES_PER_VOCAB); then the no_grad scoring forwards over the same rows of train.seq_len
   (π_old with num_iterations > 1, the reference with beta > 0): a reference forward's outputs
   (preference/memory.py `chunked_reference_forward_bytes`, chunked as the loss is).
+- under parameter sharding (zero_stage 3: FSDP2 full shard, DeepSpeed ZeRO-3) the rollout phase holds
+  the whole model gathered once for all its forwards (gather.py): every weight in the compute dtype, a
+  QLoRA base's blocks in NF4, beside the rank's shard (`gathered_weight_bytes`, predicted high: the
+  training phase's own gathered blocks are not taken off it).
 - training: the forward over the rows (MethodTerms.sample_rows = num_generations) with its activations
   and logits (the planner's own terms, one chunk's logits with train.loss_chunks), and the rollouts kept
   for the step's micro-batches (ids, masks, π_old and reference log-probabilities: KEPT_BYTES_PER_POSITION).
@@ -28,6 +32,7 @@ from orchestrate.methods.preference.memory import chunked_reference_forward_byte
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner.auxiliary import forward_flops_per_token
+from orchestrate.planner.strategy import Strategy
 
 ROLLOUT = "rollout"
 KEPT = "rollouts_kept"
@@ -51,6 +56,16 @@ def rollout_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: 
     return {"kv_cache": kv_cache_bytes(shape, rows, seq_len, c),
             "prefill": 3.0 * rows * prompt * shape.intermediate_size * c,
             "sampling": float(rows * shape.vocab_size * SAMPLING_BYTES_PER_VOCAB)}
+
+
+def gathered_weight_bytes(shape: ModelShape, strategy: Strategy, method: str, c: int) -> float:
+    """The whole model as the rollout phase gathers it under parameter sharding (zero_stage 3); 0 where
+    every rank holds the whole model already (DDP, ZeRO-1/2, FSDP2 shard-grad-op, whose training
+    forward keeps every unsharded block anyway: planner/memory.py's gathered_params)."""
+    if strategy.zero_stage != 3:
+        return 0.0
+    per_weight = NF4_BYTES_PER_PARAMETER if method == "qlora" else c
+    return shape.num_layers * shape.block_parameters * per_weight + shape.root_parameters * c
 
 
 def scoring_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: int, chunks: int, c: int) -> float:

@@ -46,10 +46,14 @@ def first_record(source: Source) -> dict[str, Any]:
             f"({type(exc).__name__}: {str(exc).strip() or 'no records'})", FORCE)]) from None
 
 
-def run_record_format(config: RunConfig, plan_files: RunFiles | None, run_dir: Path) -> tuple[str, bool]:
-    """(the record format of the run's training records, whether they hold lists of messages)."""
+def run_record_format(config: RunConfig, plan_files: RunFiles | None, run_dir: Path,
+                      own_format: str | None = None) -> tuple[str, bool]:
+    """(the record format of the run's training records, whether they hold lists of messages);
+    `own_format`: the format a training method's own records render as (methods/spec.py
+    `Method.record_format`: GRPO's prompts), which no column tells."""
     data = config.data
-    known = detect_format((), data) if data.record_format != "auto" or data.template is not None else None
+    known = own_format or (detect_format((), data) if data.record_format != "auto" or data.template is not None
+                           else None)
     if known is not None and conversational_column(known, data) is None:
         return known, False
     try:

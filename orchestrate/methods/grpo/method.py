@@ -122,6 +122,13 @@ class Grpo(Method):
         return MethodTerms(chunks_loss=True, splits_sequence=False, sample_rows=section.num_generations,
                            shardings=VERIFIED_SHARDINGS, auxiliary=reference, gpu_keys=(ROLLOUT, KEPT), priced=priced)
 
+    def simulation_refusal(self, config: RunConfig) -> Problem | None:
+        return Problem(
+            "grpo", "the fake-tensor simulation trains a causal-LM step of micro_batch_size rows: it cannot sample "
+            "(HF generate stops on data-dependent checks that fake tensors refuse) and does not run the GRPO "
+            "objective; both phases are measured on real tensors instead (tests/methods/grpo/test_grpo_phases.py)",
+            "drop --simulate: the plan prints both phases")
+
     def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
         """Both phases of the chosen plan: the rollout's bytes and the training step's."""
         chosen = getattr(plan, "chosen", None)

@@ -9,8 +9,10 @@ inside it:
 
 - FSDP2: every `FSDPModule` set not to reshard after forward (`set_reshard_after_forward(False)`, the
   use torch's docstring names: "set an FSDP module's value to False for running evals and set back to
-  True for training") and unsharded (`unshard()`, one all-gather per module); after, each resharded
-  and given back its setting (the root keeps False: FSDP2 never reshards the root after forward).
+  True for training") and unsharded (a one-token forward through the root, which FSDP2 needs first
+  where the root is a peft model that HF generate never calls, then `unshard()`: one all-gather per
+  module in all); after, each resharded and given back its setting (the root keeps False: FSDP2 never
+  reshards the root after forward).
 - DeepSpeed ZeRO-3: `deepspeed.zero.GatheredParameters` over every parameter, with the engine's
   ZeRO-3 module hooks removed inside it and registered again after (the parameter coordinator's trace
   invalidated), as TRL's `unwrap_model_for_generation` does (huggingface/trl, trl/models/utils.py:
@@ -27,6 +29,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from orchestrate.methods.preference.reference import without_dropout
 
 
 def _zero3(model: torch.nn.Module) -> bool:
@@ -67,6 +71,12 @@ def _fsdp2_unsharded(model: torch.nn.Module, reshard_after_forward: bool) -> Ite
     units = [m for m in model.modules() if isinstance(m, FSDPModule)]
     model.set_reshard_after_forward(False)
     try:
+        # HF generate runs the causal LM's forward, not the root's where the root is a peft model; FSDP2
+        # must see the root's forward first (its lazy init makes every other unit a non-root): one token
+        # through the root, under no_grad and without dropout (no draw from the sampling's generator),
+        # gathering every unit as it goes.
+        with torch.no_grad(), without_dropout(model):
+            model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device))
         for unit in units:
             unit.unshard()
         yield model

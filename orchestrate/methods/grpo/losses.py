@@ -1,7 +1,9 @@
 """GRPO's advantages and loss as functions of tensors (docs/grpo.md). The definitions are those of
-DeepSeekMath (Shao et al. 2024, §4.1, eq. 3) as TRL computes them (huggingface/trl,
-trl/trainer/grpo_trainer.py: `_generate_and_score_completions` for the advantages and
-`num_items_in_batch`, `_compute_loss` for the loss); its code is not copied.
+DeepSeekMath (Shao et al. 2024, §4.1, eq. 3) as TRL computes them (huggingface/trl at f2cd577,
+trl/trainer/grpo_trainer.py: `_generate_and_score_completions` for `num_items_in_batch`, the completion
+tokens of the generation batch gathered over the processes (line 2427), the advantages by
+`scale_rewards` (2687-2707) and `frac_reward_zero_std` (2750); `_compute_loss` for the loss types
+(3123-3148: dapo's `normalizer = num_items_in_batch / num_processes`, 3139-3141)); its code is not copied.
 
 - Advantages: per prompt group of G completions, A_i = r_i − mean(r) (outcome supervision: the same A_i
   for every token of completion i), divided by a std + 1e-4 per `scale_rewards` (TRL's unbiased std):

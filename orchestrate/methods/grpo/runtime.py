@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from orchestrate.backends.base import Objective
+from orchestrate.backends.fsdp import fsdp_settings
 from orchestrate.backends.rank import Rank
 from orchestrate.data.chat_template import resolve_template, yaml_template
 from orchestrate.data.pipeline import TrainData
@@ -56,8 +57,6 @@ def _reshards_after_forward(plan: RunPlan) -> bool:
     """The FSDP2 blocks' reshard_after_forward, which the rollout gives back after gathering (gather.py)."""
     if plan.strategy.backend != "fsdp":
         return True
-    from orchestrate.backends.fsdp import fsdp_settings
-
     return fsdp_settings(plan)["fully_shard"]["reshard_after_forward"]
 
 

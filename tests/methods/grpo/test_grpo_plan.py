@@ -13,12 +13,14 @@ import pytest
 
 from orchestrate import api
 from orchestrate.config.load import config_from_dict
+from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
 from orchestrate.methods.grpo.memory import ROLLOUT, gathered_weight_bytes, kv_cache_bytes, rollout_bytes
 from orchestrate.methods.grpo.method import GRPO
 from orchestrate.methods.registry import method_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.simulate.verify import verify_plan
 from tests.unit.planner.test_memory_model import strat
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo" / "qwen2.5-1.5b.yaml"
@@ -81,3 +83,10 @@ def test_under_parameter_sharding_the_rollout_holds_the_whole_model_gathered(bac
     rollout = sum(rollout_bytes(shape, config.grpo, 16, 4096, 2).values()) + gathered(shape)
     step = memory.gpu["activations"] + memory.gpu["logits"]
     assert memory.gpu[ROLLOUT] == int(max(0.0, rollout - step))
+
+
+def test_plan_simulate_refuses_grpo_and_says_where_its_phases_are_checked():
+    plan = api.plan_from_file(EXAMPLE, [], GPU_8GIB.resolve())
+    with pytest.raises(UserError) as refused:
+        verify_plan(plan)
+    assert "cannot sample" in str(refused.value) and "test_grpo_phases.py" in str(refused.value)

@@ -4,8 +4,9 @@ fine-tuning and LoRA / QLoRA and owns the objective: each step samples completio
 the policy being trained, rewards them and trains on them.
 
 Its files: config.py (`grpo:`), prompts.py (the prompt records, its own data), rewards.py, rollout.py
-(sampling and scoring completions), losses.py (advantages and the clipped loss), objective.py,
-callback.py (the step's metrics), memory.py (the rollout phase's memory and time), runtime.py.
+(sampling and scoring completions), gather.py (the weights gathered once per rollout phase), losses.py
+(advantages and the clipped loss), objective.py, memory.py (the rollout phase's memory and time),
+runtime.py (the worker's hooks and the step's metrics).
 Verified under DDP, FSDP2 (full shard and shard-grad-op) and DeepSpeed ZeRO-2 / ZeRO-3 without offload
 (`MethodTerms.shardings`; 2 gloo ranks: tests/methods/grpo/test_grpo_strategies.py); under parameter
 sharding the rollout gathers the weights once per step (gather.py), priced in the rollout phase.

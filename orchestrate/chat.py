@@ -8,7 +8,8 @@ model.name_or_path: NF4 for QLoRA, `model/adapter_loading.py`) plus RUN_DIR/adap
 
 A prompt is rendered the way training rendered the run's records (data/records.py
 `uses_chat_template`, the data pipeline's own rule, read from RUN_DIR/plan.json and, for
-`data.record_format: auto`, the first training record: data/run_records.py): chat records (and
+`data.record_format: auto`, the first training record: data/run_records.py; a method's own records
+render as its `Method.record_format` says: GRPO's prompts as prompt-completion prompts): chat records (and
 records of messages) and, with `data.chat_template` set, prompt-completion and Alpaca records went
 through the chat template, so the conversation is rendered by the saved template with
 `add_generation_prompt=True` and the reply ends at EOS or at the template's end-of-turn token (the
@@ -37,6 +38,7 @@ from orchestrate.data.records import raw_prompt, uses_chat_template
 from orchestrate.data.run_records import run_record_format
 from orchestrate.data.sft_tokens import completion_prompt_ids
 from orchestrate.errors import Problem, UserError
+from orchestrate.methods.registry import active_methods
 from orchestrate.planner.plan import RunPlan
 from orchestrate.run.layout import RunDir
 
@@ -115,8 +117,9 @@ def rendering(plan: RunPlan, run_dir: Path, template: bool | None) -> tuple[bool
     as `template` forces. Forced raw, a run whose data is gone prompts with the text as it is."""
     if template:
         return True, "chat"
+    own = next((m.record_format for m in active_methods(plan.config) if m.record_format), None)
     try:
-        record_format, messages = run_record_format(plan.config, plan.files, run_dir)
+        record_format, messages = run_record_format(plan.config, plan.files, run_dir, own)
     except UserError:
         if template is None:
             raise

@@ -51,6 +51,25 @@ class Objective(Protocol):
         ...
 
 
+@runtime_checkable
+class StepObjective(Objective, Protocol):
+    """An objective that sees a step's micro-batches before the first one's loss: every engine calls
+    `begin_step` at the start of `train_step`, on every rank (GRPO's rollout phase samples the whole
+    step's completions there, with the weights gathered once: methods/grpo/objective.py)."""
+
+    def begin_step(self, model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]]) -> None:
+        """Called with the wrapped model and the step's micro-batches (on the rank's device); may be collective."""
+        ...
+
+
+def begin_step(engine: TrainEngine, micro_batches: list[dict[str, torch.Tensor]]) -> None:
+    """The objective's look at the step before its first loss (`StepObjective`): every engine's
+    `train_step` starts with it."""
+    if isinstance(engine.objective, StepObjective):
+        engine.phase = "rollout"
+        engine.objective.begin_step(engine.model, micro_batches)
+
+
 @dataclass(frozen=True)
 class ModelRequest:
     """How a backend wants the model it wraps.
@@ -121,7 +140,8 @@ class TrainEngine(Protocol):
     """What a batch's loss and evaluation metrics are."""
 
     phase: str
-    """Where `train_step` is: "forward", "backward" or "optimizer" (set as it goes; an out-of-memory
+    """Where `train_step` is: "rollout" (a `StepObjective`'s `begin_step`), "forward", "backward" or
+    "optimizer" (set as it goes; an out-of-memory
     error is reported with it, worker/oom.py)."""
 
     def eval_sums(self, batch: dict[str, torch.Tensor]) -> dict[str, float]:

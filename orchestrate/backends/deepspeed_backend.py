@@ -16,7 +16,13 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import ModelRequest, StepResult, device_process_group, has_frozen_parameters
+from orchestrate.backends.base import (
+    ModelRequest,
+    StepResult,
+    begin_step,
+    device_process_group,
+    has_frozen_parameters,
+)
 from orchestrate.backends.deepspeed_render import engine_config, render, sharding_problems
 from orchestrate.backends.safe_load import deepspeed_checkpoint_classes, weights_only_loads
 from orchestrate.backends.schedule import apply_hyperparameters, make_scheduler
@@ -200,6 +206,7 @@ class DeepSpeedTrainEngine:
         engine.train()
         lr = float(engine.get_lr()[0])  # what the scheduler set for this step
         skipped_before = engine.skipped_steps
+        begin_step(self, micro_batches)
         losses = []
         grad_norm = math.nan
         for i, batch in enumerate(micro_batches):

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrate.backends.base import StepResult, has_frozen_parameters
+from orchestrate.backends.base import StepResult, begin_step, has_frozen_parameters
 from orchestrate.backends.schedule import step_schedule
 
 if TYPE_CHECKING:
@@ -132,6 +132,7 @@ class TorchEngine:
         import torch
 
         self.model.train()
+        begin_step(self, micro_batches)
         n = len(micro_batches)
         losses = []
         for i, batch in enumerate(micro_batches):

@@ -55,10 +55,13 @@ def first_record(source: Source) -> dict[str, Any]:
             f"({type(exc).__name__}: {str(exc).strip() or 'no records'})", FORCE)]) from None
 
 
-def run_record_format(config: RunConfig, plan_files: RunFiles | None, run_dir: Path) -> tuple[str, bool]:
-    """(the record format of the run's training records, whether they hold lists of messages)."""
+def run_record_format(config: RunConfig, plan_files: RunFiles | None, run_dir: Path,
+                      own_format: str | None = None) -> tuple[str, bool]:
+    """(the record format of the run's training records, whether they hold lists of messages);
+    `own_format`: the format a training method's own records render as (methods/spec.py
+    `Method.record_format`: GRPO's prompts), which no column tells."""
     data = config.data
-    known = _named_format(data)
+    known = own_format or _named_format(data)
     if known is not None and conversational_column(known, data) is None and not data.datasets:
         return known, False
     try:
@@ -66,7 +69,7 @@ def run_record_format(config: RunConfig, plan_files: RunFiles | None, run_dir: P
     except UserError as exc:
         raise UserError("cannot tell how the run rendered its records", [*exc.problems, Problem(
             "RUN_DIR", "the run's training data cannot be found", FORCE)]) from None
-    found = [_source_format(source, data.for_source(source.listed)) for source in sources.train]
+    found = [_source_format(source, data.for_source(source.listed), own_format) for source in sources.train]
     formats = [f for f, _ in found]
     templated = any(f in SFT_FORMATS and uses_chat_template(f, data.chat_template is not None, m) for f, m in found)
     record_format = stream_format(formats, templated) or formats[0]
@@ -78,9 +81,9 @@ def _named_format(data: DataSection) -> str | None:
     return detect_format((), data) if data.record_format != "auto" or data.template is not None else None
 
 
-def _source_format(source: Source, data: DataSection) -> tuple[str, bool]:
+def _source_format(source: Source, data: DataSection, own_format: str | None) -> tuple[str, bool]:
     """(one source's record format, whether its records hold lists of messages)."""
-    known = _named_format(data)
+    known = own_format or _named_format(data)
     if known is not None and conversational_column(known, data) is None:
         return known, False
     record = first_record(source)

@@ -50,6 +50,9 @@ class Method:
     data: ClassVar[str | None] = None
     """The module of its part of the data path (`data_path(config)`, orchestrate/data/method_data.py:
     records of its own, or data it brings itself), imported where the data is checked or prepared."""
+    record_format: ClassVar[str | None] = None
+    """The record format (data/records.py) its own records are rendered as, for `orchestrate chat` to
+    render a prompt the way the run did (`uses_chat_template`); None: detected from the data's columns."""
     saves: ClassVar[tuple[str, ...]] = ()
     """What it writes into the run directory besides model/ (run/layout.py names)."""
     trains_adapters: ClassVar[bool] = False

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from orchestrate.config.section import Section
 
 LossType = Literal["grpo", "dr_grpo", "dapo", "bnpo"]
+ScaleRewards = Literal["group", "batch", "none"]
 RewardKind = Literal["exact_match", "format", "length", "function"]
 
 
@@ -84,14 +85,19 @@ class GrpoSection(Section):
     """The upper side (DAPO's clip-higher, Yu et al. 2025); null: epsilon."""
 
     loss_type: LossType = "dapo"
-    """How token losses are averaged (TRL's loss_type): grpo, per completion then over completions
-    (DeepSeekMath eq. 3); dr_grpo, summed and divided by completions × max_completion_length (Liu et
-    al. 2025, "Understanding R1-Zero-Like Training"); dapo (alias bnpo), over all completion tokens of
-    the micro-batch (Yu et al. 2025)."""
+    """How token losses are averaged (TRL's loss_type, trl/trainer/grpo_trainer.py `_compute_loss`): grpo,
+    per completion then over completions (DeepSeekMath eq. 3); dr_grpo, summed and divided by
+    completions × max_completion_length (Liu et al. 2025, "Understanding R1-Zero-Like Training"); dapo,
+    summed over the step and divided by the completion tokens of the whole step, every micro-batch of
+    every rank (Yu et al. 2025; TRL's `num_items_in_batch`); bnpo, divided by the completion tokens of
+    each micro-batch alone."""
 
-    scale_rewards: bool = True
-    """Divide each group's centred rewards by the group's standard deviation (DeepSeekMath's
-    normalisation; Dr. GRPO drops it: false)."""
+    scale_rewards: ScaleRewards = "group"
+    """What each completion's centred reward (its reward minus its group's mean) is divided by, + 1e-4
+    (TRL's GRPOConfig.scale_rewards): group, the standard deviation of its group's rewards
+    (DeepSeekMath); batch, the standard deviation of every reward of the step over all ranks (TRL's
+    "batch", after "PPO Lite", Liu et al. 2025); none, nothing (Dr. GRPO: the std scaling biases towards
+    questions that are too easy or too hard). true and false are group and none, as in TRL."""
 
     num_iterations: int = Field(default=1, ge=1, le=64)
     """Policy updates per batch of rollouts (TRL's μ): the rollouts and their log-probabilities under
@@ -99,6 +105,12 @@ class GrpoSection(Section):
 
     rewards: list[RewardSection] = Field(min_length=1)
     """The reward functions, weighted and summed."""
+
+    @field_validator("scale_rewards", mode="before")
+    @classmethod
+    def _boolean_scale(cls, value: object) -> object:
+        """TRL's booleans: true is "group", false is "none"."""
+        return {True: "group", False: "none"}.get(value, value) if isinstance(value, bool) else value
 
     @property
     def clip_high(self) -> float:

@@ -4,13 +4,25 @@ A step has two phases, and its peak is the larger (the memory model adds what th
 second: `PricedTerms.before_activations`):
 
 - rollout, under no_grad before the training forward: HF `generate` over micro_batch_size ×
-  num_generations rows holds the KV cache of every row's prompt + completion positions (2 × layers ×
-  kv_heads × head_dim per position, compute dtype), the prefill's largest transient (one block's MLP
-  intermediates over the prompt positions: 3 × intermediate_size), and the sampling's fp32 scores of
-  the last position (logits up-cast, temperature, top-p's sorted values, int64 indices, probabilities:
-  SAMPLING_BYTES_PER_VOCAB); then the no_grad scoring forwards over the same rows of train.seq_len
-  (π_old with num_iterations > 1, the reference with beta > 0): a reference forward's outputs
-  (preference/memory.py `chunked_reference_forward_bytes`, chunked as the loss is).
+  num_generations rows peaks at one of two moments (`rollout_bytes`, the larger):
+  - the prefill's last block: the KV cache of every layer over the prompt positions (2 × layers ×
+    kv_heads × head_dim per position, compute dtype) and that block's transients per prompt position:
+    its MLP's three intermediate-wide tensors (gate, up, their product), four hidden-wide ones (the
+    embedding output, the residual stream and its sum, the norm's output) and the rotary cos and sin
+    (PREFILL_HIDDEN_TENSORS, 2 × head_dim);
+  - the last decoded token: the KV cache over prompt + completion, one layer's keys held twice while
+    the growing cache concatenates the new position (transformers' DynamicLayer.update: torch.cat),
+    and the sampling's fp32 scores of the last position (logits up-cast, temperature, top-p's sorted
+    values, int64 indices, probabilities: SAMPLING_BYTES_PER_VOCAB).
+  Measured with the simulation's live-storage counter on real tensors (tests/methods/grpo/test_grpo_phases.py:
+  within 5 % for a prefill-bound, a decode-bound and a mixed shape). Then the no_grad scoring forwards
+  over the same rows of train.seq_len (π_old with num_iterations > 1, the reference with beta > 0): a
+  reference forward's outputs (preference/memory.py `chunked_reference_forward_bytes`, chunked as the
+  loss is).
+- under parameter sharding (zero_stage 3: FSDP2 full shard, DeepSpeed ZeRO-3) the rollout phase holds
+  the whole model gathered once for all its forwards (gather.py): every weight in the compute dtype, a
+  QLoRA base's blocks in NF4, beside the rank's shard (`gathered_weight_bytes`, predicted high: the
+  training phase's own gathered blocks are not taken off it).
 - training: the forward over the rows (MethodTerms.sample_rows = num_generations) with its activations
   and logits (the planner's own terms, one chunk's logits with train.loss_chunks), and the rollouts kept
   for the step's micro-batches (ids, masks, π_old and reference log-probabilities: KEPT_BYTES_PER_POSITION).
@@ -28,11 +40,14 @@ from orchestrate.methods.preference.memory import chunked_reference_forward_byte
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner.auxiliary import forward_flops_per_token
+from orchestrate.planner.strategy import Strategy
 
 ROLLOUT = "rollout"
 KEPT = "rollouts_kept"
 SAMPLING_BYTES_PER_VOCAB = 4 * 4 + 8
 """fp32 logits, their tempered and top-p-filtered copies and probabilities (4 × 4 bytes), the sort's int64 indices."""
+PREFILL_HIDDEN_TENSORS = 4
+"""Hidden-wide tensors per prompt position alive in the prefill's last block (module docstring)."""
 KEPT_BYTES_PER_POSITION = 8 + 8 + 4 + 4
 """Per kept position: int64 ids and attention mask, fp32 π_old and reference log-probabilities."""
 NF4_BYTES_PER_PARAMETER = 0.5 + 4 / 64
@@ -46,11 +61,25 @@ def kv_cache_bytes(shape: ModelShape, rows: int, positions: int, c: int) -> floa
 
 
 def rollout_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: int, c: int) -> dict[str, float]:
-    """The rollout phase's parts (bytes) for `rows` sequences of seq_len (prompt + completion)."""
+    """The rollout phase's parts (bytes) at its peak for `rows` sequences of seq_len (prompt + completion):
+    the prefill's or the last decoded token's, whichever holds more (module docstring)."""
     prompt = max(1, seq_len - settings.max_completion_length)
-    return {"kv_cache": kv_cache_bytes(shape, rows, seq_len, c),
-            "prefill": 3.0 * rows * prompt * shape.intermediate_size * c,
-            "sampling": float(rows * shape.vocab_size * SAMPLING_BYTES_PER_VOCAB)}
+    per_position = 3 * shape.intermediate_size + PREFILL_HIDDEN_TENSORS * shape.hidden_size + 2 * shape.head_dim
+    prefill = {"kv_cache": kv_cache_bytes(shape, rows, prompt, c), "prefill": float(rows * prompt * per_position * c)}
+    cache = kv_cache_bytes(shape, rows, seq_len, c)
+    decode = {"kv_cache": cache, "cache_growth": cache / (2 * shape.num_layers),
+              "sampling": float(rows * shape.vocab_size * SAMPLING_BYTES_PER_VOCAB)}
+    return max(prefill, decode, key=lambda parts: sum(parts.values()))
+
+
+def gathered_weight_bytes(shape: ModelShape, strategy: Strategy, method: str, c: int) -> float:
+    """The whole model as the rollout phase gathers it under parameter sharding (zero_stage 3); 0 where
+    every rank holds the whole model already (DDP, ZeRO-1/2, FSDP2 shard-grad-op, whose training
+    forward keeps every unsharded block anyway: planner/memory.py's gathered_params)."""
+    if strategy.zero_stage != 3:
+        return 0.0
+    per_weight = NF4_BYTES_PER_PARAMETER if method == "qlora" else c
+    return shape.num_layers * shape.block_parameters * per_weight + shape.root_parameters * c
 
 
 def scoring_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: int, chunks: int, c: int) -> float:

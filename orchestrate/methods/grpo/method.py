@@ -4,10 +4,12 @@ fine-tuning and LoRA / QLoRA and owns the objective: each step samples completio
 the policy being trained, rewards them and trains on them.
 
 Its files: config.py (`grpo:`), prompts.py (the prompt records, its own data), rewards.py, rollout.py
-(sampling and scoring completions), losses.py (advantages and the clipped loss), objective.py,
-callback.py (the step's metrics), memory.py (the rollout phase's memory and time), runtime.py.
-Verified under DDP only (`MethodTerms.shardings`): generation on a sharded model (FSDP2, ZeRO-3) gathers
-every block per decoded token and is not yet run.
+(sampling and scoring completions), gather.py (the weights gathered once per rollout phase), losses.py
+(advantages and the clipped loss), objective.py, memory.py (the rollout phase's memory and time),
+runtime.py (the worker's hooks and the step's metrics).
+Verified under DDP, FSDP2 (full shard and shard-grad-op) and DeepSpeed ZeRO-2 / ZeRO-3 without offload
+(`MethodTerms.shardings`; 2 gloo ranks: tests/methods/grpo/test_grpo_strategies.py); under parameter
+sharding the rollout gathers the weights once per step (gather.py), priced in the rollout phase.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from orchestrate.methods.grpo.memory import (
     KEPT,
     NF4_BYTES_PER_PARAMETER,
     ROLLOUT,
+    gathered_weight_bytes,
     kept_bytes,
     rollout_bytes,
     rollout_seconds,
@@ -36,8 +39,10 @@ from orchestrate.planner.strategy import Strategy
 from orchestrate.planner.terms import MethodTerms, PlacedBytes, PricedTerms
 
 _LORA = ("lora", "qlora")
-DDP_ONLY = frozenset({("ddp", 0, "none", "none")})
-"""The shardings a GRPO run has been run under (DDP; CPU gloo ranks)."""
+VERIFIED_SHARDINGS = frozenset({("ddp", 0, "none", "none"), ("fsdp", 2, "none", "none"), ("fsdp", 3, "none", "none"),
+                                ("deepspeed", 2, "none", "none"), ("deepspeed", 3, "none", "none")})
+"""(backend, zero_stage, offload_optimizer, offload_params) a GRPO run has been run under (2 CPU gloo
+ranks: tests/methods/grpo/test_grpo_strategies.py); its base method may allow fewer (lora's)."""
 
 
 def _problems(config: RunConfig) -> list[Problem]:
@@ -68,7 +73,10 @@ class Grpo(Method):
     objective = True
     runtime = "orchestrate.methods.grpo.runtime"
     data = "orchestrate.methods.grpo.prompts"
-    metric_keys = ("reward", "rewards/", "completions/", "kl", "clip_ratio")
+    record_format = "prompt-completion"
+    """Its prompts render as prompt-completion records' prompts do (prompts.py `render_prompt`): messages
+    with the chat template, a string with data.chat_template as one user turn, else as it is."""
+    metric_keys = ("reward", "rewards/", "frac_reward_zero_std", "completions/", "kl", "clip_ratio")
     """What callback.py records per step (TRL's names)."""
 
     def active(self, config: RunConfig) -> bool:
@@ -102,7 +110,8 @@ class Grpo(Method):
                    accumulation: int) -> PricedTerms:
             c, n = compute_bytes(rows), rows.micro_batch_size
             rollout = sum(rollout_bytes(shape, section, n, seq_len, c).values())
-            held = max(rollout, scoring_bytes(shape, section, n, seq_len, rows.loss_chunks, c))
+            held = max(rollout, scoring_bytes(shape, section, n, seq_len, rows.loss_chunks, c)) \
+                + gathered_weight_bytes(shape, rows, config.train.method, c)
             peak = ({"bf16": hw.gpu.peak_tflops_bf16, "fp16": hw.gpu.peak_tflops_fp16,
                      "fp32": hw.gpu.peak_tflops_fp32}[rows.precision] * 1e12) if hw.has_gpu else 0.0
             per_weight = weight_bytes if weight_bytes is not None else c
@@ -112,7 +121,14 @@ class Grpo(Method):
                                compute_seconds=accumulation * seconds / section.num_iterations)
 
         return MethodTerms(chunks_loss=True, splits_sequence=False, sample_rows=section.num_generations,
-                           shardings=DDP_ONLY, auxiliary=reference, gpu_keys=(ROLLOUT, KEPT), priced=priced)
+                           shardings=VERIFIED_SHARDINGS, auxiliary=reference, gpu_keys=(ROLLOUT, KEPT), priced=priced)
+
+    def simulation_refusal(self, config: RunConfig) -> Problem | None:
+        return Problem(
+            "grpo", "the fake-tensor simulation trains a causal-LM step of micro_batch_size rows: it cannot sample "
+            "(HF generate stops on data-dependent checks that fake tensors refuse) and does not run the GRPO "
+            "objective; both phases are measured on real tensors instead (tests/methods/grpo/test_grpo_phases.py)",
+            "drop --simulate: the plan prints both phases")
 
     def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
         """Both phases of the chosen plan: the rollout's bytes and the training step's."""
@@ -122,7 +138,11 @@ class Grpo(Method):
         section, gpu = plan.config.grpo, chosen.memory.gpu
         s = chosen.strategy
         rows = s.micro_batch_size * section.num_generations
-        parts = rollout_bytes(plan.shape, section, rows, plan.config.train.seq_len, compute_bytes(s))
+        c = compute_bytes(s)
+        parts = rollout_bytes(plan.shape, section, rows, plan.config.train.seq_len, c)
+        gathered = gathered_weight_bytes(plan.shape, s, plan.config.train.method, c)
+        if gathered:
+            parts["gathered_weights"] = gathered
         training = gpu.get("activations", 0) + gpu.get("logits", 0)
         detail = ", ".join(f"{k} {_size(v)}" for k, v in parts.items())
         lines = [f"grpo: {section.num_generations} completions of <= {section.max_completion_length} tokens per prompt, "

@@ -1,7 +1,14 @@
-"""The GRPO objective (docs/grpo.md): for a micro-batch of prompts, sample num_generations completions
-of each from the current policy (rollout.py), score them with the rewards (rewards.py), turn the
-rewards into group-relative advantages, and take the clipped surrogate loss over the completion
-tokens (losses.py), as TRL's GRPOTrainer does (huggingface/trl, trl/trainer/grpo_trainer.py).
+"""The GRPO objective (docs/grpo.md): at the start of a step, sample num_generations completions of
+every prompt of the step's micro-batches from the current policy (rollout.py), with the weights
+gathered once for all of them (gather.py), score them with the rewards (rewards.py), turn the rewards
+into group-relative advantages, then take the clipped surrogate loss over the completion tokens of
+each micro-batch in turn (losses.py), as TRL's GRPOTrainer does (huggingface/trl,
+trl/trainer/grpo_trainer.py: its generation batch is a step's micro-batches too, steps_per_generation
+defaulting to gradient_accumulation_steps).
+
+The engine hands the objective the step's micro-batches first (`begin_step`, the `StepObjective` hook
+of backends/base.py): the rollout phase needs all of them before the first loss, for dapo's token
+count and scale_rewards "batch"'s std, both over the whole step and every rank.
 
 With num_iterations μ > 1 the rollouts of a step, and their log-probabilities under the policy that
 sampled them (π_old, scored under no_grad right after sampling), are kept and trained on for μ
@@ -9,8 +16,9 @@ optimizer steps (DeepSeekMath Algorithm 1's inner loop); the prompts the sampler
 steps are passed over. With μ = 1, π_old is the policy itself, detached (the ratio is 1, its gradient
 the policy gradient). The reference (beta > 0) is scored once per rollout, under no_grad.
 
-Per step it keeps the sums TRL logs (reward, reward_std, rewards/<name>/mean, completions/mean_length,
-completions/clipped_ratio, kl, clip_ratio), read and reset by callback.py.
+Per step it keeps the sums TRL logs (reward, reward_std, rewards/<name>/mean, frac_reward_zero_std,
+completions/mean_length, completions/clipped_ratio, kl, clip_ratio), read and reset by runtime.py's
+GrpoMetrics.
 """
 
 from __future__ import annotations
@@ -24,13 +32,23 @@ import torch.distributed as dist
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.methods.grpo.config import RewardSection
-from orchestrate.methods.grpo.losses import group_advantages, policy_loss
+from orchestrate.methods.grpo.gather import gathered
+from orchestrate.methods.grpo.losses import group_advantages, policy_loss, zero_std_groups
 from orchestrate.methods.grpo.prompts import PromptSamples, render_prompt
 from orchestrate.methods.grpo.rewards import RewardFunction, score
 from orchestrate.methods.grpo.rollout import Rollout, completion_logps, generate
 
 ReferenceScores = Callable[[torch.nn.Module, Rollout], torch.Tensor]
-"""(the trained model, rollout) -> the reference's completion log-probabilities (under no_grad)."""
+"""(the module to score with, rollout) -> the reference's completion log-probabilities (under no_grad)."""
+
+
+@dataclass
+class Sampled:
+    """One micro-batch's completions and their rewards, before the step's advantages."""
+
+    rollout: Rollout
+    rewards: torch.Tensor
+    """(completions,) the weighted sum of the rewards."""
 
 
 @dataclass
@@ -43,34 +61,58 @@ class Scored:
     ref_logps: torch.Tensor | None
 
 
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_ranks(values: torch.Tensor) -> torch.Tensor:
+    """Every rank's `values` (the same size on each), concatenated in rank order."""
+    if not _distributed():
+        return values
+    parts = [torch.empty_like(values) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, values)
+    return torch.cat(parts)
+
+
 class GrpoObjective:
     name = "grpo"
 
     def __init__(self, config: RunConfig, train: PromptSamples, validation: PromptSamples, tokenizer: Any,
                  template: Any, rewards: list[tuple[RewardSection, RewardFunction]], eos_ids: list[int],
-                 reference: ReferenceScores | None, accumulation: int, loss_chunks: int = 0) -> None:
+                 reference: ReferenceScores | None, accumulation: int, loss_chunks: int = 0,
+                 reshard_after_forward: bool = True) -> None:
         self.config, self.settings = config, config.grpo
         self.train, self.validation = train, validation
         self.tokenizer, self.template, self.rewards = tokenizer, template, rewards
         self.eos_ids, self.pad_id = eos_ids, eos_ids[0]
         self.reference = reference
         self.accumulation, self.loss_chunks = accumulation, loss_chunks
+        self.reshard_after_forward = reshard_after_forward
         self.max_prompt = max(1, config.train.seq_len - self.settings.max_completion_length)
-        self.calls = 0
-        self.kept: list[Scored | None] = [None] * accumulation
+        self.step = 0
+        """Steps begun (the run's step count: `start_at` on a resumed run)."""
+        self.kept: list[Scored] = []
         """This cycle's rollouts, one per micro-batch of a step (num_iterations)."""
-        self.sums: dict[str, torch.Tensor] = {}
+        self.dapo_tokens: float | None = None
+        """dapo's divisor for each micro-batch of this cycle (losses.py `policy_loss`; None: not dapo)."""
+        self.slot = 0
+        """The micro-batch of the step whose loss comes next."""
+        self.sums: dict[str, float] = {}
+
+    def start_at(self, step: int) -> None:
+        """A run that resumes after `step`: its cycles of num_iterations steps count from the run's start."""
+        self.step = step
 
     def _decode(self, ids: list[int]) -> str:
         hf = getattr(self.tokenizer, "tok", None)
         return self.tokenizer.decode(ids) if hf is None else hf.decode(ids, skip_special_tokens=True)
 
-    def _score(self, model: torch.nn.Module, records: list[dict[str, Any]], sums: dict[str, float]) -> Scored:
-        """Sample, reward and score one micro-batch's prompts; their metrics' sums into `sums`."""
+    def _sample(self, inner: torch.nn.Module, records: list[dict[str, Any]], sums: dict[str, float]) -> Sampled:
+        """Sample and reward one micro-batch's prompts with `inner` (gathered); their metrics' sums into `sums`."""
         g, prompt_key = self.settings.num_generations, self.config.data.columns.prompt
         ids = [render_prompt(r[prompt_key], self.config, self.tokenizer, self.template)[-self.max_prompt:]
                for r in records]
-        rollout = generate(model, ids, self.settings, self.eos_ids, self.pad_id)
+        rollout = generate(inner, ids, self.settings, self.eos_ids, self.pad_id)
         lengths = rollout.completion_mask.sum(dim=1)
         texts = [self._decode(row[:n].tolist()) for row, n in zip(rollout.completion_ids.cpu(), lengths.tolist(),
                                                                   strict=True)]
@@ -81,42 +123,65 @@ class GrpoObjective:
         weights = torch.tensor([s.weight for s, _ in self.rewards], dtype=torch.float32)
         values = torch.tensor(per_reward, dtype=torch.float32)  # (rewards, completions)
         total = (weights.unsqueeze(1) * values).sum(dim=0)
-        advantages = group_advantages(total, g, self.settings.scale_rewards).to(rollout.input_ids.device)
-        sums["completions"] = sums.get("completions", 0.0) + total.numel()
-        sums["groups"] = sums.get("groups", 0.0) + total.numel() / g
-        sums["reward"] = sums.get("reward", 0.0) + float(total.sum())
-        sums["reward_std"] = sums.get("reward_std", 0.0) + float(total.view(-1, g).std(dim=1).sum())
+        _add(sums, "completions", total.numel())
+        _add(sums, "groups", total.numel() / g)
+        _add(sums, "groups_zero_std", float(zero_std_groups(total, g).sum()))
+        _add(sums, "reward", float(total.sum()))
+        _add(sums, "reward_std", float(total.view(-1, g).std(dim=1).sum()))
         for (section, _), row in zip(self.rewards, values, strict=True):
-            key = f"rewards/{section.label}/mean"
-            sums[key] = sums.get(key, 0.0) + float(row.sum())
-        sums["completions/length"] = sums.get("completions/length", 0.0) + float(lengths.sum())
-        sums["completions/clipped"] = sums.get("completions/clipped", 0.0) + float(rollout.truncated.sum())
-        with torch.no_grad():
-            old = completion_logps(model, rollout, self.loss_chunks) if self.settings.num_iterations > 1 else None
-            ref = self.reference(model, rollout) if self.reference is not None else None
-        return Scored(rollout, advantages, old, ref)
+            _add(sums, f"rewards/{section.label}/mean", float(row.sum()))
+        _add(sums, "completions/length", float(lengths.sum()))
+        _add(sums, "completions/clipped", float(rollout.truncated.sum()))
+        return Sampled(rollout, total)
 
-    def _loss(self, model: torch.nn.Module, scored: Scored) -> tuple[torch.Tensor, Any]:
-        logps = completion_logps(model, scored.rollout, self.loss_chunks)
-        old = scored.old_logps if scored.old_logps is not None else logps.detach()
-        return logps, policy_loss(self.settings, logps, old, scored.advantages, scored.rollout.completion_mask,
-                                  scored.ref_logps)
+    def _scores(self, inner: torch.nn.Module, sampled: Sampled, advantages: torch.Tensor) -> Scored:
+        """π_old (num_iterations > 1) and the reference's log-probabilities of its completions, no_grad."""
+        rollout = sampled.rollout
+        with torch.no_grad():
+            old = completion_logps(inner, rollout, self.loss_chunks) if self.settings.num_iterations > 1 else None
+            ref = self.reference(inner, rollout) if self.reference is not None else None
+        return Scored(rollout, advantages.to(rollout.input_ids.device), old, ref)
+
+    def begin_step(self, model: torch.nn.Module, micro_batches: list[dict[str, torch.Tensor]]) -> None:
+        """The rollout phase of a step whose cycle starts (every num_iterations steps): sample, reward and
+        score every micro-batch's prompts with the weights gathered once; the advantages and dapo's
+        token count over the whole step, every rank's. Collective where the step is."""
+        fresh = self.step % self.settings.num_iterations == 0 or not self.kept
+        self.step += 1
+        self.slot = 0
+        if not fresh:
+            return
+        g, sums = self.settings.num_generations, {}
+        with gathered(model, self.reshard_after_forward) as inner:
+            sampled = [self._sample(inner, [self.train.records[i] for i in b["prompt_index"].tolist()], sums)
+                       for b in micro_batches]
+            rewards = torch.cat([s.rewards for s in sampled])
+            every = _all_ranks(rewards) if self.settings.scale_rewards == "batch" else None
+            advantages = group_advantages(rewards, g, self.settings.scale_rewards, every).split(
+                [s.rewards.numel() for s in sampled])
+            self.kept = [self._scores(inner, s, a) for s, a in zip(sampled, advantages, strict=True)]
+        if self.settings.loss_type == "dapo":
+            # The engines average the micro-batch losses over the step's micro-batches and the ranks (their
+            # gradient all-reduce): dividing each sum by the step's count shared out so gives sum / count.
+            tokens = torch.tensor([float(sum(s.rollout.completion_mask.sum() for s in sampled))], dtype=torch.float64)
+            world = dist.get_world_size() if _distributed() else 1
+            self.dapo_tokens = float(_all_ranks(tokens).sum().clamp(min=1.0)) / (len(micro_batches) * world)
+        for key, value in sums.items():
+            _add(self.sums, key, value)
 
     def loss(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        slot = self.calls % self.accumulation
-        fresh = (self.calls // self.accumulation) % self.settings.num_iterations == 0
-        self.calls += 1
-        sums: dict[str, float] = {}
-        if fresh or self.kept[slot] is None:
-            records = [self.train.records[i] for i in batch["prompt_index"].tolist()]
-            self.kept[slot] = self._score(model, records, sums)
-        _, out = self._loss(model, self.kept[slot])
-        sums["batches"] = 1.0
-        sums["clip_ratio"] = float(out.clip_ratio)
+        if not self.kept:
+            raise RuntimeError("the GRPO objective's loss ran before its rollouts: the engine calls begin_step first")
+        scored = self.kept[self.slot]
+        self.slot += 1
+        logps = completion_logps(model, scored.rollout, self.loss_chunks)
+        old = scored.old_logps if scored.old_logps is not None else logps.detach()
+        out = policy_loss(self.settings, logps, old, scored.advantages, scored.rollout.completion_mask,
+                          scored.ref_logps, self.dapo_tokens)
+        _add(self.sums, "batches", 1.0)
+        _add(self.sums, "clip_ratio", float(out.clip_ratio))
         if out.kl is not None:
-            sums["kl"] = float(out.kl)
-        for key, value in sums.items():
-            self.sums[key] = self.sums.get(key, 0.0) + value
+            _add(self.sums, "kl", float(out.kl))
         return out.loss
 
     def take_sums(self) -> dict[str, float]:
@@ -129,15 +194,22 @@ class GrpoObjective:
         sums = self.take_sums()
         keys = sorted(sums)
         values = torch.tensor([sums[k] for k in keys], dtype=torch.float64, device=device)
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if _distributed():
             dist.all_reduce(values)
         return step_metrics(dict(zip(keys, values.tolist(), strict=True)))
 
     def eval_sums(self, model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Held-out prompts: sampled completions' rewards, and the loss at the sampling policy."""
+        """Held-out prompts: sampled completions' rewards, and the loss at the sampling policy (the
+        advantages and token count of this batch alone: scale_rewards "batch" and dapo over it)."""
         records = [self.validation.records[i] for i in batch["prompt_index"].tolist()]
         sums: dict[str, float] = {}
-        _, out = self._loss(model, self._score(model, records, sums))
+        with gathered(model, self.reshard_after_forward) as inner:
+            sampled = self._sample(inner, records, sums)
+            advantages = group_advantages(sampled.rewards, self.settings.num_generations, self.settings.scale_rewards)
+            scored = self._scores(inner, sampled, advantages)
+        logps = completion_logps(model, scored.rollout, self.loss_chunks)
+        out = policy_loss(self.settings, logps, logps, scored.advantages, scored.rollout.completion_mask,
+                          scored.ref_logps)
         return {"loss": float(out.loss), **sums}
 
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
@@ -145,14 +217,20 @@ class GrpoObjective:
                 **{f"eval_{key}": value for key, value in step_metrics(sums).items()}}
 
 
+def _add(sums: dict[str, float], key: str, value: float) -> None:
+    sums[key] = sums.get(key, 0.0) + value
+
+
 def step_metrics(sums: dict[str, float]) -> dict[str, float]:
     """The logged metrics from sums over micro-batches and ranks (TRL's names): per-completion means of
-    the rewards and lengths, the mean over groups of each group's reward std, batch means of kl and
-    clip_ratio. A step that reuses kept rollouts (num_iterations) logs no rewards."""
+    the rewards and lengths, the mean over groups of each group's reward std, the share of groups whose
+    rewards were all alike (frac_reward_zero_std), batch means of kl and clip_ratio. A step that reuses
+    kept rollouts (num_iterations) logs no rewards."""
     out = {}
     if sums.get("completions"):
-        n = sums["completions"]
-        out = {"reward": sums["reward"] / n, "reward_std": sums["reward_std"] / sums["groups"],
+        n, groups = sums["completions"], sums["groups"]
+        out = {"reward": sums["reward"] / n, "reward_std": sums["reward_std"] / groups,
+               "frac_reward_zero_std": sums["groups_zero_std"] / groups,
                "completions/mean_length": sums["completions/length"] / n,
                "completions/clipped_ratio": sums["completions/clipped"] / n,
                **{k: v / n for k, v in sums.items() if k.startswith("rewards/")}}

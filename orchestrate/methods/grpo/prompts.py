@@ -116,9 +116,11 @@ def load_prompts(config: RunConfig) -> tuple[list[dict[str, Any]], list[dict[str
 
 def render_prompt(prompt: str | list, config: RunConfig, tokenizer: Any, template: Any) -> list[int]:
     """A prompt's ids (module docstring): `tokenizer` the run's (orchestrate/data/tokenizer.py),
-    `template` the chat template (None: strings as they are)."""
+    `template` the chat template of message prompts (data.chat_template's, else the tokenizer's)."""
     hf = getattr(tokenizer, "tok", None)
-    if isinstance(prompt, str) and template is None:
+    # a string is one user turn only where the YAML names a template (records.py `uses_chat_template`, as
+    # for a prompt-completion record's prompt): the tokenizer's own template is for messages
+    if isinstance(prompt, str) and (template is None or config.data.chat_template is None):
         return list(tokenizer.encode(prompt)) if hf is None else hf(prompt)["input_ids"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
         normalise_messages(prompt, config.data)[0]

@@ -5,9 +5,10 @@ scores the completions under a model (the policy, the policy that sampled them, 
 Each prompt is repeated num_generations times, consecutively (a group stays on its rank and in its
 micro-batch), left-padded, and sampled with temperature and top_p (top_k off) for at most
 max_completion_length tokens, each completion ending at its first EOS / end-of-turn token (kept and
-trained on, as TRL keeps it); what follows it is masked. Sampling runs on the unwrapped model (DDP's
-.module) under no_grad, dropout off, so no gradient hook or collective fires while the ranks
-generate completions of different lengths (TRL's `unwrap_model_for_generation`).
+trained on, as TRL keeps it); what follows it is masked. Sampling runs on the module gather.py's
+`gathered` yields (DDP's and DeepSpeed's inner module, weights whole under FSDP2 and ZeRO-3) under
+no_grad, dropout off, so no gradient hook or collective fires while the ranks generate completions of
+different lengths (TRL's `unwrap_model_for_generation`).
 """
 
 from __future__ import annotations
@@ -51,15 +52,10 @@ def _sampling(model: torch.nn.Module):
         yield
 
 
-def unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a DDP wrapper or a DeepSpeed engine."""
-    return getattr(model, "module", model)
-
-
-def generate(model: torch.nn.Module, prompts: list[list[int]], settings: GrpoSection, eos_ids: list[int],
+def generate(inner: torch.nn.Module, prompts: list[list[int]], settings: GrpoSection, eos_ids: list[int],
              pad_id: int) -> Rollout:
-    """num_generations sampled completions of every prompt (module docstring)."""
-    inner = unwrapped(model)
+    """num_generations sampled completions of every prompt (module docstring); `inner`: the module to
+    sample with (gather.py `gathered`)."""
     device = next(inner.parameters()).device
     rows = [p for p in prompts for _ in range(settings.num_generations)]
     width = max(len(p) for p in rows)

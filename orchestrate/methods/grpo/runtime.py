@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from orchestrate.backends.base import Objective
+from orchestrate.backends.fsdp import fsdp_settings
 from orchestrate.backends.rank import Rank
 from orchestrate.data.chat_template import resolve_template, yaml_template
 from orchestrate.data.pipeline import TrainData
@@ -52,6 +53,13 @@ def _template(plan: RunPlan, tokenizer: Any) -> Any:
     return resolve_template(None, hf)
 
 
+def _reshards_after_forward(plan: RunPlan) -> bool:
+    """The FSDP2 blocks' reshard_after_forward, which the rollout gives back after gathering (gather.py)."""
+    if plan.strategy.backend != "fsdp":
+        return True
+    return fsdp_settings(plan)["fully_shard"]["reshard_after_forward"]
+
+
 class GrpoRuntime(MethodRuntime):
     def auxiliary(self, plan: RunPlan, rank: Rank, run: RunDir, data: TrainData) -> dict[str, Any]:
         """The prompts, tokenizer, rewards and reference the objective needs."""
@@ -80,7 +88,7 @@ class GrpoRuntime(MethodRuntime):
             eos += [i for i in ([extra] if isinstance(extra, int) else extra or []) if i not in eos]
         return GrpoObjective(plan.config, data.train, data.validation, data.tokenizer, _template(plan, data.tokenizer),
                              auxiliary["rewards"], eos, auxiliary["reference"], plan.chosen.gradient_accumulation,
-                             plan.strategy.loss_chunks)
+                             plan.strategy.loss_chunks, _reshards_after_forward(plan))
 
     def callbacks(self, plan: RunPlan) -> list[PreferenceMetrics]:
         return [GrpoMetrics()]
@@ -88,9 +96,15 @@ class GrpoRuntime(MethodRuntime):
 
 class GrpoMetrics(PreferenceMetrics):
     """The GRPO metrics of every step under TRL's names (reward, reward_std, rewards/<name>/mean,
-    completions/mean_length, completions/clipped_ratio, kl, clip_ratio): the objective keeps their sums over
-    the step's micro-batches and adds them up over the ranks (one all-reduce per step). The preference
-    method's step callback with another record (its phase, and the sums dropped before step 1)."""
+    frac_reward_zero_std, completions/mean_length, completions/clipped_ratio, kl, clip_ratio): the
+    objective keeps their sums over the step's micro-batches and adds them up over the ranks (one
+    all-reduce per step). The preference method's step callback with another record (its phase, and the
+    sums dropped before step 1); at the start it tells the objective the step a resumed run starts
+    after, so its cycles of num_iterations steps stay where the uninterrupted run's are."""
+
+    def on_train_start(self, training) -> None:  # (Training): worker/callbacks/base.py
+        super().on_train_start(training)
+        training.engine.objective.start_at(training.start_step)
 
     def on_step_end(self, training, end) -> None:  # (Training, StepEnd): worker/callbacks/base.py
         end.add(training.engine.objective.take_metrics(training.rank.device))

@@ -1,21 +1,26 @@
 """How the planner prices a GRPO run (orchestrate/methods/grpo/memory.py): the issue's case, a
 Qwen2.5-1.5B-shaped model under QLoRA with 8 completions of 1,024 tokens after a 256-token prompt, fits
 one 8 GiB card and the plan names both phases; the rollout phase is the KV cache, the prefill and the
-sampling scores, and counts where it exceeds the training step's activations and logits; the search
-keeps to DDP, the one sharding GRPO has run under."""
+sampling scores, and counts where it exceeds the training step's activations and logits; under
+parameter sharding it holds the whole model gathered besides."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+
+import pytest
 
 from orchestrate import api
 from orchestrate.config.load import config_from_dict
+from orchestrate.errors import UserError
 from orchestrate.hardware.flags import HardwareFlags
-from orchestrate.methods.grpo.memory import ROLLOUT, kv_cache_bytes, rollout_bytes
+from orchestrate.methods.grpo.memory import ROLLOUT, gathered_weight_bytes, kv_cache_bytes, rollout_bytes
 from orchestrate.methods.grpo.method import GRPO
 from orchestrate.methods.registry import method_terms
 from orchestrate.model.formulas import shape_from_dict
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.simulate.verify import verify_plan
 from tests.unit.planner.test_memory_model import strat
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "grpo" / "qwen2.5-1.5b.yaml"
@@ -34,16 +39,20 @@ def test_qwen2_5_1_5b_qlora_with_8_completions_of_1024_tokens_fits_one_8_gib_car
     assert keys["grpo_phases"]["rollout"]["kv_cache"] == kv_cache_bytes(plan.shape, 8, 1280, 2)
 
 
-def test_the_rollout_phase_counts_where_it_exceeds_the_training_step():
+def _long_rollout():
     config = config_from_dict({
         "model": {"architecture": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1024,
                                    "num_hidden_layers": 64, "num_attention_heads": 8, "num_key_value_heads": 8,
                                    "vocab_size": 1000, "max_position_embeddings": 8192}},
         "train": {"seq_len": 4096, "global_batch_size": 8},
         "grpo": {"num_generations": 16, "max_completion_length": 4000, "rewards": [{"kind": "format", "pattern": "x"}]}})
-    shape, hw = shape_from_dict(config.model.architecture), GPU_8GIB.resolve()
+    return config, shape_from_dict(config.model.architecture), GPU_8GIB.resolve()
+
+
+def test_the_rollout_phase_counts_where_it_exceeds_the_training_step():
+    config, shape, hw = _long_rollout()
     terms = method_terms(config, shape, hw)
-    s = strat(micro=1, ac=True)
+    s = strat("ddp", 0, micro=1, ac=True)
     memory = estimate_memory(shape, hw, s, 4096, methods=terms)
     rows = 16  # one prompt's completions
     rollout = sum(rollout_bytes(shape, config.grpo, rows, 4096, 2).values())
@@ -51,3 +60,33 @@ def test_the_rollout_phase_counts_where_it_exceeds_the_training_step():
     assert memory.gpu[ROLLOUT] == int(max(0.0, rollout - step)) and memory.gpu[ROLLOUT] > 0
     priced = terms[-1].priced(terms[-1], hw, s, 4096, 1)
     assert priced.compute_seconds > 0  # the rollout's time in the step
+
+
+@pytest.mark.parametrize(("backend", "stage", "method", "gathered"), [
+    ("deepspeed", 3, "full", lambda shape: 2 * shape.parameters),  # every weight in bf16
+    ("fsdp", 3, "full", lambda shape: 2 * shape.parameters),
+    # QLoRA: the blocks' weights in NF4 (4 bits and a 4-byte absmax per 64), the rest in bf16
+    ("fsdp", 3, "qlora", lambda shape: shape.num_layers * shape.block_parameters * (0.5 + 4 / 64)
+     + 2 * shape.root_parameters),
+    ("fsdp", 2, "full", lambda shape: 0),  # shard-grad-op's forward keeps every block gathered already
+    ("deepspeed", 2, "full", lambda shape: 0),  # the weights are whole on every rank
+])
+def test_under_parameter_sharding_the_rollout_holds_the_whole_model_gathered(backend, stage, method, gathered):
+    """gather.py gathers the weights once for the rollout phase: the whole model beside the rank's shard."""
+    _, shape, _ = _long_rollout()
+    s = strat(backend, stage, micro=1, ac=True)
+    assert gathered_weight_bytes(shape, replace(s, micro_batch_size=16), method, 2) == pytest.approx(gathered(shape))
+    config, _, hw = _long_rollout()
+    if method != "full":
+        config = config.model_copy(update={"train": config.train.model_copy(update={"method": method})})
+    memory = estimate_memory(shape, hw, s, 4096, methods=method_terms(config, shape, hw))
+    rollout = sum(rollout_bytes(shape, config.grpo, 16, 4096, 2).values()) + gathered(shape)
+    step = memory.gpu["activations"] + memory.gpu["logits"]
+    assert memory.gpu[ROLLOUT] == int(max(0.0, rollout - step))
+
+
+def test_plan_simulate_refuses_grpo_and_says_where_its_phases_are_checked():
+    plan = api.plan_from_file(EXAMPLE, [], GPU_8GIB.resolve())
+    with pytest.raises(UserError) as refused:
+        verify_plan(plan)
+    assert "cannot sample" in str(refused.value) and "test_grpo_phases.py" in str(refused.value)

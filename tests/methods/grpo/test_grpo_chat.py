@@ -5,8 +5,6 @@ prompts and plain text with data.chat_template through the template with its gen
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from orchestrate import api
@@ -14,32 +12,15 @@ from orchestrate.chat import _encode
 from orchestrate.data.tokenizer import load_tokenizer
 from orchestrate.methods.grpo.prompts import render_prompt
 from orchestrate.methods.grpo.runtime import _template
-from orchestrate.planner.strategy import Strategy
-from tests.helpers.chat_tokenizers import family_tokenizer
-from tests.helpers.plans import TINY_GPT2, make_plan
+from tests.helpers.fake_runs import chat_run
 
 PROMPT = "Repeat: river"
 GRPO = {"max_completion_length": 8, "rewards": [{"kind": "exact_match", "column": "answer"}]}
 
 
 def _run(tmp_path, prompt, data: dict | None = None):
-    """A finished GRPO run (plan.json, RUN_DIR/model with a tokenizer that has a chat template) on one
-    prompt record."""
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    family_tokenizer(tmp_path / "tok", "qwen2")
-    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt": prompt, "answer": "river"}) + "\n")
-    plan = make_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 1), ranks=1, source_dir=tmp_path, config={
-        "model": {"architecture": {**TINY_GPT2, "vocab_size": 400}},
-        "data": {"tokenizer": "tok", "train_files": ["prompts.jsonl"], **(data or {})}, "grpo": GRPO})
-    run = tmp_path / "run"
-    run.mkdir()
-    plan.write(run / "plan.json")
-    model = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in TINY_GPT2.items() if k not in ("model_type", "vocab_size")},
-                                       vocab_size=400))
-    model.save_pretrained(run / "model")
-    AutoTokenizer.from_pretrained(tmp_path / "tok").save_pretrained(run / "model")
-    return run, plan
+    """A finished GRPO run on one prompt record (its tokenizer has a chat template)."""
+    return chat_run(tmp_path, "prompts.jsonl", {"prompt": prompt, "answer": "river"}, {"data": data or {}, "grpo": GRPO})
 
 
 def _sampled_from(plan, prompt, tok_dir) -> list[int]:

@@ -6,8 +6,6 @@ data.chat_template set it gets the template; `--template` / `--raw` force either
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -17,9 +15,7 @@ from orchestrate.data.method_data import NO_METHOD_DATA
 from orchestrate.data.sft_prepare import ANSWER, SftSettings, tokenize_records
 from orchestrate.data.tokenizer import load_tokenizer
 from orchestrate.errors import UserError
-from orchestrate.planner.strategy import Strategy
-from tests.helpers.chat_tokenizers import family_tokenizer
-from tests.helpers.plans import TINY_GPT2, make_plan
+from tests.helpers.fake_runs import chat_run
 
 PROMPT = "Uppercase: river"
 RECORDS = {"prompt-completion": {"prompt": PROMPT, "completion": " RIVER"},
@@ -27,23 +23,9 @@ RECORDS = {"prompt-completion": {"prompt": PROMPT, "completion": " RIVER"},
 
 
 def _run(tmp_path, record_format: str, data: dict | None = None):
-    """A finished run (plan.json, RUN_DIR/model with a tokenizer that has a chat template) trained on
-    one record of `record_format` (data.record_format: auto, detected from the file)."""
-    from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
-
-    family_tokenizer(tmp_path / "tok", "qwen2")
-    (tmp_path / "train.jsonl").write_text(json.dumps(RECORDS[record_format]) + "\n")
-    plan = make_plan(Strategy("ddp", 0, "none", "none", "fp32", False, 1), ranks=1, source_dir=tmp_path, config={
-        "model": {"architecture": {**TINY_GPT2, "vocab_size": 400}},
-        "data": {"tokenizer": "tok", "train_files": ["train.jsonl"], **(data or {})}})
-    run = tmp_path / "run"
-    run.mkdir()
-    plan.write(run / "plan.json")
-    model = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in TINY_GPT2.items() if k not in ("model_type", "vocab_size")},
-                                       vocab_size=400))
-    model.save_pretrained(run / "model")
-    AutoTokenizer.from_pretrained(tmp_path / "tok").save_pretrained(run / "model")
-    return run, plan
+    """A finished run (its tokenizer has a chat template) trained on one record of `record_format`
+    (data.record_format: auto, detected from the file)."""
+    return chat_run(tmp_path, "train.jsonl", RECORDS[record_format], {"data": data or {}})
 
 
 def _training_prompt_ids(plan, record_format: str, tok_dir) -> list[int]:

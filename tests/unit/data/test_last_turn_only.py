@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 
 from orchestrate.config.load import config_from_dict
-from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.chat_templates import CHATML
 from orchestrate.data.method_data import NO_METHOD_DATA
-from orchestrate.data.pipeline import prepare_data, samples_for
+from orchestrate.data.pipeline import prepare_data
 from orchestrate.data.sft_prepare import SftSettings
 from orchestrate.data.sft_tokens import LAST_TURN, MARKERS
 from orchestrate.errors import UserError
 from tests.helpers.chat_tokenizers import word_chat_tokenizer
 from tests.helpers.plans import TINY_GPT2
+from tests.helpers.sample_rows import sample_rows
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 WORDS = ["system", "user", "assistant", "be", "brief", "hello", "there", "paris", "say", "hi", "bonjour", "thanks"]
@@ -53,19 +53,7 @@ def _write(tmp_path: Path, conversations: list[list[dict]], template: str = CHAT
 def _rows(tmp_path: Path, data: dict, seq_len: int = 64, validation: bool = False) -> list[tuple[list, list]]:
     """Every training (or validation) sample as (tokens, labels): a label is the token it trains on
     (evaluates, for validation), None where -100."""
-    from transformers import AutoTokenizer
-
-    config = _config(tmp_path, data, seq_len)
-    view = samples_for(prepare_data(config), config)[1 if validation else 0]
-    tok = AutoTokenizer.from_pretrained(tmp_path / "tok")
-    out = []
-    for k in range(len(view)):
-        batch = view.batch([k])
-        n = int(batch["attention_mask"][0].sum())
-        ids, labels = batch["input_ids"][0, :n].tolist(), batch["labels"][0, :n].tolist()
-        out.append((tok.convert_ids_to_tokens(ids), [None if x == IGNORE_INDEX else tok.convert_ids_to_tokens(x)
-                                                     for x in labels]))
-    return out
+    return sample_rows(_config(tmp_path, data, seq_len), tmp_path, validation)
 
 
 @pytest.mark.parametrize("template", [CHATML.source, UNMARKED], ids=["markers", "turn-by-turn"])

@@ -14,18 +14,17 @@ import numpy as np
 import pytest
 
 from orchestrate.config.load import config_from_dict
-from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.chat_templates import CHATML
 from orchestrate.data.pipeline import check_data_config, prepare_data, samples_for
 from orchestrate.data.records import ALPACA_PROMPT, ALPACA_PROMPT_NO_INPUT, detect_format
 from orchestrate.errors import UserError
 from tests.helpers.chat_tokenizers import word_chat_tokenizer
 from tests.helpers.plans import TINY_GPT2
+from tests.helpers.sample_rows import sample_rows
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 WORDS = ["system", "user", "assistant", "be", "brief", "hello", "there", "paris", "yes", "no", "capital", "of",
          "france", "say", "hi", "bonjour"]
-_ = IGNORE_INDEX
 
 
 def _jsonl(path: Path, rows: list[dict]) -> Path:
@@ -46,19 +45,7 @@ def _chat_tokenizer(tmp_path: Path, template: str | None = CHATML.source) -> str
 
 def _rows(tmp_path: Path, data: dict, **kw) -> list[tuple[list[str], list[str | None]]]:
     """Every training sample as (tokens, labels): a label is the token it trains on, None where -100."""
-    from transformers import AutoTokenizer
-
-    config = _config(tmp_path, data, **kw)
-    train, _validation = samples_for(prepare_data(config), config)
-    tok = AutoTokenizer.from_pretrained(tmp_path / "tok") if config.data.tokenizer else None
-    name = (lambda i: tok.convert_ids_to_tokens(i)) if tok else (lambda i: "EOS" if i == 256 else chr(i))
-    out = []
-    for k in range(len(train)):
-        batch = train.batch([k])
-        n = int(batch["attention_mask"][0].sum())
-        ids, labels = batch["input_ids"][0, :n].tolist(), batch["labels"][0, :n].tolist()
-        out.append(([name(i) for i in ids], [None if x == IGNORE_INDEX else name(x) for x in labels]))
-    return out
+    return sample_rows(_config(tmp_path, data, **kw), tmp_path)
 
 
 # --- detection ------------------------------------------------------------------------------------

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from orchestrate.config.load import config_from_dict
-from orchestrate.data.blocks import IGNORE_INDEX
 from orchestrate.data.chat_templates import CHATML
-from orchestrate.data.pipeline import prepare_data, samples_for
+from orchestrate.data.pipeline import prepare_data
 from orchestrate.errors import UserError
 from tests.helpers.chat_tokenizers import word_chat_tokenizer
 from tests.helpers.plans import TINY_GPT2
+from tests.helpers.sample_rows import sample_rows
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 WORDS = ["system", "user", "assistant", "be", "brief", "kind", "hello", "there", "paris", "say", "hi", "bonjour"]
@@ -43,22 +43,7 @@ def _tokenizer(tmp_path: Path) -> str:
 
 def _rows(tmp_path: Path, data: dict, **kw) -> list[tuple[list[str], list[str | None]]]:
     """Every training sample as (tokens, labels), in the stream's order."""
-    config = _config(tmp_path, data, **kw)
-    train, _ = samples_for(prepare_data(config), config)
-    if config.data.tokenizer:
-        from transformers import AutoTokenizer
-
-        name = AutoTokenizer.from_pretrained(tmp_path / "tok").convert_ids_to_tokens
-    else:
-        def name(i: int) -> str:
-            return "EOS" if i == 256 else chr(i)
-    out = []
-    for k in range(len(train)):
-        batch = train.batch([k])
-        n = int(batch["attention_mask"][0].sum())
-        ids, labels = batch["input_ids"][0, :n].tolist(), batch["labels"][0, :n].tolist()
-        out.append(([name(i) for i in ids], [None if x == IGNORE_INDEX else name(x) for x in labels]))
-    return out
+    return sample_rows(_config(tmp_path, data, **kw), tmp_path)
 
 
 def _sharegpt(system: str | None = None) -> dict:

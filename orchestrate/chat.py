@@ -34,7 +34,7 @@ from typing import Any
 import jinja2
 
 from orchestrate.data.chat_template import ChatTemplate, limit_error, render
-from orchestrate.data.records import raw_prompt, uses_chat_template
+from orchestrate.data.records import raw_prompt, uses_chat_template, with_system
 from orchestrate.data.run_records import run_record_format
 from orchestrate.data.sft_tokens import completion_prompt_ids
 from orchestrate.errors import Problem, UserError
@@ -54,6 +54,9 @@ class ChatModel:
     """Render the conversation with the saved chat template; False: the last message as raw text."""
     record_format: str = "chat"
     """The run's record format: how a raw prompt is put (`raw_prompt`)."""
+    system: str | None = None
+    """The run's `data.system_prompt`: the system prompt of a conversation that brings none, as
+    training gave it to every record without one."""
 
 
 def _plan(run: RunDir):
@@ -86,13 +89,15 @@ def _positions(model) -> int | None:
 
 def _encode(chat: ChatModel, messages: list[dict[str, str]]) -> list[int]:
     """The conversation's prompt ids: rendered with the generation prompt by the saved template (in
-    the bounded sandbox), or the last message as the raw prompt training built."""
+    the bounded sandbox), or the last message as the raw prompt training built; the system prompt
+    (`--system`, else the run's) where training put one."""
     tok = chat.tokenizer
     if not chat.template:
-        return completion_prompt_ids(tok, raw_prompt(chat.record_format, messages[-1]["content"]))
+        system = messages[0]["content"] if messages[0]["role"] == "system" else chat.system
+        return completion_prompt_ids(tok, raw_prompt(chat.record_format, messages[-1]["content"], system))
     template = _saved_template(tok)
     try:
-        text = render(template, tok, messages, True)[0]
+        text = render(template, tok, with_system(messages, chat.system), True)[0]
     except jinja2.TemplateError as exc:
         raise limit_error(template, exc, "RUN_DIR") from None
     return tok(text, add_special_tokens=False)["input_ids"]
@@ -166,7 +171,7 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None, template: bool |
     model.to(device).eval()
     stops = sorted({*([tok.eos_token_id] if tok.eos_token_id is not None else []),
                     *(_end_of_turn(tok) if templated else [])})
-    return ChatModel(model, tok, stops, source, templated, record_format)
+    return ChatModel(model, tok, stops, source, templated, record_format, plan.config.data.system_prompt)
 
 
 def reply(chat: ChatModel, messages: list[dict[str, str]], max_new_tokens: int = 256, temperature: float = 0.0,

@@ -156,10 +156,13 @@ def alpaca_prompt(instruction: str, extra: str | None = None, system: str | None
     return prompt if system is None else system + prompt[len(ALPACA_PREAMBLES[0 if with_input else 1]):]
 
 
-def raw_prompt(record_format: str, text: str) -> str:
+def raw_prompt(record_format: str, text: str, system: str | None = None) -> str:
     """A user's prompt as records of `record_format` put their prompt before the answer without a
-    chat template: Alpaca's prompt around it (as an instruction without input), else the text itself."""
-    return alpaca_prompt(text) if record_format == "alpaca" else text
+    chat template: Alpaca's prompt around it (as an instruction without input; `system` in place of its
+    preamble), else the text itself (after `system` and a blank line, as `_whole_sample` puts it)."""
+    if record_format == "alpaca":
+        return alpaca_prompt(text, None, system)
+    return text if system is None else f"{system}\n\n{text}"
 
 
 def required_columns(record_format: str, columns: Iterable[str], data: DataSection) -> list[str]:
@@ -327,7 +330,7 @@ def system_prompt(record: dict[str, Any], data: DataSection) -> tuple[str | None
     return (value if value and value.strip() else data.system_prompt or None), None
 
 
-def _with_system(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+def with_system(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
     """The conversation with `system` as its first turn, unless it opens with a system turn of its own."""
     if system is None or messages[0]["role"] == "system":
         return messages
@@ -339,12 +342,12 @@ def _whole_sample(record: dict[str, Any], record_format: str, data: DataSection,
     c = data.columns
     if record_format == "chat":
         messages, problem = normalise_messages(record.get(messages_column(record, data)), data)
-        return (Sample(messages=_with_system(messages, system)), None) if messages else (None, problem)
+        return (Sample(messages=with_system(messages, system)), None) if messages else (None, problem)
     if record_format == "prompt-completion":
         prompt, completion = record.get(c.prompt), record.get(c.completion)
         if isinstance(prompt, list) and isinstance(completion, list):  # conversational prompt-completion
             messages, problem = normalise_messages(prompt + completion, data)
-            return (Sample(messages=_with_system(messages, system)), None) if messages else (None, problem)
+            return (Sample(messages=with_system(messages, system)), None) if messages else (None, problem)
         if _text(prompt) is None or _text(completion) is None:
             return None, f"{c.prompt!r} and {c.completion!r} must both be text (or both lists of messages)"
         raw = prompt if system is None else f"{system}\n\n{prompt}"
@@ -368,7 +371,7 @@ def as_chat(sample: Sample, record: dict[str, Any], record_format: str, data: Da
     if sample.cut:  # the chat prompt holds no preamble: cut to the characters the cut prompt kept
         prompt = _cut(prompt, len(sample.prompt), cuts_from_left(data))
     turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": sample.completion}]
-    return Sample(messages=_with_system(turns, sample.system), cut=sample.cut)
+    return Sample(messages=with_system(turns, sample.system), cut=sample.cut)
 
 
 def lacks_trained_turn(messages: list[dict[str, Any]], roles_to_train: list[str]) -> bool:

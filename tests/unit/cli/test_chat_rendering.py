@@ -48,6 +48,30 @@ def test_chat_prompts_a_raw_run_with_the_ids_training_built(tmp_path, record_for
     assert _encode(chat, [{"role": "user", "content": PROMPT}]) == _training_prompt_ids(plan, record_format, tmp_path / "tok")
 
 
+@pytest.mark.parametrize("record_format", ["prompt-completion", "alpaca"])
+def test_chat_gives_the_runs_system_prompt_where_training_gave_it(tmp_path, record_format):
+    """data.system_prompt went into every training record without one: chat puts it in the same place
+    (before a raw prompt, in place of Alpaca's preamble), and `--system` replaces it."""
+    run, plan = _run(tmp_path, record_format, {"system_prompt": "Answer in capitals."})
+    chat = api.chat_model(run)
+    assert chat.system == "Answer in capitals."
+    ids = _encode(chat, [{"role": "user", "content": PROMPT}])
+    assert ids == _training_prompt_ids(plan, record_format, tmp_path / "tok")
+    assert "Answer in capitals." in chat.tokenizer.decode(ids)
+    own = _encode(chat, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": PROMPT}])
+    decoded = chat.tokenizer.decode(own)
+    assert "Be brief." in decoded and "capitals" not in decoded
+
+
+def test_a_templated_run_chats_with_its_system_prompt_as_the_first_turn(tmp_path):
+    run, _ = _run(tmp_path, "prompt-completion", {"chat_template": "chatml", "system_prompt": "Answer in capitals."})
+    chat = api.chat_model(run)
+    user = [{"role": "user", "content": PROMPT}]
+    expected = chat.tokenizer.apply_chat_template([{"role": "system", "content": "Answer in capitals."}, *user],
+                                                  add_generation_prompt=True)["input_ids"]
+    assert _encode(chat, user) == expected
+
+
 def test_template_forces_the_chat_template(tmp_path):
     run, _ = _run(tmp_path, "prompt-completion")
     chat = api.chat_model(run, template=True)

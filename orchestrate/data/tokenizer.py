@@ -154,13 +154,12 @@ def load_tokenizer(tokenizer_dir: Path | None, memo_dir: Path | None = None,
 
 
 def special_token_ids(tokenizer: Tokenizer) -> dict[str, int | None]:
-    """The bos / eos / pad ids (transformers' config names) of a model trained with `tokenizer`: the
-    byte tokenizer's end-of-document id as BOS and EOS (GPT-2's convention: one <|endoftext|>), no
-    pad; a Hugging Face tokenizer's own (its EOS as `HFTokenizer.eos_id` has it)."""
+    """The bos / eos ids (transformers' config names) of a model trained with `tokenizer`: the byte
+    tokenizer's end-of-document id as both (GPT-2's convention: one <|endoftext|>); a Hugging Face
+    tokenizer's own (its EOS as `HFTokenizer.eos_id` has it)."""
     if isinstance(tokenizer, ByteTokenizer):
-        return {"bos_token_id": BYTE_EOS, "eos_token_id": BYTE_EOS, "pad_token_id": None}
-    tok = tokenizer.tok
-    return {"bos_token_id": tok.bos_token_id, "eos_token_id": tokenizer.eos_id, "pad_token_id": tok.pad_token_id}
+        return {"bos_token_id": BYTE_EOS, "eos_token_id": BYTE_EOS}
+    return {"bos_token_id": tokenizer.tok.bos_token_id, "eos_token_id": tokenizer.eos_id}
 
 
 def auto_tokenizer(directory: Path, trust_remote_code: bool):

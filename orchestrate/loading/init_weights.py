@@ -58,16 +58,19 @@ def _hub_snapshot(name: str, download: bool) -> Path:
 
 def initial_config(plan: RunPlan, labels: list[str] | None):
     """The transformers config the initial model is built from, with the data's labels for a
-    classifier and, for a model built from `model.architecture`, the special-token ids of the run's
+    classifier and, for a model built from `model.architecture`, the BOS and EOS ids of the run's
     tokenizer that the architecture does not set: the family's defaults name other tokens (GPT-2's
     50256, outside a 640-token vocabulary), and the saved config.json and generation_config.json
-    (derived from it) would carry them."""
+    (derived from it) would carry them. Not the pad id: transformers builds the input embedding with
+    `padding_idx=config.pad_token_id` (Llama, Qwen2, Mistral, ...), which zeroes that row and keeps it
+    from learning, and a tokenizer's pad is often its EOS, the token every answer trains to end with;
+    generation pads with the EOS when no pad is set."""
     hf_config = load_model_config(plan.config)
     architecture = plan.config.model.architecture
     if architecture is not None:
         tokenizer = load_tokenizer(tokenizer_dir_of(plan.config), trust_remote_code=plan.config.model.trust_remote_code)
         for name, value in special_token_ids(tokenizer).items():
-            if name not in architecture and (value is not None or name != "pad_token_id"):
+            if name not in architecture:
                 setattr(hf_config, name, value)
     if labels is not None:
         apply_labels(hf_config, labels)

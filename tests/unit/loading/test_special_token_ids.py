@@ -1,6 +1,7 @@
-"""A model built from `model.architecture` carries the run's tokenizer's special-token ids in the
+"""A model built from `model.architecture` carries the run's tokenizer's BOS and EOS ids in the
 config.json and generation_config.json it is saved with, not the family's defaults (GPT-2's 50256
-is outside a 640-token vocabulary); ids the architecture sets are kept."""
+is outside a 640-token vocabulary); ids the architecture sets are kept; the tokenizer's pad id is not
+given, as it would freeze that token's embedding row."""
 
 from __future__ import annotations
 
@@ -33,8 +34,8 @@ def test_a_640_token_gpt2_saves_its_tokenizer_s_eos_not_50256(tmp_path):
     assert load_model_config(plan.config).eos_token_id is None  # 50256 is no id of this vocabulary
     config, generation = _saved_ids(build_initial_model(plan, tmp_path / "model"))
     eos = SPECIALS.index("<|im_end|>")
-    assert config == {"bos_token_id": None, "eos_token_id": eos, "pad_token_id": eos}  # the tokenizer's pad is its eos
-    assert generation["eos_token_id"] == eos and generation["pad_token_id"] == eos
+    assert config == {"bos_token_id": None, "eos_token_id": eos, "pad_token_id": None}  # no pad: next test
+    assert generation["eos_token_id"] == eos and generation["pad_token_id"] is None
     assert all(v is None or v < 640 for v in [*config.values(), *generation.values()])
 
 
@@ -47,3 +48,19 @@ def test_the_byte_tokenizer_s_ids_fill_what_the_architecture_leaves_out(tmp_path
     config, generation = _saved_ids(build_initial_model(plan, tmp_path / "model"))
     assert config == expected
     assert generation["eos_token_id"] == expected["eos_token_id"]
+
+
+def test_the_tokenizer_s_pad_does_not_freeze_its_eos_embedding(tmp_path):
+    """A tokenizer whose pad is its EOS (ChatML-style) gives the model no pad_token_id: Llama builds its
+    embedding with padding_idx = pad_token_id, a zero row that never learns, and the EOS ends every answer."""
+    word_chat_tokenizer(tmp_path / "tok", [f"w{i}" for i in range(40)], SPECIALS, eos="<|im_end|>")
+    arch = {"model_type": "llama", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 64,
+            "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2}
+    plan = make_plan(DDP, 1, {"model": {"architecture": arch}, "data": {"tokenizer": str(tmp_path / "tok")}})
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(build_initial_model(plan, tmp_path / "model"))
+    embedding = model.get_input_embeddings()
+    eos = SPECIALS.index("<|im_end|>")
+    assert embedding.padding_idx is None and model.config.pad_token_id is None
+    assert float(embedding.weight[eos].abs().sum()) > 0

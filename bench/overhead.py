@@ -204,7 +204,9 @@ def _orchestrate(run_dir: Path, steps: int, backend: str, gpus: int) -> None:
     from orchestrate import api
     from orchestrate.hardware.resolve import resolve_hardware
 
-    config = api.load_config(CONFIG, [f"train.max_steps={steps}", "train.eval_every=0", *PINS[backend]])
+    # The data cache beside the runs in --out, not under ./runs of the working directory (the default).
+    config = api.load_config(CONFIG, [f"train.max_steps={steps}", "train.eval_every=0", *PINS[backend],
+                                      f"data.cache_dir={run_dir.parent / 'data_cache'}"])
     result = api.launch(api.launch_request(config, resolve_hardware(gpus=gpus), name="bench", run_dir=run_dir))
     sys.exit(result.exit_code)
 

@@ -87,7 +87,7 @@ def _launcher(run_dir: Path, gpus: int, start: float) -> int:
     from orchestrate.hardware.resolve import resolve_hardware
 
     config = api.load_config(CONFIG, ["train.max_steps=3", "train.eval_every=0", "strategy.backend=ddp",
-                                      "strategy.zero_stage=0"])
+                                      "strategy.zero_stage=0", f"data.cache_dir={run_dir.parent / 'data_cache'}"])
     return api.launch(api.launch_request(config, resolve_hardware(gpus=gpus), name="stages", run_dir=run_dir)).exit_code
 
 

@@ -30,7 +30,7 @@ def test_a_link_placed_while_the_run_trains_is_refused_at_the_save(tmp_path: Pat
     run_dir, outside = tmp_path / "run", tmp_path / "elsewhere"
     outside.mkdir()
     command = [sys.executable, "-m", "orchestrate", "launch", "--gpus", "2", str(DEMO), "--run-dir", str(run_dir),
-               "--set", "train.max_steps=120", "--set", "train.eval_every=0",
+               "--set", "train.max_steps=40", "--set", "train.eval_every=0",
                "--set", f"train.checkpoint_every={20 if name == 'checkpoints' else 0}",
                "--set", f"data.cache_dir={tmp_path / 'cache'}"]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)

@@ -92,12 +92,13 @@ def _encode(chat: ChatModel, messages: list[dict[str, str]]) -> list[int]:
     the bounded sandbox), or the last message as the raw prompt training built; the system prompt
     (`--system`, else the run's) where training put one."""
     tok = chat.tokenizer
+    messages = with_system(messages, chat.system)
     if not chat.template:
-        system = messages[0]["content"] if messages[0]["role"] == "system" else chat.system
+        system = messages[0]["content"] if messages[0]["role"] == "system" else None
         return completion_prompt_ids(tok, raw_prompt(chat.record_format, messages[-1]["content"], system))
     template = _saved_template(tok)
     try:
-        text = render(template, tok, with_system(messages, chat.system), True)[0]
+        text = render(template, tok, messages, True)[0]
     except jinja2.TemplateError as exc:
         raise limit_error(template, exc, "RUN_DIR") from None
     return tok(text, add_special_tokens=False)["input_ids"]

@@ -25,9 +25,12 @@ LOGITS_BYTES_PER_TOKEN_VOCAB_16BIT = 12
 peak, about 12 bytes per (token x vocab) (bf16 logits, their fp32 up-cast, fp32 log-softmax, bf16
 gradient)."""
 
-LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 = 16
-"""fp32 training: the 16-bit copies of the measured 12 become 4-byte ones (extrapolated; to be
-calibrated)."""
+LOGITS_BYTES_PER_TOKEN_VOCAB_FP32 = 12
+"""fp32 training: no up-cast copy, and the logits die once the log-softmax (which saves its output) has
+run, so the loss's backward holds the log-softmax output, its gradient and the logits' gradient, 3 x 4
+bytes. Simulated (`orchestrate.simulate.simulate`: a 4-block Llama of hidden 128 and vocabulary 1,000,
+DDP, fp32, micro-batch 8 x seq 128): the logits part is 11.72 MiB = 12 x 8 x 128 x 1,000 bytes; a GRPO
+training step on real tensors holds the same (tests/methods/grpo/test_grpo_phases.py)."""
 
 CHECKPOINTED_SLICE_GRADIENTS = 5
 """Hidden-sized tensors per token the backward of an MLP tiled with a torch checkpoint per slice (the DDP

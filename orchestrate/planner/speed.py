@@ -12,6 +12,8 @@ Components (seconds per step, before overlap; `SpeedEstimate.breakdown`):
 - communication: ring collectives over the slowest link of the group (see `_collectives`).
 - all_to_all: sequence parallelism's head exchanges around attention (`_all_to_all`); attention waits
   for them, so they are not overlapped.
+- exposed_communication (only where a method has some): collectives a method runs outside the training
+  step's forward and backward, which the next phase waits for (`PricedTerms.exposed_communication_seconds`).
 - offload_transfer: host<->device copies over PCIe (offloaded states; offloaded activations, knobs.py).
 - optimizer: Adam on the GPU (memory-bound).
 - cpu_optimizer: Adam on the CPU for offloaded optimizers (and on CPU-only profiles).
@@ -20,7 +22,7 @@ Components (seconds per step, before overlap; `SpeedEstimate.breakdown`):
 Overlap model: step = compute + recompute
                       + max(0, communication - COMM_OVERLAP_FRACTION x (compute + recompute))
                       + max(0, offload_transfer - OFFLOAD_OVERLAP_FRACTION x (compute + recompute))
-                      + all_to_all
+                      + all_to_all + exposed_communication
                       + optimizer + cpu_optimizer + nvme_io x (1 - NVME_OVERLAP_FRACTION).
 The optimizer phases run after the last backward (ZeRO-Offload's delayed parameter update is off), so
 they are not hidden.
@@ -56,6 +58,27 @@ def _intra_node_bandwidth(hw: HardwareProfile) -> float:
     return gpu.pcie_bandwidth * (1.0 if gpu.p2p else k.P2P_DISABLED_FACTOR)
 
 
+def ring_bandwidth(hw: HardwareProfile) -> float:
+    """Bytes/s of a flat ring over every rank: its slowest link (the intra-node link, and across nodes
+    the node's network share)."""
+    intra = _intra_node_bandwidth(hw)
+    return intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth)
+
+
+def shard_gather_seconds(hw: HardwareProfile, strategy: Strategy, full_bytes: float, passes: int,
+                         collectives_per_pass: int) -> float:
+    """Seconds of `passes` ring all-gathers (or reduce-scatters: the same traffic) of sharded tensors of
+    `full_bytes` in all, each pass `collectives_per_pass` collectives: over the ranks a sharded state is
+    split over (memory.shard_group_size), each rank sends (n-1)/n of the whole (NCCL's ring) over the
+    ring's slowest link (inside a node under hybrid shard), plus COLLECTIVE_LATENCY_S per collective."""
+    n = shard_group_size(hw, strategy)
+    if n == 1:
+        return 0.0
+    link = _intra_node_bandwidth(hw) if strategy.hybrid_shard else ring_bandwidth(hw)
+    return (passes * ((n - 1) / n) * full_bytes / link
+            + collectives_per_pass * k.COLLECTIVE_LATENCY_S * passes)
+
+
 def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
                  accumulation: int) -> float:
     """Seconds of collective communication per step for one rank.
@@ -79,7 +102,7 @@ def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     c = compute_bytes(strategy)
     p = shape.parameters
     intra = _intra_node_bandwidth(hw)
-    flat_bw = intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth)
+    flat_bw = ring_bandwidth(hw)
     gather = (world - 1) / world  # fraction of the full tensor each rank sends in AG / RS
 
     backend = priced_as(strategy.backend)
@@ -96,9 +119,9 @@ def _collectives(shape: ModelShape, hw: HardwareProfile, strategy: Strategy,
     gathers = 1 if (backend == "fsdp" and strategy.zero_stage == 2) else 2
     reduce_bytes = k.FSDP_REDUCE_BYTES if backend == "fsdp" else c
     volume = (gathers * c + reduce_bytes) * p  # bytes of full tensors per micro-batch
-    latency = (gathers + 1) * shape.num_layers * k.COLLECTIVE_LATENCY_S * accumulation
     if not strategy.hybrid_shard:
-        return accumulation * gather * volume / flat_bw + latency
+        return shard_gather_seconds(hw, strategy, volume, accumulation, (gathers + 1) * shape.num_layers)
+    latency = (gathers + 1) * shape.num_layers * k.COLLECTIVE_LATENCY_S * accumulation
     rpn = shard_group_size(hw, strategy)
     inside = (rpn - 1) / rpn * volume / intra
     # every rank of a node all-reduces its 1/rpn gradient shard across nodes at once: the node's link
@@ -224,9 +247,11 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     exchange = _all_to_all(shape, hw, strategy, seq_len, gradient_accumulation)
     transfer, cpu_opt, nvme = (_offload(trained_shape(shape, methods), hw, strategy, gradient_accumulation)
                                if hw.has_gpu else (0.0, 0.0, 0.0))
+    exposed = 0.0
     for terms in priced:
         transfer += terms.transfer_seconds
         compute += terms.compute_seconds
+        exposed += terms.exposed_communication_seconds
     local = long_context.local_seq_len(strategy, seq_len)  # what one rank holds of each sample
     if strategy.activation_offload:  # block inputs down and back up over PCIe (knobs.py)
         transfer += knobs.offload_transfer_bytes(shape, strategy, local, compute_bytes(strategy),
@@ -243,9 +268,8 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     for model in (m for method in methods for m in method.auxiliary):
         flop_tokens = gradient_accumulation * strategy.micro_batch_size * seq_len * training_flops_per_token(
             shape, seq_len)[0]
-        intra = _intra_node_bandwidth(hw)
         seconds = auxiliary.seconds(model, hw, strategy, seq_len, gradient_accumulation, compute / flop_tokens,
-                                    compute_bytes(strategy), intra if hw.nodes == 1 else min(intra, hw.inter_node_bandwidth))
+                                    compute_bytes(strategy), ring_bandwidth(hw))
         compute += seconds[f"{model.name}_forward"]
         comm += seconds[f"{model.name}_communication"]
         transfer += seconds[f"{model.name}_transfer"]
@@ -257,11 +281,13 @@ def estimate_speed(shape: ModelShape, hw: HardwareProfile, strategy: Strategy, s
     step = (busy
             + max(0.0, comm - k.COMM_OVERLAP_FRACTION * busy)
             + max(0.0, transfer - k.OFFLOAD_OVERLAP_FRACTION * busy)
-            + embedding_copy + exchange
+            + embedding_copy + exchange + exposed
             + device_opt + cpu_opt + nvme * (1 - k.NVME_OVERLAP_FRACTION))
     tokens = tokens_per_step(strategy, gradient_accumulation, hw.world_size, seq_len)
     breakdown = {"compute": compute, "recompute": recompute, "communication": comm, "all_to_all": exchange,
                  "offload_transfer": transfer + embedding_copy, "optimizer": device_opt, "cpu_optimizer": cpu_opt,
                  "nvme_io": nvme, **extra}
+    if exposed:  # a key of the methods that have such collectives only, as the auxiliary models' are
+        breakdown["exposed_communication"] = exposed
     return SpeedEstimate(step_time_s=step, tokens_per_s=tokens / step if step > 0 else 0.0,
                          breakdown=breakdown)

@@ -69,6 +69,10 @@ class PricedTerms:
     compute_seconds: float = 0.0
     """Device seconds per step its layers take beyond the model's FLOPs at the GPU's rate (QLoRA's
     4-bit linears: planner/constants.py QUANTIZED_LINEAR_SECONDS)."""
+    exposed_communication_seconds: float = 0.0
+    """Seconds per step of collectives it runs outside the training step's forward and backward, which
+    its next phase waits for (sharded weights gathered for a phase of its own): added to the step time
+    as they are, not overlapped with compute (planner/speed.py `shard_gather_seconds` prices a gather)."""
 
 
 Pricing = Callable[["MethodTerms", HardwareProfile, Strategy, int, int], PricedTerms]

@@ -29,7 +29,8 @@ second: `PricedTerms.before_activations`):
 
 Time: generation is memory-bound (each decoded token reads every weight once and the KV cache so far,
 for all rows at once), plus the prefill and the scoring forwards at the FLOP rate; once per
-num_iterations steps, for every micro-batch.
+num_iterations steps, for every micro-batch. Under parameter sharding the rollout phase's one gather of
+the whole model (`rollout_gather_seconds`), once per num_iterations steps, waited for before sampling.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from orchestrate.methods.preference.memory import chunked_reference_forward_byte
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner.auxiliary import forward_flops_per_token
+from orchestrate.planner.speed import shard_gather_seconds
 from orchestrate.planner.strategy import Strategy
 
 ROLLOUT = "rollout"
@@ -108,3 +110,15 @@ def rollout_seconds(shape: ModelShape, settings: GrpoSection, hw: HardwareProfil
                     + scoring * seq_len * forward_flops_per_token(shape, seq_len))
     rate = peak_flops * k.GPU_MFU if hw.has_gpu else hw.cpu_cores * k.CPU_ACHIEVED_FLOPS_PER_CORE
     return decode + flops / rate
+
+
+def rollout_gather_seconds(shape: ModelShape, settings: GrpoSection, hw: HardwareProfile, strategy: Strategy,
+                           gathered: float) -> float:
+    """Seconds per step of the rollout phase's all-gather of `gathered` bytes (`gathered_weight_bytes`: 0
+    but under parameter sharding), priced as the training's gathers are (planner/speed.py
+    `shard_gather_seconds`): one pass of one collective per FSDP unit, every block and the root (DeepSpeed's
+    GatheredParameters issues fewer), once per num_iterations steps. Sampling waits for it: no compute
+    overlaps it (PricedTerms.exposed_communication_seconds)."""
+    if not gathered:
+        return 0.0
+    return shard_gather_seconds(hw, strategy, gathered, 1, shape.num_layers + 1) / settings.num_iterations

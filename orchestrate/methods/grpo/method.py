@@ -9,7 +9,8 @@ Its files: config.py (`grpo:`), prompts.py (the prompt records, its own data), r
 runtime.py (the worker's hooks and the step's metrics).
 Verified under DDP, FSDP2 (full shard and shard-grad-op) and DeepSpeed ZeRO-2 / ZeRO-3 without offload
 (`MethodTerms.shardings`; 2 gloo ranks: tests/methods/grpo/test_grpo_strategies.py); under parameter
-sharding the rollout gathers the weights once per step (gather.py), priced in the rollout phase.
+sharding the rollout gathers the weights once per rollout phase (gather.py), priced in its memory and
+its time (memory.py `rollout_gather_seconds`).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from orchestrate.methods.grpo.memory import (
     gathered_weight_bytes,
     kept_bytes,
     rollout_bytes,
+    rollout_gather_seconds,
     rollout_seconds,
     scoring_bytes,
 )
@@ -110,15 +112,16 @@ class Grpo(Method):
                    accumulation: int) -> PricedTerms:
             c, n = compute_bytes(rows), rows.micro_batch_size
             rollout = sum(rollout_bytes(shape, section, n, seq_len, c).values())
-            held = max(rollout, scoring_bytes(shape, section, n, seq_len, rows.loss_chunks, c)) \
-                + gathered_weight_bytes(shape, rows, config.train.method, c)
+            gathered = gathered_weight_bytes(shape, rows, config.train.method, c)
+            held = max(rollout, scoring_bytes(shape, section, n, seq_len, rows.loss_chunks, c)) + gathered
             peak = ({"bf16": hw.gpu.peak_tflops_bf16, "fp16": hw.gpu.peak_tflops_fp16,
                      "fp32": hw.gpu.peak_tflops_fp32}[rows.precision] * 1e12) if hw.has_gpu else 0.0
             per_weight = weight_bytes if weight_bytes is not None else c
             seconds = rollout_seconds(shape, section, hw, n, seq_len, shape.parameters * per_weight, c, peak)
             return PricedTerms(own=PlacedBytes().on_gpu(KEPT, kept_bytes(n, seq_len, accumulation)),
                                before_activations={ROLLOUT: held},
-                               compute_seconds=accumulation * seconds / section.num_iterations)
+                               compute_seconds=accumulation * seconds / section.num_iterations,
+                               exposed_communication_seconds=rollout_gather_seconds(shape, section, hw, rows, gathered))
 
         return MethodTerms(chunks_loss=True, splits_sequence=False, sample_rows=section.num_generations,
                            shardings=VERIFIED_SHARDINGS, auxiliary=reference, gpu_keys=(ROLLOUT, KEPT), priced=priced)

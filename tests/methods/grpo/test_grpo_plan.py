@@ -2,7 +2,7 @@
 Qwen2.5-1.5B-shaped model under QLoRA with 8 completions of 1,024 tokens after a 256-token prompt, fits
 one 8 GiB card and the plan names both phases; the rollout phase is the KV cache, the prefill and the
 sampling scores, and counts where it exceeds the training step's activations and logits; under
-parameter sharding it holds the whole model gathered besides."""
+parameter sharding it holds the whole model gathered besides, and the step time adds that gather."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from orchestrate.methods.grpo.memory import ROLLOUT, gathered_weight_bytes, kv_c
 from orchestrate.methods.grpo.method import GRPO
 from orchestrate.methods.registry import method_terms
 from orchestrate.model.formulas import shape_from_dict
+from orchestrate.planner import constants as k
 from orchestrate.planner.memory import estimate_memory
+from orchestrate.planner.speed import estimate_speed, ring_bandwidth
 from orchestrate.simulate.verify import verify_plan
 from tests.unit.planner.test_memory_model import strat
 
@@ -83,6 +85,38 @@ def test_under_parameter_sharding_the_rollout_holds_the_whole_model_gathered(bac
     rollout = sum(rollout_bytes(shape, config.grpo, 16, 4096, 2).values()) + gathered(shape)
     step = memory.gpu["activations"] + memory.gpu["logits"]
     assert memory.gpu[ROLLOUT] == int(max(0.0, rollout - step))
+
+
+def _without_rollout_gather(terms):
+    """The GRPO terms (last) priced as before the rollout's gather had a time."""
+    *others, grpo = terms
+
+    def priced(method, hw, strategy, seq_len, accumulation):
+        return replace(grpo.priced(method, hw, strategy, seq_len, accumulation), exposed_communication_seconds=0.0)
+
+    return [*others, replace(grpo, priced=priced)]
+
+
+@pytest.mark.parametrize(("backend", "stage", "num_iterations"), [
+    ("deepspeed", 3, 1), ("fsdp", 3, 1), ("fsdp", 3, 2),  # μ = 2: one gather per two steps
+    ("ddp", 0, 1), ("fsdp", 2, 1),  # the weights are whole on every rank: no gather
+])
+def test_the_step_time_adds_the_rollout_phases_gather_under_parameter_sharding(backend, stage, num_iterations):
+    """gather.py gathers the whole model once per rollout phase: (n-1)/n of its bytes over the ring per
+    rank and one collective per FSDP unit, once per num_iterations steps, with nothing to overlap it."""
+    config, shape, _ = _long_rollout()
+    config = config.model_copy(update={"grpo": config.grpo.model_copy(update={"num_iterations": num_iterations})})
+    hw = HardwareFlags(gpus=2, gpu_mem="8GiB", cpu_mem="32GiB", calibration=False).resolve()
+    terms = method_terms(config, shape, hw)
+    s = strat(backend, stage, micro=1, ac=True)
+    speed = estimate_speed(shape, hw, s, 4096, 2, methods=terms)
+    without = estimate_speed(shape, hw, s, 4096, 2, methods=_without_rollout_gather(terms))
+    gathered = gathered_weight_bytes(shape, replace(s, micro_batch_size=16), "full", 2)
+    assert (gathered > 0) == (stage == 3)
+    expected = ((1 / 2 * gathered / ring_bandwidth(hw) + (shape.num_layers + 1) * k.COLLECTIVE_LATENCY_S) / num_iterations
+                if gathered else 0.0)
+    assert speed.step_time_s - without.step_time_s == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert speed.breakdown.get("exposed_communication", 0.0) == pytest.approx(expected, abs=1e-12)
 
 
 def test_plan_simulate_refuses_grpo_and_says_where_its_phases_are_checked():

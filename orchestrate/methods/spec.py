@@ -67,6 +67,11 @@ class Method:
         """Whether the config asks for it (a base method: whether it is the run's base)."""
         raise NotImplementedError
 
+    def record_noun(self, config: RunConfig) -> str | None:
+        """What one of its training samples is, plural, where it brings records or data of its own (the
+        worker's start-up line: "N train / M validation <noun>"); None: the token pipeline's samples."""
+        return None
+
     def auxiliary_shapes(self, config: RunConfig, shape: ModelShape) -> dict[str, ModelShape]:
         """The shapes of its auxiliary models, read (config.json, never weights) on the launcher
         before planning; a UserError for one that cannot serve (another vocabulary, ...). Apart from

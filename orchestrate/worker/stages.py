@@ -19,6 +19,7 @@ from orchestrate.backends.base import TrainEngine
 from orchestrate.backends.rank import Rank
 from orchestrate.backends.registry import get_backend
 from orchestrate.backends.sequence_parallel import use_ulysses_attention
+from orchestrate.config.schema import RunConfig
 from orchestrate.config.section import MAX_COUNT
 from orchestrate.data import build_data as build_token_data
 from orchestrate.data.chat_template import saved_chat_template
@@ -193,14 +194,22 @@ def release_start_up_cache(rank: Rank) -> None:
         torch.cuda.empty_cache()
 
 
+def sample_noun(config: RunConfig) -> str:
+    """What the run's training samples are, plural: records or data of a method's own as the method
+    names them (`Method.record_noun`: preference pairs, GRPO prompts), else the token pipeline's
+    blocks of seq_len (data.packing) or padded samples."""
+    named = [noun for method in active_methods(config) if (noun := method.record_noun(config)) is not None]
+    return named[0] if named else ("blocks" if config.data.packing else "samples")
+
+
 def callbacks(plan: RunPlan, rank: Rank, data: TrainData, start_step: int, resume_from: Path | None) -> list[Callback]:
     """The built-in callbacks, the trackers of train.report_to and the methods' own; their phases
     order them (worker/callbacks/base.py): pruning, then evaluation (it adds eval_loss to the record
     the others see, and with train.eval_generate the generated answers), the observers, checkpoints,
     stop signals last."""
     tokens = plan.tokens_per_step
-    intro = [f"training {plan.chosen.name} on {rank.world_size} rank(s): {plan.config.train.length()} "
-             f"of {tokens:,} tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation blocks)"]
+    intro = [f"training {plan.chosen.name} on {rank.world_size} rank(s): {plan.config.train.length()} of {tokens:,} "
+             f"tokens ({data.train.shape[0]} train / {data.validation.shape[0]} validation {sample_noun(plan.config)})"]
     if resume_from is not None:
         intro.append(f"resumed from {resume_from} (step {start_step})")
     intro += [notice] if (notice := packing_notice(plan)) else []

@@ -39,6 +39,10 @@ class Custom(Method):
     def active(self, config: RunConfig) -> bool:
         return config.model.module is not None
 
+    def record_noun(self, config: RunConfig) -> str:
+        """Its samples are data.module's dataset items (train_data.py)."""
+        return "samples"
+
     def terms(self, config: RunConfig, shape: ModelShape, hw: HardwareProfile,
               auxiliary: dict[str, ModelShape]) -> MethodTerms:
         return module_terms(shape)

@@ -84,6 +84,10 @@ class Grpo(Method):
     def active(self, config: RunConfig) -> bool:
         return config.grpo is not None
 
+    def record_noun(self, config: RunConfig) -> str:
+        """Its samples are the prompts it samples completions of (prompts.py)."""
+        return "prompts"
+
     def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
         """The mean reward, first step -> last, and the held-out one of the last evaluation."""
         rewarded = [r for r in records if "reward" in r]

@@ -8,7 +8,7 @@ Collective: one all-reduce per step."""
 
 from __future__ import annotations
 
-from orchestrate.methods.preference.config import UNPAIRED
+from orchestrate.methods.preference.config import record_noun
 from orchestrate.methods.preference.objective import step_metrics
 from orchestrate.worker.callbacks.base import Callback, Phase, StepEnd, Training
 from orchestrate.worker.metrics import sum_over_ranks
@@ -16,7 +16,7 @@ from orchestrate.worker.metrics import sum_over_ranks
 
 def records_per_step(sums: dict[str, float], loss: str) -> dict[str, int]:
     """The records the step's micro-batches held over every rank, named for what they are."""
-    return {f"{'answers' if loss in UNPAIRED else 'pairs'}/step": round(sums["records"])}
+    return {f"{record_noun(loss)}/step": round(sums["records"])}
 
 
 class PreferenceMetrics(Callback):

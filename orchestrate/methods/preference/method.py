@@ -19,7 +19,7 @@ from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.methods.auxiliary import frozen_model_shape
-from orchestrate.methods.preference.config import REFERENCE_FREE, SEQUENCES_PER_RECORD
+from orchestrate.methods.preference.config import REFERENCE_FREE, SEQUENCES_PER_RECORD, record_noun
 from orchestrate.methods.preference.memory import REFERENCE, chunked_reference_forward_bytes, reference_model
 from orchestrate.methods.spec import Method
 from orchestrate.model.shape import ModelShape
@@ -83,6 +83,10 @@ class Preference(Method):
 
     def active(self, config: RunConfig) -> bool:
         return config.preference is not None
+
+    def record_noun(self, config: RunConfig) -> str:
+        """Its records: pairs, or kto's labelled answers."""
+        return record_noun(config.preference.loss)
 
     def run_summary(self, config: RunConfig, records: list[dict[str, Any]]) -> list[str]:
         """The rewards, first step -> last, the records a step trained on, and the held-out rewards of

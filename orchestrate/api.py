@@ -271,13 +271,15 @@ def report(run_dirs: Sequence[Path], out: Path | None = None) -> Any:
 # --- chat ----------------------------------------------------------------------------------------
 
 
-def chat_model(run_dir: Path, adapter: bool | None = None, template: bool | None = None) -> Any:
+def chat_model(run_dir: Path, adapter: bool | None = None, template: bool | None = None,
+               system: str | None = None) -> Any:
     """`orchestrate chat`: the run's RUN_DIR/model, or (adapter) its base + RUN_DIR/adapter, with the saved
     tokenizer and chat template; `template` renders prompts with the chat template (True) or raw (False),
-    None as the run rendered its records (orchestrate/chat.py)."""
+    None as the run rendered its records; `system` the system prompt in front of the conversation, None
+    the run's data.system_prompt, '' none (orchestrate/chat.py)."""
     from orchestrate.chat import load_chat_model
 
-    return load_chat_model(Path(run_dir), adapter, template)
+    return load_chat_model(Path(run_dir), adapter, template, system)
 
 
 def chat_reply(model: Any, messages: list[dict[str, str]], max_new_tokens: int = 256, temperature: float = 0.0,

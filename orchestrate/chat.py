@@ -18,6 +18,12 @@ and plain text, were raw text: the last message alone becomes the prompt as trai
 (Alpaca's prompt around it; the tokenizer's BOS, nothing after: data/sft_tokens.py
 `completion_prompt_ids`) and the reply ends at EOS. `template` (`--template / --raw`) forces either.
 
+The run's `data.system_prompt` went into every training record that brought no system turn of its own
+(data/records.py `with_system`; a source's `system_prompt` in `data.datasets` applied to that source's
+records only, so no conversation here is one of them): it goes in front of the conversation in the
+same place, the template's system turn or the raw prompt's (Alpaca's preamble replaced). `system`
+(`--system TEXT`) puts another there, `--system ''` none.
+
 The template renders in the bounded sandbox of orchestrate/data/chat_template.py (a template that
 loops or recurses without end is one error, not a hang); text that is no valid Unicode and a
 conversation longer than the model's positions are refused with one message, and the reply is held
@@ -55,8 +61,8 @@ class ChatModel:
     record_format: str = "chat"
     """The run's record format: how a raw prompt is put (`raw_prompt`)."""
     system: str | None = None
-    """The run's `data.system_prompt`: the system prompt of a conversation that brings none, as
-    training gave it to every record without one."""
+    """The system prompt put in front of a conversation that brings none: the run's
+    `data.system_prompt` (as training gave it to every record without one), or `--system`'s; None: none."""
 
 
 def _plan(run: RunDir):
@@ -134,9 +140,19 @@ def rendering(plan: RunPlan, run_dir: Path, template: bool | None) -> tuple[bool
     return used if template is None else template, record_format
 
 
-def load_chat_model(run_dir: Path, adapter: bool | None = None, template: bool | None = None) -> ChatModel:
+def chosen_system(plan: RunPlan, system: str | None) -> str | None:
+    """The system prompt to chat with: the run's data.system_prompt where `system` is None, none where it
+    is empty (`--system ''`), else `system` (checked to be valid Unicode)."""
+    if system is None:
+        return plan.config.data.system_prompt
+    return check_text(system, "--system") or None
+
+
+def load_chat_model(run_dir: Path, adapter: bool | None = None, template: bool | None = None,
+                    system: str | None = None) -> ChatModel:
     """The run's model (or base + adapter, see the module doc) with its saved tokenizer, in eval mode;
-    `template`: render with the saved chat template (True) or raw (False), None: as the run did."""
+    `template`: render with the saved chat template (True) or raw (False), None: as the run did;
+    `system`: the system prompt, None the run's, '' none (`chosen_system`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -144,6 +160,7 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None, template: bool |
 
     run = RunDir(Path(run_dir))
     plan = _plan(run)
+    system = chosen_system(plan, system)  # before the model loads: a bad --system fails at once
     trust = plan.config.model.trust_remote_code
     use_adapter = adapter if adapter is not None else not run.model.is_dir() and run.adapter.is_dir()
     source = run.adapter if use_adapter else run.model
@@ -172,7 +189,7 @@ def load_chat_model(run_dir: Path, adapter: bool | None = None, template: bool |
     model.to(device).eval()
     stops = sorted({*([tok.eos_token_id] if tok.eos_token_id is not None else []),
                     *(_end_of_turn(tok) if templated else [])})
-    return ChatModel(model, tok, stops, source, templated, record_format, plan.config.data.system_prompt)
+    return ChatModel(model, tok, stops, source, templated, record_format, system)
 
 
 def reply(chat: ChatModel, messages: list[dict[str, str]], max_new_tokens: int = 256, temperature: float = 0.0,

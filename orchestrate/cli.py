@@ -220,7 +220,8 @@ def export_cmd(run_dir, out, step, merge, fmt, quant):
 @cli.command("chat")
 @click.argument("run_dir", type=click.Path(file_okay=False, exists=True))
 @click.option("--prompt", help="Ask this once, print the answer and exit (for scripts); without it: a conversation.")
-@click.option("--system", help="A system message before the conversation.")
+@click.option("--system", help="The system prompt before the conversation (default: the run's data.system_prompt; "
+                                "'' for none).")
 @click.option("--adapter/--model", "adapter", default=None,
               help="Base + RUN_DIR/adapter, or RUN_DIR/model (default: RUN_DIR/model when it exists).")
 @click.option("--template/--raw", "template", default=None,
@@ -232,8 +233,8 @@ def export_cmd(run_dir, out, step, merge, fmt, quant):
 @_user_errors_exit_2
 def chat_cmd(run_dir, prompt, system, adapter, template, max_new_tokens, temperature):
     """Talk to the model a run trained, with its saved tokenizer, prompting as training did (streamed)."""
-    model = api.chat_model(Path(run_dir), adapter, template)
-    history = [{"role": "system", "content": system}] if system else []
+    model = api.chat_model(Path(run_dir), adapter, template, system)
+    history: list[dict[str, str]] = []
 
     def answer(text: str) -> str:
         history.append({"role": "user", "content": text})

@@ -72,7 +72,7 @@ def test_stdin_that_is_no_utf8_is_one_error_with_exit_2(tmp_path, monkeypatch):
     from orchestrate.cli import cli
 
     chat = _chat(tmp_path, "gpt2", positions=64)
-    monkeypatch.setattr(api, "chat_model", lambda run_dir, adapter, template: chat)
+    monkeypatch.setattr(api, "chat_model", lambda run_dir, adapter, template, system: chat)
     result = CliRunner().invoke(cli, ["chat", str(tmp_path)], input=b"caf\xe9\n")
     assert result.exit_code == 2, result.output
     assert "not valid UTF-8" in result.output and "Traceback" not in result.output

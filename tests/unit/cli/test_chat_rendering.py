@@ -2,15 +2,18 @@
 `uses_chat_template`, read from RUN_DIR/plan.json and the first training record): a prompt-completion
 or Alpaca run without data.chat_template gets exactly the prompt ids training built (Alpaca's prompt
 around it, no chat template although the tokenizer has one) and stops at EOS only; with
-data.chat_template set it gets the template; `--template` / `--raw` force either."""
+data.chat_template set it gets the template; `--template` / `--raw` force either. The run's
+data.system_prompt goes where training put it, unless `--system` gives another or '' none."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from orchestrate import api
 from orchestrate.chat import _encode
+from orchestrate.cli import cli
 from orchestrate.data.method_data import NO_METHOD_DATA
 from orchestrate.data.sft_prepare import ANSWER, SftSettings, tokenize_records
 from orchestrate.data.tokenizer import load_tokenizer
@@ -72,6 +75,36 @@ def test_a_templated_run_chats_with_its_system_prompt_as_the_first_turn(tmp_path
     assert _encode(chat, user) == expected
 
 
+@pytest.mark.parametrize("template", [None, "chatml"])
+def test_system_replaces_the_runs_system_prompt_and_an_empty_one_drops_it(tmp_path, template):
+    """Raw (the prompt's preamble) and templated (the first turn) alike: `system` takes the run's place,
+    '' leaves the conversation without one, as a run without data.system_prompt prompts."""
+    run, plan = _run(tmp_path, "prompt-completion", {"chat_template": template, "system_prompt": "Answer in capitals."})
+    user = [{"role": "user", "content": PROMPT}]
+    other = api.chat_model(run, system="Be brief.")
+    assert _encode(other, user) == _encode(other, [{"role": "system", "content": "Be brief."}, *user])
+    assert "capitals" not in other.tokenizer.decode(_encode(other, user))
+    dropped = api.chat_model(run, system="")
+    assert dropped.system is None
+    if template is None:  # the very ids a run without a system prompt trained its prompt on
+        plain = plan.model_copy(update={"config": plan.config.model_copy(update={
+            "data": plan.config.data.model_copy(update={"system_prompt": None})})})
+        assert _encode(dropped, user) == _training_prompt_ids(plain, "prompt-completion", tmp_path / "tok")
+    else:
+        assert _encode(dropped, user) == dropped.tokenizer.apply_chat_template(user, add_generation_prompt=True)["input_ids"]
+
+
+@pytest.mark.parametrize(("flags", "system"), [([], "Answer in capitals."), (["--system", "Be brief."], "Be brief."),
+                                               (["--system", ""], None)])
+def test_the_system_option_reaches_the_chat(tmp_path, monkeypatch, flags, system):
+    run, _ = _run(tmp_path, "prompt-completion", {"system_prompt": "Answer in capitals."})
+    asked = []
+    monkeypatch.setattr(api, "chat_reply", lambda chat, messages, *rest: asked.append((chat.system, list(messages))) or "OK")
+    result = CliRunner().invoke(cli, ["chat", str(run), "--prompt", PROMPT, *flags])
+    assert result.exit_code == 0, result.output
+    assert asked == [(system, [{"role": "user", "content": PROMPT}])]
+
+
 def test_template_forces_the_chat_template(tmp_path):
     run, _ = _run(tmp_path, "prompt-completion")
     chat = api.chat_model(run, template=True)
@@ -99,13 +132,9 @@ def test_a_run_whose_data_is_gone_asks_for_the_flag(tmp_path):
 
 @pytest.mark.parametrize(("flags", "template"), [([], None), (["--template"], True), (["--raw"], False)])
 def test_the_flag_reaches_the_api(tmp_path, monkeypatch, flags, template):
-    from click.testing import CliRunner
-
-    from orchestrate.cli import cli
-
     seen = []
 
-    def chat_model(run_dir, adapter, template):
+    def chat_model(run_dir, adapter, template, system):
         seen.append(template)
         raise UserError("stop here", [])
 

@@ -250,7 +250,6 @@ class Checkpointer:
         self._barrier()
         return {"step": meta.step, "sampler": sampler}
 
-
     def _load_objective(self, ckpt_dir: Path) -> None:
         """The objective's state of this rank, where the objective keeps one and the checkpoint holds it
         (one written before objectives kept state does not: the objective goes on without it)."""

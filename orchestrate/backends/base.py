@@ -62,6 +62,34 @@ class StepObjective(Objective, Protocol):
         ...
 
 
+@runtime_checkable
+class StatefulObjective(Objective, Protocol):
+    """An objective that carries state from one step to the next which a resumed run needs to train as
+    the uninterrupted one would (GRPO's rollouts, kept over a num_iterations cycle: methods/grpo/
+    objective.py). Every checkpoint holds each rank's `state_dict()` (ranks/objective-NNNNN.pt, written
+    with torch.save: tensors, numbers, strings, lists and dicts of them), and a run resumed on as many
+    ranks hands it back to `load_state_dict` (read with torch.load(weights_only=True), on the rank's
+    device) before its first step. A checkpoint without that file (written before objectives kept state,
+    or on another number of ranks) calls nothing: the objective goes on as built and says what that
+    changes. Its state is taken after the step's callbacks measured it (worker/callbacks/base.py: the
+    checkpoint is the PERSIST phase)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state after the step just ended (may be empty)."""
+        ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `state_dict` of this rank."""
+        ...
+
+
+def stateful_objective(engine: object) -> StatefulObjective | None:
+    """The engine's objective where it keeps state a checkpoint must hold (None: it keeps none; an
+    engine stand-in without an objective keeps none)."""
+    objective = getattr(engine, "objective", None)
+    return objective if isinstance(objective, StatefulObjective) else None
+
+
 def begin_step(engine: TrainEngine, micro_batches: list[dict[str, torch.Tensor]]) -> None:
     """The objective's look at the step before its first loss (`StepObjective`): every engine's
     `train_step` starts with it."""

@@ -7,6 +7,8 @@
         plan.json               the plan that wrote it
         config.json             the Hugging Face model config (for `orchestrate export`)
         ranks/rank-00000.json   per rank: RNG states and sampler state
+        ranks/objective-00000.pt  per rank, of an objective that keeps state between steps (GRPO's rollouts
+                                within a num_iterations cycle): its state_dict, torch.save (weights-only)
         <engine files>          whatever the backend's engine writes
         manifest.json           every other file's size and checksum, written last (`write_manifest`)
       .tmp-step-00000050/       a checkpoint being written (a crash leaves it; the next save removes it)
@@ -143,6 +145,12 @@ def write_meta(ckpt_dir: Path, meta: CheckpointMeta) -> None:
 
 def rank_file(ckpt_dir: Path, rank: int) -> Path:
     return Path(ckpt_dir) / RANKS_DIR / f"rank-{rank:05d}.json"
+
+
+def objective_file(ckpt_dir: Path, rank: int) -> Path:
+    """A rank's objective state (backends/base.py `StatefulObjective`); absent in a checkpoint written
+    before objectives kept state, or of an objective that keeps none."""
+    return Path(ckpt_dir) / RANKS_DIR / f"objective-{rank:05d}.pt"
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -1,6 +1,7 @@
 """Atomic, resumable checkpoints of a run: the write protocol and the restore (the layout and the
 metadata are the run-directory contract's, `orchestrate.run.checkpoints`). Per rank, ranks/ holds
-the RNG states (torch CPU/CUDA, python, numpy) and the sampler state; the engine files are the
+the RNG states (torch CPU/CUDA, python, numpy) and the sampler state, and the objective's state where
+it keeps one between steps (backends/base.py `StatefulObjective`); the engine files are the
 backend's (DeepSpeed: deepspeed/; FSDP2: DCP shards + engine_state.json; DDP: trainer_state.pt).
 
 Write protocol (`Checkpointer.save`, collective): everything goes into `.tmp-step-N`; a barrier
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from orchestrate.backends.base import stateful_objective
 from orchestrate.errors import Problem, UserError
 from orchestrate.run.checkpoints import (
     DAMAGED_PREFIX,
@@ -43,6 +45,7 @@ from orchestrate.run.checkpoints import (
     inspect_checkpoint,
     list_checkpoints,
     newest_checkpoint,
+    objective_file,
     rank_file,
     read_meta,
     step_dir_name,
@@ -173,6 +176,8 @@ class Checkpointer:
         self._barrier()
         _write_json(self.run_dir, rank_file(tmp, rank), {"rank": rank, "step": step, "rng": rng_state(self.rank.device),
                                             "sampler": sampler_state})
+        if (objective := stateful_objective(self.engine)) is not None:
+            torch.save(objective.state_dict(), objective_file(tmp, rank))  # in ranks/, checked for links above
         self.engine.save_checkpoint(tmp, {"step": step})
         if rank == 0:
             write_meta(tmp, CheckpointMeta.of(self.plan, step, self.rank.world_size, sampler_state, torch.__version__))
@@ -237,12 +242,25 @@ class Checkpointer:
         if own is not None:
             set_rng_state(own["rng"], self.rank.device)
             sampler = own["sampler"]
+            self._load_objective(ckpt_dir)
         else:
             # The sampler's state is world-size independent; rank generators are not, so they restart.
             reseed(self.plan.config.train.seed, self.rank.rank, meta.step, self.rank.device)
             sampler = meta.sampler
         self._barrier()
         return {"step": meta.step, "sampler": sampler}
+
+    def _load_objective(self, ckpt_dir: Path) -> None:
+        """The objective's state of this rank, where the objective keeps one and the checkpoint holds it
+        (one written before objectives kept state does not: the objective goes on without it)."""
+        objective, path = stateful_objective(self.engine), objective_file(ckpt_dir, self.rank.rank)
+        if objective is None or not path.is_file():
+            return
+        try:
+            state = torch.load(path, map_location=self.rank.device, weights_only=True)
+        except engine_errors() as exc:
+            raise _unloadable(ckpt_dir, f"{path.name}: {type(exc).__name__}: {exc}") from exc
+        objective.load_state_dict(state)
 
 
 def newest_intact(run_dir: Path) -> CheckpointStatus | None:

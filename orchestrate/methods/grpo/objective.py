@@ -16,6 +16,12 @@ optimizer steps (DeepSeekMath Algorithm 1's inner loop); the prompts the sampler
 steps are passed over. With μ = 1, π_old is the policy itself, detached (the ratio is 1, its gradient
 the policy gradient). The reference (beta > 0) is scored once per rollout, under no_grad.
 
+A checkpoint taken inside a cycle holds what the cycle keeps (`state_dict`: the `StatefulObjective`
+hook of backends/base.py, saved per rank next to the RNG states), so a run resumed there trains its
+remaining steps on the same rollouts as the uninterrupted run; one without it (written before
+checkpoints held it, on another number of ranks, or under other GRPO settings) samples afresh, and
+says so.
+
 Per step it keeps the sums TRL logs (reward, reward_std, rewards/<name>/mean, frac_reward_zero_std,
 completions/mean_length, completions/clipped_ratio, kl, clip_ratio), read and reset by runtime.py's
 GrpoMetrics.
@@ -61,6 +67,22 @@ class Scored:
     ref_logps: torch.Tensor | None
 
 
+def _scored_state(scored: Scored) -> dict[str, Any]:
+    """One kept micro-batch as tensors and ints (what torch.load(weights_only=True) reads back)."""
+    rollout = scored.rollout
+    state = {"input_ids": rollout.input_ids, "attention_mask": rollout.attention_mask,
+             "prompt_positions": rollout.prompt_positions, "completion_mask": rollout.completion_mask,
+             "truncated": rollout.truncated, "advantages": scored.advantages}
+    return {**state, **{key: value for key, value in (("old_logps", scored.old_logps), ("ref_logps", scored.ref_logps))
+                        if value is not None}}
+
+
+def _scored_from(state: dict[str, Any]) -> Scored:
+    rollout = Rollout(state["input_ids"], state["attention_mask"], state["prompt_positions"], state["completion_mask"],
+                      state["truncated"])
+    return Scored(rollout, state["advantages"], state.get("old_logps"), state.get("ref_logps"))
+
+
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -86,7 +108,9 @@ class GrpoObjective:
         self.tokenizer, self.template, self.rewards = tokenizer, template, rewards
         self.eos_ids, self.pad_id = eos_ids, eos_ids[0]
         self.reference = reference
-        self.accumulation, self.loss_chunks = accumulation, loss_chunks
+        self.accumulation = accumulation
+        """The micro-batches of a step: the rollouts a cycle keeps, one per micro-batch."""
+        self.loss_chunks = loss_chunks
         self.reshard_after_forward = reshard_after_forward
         self.max_prompt = max(1, config.train.seq_len - self.settings.max_completion_length)
         self.step = 0
@@ -98,10 +122,49 @@ class GrpoObjective:
         self.slot = 0
         """The micro-batch of the step whose loss comes next."""
         self.sums: dict[str, float] = {}
+        self.without_rollouts = ("it holds no GRPO rollouts: written before checkpoints kept them, or on another "
+                                 "number of ranks")
+        """Why a run resumed inside a cycle has no kept rollouts (the line its first step prints)."""
 
     def start_at(self, step: int) -> None:
         """A run that resumes after `step`: its cycles of num_iterations steps count from the run's start."""
         self.step = step
+
+    def _mid_cycle(self) -> bool:
+        """Whether the steps begun so far end inside a num_iterations cycle (its rollouts still to train on)."""
+        return self.step % self.settings.num_iterations != 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint after this step must hold to go on as the uninterrupted run (`StatefulObjective`,
+        backends/base.py): inside a cycle, its kept rollouts with their advantages and log-probabilities,
+        dapo's divisor, and the settings that shaped them; nothing at a cycle's end (the next step samples).
+        The metric sums are not in it: GrpoMetrics takes them at every step's end, before the checkpoint."""
+        if not self.kept or not self._mid_cycle():
+            return {}
+        state = {"kept": [_scored_state(s) for s in self.kept], "num_iterations": self.settings.num_iterations,
+                 "num_generations": self.settings.num_generations, "loss_type": self.settings.loss_type}
+        return state if self.dapo_tokens is None else {**state, "dapo_tokens": self.dapo_tokens}
+
+    def _unusable(self, state: dict[str, Any]) -> str | None:
+        """Why `state` cannot carry this run's cycle on (None: it can): settings or a step shape that
+        changed since the checkpoint (grpo.* and the micro-batches may change on --resume)."""
+        changed = [f"grpo.{key} {state[key]} -> {now}" for key, now in (
+            ("num_iterations", self.settings.num_iterations), ("num_generations", self.settings.num_generations),
+            ("loss_type", self.settings.loss_type)) if state[key] != now]
+        if len(state["kept"]) != self.accumulation:
+            changed.append(f"micro-batches per step {len(state['kept'])} -> {self.accumulation}")
+        if any(("ref_logps" in s) != (self.reference is not None) for s in state["kept"]):
+            changed.append("grpo.beta (a reference) turned on or off")
+        return ", ".join(changed) or None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """A checkpoint's `state_dict` (tensors on this rank's device), before the resumed run's first step."""
+        why = self._unusable(state) if state else None
+        if why is not None:
+            self.without_rollouts = f"its rollouts do not fit this run: {why}"
+            return
+        self.kept = [_scored_from(s) for s in state.get("kept", [])]
+        self.dapo_tokens = state.get("dapo_tokens")
 
     def _decode(self, ids: list[int]) -> str:
         hf = getattr(self.tokenizer, "tok", None)
@@ -146,7 +209,11 @@ class GrpoObjective:
         """The rollout phase of a step whose cycle starts (every num_iterations steps): sample, reward and
         score every micro-batch's prompts with the weights gathered once; the advantages and dapo's
         token count over the whole step, every rank's. Collective where the step is."""
-        fresh = self.step % self.settings.num_iterations == 0 or not self.kept
+        fresh = not self._mid_cycle() or not self.kept
+        if self._mid_cycle() and not self.kept:  # resumed inside a cycle without its rollouts
+            _say(f"step {self.step + 1} is inside a grpo.num_iterations cycle and the checkpoint resumed from does "
+                 f"not carry it on ({self.without_rollouts}): the step samples afresh, the cycles then continue as "
+                 "the uninterrupted run's")
         self.step += 1
         self.slot = 0
         if not fresh:
@@ -215,6 +282,12 @@ class GrpoObjective:
     def metrics(self, sums: dict[str, float], batches: int) -> dict[str, float]:
         return {"eval_loss": sums["loss"] / batches,
                 **{f"eval_{key}": value for key, value in step_metrics(sums).items()}}
+
+
+def _say(line: str) -> None:
+    """One line on rank 0's output (every rank takes the same path)."""
+    if not _distributed() or dist.get_rank() == 0:
+        print(f"orchestrate: {line}", flush=True)
 
 
 def _add(sums: dict[str, float], key: str, value: float) -> None:

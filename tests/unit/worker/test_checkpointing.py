@@ -90,6 +90,62 @@ def test_saves_publish_atomically_keep_the_last_k_and_restore_everything(single,
     assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
 
 
+class _KeepingObjective:
+    """An objective keeping state between steps (backends/base.py `StatefulObjective`)."""
+
+    name = "keeping"
+
+    def __init__(self, state: dict | None = None) -> None:
+        self.state = state or {}
+        self.loaded: list[dict] = []
+
+    def loss(self, model, batch):
+        raise NotImplementedError("never trained here: only its state is checkpointed")
+
+    def eval_sums(self, model, batch):
+        raise NotImplementedError("never evaluated here")
+
+    def metrics(self, sums, batches):
+        raise NotImplementedError("never evaluated here")
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.loaded.append(state)
+
+
+def test_an_objective_s_state_is_saved_per_rank_and_read_back_weights_only(single, tmp_path):
+    _, engine, checkpointer = single
+    kept = {"kept": [{"ids": torch.arange(6).view(2, 3), "positions": 4}], "divisor": 2.5}
+    engine.objective = _KeepingObjective(kept)
+    ckpt = _save(checkpointer, engine, 1)
+    assert rc.inspect_checkpoint(ckpt).verified  # the manifest lists it: complete or absent with the rest
+    assert "ranks/objective-00000.pt" in json.loads((ckpt / rc.MANIFEST_FILE).read_text())["files"]
+
+    engine.objective = _KeepingObjective()
+    checkpointer.load(ckpt)
+    [state] = engine.objective.loaded
+    assert state["divisor"] == 2.5 and state["kept"][0]["positions"] == 4
+    assert torch.equal(state["kept"][0]["ids"], kept["kept"][0]["ids"])
+
+    # Code in the file is refused (weights_only), as a checkpoint that cannot be loaded.
+    torch.save({"x": _Evil()}, rc.objective_file(ckpt, 0))
+    with pytest.raises(UserError, match="cannot be loaded"):
+        checkpointer.load(ckpt)
+
+
+def test_a_checkpoint_from_before_objectives_kept_state_still_loads(single, tmp_path):
+    """A checkpoint without the objective's file (as written before objectives kept state) loads; the
+    objective is not handed anything (it goes on as built and says what that changes)."""
+    _, engine, checkpointer = single
+    ckpt = _save(checkpointer, engine, 1)  # an engine whose objective keeps no state writes no file
+    assert not rc.objective_file(ckpt, 0).exists()
+    engine.objective = _KeepingObjective()
+    assert checkpointer.load(ckpt)["step"] == 1
+    assert engine.objective.loaded == []
+
+
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(single, tmp_path):
     _, engine, checkpointer = single
     run_dir = tmp_path / "run"

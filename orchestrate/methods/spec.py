@@ -25,14 +25,28 @@ reads an auxiliary model's config.json on the launcher before planning).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from orchestrate.config.schema import RunConfig
 from orchestrate.errors import Problem
 from orchestrate.hardware.profile import HardwareProfile
 from orchestrate.model.shape import ModelShape
-from orchestrate.planner.plan import PlanResult
+from orchestrate.planner.plan import PlanResult, RunPlan
 from orchestrate.planner.terms import Alternative, MethodReport, MethodTerms
+
+
+@dataclass(frozen=True)
+class SimulatedPhase:
+    """What a method runs on the model before each training micro-batch of a step (GRPO's rollout), for
+    `plan --simulate` to run too: the harness (orchestrate/simulate/harness.py) calls `function`
+    ("module:function") with the wrapped model and `settings` (JSON), on fake tensors, once per
+    micro-batch at the step's start, under the counter phase `name`, and keeps what it returns until the
+    step ends, as the method keeps it."""
+
+    name: str
+    function: str
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 class Method:
@@ -94,6 +108,11 @@ class Method:
     def simulation_refusal(self, config: RunConfig) -> Problem | None:
         """Why `plan --simulate` (fake tensors, orchestrate/simulate) cannot run it; None: it can. Asked of
         a written plan, which holds no terms."""
+        return None
+
+    def simulated_phase(self, plan: RunPlan) -> SimulatedPhase | None:
+        """The phase before the training micro-batches `plan --simulate` runs for it (`SimulatedPhase`);
+        None: its step is the causal-LM step the simulation trains. Asked of a written plan."""
         return None
 
     def report(self, plan: PlanResult) -> MethodReport:

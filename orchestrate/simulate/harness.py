@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import math
 from typing import Any
 
@@ -96,6 +97,7 @@ class Trainer:
         classes = list(spec.block_classes or model_block_class_names(model, self.cfg.model_type))
         self.optimizer: Any = None
         self.engine: Any = None
+        self.kept: list[Any] = []
         if s.backend == "deepspeed":
             self._setup_deepspeed(model, s)
             return
@@ -209,11 +211,28 @@ class Trainer:
 
     def step(self) -> None:
         """One optimizer step over `spec.gradient_accumulation` micro-batches, as the backends'
-        `train_step` runs it."""
+        `train_step` runs it, after the methods' phases (`run_phases`)."""
         self._mark("step_start")
+        self.run_phases()
         for i in range(self.spec.gradient_accumulation):
             self.forward_backward(i)
         self.optimizer_step()
+
+    def run_phases(self) -> None:
+        """Each method phase of the spec (methods/spec.py SimulatedPhase) once per micro-batch of the step,
+        in its own counter phase, as a GRPO step samples every micro-batch's rollouts first; what they
+        return is kept until the next step's phases have run, as the method keeps its rollouts."""
+        if not self.spec.phases:
+            return
+        kept = []
+        for phase in self.spec.phases:
+            module, name = phase["function"].split(":")
+            function = getattr(importlib.import_module(module), name)
+            for _ in range(self.spec.gradient_accumulation):
+                self._phase(phase["name"])
+                kept.append(function(self.model, phase["settings"]))
+        self._phase("idle")
+        self.kept = kept
 
     def forward_backward(self, index: int = 0) -> None:
         """Micro-batch `index` of the step: {"input_ids", "labels"}, as orchestrate/data/pipeline.py
@@ -222,7 +241,8 @@ class Trainer:
         n = self.spec.gradient_accumulation
         last = index == n - 1
         self._phase("forward")
-        ids = torch.randint(0, self.cfg.vocab_size, (self.spec.strategy["micro_batch_size"], self.spec.seq_len))
+        rows = self.spec.rows or self.spec.strategy["micro_batch_size"]
+        ids = torch.randint(0, self.cfg.vocab_size, (rows, self.spec.seq_len))
         labels = ids.clone()
         sync: Any = contextlib.nullcontext()
         if self.spec.sync_last_micro_batch_only and self.backend == "fsdp":

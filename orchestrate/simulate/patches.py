@@ -78,12 +78,44 @@ def fake_tensor_patches(spec: RunSpec) -> Iterator[None]:
     foreach_types.append(FakeTensor)
     backend = {"deepspeed": _deepspeed_fake_patches, "ddp": _ddp_fake_patches}.get(spec.strategy["backend"])
     swap = spec.adapters is not None and spec.strategy["backend"] != "deepspeed"  # (DeepSpeed's has it)
+    decoding = _decoding_to_max_length() if spec.phases else contextlib.nullcontext()
     try:
-        with backend() if backend else contextlib.nullcontext(), _swap_as_set_data() if swap else contextlib.nullcontext():
+        with backend() if backend else contextlib.nullcontext(), _swap_as_set_data() if swap else contextlib.nullcontext(), \
+                decoding:
             yield
     finally:
         masking.is_tracing = orig
         foreach_types.remove(FakeTensor)
+
+
+@contextlib.contextmanager
+def _decoding_to_max_length() -> Iterator[None]:
+    """HF generate stops when `unfinished_sequences.max() == 0`, a value fake tensors do not have (the
+    counter answers "not yet"), so it would decode forever. Its deferred stop check is the one that
+    knows the stopping criteria's max_length (transformers/generation/utils.py `DeferredStopCheck`, built
+    by `_sample` where `is_supported`): in its place, one that stops there and nowhere else, the worst case
+    a plan prices (no sequence ends early)."""
+    import transformers.generation.utils as generation
+
+    class RunToMaxLength(generation.StopCheck):
+        def __init__(self, input_ids: torch.Tensor, max_length: int, cache: Any, cache_is_returned: bool,
+                     streamer: Any = None) -> None:
+            super().__init__(streamer)
+            self.max_length = max_length
+
+        @staticmethod
+        def is_supported(*_args: Any, **_kwargs: Any) -> bool:
+            return True
+
+        def __call__(self, unfinished_sequences: torch.Tensor, tokens: torch.Tensor, length: int) -> bool:
+            return length >= self.max_length
+
+    orig = generation.DeferredStopCheck
+    generation.DeferredStopCheck = RunToMaxLength
+    try:
+        yield
+    finally:
+        generation.DeferredStopCheck = orig
 
 
 @contextlib.contextmanager

@@ -63,7 +63,8 @@ class SimulationResult:
 
 
 def kind_of(life: Life) -> str:
-    return life.tag or PHASE_KIND.get(life.phase, "other")
+    """Its tag, else its phase's kind; a method's own phase (methods/spec.py SimulatedPhase) is its kind."""
+    return life.tag or PHASE_KIND.get(life.phase, life.phase)
 
 
 def live_by_kind(lives: list[Life], t: int) -> dict[str, int]:

@@ -17,8 +17,10 @@ from orchestrate.backends.fsdp import fsdp_settings
 from orchestrate.config.load import config_from_dict
 from orchestrate.hardware.presets import load_preset
 from orchestrate.methods.lora.method import LORA
+from orchestrate.methods.registry import active_methods, method_terms
 from orchestrate.model.meta import load_model_config, shape_from_config
 from orchestrate.planner.estimate import MemoryEstimate, SpeedEstimate
+from orchestrate.planner.memory import forward_rows
 from orchestrate.planner.plan import Candidate, RunPlan
 from orchestrate.planner.strategy import Strategy
 
@@ -57,6 +59,12 @@ class RunSpec:
     adapters: dict[str, Any] | None = None
     """A LoRA / QLoRA run: {"method", "lora", "quantization"} as in `train` (None: full fine-tuning).
     The harness applies the backends' own transform (orchestrate/methods/lora/transform.py) before wrapping."""
+    rows: int | None = None
+    """Sequences per micro-batch the trained model's forward sees where a method makes them more than
+    micro_batch_size (GRPO's num_generations per prompt, a preference pair's two: planner/memory.py
+    `forward_rows`); None: micro_batch_size."""
+    phases: tuple[dict[str, Any], ...] = ()
+    """The methods' phases before each micro-batch (methods/spec.py `SimulatedPhase`, as dicts)."""
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
@@ -71,6 +79,7 @@ class RunSpec:
         data = dict(data)
         data["mesh_shape"] = tuple(data["mesh_shape"])
         data["notes"] = tuple(data.get("notes", ()))
+        data["phases"] = tuple(data.get("phases", ()))
         if data.get("block_classes") is not None:
             data["block_classes"] = tuple(data["block_classes"])
         return cls(**data)
@@ -130,13 +139,24 @@ def spec_from_plan(plan: RunPlan, candidate: Candidate | None = None, *, steps: 
         fused = bool(settings["optimizer"]["fused"])
         blocks = settings["block_classes"]
         sync_last = settings["gradient_sync"] == "last_micro_batch"
+    rows, seq_len = _forward_rows(plan, strategy)
+    phases = tuple(dataclasses.asdict(phase) for m in active_methods(plan.config)
+                   if (phase := m.simulated_phase(plan)) is not None)
     return RunSpec(
-        model_config=hf_config.to_dict(), strategy=strategy.to_dict(), seq_len=train.seq_len,
+        model_config=hf_config.to_dict(), strategy=strategy.to_dict(), seq_len=seq_len, rows=rows, phases=phases,
         world_size=plan.world_size, mesh_shape=mesh, rank=rank, steps=steps, gradient_accumulation=accumulation,
         sync_last_micro_batch_only=sync_last, grad_clip=train.grad_clip,
         fused_adam=fused, foreach_adam=foreach, weight_decay=train.optimizer.weight_decay,
         deepspeed_config=ds_config, block_classes=tuple(blocks) if blocks else None,
         adapters=adapter_settings(plan.config), notes=notes)
+
+
+def _forward_rows(plan: RunPlan, strategy: Strategy) -> tuple[int | None, int]:
+    """(rows, seq_len) of the micro-batch the trained model's forward sees, as the planner priced it
+    (planner/memory.py `forward_rows` over the methods' terms); rows None where it is micro_batch_size."""
+    terms = method_terms(plan.config, plan.shape, plan.hardware)
+    rows, seq_len = forward_rows(terms, strategy, plan.config.train.seq_len)
+    return (rows.micro_batch_size if rows.micro_batch_size != strategy.micro_batch_size else None), seq_len
 
 
 def adapter_settings(config: Any) -> dict[str, Any] | None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrate.errors import Problem, UserError
 from orchestrate.hardware.units import format_bytes
-from orchestrate.methods.registry import active_methods
+from orchestrate.methods.registry import active_methods, method_terms
 from orchestrate.planner.memory import estimate_memory
 from orchestrate.planner.plan import RunPlan
 from orchestrate.simulate.in_subprocess import simulate
@@ -41,13 +41,15 @@ class VerificationReport:
     analytical: dict[str, int]
     expandable_segments: bool = True
     """The allocator setting the plan models (HardwareProfile.expandable_segments)."""
+    gpu: bool = False
+    """A GPU plan: the simulated side is the replayed CUDA allocator's."""
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def summary(self) -> str:
-        seen = "the CUDA allocator needs for the tensors" if self.unseen_bytes else "of tensors"
+        seen = "the CUDA allocator needs for the tensors" if self.gpu else "of tensors"
         line = (f"{self.strategy}: simulated {format_bytes(self.simulated_total, in_gib=True)} per rank "
                 f"({format_bytes(self.simulated_bytes, in_gib=True)} {seen} + {format_bytes(sum(self.unseen_bytes.values()), in_gib=True)} "
                 f"not visible to a simulation), analytical {format_bytes(self.analytical_total, in_gib=True)}, "
@@ -55,7 +57,7 @@ class VerificationReport:
         return "\n".join([line, *self._allocator_lines(), *(f"  note: {n}" for n in self.notes)])
 
     def _allocator_lines(self) -> list[str]:
-        if not self.unseen_bytes:  # a CPU plan: no CUDA allocator
+        if not self.gpu:  # a CPU plan: no CUDA allocator
             return []
         lines = []
         for name, on in (("expandable", True), ("segments", False)):
@@ -68,11 +70,18 @@ class VerificationReport:
 
 
 def _unseen(plan: RunPlan, analytical: dict[str, int], reserve: bool = False) -> dict[str, int]:
-    """What a GPU holds beyond the simulated storages, from the analytical terms; `reserve`: the
+    """What the run holds beyond the simulated storages, from the analytical terms: the attention mask of
+    packed or padded rows (the harness trains rows of one unpadded sequence each; the counter answers
+    fake data's padding checks as such rows do), the weights of a method's frozen models (a DPO
+    reference copy, a teacher), and on a GPU what no tensor shows; `reserve`: the
     analytical allocator reserve too (for a simulated side without the allocator replay)."""
+    models = [model.name for terms in method_terms(plan.config, plan.shape, plan.hardware) for model in terms.auxiliary]
+    # the frozen models a method runs beside (planner/auxiliary.py): the harness builds the trained one only
+    keys = ["attention_mask", *(f"{name}_{part}" for name in models for part in ("weights", "gathered"))]
+    out = {key: analytical[key] for key in keys if analytical.get(key)}
     if not plan.hardware.has_gpu:
-        return {}
-    out = {key: analytical.get(key, 0) for key in ("cuda_context", "workspace", "nccl_buffers")}
+        return out
+    out.update({key: analytical.get(key, 0) for key in ("cuda_context", "workspace", "nccl_buffers")})
     if reserve:
         out["allocator_reserve"] = analytical.get("allocator_reserve", 0)
     return out
@@ -96,7 +105,8 @@ def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
     if refusals:
         raise UserError("plan --simulate cannot run this training method", refusals)
     analytical = dict(cand.memory.gpu) or estimate_memory(
-        plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation).gpu
+        plan.shape, plan.hardware, cand.strategy, plan.config.train.seq_len, cand.gradient_accumulation,
+        methods=method_terms(plan.config, plan.shape, plan.hardware)).gpu
     sim = simulate(plan, timeout_s=timeout_s)
     hw = plan.hardware
     seen = sim.allocator[allocator_setting(hw)]["needed"] if hw.has_gpu else sim.peak_bytes
@@ -107,4 +117,4 @@ def verify_plan(plan: RunPlan, *, timeout_s: float = 900) -> VerificationReport:
         strategy=cand.strategy.name, simulated_bytes=seen, unseen_bytes=unseen, simulated_total=total,
         analytical_total=analytical_total, analytical_over_simulated=analytical_total / total if total else float("nan"),
         comparable=OFFLOAD_NOTE not in sim.notes, simulation=sim, analytical=analytical,
-        expandable_segments=hw.expandable_segments, notes=list(sim.notes))
+        expandable_segments=hw.expandable_segments, gpu=hw.has_gpu, notes=list(sim.notes))

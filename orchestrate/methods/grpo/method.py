@@ -33,10 +33,10 @@ from orchestrate.methods.grpo.memory import (
     scoring_bytes,
 )
 from orchestrate.methods.preference.memory import reference_model
-from orchestrate.methods.spec import Method
+from orchestrate.methods.spec import Method, SimulatedPhase
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner.memory import compute_bytes
-from orchestrate.planner.plan import PlanResult
+from orchestrate.planner.plan import PlanResult, RunPlan
 from orchestrate.planner.strategy import Strategy
 from orchestrate.planner.terms import MethodTerms, PlacedBytes, PricedTerms
 
@@ -131,11 +131,22 @@ class Grpo(Method):
                            shardings=VERIFIED_SHARDINGS, auxiliary=reference, gpu_keys=(ROLLOUT, KEPT), priced=priced)
 
     def simulation_refusal(self, config: RunConfig) -> Problem | None:
-        return Problem(
-            "grpo", "the fake-tensor simulation trains a causal-LM step of micro_batch_size rows: it cannot sample "
-            "(HF generate stops on data-dependent checks that fake tensors refuse) and does not run the GRPO "
-            "objective; both phases are measured on real tensors instead (tests/methods/grpo/test_grpo_phases.py)",
-            "drop --simulate: the plan prints both phases")
+        if not config.grpo.beta or config.train.method in _LORA:
+            return None
+        return Problem("grpo.beta", "the reference of full fine-tuning with beta > 0 is a frozen copy of the model, which "
+                       "the simulation does not build (it simulates the trained model only)",
+                       "drop --simulate (the plan prices the copy), or simulate with --set grpo.beta=0")
+
+    def simulated_phase(self, plan: RunPlan) -> SimulatedPhase:
+        """The rollout phase before each micro-batch (simulation.py), on micro_batch_size prompts of the
+        positions train.seq_len leaves before max_completion_length."""
+        section, s = plan.config.grpo, plan.strategy
+        reshard = s.zero_stage == 3  # the FSDP2 blocks' setting as the harness wraps them, given back after
+        return SimulatedPhase(ROLLOUT, "orchestrate.methods.grpo.simulation:rollout", {
+            "grpo": section.model_dump(mode="json"), "prompts": s.micro_batch_size,
+            "prompt_positions": plan.config.train.seq_len - section.max_completion_length, "loss_chunks": s.loss_chunks,
+            "reshard_after_forward": reshard, "eos_id": plan.shape.vocab_size,
+            "adapter_reference": bool(section.beta) and plan.config.train.method in _LORA})
 
     def report(self, plan: PlanResult) -> tuple[list[str], dict[str, Any]]:
         """Both phases of the chosen plan: the rollout's bytes and the training step's."""

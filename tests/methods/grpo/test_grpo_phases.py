@@ -9,9 +9,8 @@ over real tensors on the CPU, fp32, the weights left out (they are the plan's we
   planner's own terms, shared by every causal-LM method: planner/activations.py, constants.py's fp32
   logits), within 5 %, with and without the chunked loss.
 
-Why not `orchestrate plan --simulate`: its fake-tensor harness trains a causal-LM step of
-micro_batch_size rows and cannot sample (HF generate stops on data-dependent checks, which fake
-tensors refuse); GRPO's `simulation_refusal` says so and names this test."""
+`orchestrate plan --simulate` runs both phases on fake tensors against the whole plan:
+test_grpo_simulation.py."""
 
 from __future__ import annotations
 

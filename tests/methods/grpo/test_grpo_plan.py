@@ -119,8 +119,15 @@ def test_the_step_time_adds_the_rollout_phases_gather_under_parameter_sharding(b
     assert speed.breakdown.get("exposed_communication", 0.0) == pytest.approx(expected, abs=1e-12)
 
 
-def test_plan_simulate_refuses_grpo_and_says_where_its_phases_are_checked():
-    plan = api.plan_from_file(EXAMPLE, [], GPU_8GIB.resolve())
+def test_plan_simulate_refuses_only_full_fine_tuning_with_a_reference_copy():
+    """The simulation builds the trained model only: a frozen reference copy (full fine-tuning, beta > 0)
+    is refused with the reason; beta 0, or LoRA's adapter-disabled reference, are simulated
+    (test_grpo_simulation.py)."""
+    big_card = HardwareFlags(gpus=1, gpu_mem="80GiB", cpu_mem="64GiB", calibration=False).resolve()
+    plan = api.plan_from_file(EXAMPLE, ["train.method=full", "grpo.beta=0.04"], big_card)
     with pytest.raises(UserError) as refused:
         verify_plan(plan)
-    assert "cannot sample" in str(refused.value) and "test_grpo_phases.py" in str(refused.value)
+    assert "grpo.beta" in str(refused.value) and "frozen copy" in str(refused.value)
+    for overrides in ([], ["train.method=full"], ["grpo.beta=0.04"]):
+        config = api.load_config(EXAMPLE, overrides)
+        assert GRPO.simulation_refusal(config) is None, overrides

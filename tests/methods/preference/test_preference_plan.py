@@ -185,3 +185,22 @@ def test_the_method_names_its_metrics_for_trackers_and_sums_its_rewards_for_the_
         "- rewards (dpo): chosen 0.0000 -> 1.5000; margins 0.0000 -> 2.2500; accuracies 0.0000 -> 1.0000",
         "- held-out rewards at step 9: margins 1.7500; accuracies 0.9000"]
     assert PREFERENCE.run_summary(dpo, [{"step": 1, "loss": 1.0}]) == []
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_plan_simulate_trains_a_pair_as_the_plan_prices_it(packing):
+    """The simulation's training micro-batch is the forward the planner priced: a pair's two sequences as
+    two rows, or packed into one row twice as long; the reference copy's weights, which it does not build,
+    are taken from the plan (simulate/verify.py)."""
+    from orchestrate import api
+    from orchestrate.simulate.run_spec import spec_from_plan
+    from orchestrate.simulate.verify import _unseen
+
+    plan = api.plan_from_file(EXAMPLES / "preference" / "model.yaml", [f"data.packing={str(packing).lower()}",
+                                                                       "preference.placement=replicated"],
+                              cpu_hardware(1))
+    spec = spec_from_plan(plan)
+    mb, seq = plan.strategy.micro_batch_size, plan.config.train.seq_len
+    assert (spec.rows, spec.seq_len) == ((None, 2 * seq) if packing else (2 * mb, seq))
+    unseen = _unseen(plan, plan.chosen.memory.gpu)
+    assert unseen.get("reference_weights", 0) > 0 and unseen["reference_weights"] == plan.chosen.memory.gpu["reference_weights"]

@@ -17,7 +17,9 @@ inside it:
   ZeRO-3 module hooks removed inside it and registered again after (the parameter coordinator's trace
   invalidated), as TRL's `unwrap_model_for_generation` does (huggingface/trl, trl/models/utils.py:
   `_unwrap_model_for_generation`, `remove_hooks`, `add_hooks`; DeepSpeed >= 0.16.4's
-  `_register_deepspeed_module`).
+  `_register_deepspeed_module`). With the parameters offloaded (offload_param: cpu) the same: each
+  partition, in host memory, is gathered into a tensor on the device (partition_parameters.py
+  `Init._all_gather`) and freed again on exit, the partition untouched (no update inside).
 - DDP, ZeRO-0/1/2, one rank: the weights are whole on every rank already.
 
 What the gathered weights take is in the plan (memory.py `gathered_weight_bytes`).

@@ -22,7 +22,8 @@ second: `PricedTerms.before_activations`):
 - under parameter sharding (zero_stage 3: FSDP2 full shard, DeepSpeed ZeRO-3) the rollout phase holds
   the whole model gathered once for all its forwards (gather.py): every weight in the compute dtype, a
   QLoRA base's blocks in NF4, beside the rank's shard (`gathered_weight_bytes`, predicted high: the
-  training phase's own gathered blocks are not taken off it).
+  training phase's own gathered blocks are not taken off it). With ZeRO-3's parameters offloaded the
+  gathered model is on the device all the same (the shard is the planner's own host term).
 - training: the forward over the rows (MethodTerms.sample_rows = num_generations) with its activations
   and logits (the planner's own terms, one chunk's logits with train.loss_chunks), and the rollouts kept
   for the step's micro-batches (ids, masks, π_old and reference log-probabilities: KEPT_BYTES_PER_POSITION).
@@ -30,7 +31,8 @@ second: `PricedTerms.before_activations`):
 Time: generation is memory-bound (each decoded token reads every weight once and the KV cache so far,
 for all rows at once), plus the prefill and the scoring forwards at the FLOP rate; once per
 num_iterations steps, for every micro-batch. Under parameter sharding the rollout phase's one gather of
-the whole model (`rollout_gather_seconds`), once per num_iterations steps, waited for before sampling.
+the whole model (`rollout_gather_seconds`), once per num_iterations steps, waited for before sampling;
+with the parameters offloaded, each rank's partition first crosses PCIe to the device.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from orchestrate.methods.preference.memory import chunked_reference_forward_byte
 from orchestrate.model.shape import ModelShape
 from orchestrate.planner import constants as k
 from orchestrate.planner.auxiliary import forward_flops_per_token
+from orchestrate.planner.memory import shard_group_size
 from orchestrate.planner.speed import shard_gather_seconds
 from orchestrate.planner.strategy import Strategy
 
@@ -77,7 +80,11 @@ def rollout_bytes(shape: ModelShape, settings: GrpoSection, rows: int, seq_len: 
 def gathered_weight_bytes(shape: ModelShape, strategy: Strategy, method: str, c: int) -> float:
     """The whole model as the rollout phase gathers it under parameter sharding (zero_stage 3); 0 where
     every rank holds the whole model already (DDP, ZeRO-1/2, FSDP2 shard-grad-op, whose training
-    forward keeps every unsharded block anyway: planner/memory.py's gathered_params)."""
+    forward keeps every unsharded block anyway: planner/memory.py's gathered_params). On the device
+    whether or not the parameters are offloaded: DeepSpeed gathers each one into a tensor on the
+    accelerator from its partition wherever that lives (partition_parameters.py `Init._all_gather`:
+    `_allgather_params_coalesced` / `_allgather_params_sequential`, the partition copied `.to` the
+    accelerator, the full tensor allocated on `local_device`)."""
     if strategy.zero_stage != 3:
         return 0.0
     per_weight = NF4_BYTES_PER_PARAMETER if method == "qlora" else c
@@ -118,7 +125,13 @@ def rollout_gather_seconds(shape: ModelShape, settings: GrpoSection, hw: Hardwar
     but under parameter sharding), priced as the training's gathers are (planner/speed.py
     `shard_gather_seconds`): one pass of one collective per FSDP unit, every block and the root (DeepSpeed's
     GatheredParameters issues fewer), once per num_iterations steps. Sampling waits for it: no compute
-    overlaps it (PricedTerms.exposed_communication_seconds)."""
+    overlaps it (PricedTerms.exposed_communication_seconds). With the parameters offloaded (DeepSpeed ZeRO-3
+    offload_param) each rank's partition, 1/n of the gathered bytes, is first copied to the device over
+    PCIe, as before every training gather (planner/speed.py `_offload`); on one rank too, where nothing
+    crosses the ring."""
     if not gathered:
         return 0.0
-    return shard_gather_seconds(hw, strategy, gathered, 1, shape.num_layers + 1) / settings.num_iterations
+    seconds = shard_gather_seconds(hw, strategy, gathered, 1, shape.num_layers + 1)
+    if strategy.offload_params != "none" and hw.has_gpu:
+        seconds += gathered / shard_group_size(hw, strategy) / hw.gpu.pcie_bandwidth
+    return seconds / settings.num_iterations

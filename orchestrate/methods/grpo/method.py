@@ -7,10 +7,13 @@ Its files: config.py (`grpo:`), prompts.py (the prompt records, its own data), r
 (sampling and scoring completions), gather.py (the weights gathered once per rollout phase), losses.py
 (advantages and the clipped loss), objective.py, memory.py (the rollout phase's memory and time),
 runtime.py (the worker's hooks and the step's metrics).
-Verified under DDP, FSDP2 (full shard and shard-grad-op) and DeepSpeed ZeRO-2 / ZeRO-3 without offload
+Verified under DDP, FSDP2 (full shard and shard-grad-op) and DeepSpeed ZeRO-2 / ZeRO-3 without offload,
+ZeRO-2 with the optimizer on the CPU and ZeRO-3 with the optimizer and the parameters there
 (`MethodTerms.shardings`; 2 gloo ranks: tests/methods/grpo/test_grpo_strategies.py); under parameter
-sharding the rollout gathers the weights once per rollout phase (gather.py), priced in its memory and
-its time (memory.py `rollout_gather_seconds`).
+sharding the rollout gathers the weights once per rollout phase (gather.py), onto the device with the
+parameters offloaded too, priced in its memory and its time (memory.py `gathered_weight_bytes`,
+`rollout_gather_seconds`). The offloaded ones have run on CPU ranks only, where offloading moves nothing,
+so the planner takes them only where nothing without offload fits (`offloaded_last`), as LoRA's.
 """
 
 from __future__ import annotations
@@ -42,9 +45,12 @@ from orchestrate.planner.terms import MethodTerms, PlacedBytes, PricedTerms
 
 _LORA = ("lora", "qlora")
 VERIFIED_SHARDINGS = frozenset({("ddp", 0, "none", "none"), ("fsdp", 2, "none", "none"), ("fsdp", 3, "none", "none"),
-                                ("deepspeed", 2, "none", "none"), ("deepspeed", 3, "none", "none")})
+                                ("deepspeed", 2, "none", "none"), ("deepspeed", 3, "none", "none"),
+                                ("deepspeed", 2, "cpu", "none"), ("deepspeed", 3, "cpu", "cpu")})
 """(backend, zero_stage, offload_optimizer, offload_params) a GRPO run has been run under (2 CPU gloo
-ranks: tests/methods/grpo/test_grpo_strategies.py); its base method may allow fewer (lora's)."""
+ranks: tests/methods/grpo/test_grpo_strategies.py); its base method may allow fewer (lora's). Not
+ZeRO-3 with the optimizer alone offloaded (never run with GRPO), nor NVMe, nor FSDP2's CPUOffloadPolicy
+(it needs an accelerator)."""
 
 
 def _problems(config: RunConfig) -> list[Problem]:
@@ -128,7 +134,8 @@ class Grpo(Method):
                                exposed_communication_seconds=rollout_gather_seconds(shape, section, hw, rows, gathered))
 
         return MethodTerms(chunks_loss=True, splits_sequence=False, sample_rows=section.num_generations,
-                           shardings=VERIFIED_SHARDINGS, auxiliary=reference, gpu_keys=(ROLLOUT, KEPT), priced=priced)
+                           shardings=VERIFIED_SHARDINGS, offloaded_last=True, auxiliary=reference,
+                           gpu_keys=(ROLLOUT, KEPT), priced=priced)
 
     def simulation_refusal(self, config: RunConfig) -> Problem | None:
         if not config.grpo.beta or config.train.method in _LORA:

@@ -42,7 +42,7 @@ def _plan(tmp_path, name: str, architecture: dict, seq_len: int, completion: int
 def test_plan_simulate_runs_both_phases_and_agrees_with_the_plan(tmp_path):
     training_bound = _plan(tmp_path, "ddp", {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4,
                                              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512},
-                           128, 96, 8, {"backend": "ddp"}, 1)
+                           128, 32, 8, {"backend": "ddp"}, 1)
     rollout_bound = _plan(tmp_path, "fsdp", {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 8,
                                              "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 4000},
                           16, 12, 4, {"backend": "fsdp", "zero_stage": 3}, 2)

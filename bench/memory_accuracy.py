@@ -124,6 +124,9 @@ def spec_key(spec) -> str:
     # make every release a cold 30-minute rerun (a model class whose saved tensors change is simulated
     # again by running without --cached-only after deleting the cache file).
     data["model_config"].pop("transformers_version", None)
+    if data.get("rows") is None and not data.get("phases"):  # no method's rows or phases: the key from before
+        data.pop("rows", None)
+        data.pop("phases", None)
     if data.get("adapters") is None:  # full fine-tuning: the key it had before specs named adapters
         data.pop("adapters", None)
     elif data["adapters"]["lora"].get("dtype") == "fp32":  # train.lora.dtype at its default: the key from before

@@ -9,6 +9,7 @@ no CUDA allocator to exhaust); the rest is tested on synthetic records without p
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -181,7 +182,7 @@ def test_an_injected_oom_at_step_3_is_replanned_and_resumed_from_step_2(tmp_path
 
 @pytest.mark.slow
 def test_a_worker_out_of_host_memory_ends_the_launch_with_one_message_naming_it(tmp_path, monkeypatch):
-    """2 gloo ranks, rank 0's backward of step 3 raising what torch's CPU allocator raises when the host
+    """2 gloo ranks, each rank's backward of step 3 raising what torch's CPU allocator raises when the host
     is out of memory: exit 71 with a few lines naming host memory, the rank and what would help, no
     traceback, no re-plan."""
     from orchestrate.api import launch, launch_request
@@ -197,8 +198,10 @@ def test_a_worker_out_of_host_memory_ends_the_launch_with_one_message_naming_it(
     result = launch(launch_request(config, HardwareFlags(gpus=2).resolve(), run_dir=tmp_path / "run"), transport)
     text = "\n".join(result.messages)
     assert result.exit_code == EX_OUT_OF_MEMORY, text
-    assert "worker rank 0 ran out of host memory (exit 71" in text
-    assert "rank 0 (node 0) ran out of host memory (RAM) at step 3 (backward); it asked for 7.00 GiB" in text
+    # Every rank raises at step 3: torchrun reports whichever ended first, the message the record it finds.
+    assert re.search(r"worker rank [01] ran out of host memory \(exit 71", text), text
+    assert re.search(r"rank [01] \(node 0\) ran out of host memory \(RAM\) at step 3 \(backward\); it asked for "
+                     r"7\.00 GiB", text), text
     assert "re-plan" not in text.replace("re-plans device", "") and "Traceback" not in text
     log = "".join(p.read_text() for p in (result.run_dir / "logs").rglob("*.log"))
     assert "rank 0: out of host memory at step 3 (backward)" in log and "Traceback" not in log

@@ -81,9 +81,14 @@ def _distilled(runs, backend: str, placement: str) -> Path:
                                             "alpha": 0.1, "top_k": 16}))
 
 
+# Every placement under DeepSpeed and FSDP2 but the replicated teacher, a whole copy per rank beside
+# either engine, which runs under FSDP2 only (the same code beside ZeRO-3 cost CI 20 s).
+PLACEMENTS = [("fsdp", "replicated"), ("deepspeed", "sharded"), ("fsdp", "sharded"), ("deepspeed", "precomputed"),
+              ("fsdp", "precomputed")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", sorted(BACKENDS))
-@pytest.mark.parametrize("placement", ["replicated", "sharded", "precomputed"])
+@pytest.mark.parametrize(("backend", "placement"), PLACEMENTS, ids=["-".join(p) for p in PLACEMENTS])
 def test_distilled_student_beats_the_student_trained_alone(runs, backend, placement):
     run_dir = _distilled(runs, backend, placement)
     distilled, alone = _eval_loss(run_dir), runs[2](backend)

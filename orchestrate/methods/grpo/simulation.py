@@ -16,7 +16,7 @@ import torch
 from orchestrate.methods.grpo.config import GrpoSection
 from orchestrate.methods.grpo.gather import gathered
 from orchestrate.methods.grpo.rollout import completion_logps, generate
-from orchestrate.methods.preference.reference import peft_model
+from orchestrate.methods.grpo.runtime import adapter_reference
 
 
 def rollout(model: torch.nn.Module, settings: dict[str, Any]) -> list[torch.Tensor]:
@@ -31,6 +31,5 @@ def rollout(model: torch.nn.Module, settings: dict[str, Any]) -> list[torch.Tens
             if section.num_iterations > 1:
                 kept.append(completion_logps(inner, sampled, chunks))
             if settings["adapter_reference"]:
-                with peft_model(inner).disable_adapter():
-                    kept.append(completion_logps(inner, sampled, chunks))
+                kept.append(adapter_reference(chunks)(inner, sampled))
     return kept

@@ -15,20 +15,18 @@ REFERENCE_FREE: tuple[str, ...] = ("simpo", "orpo")
 """Losses without a reference model."""
 UNPAIRED: tuple[str, ...] = ("kto",)
 """Losses over single answers labelled desirable / undesirable instead of pairs."""
-
-
-def record_noun(loss: str) -> str:
-    """What a record of this loss is, plural: the preference metrics' `pairs/step` / `answers/step`, the
-    worker's start-up line."""
-    return "answers" if loss in UNPAIRED else "pairs"
-
-
 SMOOTHED: tuple[str, ...] = ("dpo", "robust", "simpo")
 """Losses that take `label_smoothing` (TRL's sigmoid and robust DPO losses, CPOTrainer's simpo)."""
 SEQUENCES_PER_RECORD = 2
 """A pair's chosen and rejected sequence; an unpaired answer and its mismatched one (KTO's KL term)."""
 
 ReferencePlacement = Literal["auto", "adapter", "replicated", "sharded", "offload", "precomputed"]
+
+
+def record_noun(loss: str) -> str:
+    """What a record of this loss is, plural: the preference metrics' `pairs/step` / `answers/step`, the
+    worker's start-up line."""
+    return "answers" if loss in UNPAIRED else "pairs"
 
 
 class PreferenceSection(Section):
